@@ -29,34 +29,35 @@ def causal_lm_nll(
 ) -> tuple[float, int]:
     """Summed NLL (nats) of ``input_ids`` [N] under a causal LM, and the number of scored tokens.
 
-    Sliding windows of ``max_length`` tokens advance by ``stride``; each window scores only its
-    tokens not scored before, so every token but the first is scored once, with up to
-    ``max_length - stride`` tokens of context from the previous window.
+    Tokens 1..N-1 are each scored exactly once (token 0 has no context). Each forward pass
+    scores the next ``stride`` tokens in a window of at most ``max_length`` tokens that ends
+    with them, so every scored token sees at least ``max_length - stride`` tokens of context
+    (fewer only at the start of the text).
     """
     if input_ids.dim() != 1:
         raise ValueError(f"input_ids must be 1-D [N], got shape {tuple(input_ids.shape)}")
-    if not 0 < stride <= max_length:
+    if not 0 < stride < max_length:
         raise ValueError(
-            f"need 0 < stride <= max_length, got stride={stride}, max_length={max_length}"
+            f"need 0 < stride < max_length, got stride={stride}, max_length={max_length}"
         )
     device = next(model.parameters()).device
     n = input_ids.numel()
-    nll, count, prev_end = 0.0, 0, 0
-    starts = list(range(0, max(n - 1, 1), stride))
-    for begin in tqdm(starts, desc="perplexity", disable=not progress, leave=False):
-        end = min(begin + max_length, n)
+    nll, count, done = 0.0, 0, 1  # done: first position not yet scored
+    bar = tqdm(
+        total=max(n - 1, 0), desc="perplexity", unit="tok", disable=not progress, leave=False
+    )
+    while done < n:
+        end = min(done + stride, n)
+        begin = max(0, end - max_length)
         ids = input_ids[begin:end].unsqueeze(0).to(device)  # (1, T)
-        logits = model(input_ids=ids).logits[0, :-1].float()  # (T-1, V)
-        targets = ids[0, 1:]
-        first_new = max(prev_end - begin, 1) - 1  # index in targets of the first unscored token
-        losses = torch.nn.functional.cross_entropy(
-            logits[first_new:], targets[first_new:], reduction="sum"
-        )
-        nll += float(losses)
-        count += int(targets.numel() - first_new)
-        prev_end = end
-        if end == n:
-            break
+        logits = model(input_ids=ids).logits[0].float()  # (T, V); row i predicts ids[i + 1]
+        rows = logits[done - 1 - begin : end - 1 - begin]  # predictions for positions done..end-1
+        targets = input_ids[done:end].to(device)
+        nll += float(torch.nn.functional.cross_entropy(rows, targets, reduction="sum"))
+        count += end - done
+        bar.update(end - done)
+        done = end
+    bar.close()
     return nll, count
 
 

