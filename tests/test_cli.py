@@ -69,48 +69,26 @@ def test_eval_txt_and_jsonl(tmp_path, capsys):
 
 def test_eval_errors_are_clear(tmp_path, capsys):
     (tmp_path / "pred.jsonl").write_text('{"prediction": "ok"}\n{"prediction": \n')
-    (tmp_path / "ref.txt").write_text("a\nb\n")
-    code, _, err = run(
-        capsys,
-        "eval",
-        "--predictions",
-        str(tmp_path / "pred.jsonl"),
-        "--references",
-        str(tmp_path / "ref.txt"),
-    )
-    assert code == 2 and "pred.jsonl:2: malformed JSON line" in err
     (tmp_path / "pred.txt").write_text("a\n")
-    code, _, err = run(
-        capsys,
-        "eval",
-        "--predictions",
-        str(tmp_path / "pred.txt"),
-        "--references",
-        str(tmp_path / "ref.txt"),
-    )
-    assert code == 2 and "1 predictions but 2 references" in err
-    code, _, err = run(
-        capsys,
-        "eval",
-        "--predictions",
-        str(tmp_path / "pred.txt"),
-        "--references",
-        str(tmp_path / "pred.txt"),
-        "--metrics",
-        "novel",
-    )
-    assert code == 2 and "metric 'novel' needs --sources" in err
-    code, _, err = run(
-        capsys,
-        "eval",
-        "--predictions",
-        str(tmp_path / "pred.txt"),
-        "--references",
-        str(tmp_path / "pred.txt"),
-        "--metrics",
-        "meteor",
-    )
-    assert code == 2 and "unknown metric(s) meteor" in err
+    (tmp_path / "ref.txt").write_text("a\nb\n")
+    cases = [
+        ("pred.jsonl", "ref.txt", "rouge", "pred.jsonl:2: malformed JSON line"),
+        ("pred.txt", "ref.txt", "rouge", "1 predictions but 2 references"),
+        ("pred.txt", "pred.txt", "novel", "metric 'novel' needs --sources"),
+        ("pred.txt", "pred.txt", "meteor", "unknown metric(s) meteor"),
+    ]
+    for pred, ref, metric, message in cases:
+        code, _, err = run(
+            capsys,
+            "eval",
+            "--predictions",
+            str(tmp_path / pred),
+            "--references",
+            str(tmp_path / ref),
+            "--metrics",
+            metric,
+        )
+        assert code == 2 and message in err, (pred, ref, metric, err)
 
 
 def test_data_stats_and_missing_dir(tmp_path, capsys):

@@ -136,3 +136,15 @@ def test_smollm2_loads_and_wikitext2_perplexity_below_40(shared_data):
         model, tok, ["What is the capital of France?"], max_new_tokens=12, do_sample=False
     )[0]
     assert "Paris" in out
+
+
+@pytest.mark.slow
+def test_gguf_file_loads_directly_and_matches_the_converted_cache():
+    from gencraft.models.pretrained import smollm2_gguf_path
+
+    converted, tok = load_model("smollm2-135m")
+    direct, tok2 = load_model(str(smollm2_gguf_path()))
+    ids = tok("The quick brown fox", return_tensors="pt").input_ids
+    assert torch.equal(ids, tok2("The quick brown fox", return_tensors="pt").input_ids)
+    with torch.no_grad():
+        assert torch.equal(converted(input_ids=ids).logits, direct(input_ids=ids).logits)

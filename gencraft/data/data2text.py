@@ -24,8 +24,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gencraft.data.io import normalize_split
 from gencraft.data.sources import dataset_dir
-from gencraft.data.summarization import normalize_split
 from gencraft.errors import DataError
 
 DATA_TO_TEXT_DATASETS = ("e2e", "webnlg", "dart")

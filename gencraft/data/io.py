@@ -1,4 +1,4 @@
-"""Line-oriented readers with error messages that name the file and line."""
+"""Line-oriented readers (errors name the file and line) and split-name normalisation."""
 
 from __future__ import annotations
 
@@ -7,6 +7,18 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from gencraft.errors import DataError
+
+_VALIDATION_NAMES = ("validation", "valid", "dev", "val")
+
+
+def normalize_split(split: str, allowed: tuple[str, ...]) -> str:
+    """``split`` in the naming of ``allowed``: any of validation/valid/dev/val becomes whichever
+    of them ``allowed`` uses. Raises DataError for a split not in ``allowed``."""
+    if split in _VALIDATION_NAMES:
+        split = next((a for a in allowed if a in _VALIDATION_NAMES), split)
+    if split not in allowed:
+        raise DataError(f"unknown split {split!r}; choose one of {', '.join(allowed)}")
+    return split
 
 
 def read_jsonl(path: str | Path, required: Iterable[str] = ()) -> list[dict]:

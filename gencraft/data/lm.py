@@ -20,27 +20,19 @@ from pathlib import Path
 
 import torch
 
+from gencraft.data.io import normalize_split
 from gencraft.data.sources import dataset_dir
 from gencraft.errors import DataError
 
 EOS, UNK = "<eos>", "<unk>"
 LM_CORPORA = ("wikitext-2", "wikitext-103", "ptb")
 LM_SPLITS = ("train", "valid", "test")
-_SPLIT_ALIASES = {"validation": "valid", "dev": "valid", "val": "valid"}
 _FILES = {
     "wikitext-2": "wiki.{split}.tokens",
     "wikitext-103": "wiki.{split}.tokens",
     "ptb": "ptb.{split}.txt",
 }
 _ARTICLE_TITLE = re.compile(r"^ = [^=].* = $")
-
-
-def normalize_lm_split(split: str) -> str:
-    """Map ``validation``/``dev``/``val`` to ``valid``; reject unknown split names."""
-    split = _SPLIT_ALIASES.get(split, split)
-    if split not in LM_SPLITS:
-        raise DataError(f"unknown split {split!r}; choose one of {', '.join(LM_SPLITS)}")
-    return split
 
 
 @dataclass
@@ -94,7 +86,7 @@ class LMCorpus:
     lines: dict[str, list[str]] = field(repr=False)
 
     def __getitem__(self, split: str) -> torch.Tensor:
-        return self.splits[normalize_lm_split(split)]
+        return self.splits[normalize_split(split, LM_SPLITS)]
 
     def text(self, split: str, max_tokens: int | None = None, detokenize: bool = True) -> str:
         """The first ``max_tokens`` word tokens of ``split`` as text: ``<eos>`` becomes a newline;
@@ -167,7 +159,8 @@ def load_lm_corpus(
         )
     pattern = _FILES[name]
     root = dataset_dir(name, data_dir, pattern.format(split="train"))
-    wanted = ["train", *[normalize_lm_split(s) for s in splits if normalize_lm_split(s) != "train"]]
+    keep = [normalize_split(s, LM_SPLITS) for s in splits]
+    wanted = list(dict.fromkeys(["train", *keep]))
     lines: dict[str, list[str]] = {}
     tokens: dict[str, list[str]] = {}
     for split in wanted:
@@ -177,7 +170,6 @@ def load_lm_corpus(
         lines[split], tokens[split] = _read_split(path)
     vocab = Vocabulary.build(tokens["train"])
     encoded = {s: vocab.encode(tokens[s]) for s in wanted}
-    keep = {normalize_lm_split(s) for s in splits}
     return LMCorpus(
         name,
         vocab,

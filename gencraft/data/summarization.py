@@ -19,13 +19,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gencraft.data.io import read_jsonl
+from gencraft.data.io import normalize_split, read_jsonl
 from gencraft.data.sources import dataset_dir
 from gencraft.errors import DataError
 
 SUMMARIZATION_DATASETS = ("xsum", "cnndm")
 SPLITS = ("train", "validation", "test")
-SPLIT_ALIASES = {"valid": "validation", "dev": "validation", "val": "validation"}
 LOCAL_SPLIT = (0.8, 0.1, 0.1)
 """Fractions (train, validation, test) for a single local file, in SHA-1(id) order."""
 
@@ -35,14 +34,6 @@ class SummarizationExample:
     id: str
     document: str
     summary: str
-
-
-def normalize_split(split: str, allowed: tuple[str, ...] = (*SPLITS, "all")) -> str:
-    """Canonical split name (``valid``/``dev`` -> ``validation``); DataError if unknown."""
-    split = SPLIT_ALIASES.get(split, split)
-    if split not in allowed:
-        raise DataError(f"unknown split {split!r}; choose one of {', '.join(allowed)}")
-    return split
 
 
 def local_split(
@@ -71,7 +62,7 @@ def load_summarization(
             f"unknown summarization dataset {name!r}; choose one of "
             f"{', '.join(SUMMARIZATION_DATASETS)}"
         )
-    split = normalize_split(split)
+    split = normalize_split(split, (*SPLITS, "all"))
     root = dataset_dir(name, data_dir, "*.jsonl")
     official = root / f"{split}.jsonl"
     if all((root / f"{s}.jsonl").is_file() for s in SPLITS):

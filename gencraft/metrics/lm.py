@@ -62,14 +62,21 @@ def causal_lm_nll(
 
 
 def text_perplexity(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, text: str, **kw
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    text: str,
+    *,
+    add_bos: bool = True,
+    **kw,
 ) -> dict[str, float]:
-    """Token-level perplexity of ``text`` with a BOS token prepended when the tokenizer has one.
+    """Token-level perplexity of ``text`` (keywords ``kw`` go to :func:`causal_lm_nll`).
 
+    With ``add_bos`` the tokenizer's BOS token (when it has one) is prepended, so the first
+    text token is scored too; without it the first token only serves as context.
     Returns ``{"nll": summed NLL, "tokens": scored tokens, "perplexity": exp(nll/tokens)}``.
     """
     ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids[0]
-    if tokenizer.bos_token_id is not None:
+    if add_bos and tokenizer.bos_token_id is not None:
         ids = torch.cat([torch.tensor([tokenizer.bos_token_id]), ids])
     nll, count = causal_lm_nll(model, ids, **kw)
     return {"nll": nll, "tokens": count, "perplexity": perplexity(nll, count)}
