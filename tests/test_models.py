@@ -106,6 +106,17 @@ def test_bad_local_checkpoint(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ModelLoadError, match="not a loadable Hugging Face checkpoint"):
         load_model(str(tmp_path))
+    model, _ = load_model("tiny-gpt2")
+    model.save_pretrained(tmp_path / "no-tokenizer")
+    with pytest.raises(ModelLoadError, match="has no usable tokenizer"):
+        load_model(str(tmp_path / "no-tokenizer"))
+    with pytest.raises(ModelLoadError, match="cannot be loaded as seq2seq-lm"):
+        load_model(str(tmp_path / "no-tokenizer"), task="seq2seq-lm")
+    tok = build_tiny_tokenizer()
+    tok.add_tokens(["<new-token>"])
+    tok.save_pretrained(tmp_path / "no-tokenizer")
+    with pytest.raises(ModelLoadError, match=r"tokenizer has 262 tokens but .* 261 rows"):
+        load_model(str(tmp_path / "no-tokenizer"))
 
 
 @pytest.mark.slow

@@ -153,12 +153,29 @@ def _load_hf(path_or_id: str, task: str | None, dtype: torch.dtype | None, **kw)
     try:
         model = cls.from_pretrained(path_or_id, dtype=dtype or torch.float32, **gguf_kw, **kw)
         tokenizer = AutoTokenizer.from_pretrained(path_or_id, **gguf_kw)
-    except ValueError as err:  # e.g. "Unrecognized configuration class ... for AutoModelForX"
+    except (OSError, ValueError) as err:  # missing weights/tokenizer files, wrong Auto class
         raise ModelLoadError(
-            f"{path_or_id} ({config.model_type}) cannot be loaded as {task}: "
-            f"{str(err).splitlines()[0]}"
+            f"{path_or_id} ({config.model_type}) cannot be loaded as {task} with its "
+            f"tokenizer: {str(err).splitlines()[0]}"
         ) from err
+    _check_tokenizer(path_or_id, model, tokenizer)
     return model, tokenizer, task
+
+
+def _check_tokenizer(where: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
+    # transformers builds an empty tokenizer when a directory has no tokenizer files
+    if len(tokenizer) <= 1:
+        raise ModelLoadError(
+            f"{where} has no usable tokenizer (tokenizer.json, vocab files...): the loaded one "
+            f"has {len(tokenizer)} token(s); save the tokenizer beside the model"
+        )
+    embeddings = model.get_input_embeddings()
+    n_emb = getattr(embeddings, "num_embeddings", None)
+    if n_emb is not None and len(tokenizer) > n_emb:
+        raise ModelLoadError(
+            f"{where}: the tokenizer has {len(tokenizer)} tokens but the model's embedding "
+            f"table has {n_emb} rows; resize the embeddings or use the matching tokenizer"
+        )
 
 
 def load_model(
