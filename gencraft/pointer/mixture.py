@@ -1,0 +1,122 @@
+"""The pointer sentinel mixture (Merity et al. 2016, eqs. 2-8) as functions on tensors.
+
+Shapes: B batch, L window length, H hidden size, V vocabulary.
+
+    z_i  = q . h_i                      scores over the window         (eq. 3)
+    a    = softmax([z ; q . s])         one softmax over L + 1 entries  (eq. 7)
+    g    = a[L]                         the sentinel's share = the gate
+    p(w) = g * p_vocab(w) + sum_{i : x_i = w} a_i                       (eqs. 5, 6, 8)
+
+The paper writes a in R^{V+1} and g = a[V+1]; it means L + 1 (window plus sentinel). Every
+occurrence of a word in the window adds its attention to that word. The result is computed in
+log space, with no NaN (value or gradient) for an empty window, a target absent from the window,
+or padded (masked) window positions.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _check_shapes(
+    vocab_logits: torch.Tensor | None,
+    query: torch.Tensor,
+    window_states: torch.Tensor,
+    window_ids: torch.Tensor | None,
+    sentinel: torch.Tensor,
+    window_mask: torch.Tensor | None,
+) -> None:
+    if query.dim() != 2:
+        raise ValueError(f"query must be [B, H], got shape {tuple(query.shape)}")
+    b, h = query.shape
+    if window_states.dim() != 3 or window_states.shape[0] != b or window_states.shape[2] != h:
+        raise ValueError(
+            f"window_states must be [B, L, H] = [{b}, L, {h}], got {tuple(window_states.shape)}"
+        )
+    if sentinel.shape != (h,):
+        raise ValueError(f"sentinel must be [H] = [{h}], got shape {tuple(sentinel.shape)}")
+    bl = tuple(window_states.shape[:2])
+    if window_ids is not None and tuple(window_ids.shape) != bl:
+        raise ValueError(f"window_ids must be [B, L] = {list(bl)}, got {tuple(window_ids.shape)}")
+    if window_ids is not None and window_ids.dtype not in (torch.long, torch.int32, torch.int64):
+        raise ValueError(f"window_ids must be an integer tensor, got {window_ids.dtype}")
+    if window_mask is not None:
+        if tuple(window_mask.shape) != bl:
+            raise ValueError(
+                f"window_mask must be [B, L] = {list(bl)}, got {tuple(window_mask.shape)}"
+            )
+        if window_mask.dtype != torch.bool:
+            raise ValueError(f"window_mask must be bool (True = valid), got {window_mask.dtype}")
+    if vocab_logits is not None and (vocab_logits.dim() != 2 or vocab_logits.shape[0] != b):
+        raise ValueError(f"vocab_logits must be [B, V] with B={b}, got {tuple(vocab_logits.shape)}")
+
+
+def pointer_attention(
+    query: torch.Tensor,
+    window_states: torch.Tensor,
+    sentinel: torch.Tensor,
+    window_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-attention over the window and log-gate (eq. 7).
+
+    Args:
+        query: [B, H], already ``tanh(W h + b)`` (eq. 2).
+        window_states: [B, L, H], the last layer's states of the L previous positions.
+        sentinel: [H], the sentinel vector s.
+        window_mask: [B, L] bool, True where the window position holds a real state.
+
+    Returns:
+        ``(log_attn [B, L], log_gate [B])``: log a_i (-inf at masked positions) and log g; the
+        L + 1 probabilities ``exp`` of these sum to 1 per row.
+    """
+    _check_shapes(None, query, window_states, None, sentinel, window_mask)
+    z = torch.einsum("blh,bh->bl", window_states, query)  # (B, L)  eq. 3
+    if window_mask is not None:
+        z = z.masked_fill(~window_mask, float("-inf"))
+    s = (query @ sentinel).unsqueeze(1)  # (B, 1)
+    log_a = torch.log_softmax(torch.cat([z, s], dim=1), dim=1)  # (B, L + 1)  eq. 7
+    return log_a[:, :-1], log_a[:, -1]
+
+
+def pointer_sentinel_log_probs(
+    vocab_logits: torch.Tensor,
+    query: torch.Tensor,
+    window_states: torch.Tensor,
+    window_ids: torch.Tensor,
+    sentinel: torch.Tensor,
+    window_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log of the pointer sentinel mixture ``g * p_vocab + sum_{i: x_i = w} a_i`` (eqs. 6, 8).
+
+    Args:
+        vocab_logits: [B, V], logits of the softmax component (eq. 1).
+        query: [B, H], already tanh-projected (eq. 2).
+        window_states: [B, L, H]; L may be 0 (first token of a stream).
+        window_ids: [B, L] long, the word at each window position (any value where masked).
+        sentinel: [H].
+        window_mask: [B, L] bool, True = valid position; None = all valid.
+
+    Returns:
+        ``(log_probs [B, V], gate [B])``; ``log_probs.exp()`` sums to 1 over V. Computed in
+        float32 at least (half inputs are upcast).
+    """
+    _check_shapes(vocab_logits, query, window_states, window_ids, sentinel, window_mask)
+    v = vocab_logits.shape[1]
+    valid = (
+        window_mask if window_mask is not None else torch.ones_like(window_ids, dtype=torch.bool)
+    )
+    ids = window_ids.long()
+    if bool(((ids < 0) | (ids >= v))[valid].any()):
+        raise ValueError(f"window_ids at valid positions must lie in [0, {v})")
+    dtype = torch.promote_types(vocab_logits.dtype, torch.float32)
+    log_attn, log_gate = pointer_attention(
+        query.to(dtype), window_states.to(dtype), sentinel.to(dtype), window_mask
+    )
+    # pointer mass per word: sum the attention of every occurrence (eq. 5)
+    mass = torch.zeros(vocab_logits.shape, dtype=dtype, device=vocab_logits.device)
+    mass = mass.scatter_add(1, ids.where(valid, 0), log_attn.exp())  # (B, V)
+    present = mass > 0
+    log_mass = torch.where(present, torch.where(present, mass, 1.0).log(), float("-inf"))
+    log_vocab = torch.log_softmax(vocab_logits.to(dtype), dim=-1) + log_gate.unsqueeze(1)
+    log_probs = torch.where(present, torch.logaddexp(log_vocab, log_mass), log_vocab)
+    return log_probs, log_gate.exp()
