@@ -50,8 +50,8 @@ def causal_lm_nll(
         end = min(done + stride, n)
         begin = max(0, end - max_length)
         ids = input_ids[begin:end].unsqueeze(0).to(device)  # (1, T)
-        logits = model(input_ids=ids).logits[0].float()  # (T, V); row i predicts ids[i + 1]
-        rows = logits[done - 1 - begin : end - 1 - begin]  # predictions for positions done..end-1
+        logits = model(input_ids=ids).logits[0]  # (T, V); row i predicts ids[i + 1]
+        rows = logits[done - 1 - begin : end - 1 - begin].float()  # positions done..end-1
         targets = input_ids[done:end].to(device)
         nll += float(torch.nn.functional.cross_entropy(rows, targets, reduction="sum"))
         count += end - done

@@ -70,6 +70,16 @@ def pointer_attention(
         L + 1 probabilities ``exp`` of these sum to 1 per row.
     """
     _check_shapes(None, query, window_states, None, sentinel, window_mask)
+    return _log_attention(query, window_states, sentinel, window_mask)
+
+
+def _log_attention(
+    query: torch.Tensor,
+    window_states: torch.Tensor,
+    sentinel: torch.Tensor,
+    window_mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pointer_attention` without the input checks (callers have done them)."""
     z = torch.einsum("blh,bh->bl", window_states, query)  # (B, L)  eq. 3
     if window_mask is not None:
         z = z.masked_fill(~window_mask, float("-inf"))
@@ -109,7 +119,7 @@ def pointer_sentinel_log_probs(
     if bool(((ids < 0) | (ids >= v))[valid].any()):
         raise ValueError(f"window_ids at valid positions must lie in [0, {v})")
     dtype = torch.promote_types(vocab_logits.dtype, torch.float32)
-    log_attn, log_gate = pointer_attention(
+    log_attn, log_gate = _log_attention(
         query.to(dtype), window_states.to(dtype), sentinel.to(dtype), window_mask
     )
     # pointer mass per word: sum the attention of every occurrence (eq. 5)
