@@ -1,5 +1,37 @@
-"""Pointer sentinel mixture models (Merity et al. 2016): the functional mixture core."""
+"""Pointer sentinel mixture models (Merity et al. 2016).
 
-from gencraft.pointer.mixture import pointer_attention, pointer_sentinel_log_probs
+* :func:`pointer_sentinel_log_probs` — the mixture (eqs. 2-8) on tensors.
+* :class:`PointerSentinelLSTM` — the paper's model (zoneout LSTM + sentinel pointer).
+* :class:`PointerSentinelHead` — the same mixture on top of any Hugging Face causal LM.
+* :class:`Trainer`, :func:`evaluate` — the paper's training recipe through ``accelerate``.
+"""
 
-__all__ = ["pointer_attention", "pointer_sentinel_log_probs"]
+from gencraft.pointer.head import PointerSentinelHead
+from gencraft.pointer.lstm import PRESETS, PointerSentinelConfig, PointerSentinelLSTM
+from gencraft.pointer.mixture import (
+    pointer_attention,
+    pointer_loss,
+    pointer_sentinel_log_probs,
+    pointer_target_log_probs,
+    sequence_pointer_attention,
+)
+from gencraft.pointer.rnn import LockedDropout, ZoneoutLSTM
+from gencraft.pointer.train import TrainConfig, Trainer, evaluate, tbptt_schedule
+
+__all__ = [
+    "PRESETS",
+    "LockedDropout",
+    "PointerSentinelConfig",
+    "PointerSentinelHead",
+    "PointerSentinelLSTM",
+    "TrainConfig",
+    "Trainer",
+    "ZoneoutLSTM",
+    "evaluate",
+    "pointer_attention",
+    "pointer_loss",
+    "pointer_sentinel_log_probs",
+    "pointer_target_log_probs",
+    "sequence_pointer_attention",
+    "tbptt_schedule",
+]

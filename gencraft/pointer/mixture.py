@@ -130,3 +130,118 @@ def pointer_sentinel_log_probs(
     log_vocab = torch.log_softmax(vocab_logits.to(dtype), dim=-1) + log_gate.unsqueeze(1)
     log_probs = torch.where(present, torch.logaddexp(log_vocab, log_mass), log_vocab)
     return log_probs, log_gate.exp()
+
+
+def band_window_mask(
+    n_queries: int, n_states: int, window: int, device: torch.device | None = None
+) -> torch.Tensor:
+    """[T, S] bool: query t (at sequence position S - T + t) sees states j with
+    ``S - T + t - window < j <= S - T + t``, i.e. the last ``window`` positions, itself included."""
+    if window < 1:
+        raise ValueError(f"window must be a positive number of positions, got {window}")
+    if n_queries > n_states:
+        raise ValueError(f"more queries ({n_queries}) than states ({n_states})")
+    pos = torch.arange(n_queries, device=device).unsqueeze(1) + (n_states - n_queries)
+    j = torch.arange(n_states, device=device).unsqueeze(0)
+    return (j <= pos) & (j > pos - window)
+
+
+def sequence_pointer_attention(
+    query: torch.Tensor,
+    states: torch.Tensor,
+    sentinel: torch.Tensor,
+    window: int,
+    valid: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eq. 7 for every position of a sequence at once, each over its own sliding window.
+
+    Args:
+        query: [B, T, H], tanh-projected queries of the last T positions.
+        states: [B, S, H], S >= T; the last T states belong to the query positions, the first
+            S - T precede them (window memory).
+        sentinel: [H].
+        window: L; position t attends to the L states ending at (and including) its own.
+        valid: [B, S] bool, False for padding or positions before a stream's start.
+
+    Returns:
+        ``(log_attn [B, T, S], log_gate [B, T])``; ``log_attn`` is -inf outside each window.
+    """
+    b, t, h = query.shape
+    if states.dim() != 3 or states.shape[0] != b or states.shape[2] != h:
+        raise ValueError(f"states must be [B, S, H] = [{b}, S, {h}], got {tuple(states.shape)}")
+    if sentinel.shape != (h,):
+        raise ValueError(f"sentinel must be [H] = [{h}], got shape {tuple(sentinel.shape)}")
+    allowed = band_window_mask(t, states.shape[1], window, query.device).unsqueeze(0)
+    if valid is not None:
+        if tuple(valid.shape) != tuple(states.shape[:2]) or valid.dtype != torch.bool:
+            raise ValueError(f"valid must be a bool [B, S] = {list(states.shape[:2])} tensor")
+        allowed = allowed & valid.unsqueeze(1)
+    z = torch.bmm(query, states.transpose(1, 2)).masked_fill(~allowed, float("-inf"))
+    s = (query @ sentinel).unsqueeze(2)  # (B, T, 1)
+    log_a = torch.log_softmax(torch.cat([z, s], dim=2), dim=2)
+    return log_a[..., :-1], log_a[..., -1]
+
+
+def pointer_target_log_probs(
+    log_vocab_target: torch.Tensor,
+    log_attn: torch.Tensor,
+    log_gate: torch.Tensor,
+    state_ids: torch.Tensor,
+    targets: torch.Tensor,
+) -> torch.Tensor:
+    """log p(target) under eq. 6/8 without materialising [B, T, V].
+
+    Args:
+        log_vocab_target: [B, T], log p_vocab(target).
+        log_attn, log_gate: from :func:`sequence_pointer_attention`, [B, T, S] and [B, T].
+        state_ids: [B, S], the word at each state position.
+        targets: [B, T].
+
+    Returns:
+        [B, T]: ``log(g * p_vocab(y) + sum_{i in window, x_i = y} a_i)``.
+    """
+    return torch.logaddexp(
+        log_gate + log_vocab_target, _log_target_mass(log_attn, state_ids, targets)
+    )
+
+
+def _log_target_mass(
+    log_attn: torch.Tensor, state_ids: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """log sum_{i in window, x_i = y} a_i, [B, T]; -inf (with zero, not NaN, gradient) when the
+    target is absent. Summed in linear space: a logsumexp over an all -inf row has a NaN
+    gradient, which the log-softmax backward would spread over the whole row."""
+    hit = state_ids.unsqueeze(1) == targets.unsqueeze(2)  # (B, T, S)
+    mass = (log_attn.exp() * hit).sum(2)
+    present = mass > 0
+    return torch.where(present, torch.where(present, mass, 1.0).log(), float("-inf"))
+
+
+def pointer_loss(
+    log_attn: torch.Tensor, log_gate: torch.Tensor, state_ids: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """Eq. 9 per position, [B, T]: ``-log(g + sum_{i in window, x_i = y} a_i)``."""
+    return -torch.logaddexp(log_gate, _log_target_mass(log_attn, state_ids, targets))
+
+
+def sequence_mixture_log_probs(
+    vocab_logits: torch.Tensor,
+    log_attn: torch.Tensor,
+    log_gate: torch.Tensor,
+    state_ids: torch.Tensor,
+) -> torch.Tensor:
+    """Full mixture log-probabilities (eq. 6 with eq. 8) for every position, [B, T, V].
+
+    Args:
+        vocab_logits: [B, T, V]; log_attn [B, T, S] and log_gate [B, T] from
+            :func:`sequence_pointer_attention`; state_ids [B, S].
+    """
+    log_vocab = torch.log_softmax(vocab_logits.float(), dim=-1)
+    b, t, s = log_attn.shape
+    mass = torch.zeros_like(log_vocab).scatter_add_(
+        2, state_ids.unsqueeze(1).expand(b, t, s), log_attn.exp().to(log_vocab.dtype)
+    )
+    present = mass > 0
+    log_mass = torch.where(present, torch.where(present, mass, 1.0).log(), float("-inf"))
+    mixed = log_vocab + log_gate.unsqueeze(2).to(log_vocab.dtype)
+    return torch.where(present, torch.logaddexp(mixed, log_mass), mixed)

@@ -1,0 +1,222 @@
+"""The pointer sentinel mixture on top of any Hugging Face causal LM (beyond the paper, which
+only used LSTMs): the base model's last hidden states are the window, its logits the softmax
+component. Adds exactly H^2 + 2H parameters (query W, b and sentinel s).
+
+Shapes: B batch, T sequence length, H the base model's hidden size, V its vocabulary.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from gencraft.errors import GencraftError
+from gencraft.pointer.mixture import (
+    pointer_target_log_probs,
+    sequence_mixture_log_probs,
+    sequence_pointer_attention,
+)
+
+HEAD_CONFIG = "pointer_head_config.json"
+HEAD_WEIGHTS = "pointer_head.safetensors"
+
+
+@dataclass
+class HeadOutput:
+    """``loss``: mean NLL over the labelled positions; ``nll`` [B, T - 1] per next token (0 where
+    unlabelled); ``gate`` [B, T]; ``log_probs`` [B, T, V] mixture log-probabilities (only with
+    ``return_log_probs``); ``log_attn`` [B, T, T] (only with ``return_attention``)."""
+
+    loss: torch.Tensor | None
+    nll: torch.Tensor | None
+    gate: torch.Tensor
+    log_probs: torch.Tensor | None = None
+    log_attn: torch.Tensor | None = None
+
+
+def _hidden_size(model: nn.Module) -> int:
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if out is None or not hasattr(out, "weight"):
+        raise GencraftError(
+            f"{type(model).__name__} has no output embedding (lm_head); PointerSentinelHead needs "
+            "a causal LM such as LlamaForCausalLM or GPT2LMHeadModel"
+        )
+    return int(out.weight.shape[1])
+
+
+class PointerSentinelHead(nn.Module):
+    """``PointerSentinelHead(base, window=100, freeze_base=True)``: wraps a causal LM.
+
+    Position t scores token t + 1 with ``g * p_base + sum of a_i over the window positions
+    t - L + 1 .. t holding that token`` (eq. 6), the window being the base model's last-layer
+    hidden states of the same sequence. Padding (``attention_mask`` 0, left or right) never
+    enters a window. With ``freeze_base`` the base runs without gradient and in eval mode.
+    """
+
+    def __init__(
+        self,
+        base_model: nn.Module,
+        window: int = 100,
+        *,
+        freeze_base: bool = True,
+        base_name_or_path: str | None = None,
+    ) -> None:
+        super().__init__()
+        if window < 1:
+            raise ValueError(f"window must be at least 1 position, got {window}")
+        config = getattr(base_model, "config", None)
+        if config is not None and getattr(config, "is_encoder_decoder", False):
+            raise GencraftError(
+                "PointerSentinelHead wraps decoder-only causal LMs; got an encoder-decoder"
+            )
+        self.base = base_model
+        self.window = window
+        self.freeze_base = freeze_base
+        self.base_name_or_path = base_name_or_path or getattr(config, "_name_or_path", "") or ""
+        h = _hidden_size(base_model)
+        self.query = nn.Linear(h, h)  # W, b (eq. 2)
+        self.sentinel = nn.Parameter(torch.zeros(h))
+        nn.init.normal_(self.query.weight, std=h**-0.5)
+        nn.init.zeros_(self.query.bias)
+        p = next(base_model.parameters())
+        self.query.to(p.device)
+        self.sentinel.data = self.sentinel.data.to(p.device)
+        if freeze_base:
+            self.base.requires_grad_(False)
+            self.base.eval()
+
+    def train(self, mode: bool = True) -> PointerSentinelHead:
+        super().train(mode)
+        if self.freeze_base:
+            self.base.eval()
+        return self
+
+    def num_pointer_parameters(self) -> int:
+        return sum(p.numel() for p in (*self.query.parameters(), self.sentinel))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        *,
+        return_log_probs: bool = False,
+        return_attention: bool = False,
+    ) -> HeadOutput:
+        """Args:
+        input_ids: [B, T].
+        attention_mask: [B, T], 1 = real token (default all ones).
+        labels: [B, T] as in ``transformers`` (-100 = ignore; shifted inside): position t
+            is scored on ``labels[:, t + 1]``. Default: ``input_ids`` where attended.
+        """
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [B, T], got shape {tuple(input_ids.shape)}")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError("attention_mask must have the shape of input_ids")
+        if labels is not None and labels.shape != input_ids.shape:
+            raise ValueError("labels must have the shape of input_ids")
+        grad = torch.is_grad_enabled() and not self.freeze_base
+        with torch.set_grad_enabled(grad):
+            out = self.base(
+                input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True
+            )
+        hidden = out.hidden_states[-1].float()  # after the final norm, as fed to lm_head
+        logits = out.logits
+        valid = attention_mask.bool()
+        query = torch.tanh(self.query(hidden))
+        log_attn, log_gate = sequence_pointer_attention(
+            query, hidden, self.sentinel, self.window, valid
+        )
+        loss = nll = None
+        if labels is None:
+            labels = input_ids.masked_fill(~valid, -100)
+        target = labels[:, 1:]
+        scored = (target != -100) & valid[:, :-1]  # no prediction from a padding position
+        if scored.any():
+            tgt = target.clamp_min(0)
+            lv = torch.log_softmax(logits[:, :-1].float(), dim=-1).gather(2, tgt.unsqueeze(2))
+            lp = pointer_target_log_probs(
+                lv.squeeze(2), log_attn[:, :-1], log_gate[:, :-1], input_ids, tgt
+            )
+            nll = (-lp).masked_fill(~scored, 0.0)
+            loss = nll.sum() / scored.sum()
+        log_probs = None
+        if return_log_probs:
+            log_probs = sequence_mixture_log_probs(logits, log_attn, log_gate, input_ids)
+        return HeadOutput(
+            loss, nll, log_gate.exp(), log_probs, log_attn if return_attention else None
+        )
+
+    # -- persistence ------------------------------------------------------------------------
+    def save_pretrained(self, directory: str | Path, *, save_base: bool | None = None) -> None:
+        """Head weights and config; the base too when it is trainable or has no loadable name
+        (``save_base`` overrides)."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        if save_base is None:
+            save_base = not self.freeze_base or not self.base_name_or_path
+        cfg: dict[str, Any] = {
+            "window": self.window,
+            "hidden_size": self.query.in_features,
+            "freeze_base": self.freeze_base,
+            "base_name_or_path": self.base_name_or_path,
+            "base_saved": bool(save_base),
+        }
+        (d / HEAD_CONFIG).write_text(json.dumps(cfg, indent=2))
+        save_file(
+            {
+                "query.weight": self.query.weight.detach().cpu().contiguous(),
+                "query.bias": self.query.bias.detach().cpu().contiguous(),
+                "sentinel": self.sentinel.detach().cpu().contiguous(),
+            },
+            str(d / HEAD_WEIGHTS),
+        )
+        if save_base:
+            self.base.save_pretrained(d / "base")
+
+    @classmethod
+    def from_pretrained(
+        cls, directory: str | Path, base_model: nn.Module | None = None, **load_kw: Any
+    ) -> PointerSentinelHead:
+        """Load a saved head; the base comes from ``base_model``, else ``directory/base``, else
+        :func:`gencraft.models.load_model` on the recorded name (``load_kw`` passed on)."""
+        d = Path(directory)
+        if not (d / HEAD_CONFIG).is_file() or not (d / HEAD_WEIGHTS).is_file():
+            raise GencraftError(
+                f"{d} is not a saved pointer head (expected {HEAD_CONFIG} and {HEAD_WEIGHTS})"
+            )
+        cfg = json.loads((d / HEAD_CONFIG).read_text())
+        if base_model is None:
+            from gencraft.models import load_model
+
+            if cfg["base_saved"]:
+                from transformers import AutoModelForCausalLM
+
+                base_model = AutoModelForCausalLM.from_pretrained(d / "base")
+            elif cfg["base_name_or_path"]:
+                base_model, _ = load_model(cfg["base_name_or_path"], task="causal-lm", **load_kw)
+            else:
+                raise GencraftError(f"{d} records no base model; pass base_model=")
+        head = cls(
+            base_model, cfg["window"], freeze_base=cfg["freeze_base"],
+            base_name_or_path=cfg["base_name_or_path"],
+        )  # fmt: skip
+        if head.query.in_features != cfg["hidden_size"]:
+            raise GencraftError(
+                f"the base model's hidden size {head.query.in_features} differs from the saved "
+                f"head's {cfg['hidden_size']}"
+            )
+        state = load_file(str(d / HEAD_WEIGHTS))
+        with torch.no_grad():
+            head.query.weight.copy_(state["query.weight"])
+            head.query.bias.copy_(state["query.bias"])
+            head.sentinel.copy_(state["sentinel"])
+        return head

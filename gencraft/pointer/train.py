@@ -1,0 +1,445 @@
+"""Training and evaluation of :class:`PointerSentinelLSTM` on a token stream (PTB, WikiText).
+
+Truncated BPTT follows Merity et al.'s Algorithm 1: every ``k1`` tokens, backpropagate through
+the last ``k2`` (``k1 = k2 = bptt`` by default; the paper's ``k1 = 1, k2 = L`` is one option).
+The pointer's window must hold outputs of the *current* parameters: with
+``window_refresh="regenerate"`` (default) each step re-runs, without gradient, the
+``max(0, L - 1 - (k2 - k1))`` positions the window reaches before the backpropagated span,
+from the carried LSTM state. Cost per step: that prefix (forward only) plus k2 positions
+(forward and backward) for k1 trained tokens. ``"stale"`` (k1 = k2 only) reuses the previous
+step's outputs: no extra cost, one update out of date. The carried LSTM state itself is, as
+in every truncated BPTT, from the previous step.
+
+Multi-device: the B streams are split across processes by ``accelerate``; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from tqdm.auto import tqdm
+
+from gencraft.data.lm import LMCorpus
+from gencraft.errors import GencraftError
+from gencraft.pointer.lstm import PointerSentinelLSTM
+from gencraft.training import (
+    PlateauSchedule,
+    atomic_torch_save,
+    load_torch,
+    rng_state,
+    set_rng_state,
+    write_json,
+)
+
+
+@dataclass
+class TrainConfig:
+    """The paper's recipe by default: batch 32, BPTT 100, clip 1, halve the LR when validation
+    perplexity gets worse, stop after 3 evaluations without improvement or 64 epochs.
+    The paper does not name its optimiser or learning rate; SGD with lr 20 is our default."""
+
+    batch_size: int = 32
+    bptt: int = 100  # k2
+    k1: int | None = None  # None: k1 = k2 (common); 1: the paper's schedule
+    window_refresh: Literal["regenerate", "stale"] = "regenerate"
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    lr: float = 20.0
+    weight_decay: float = 0.0
+    clip: float = 1.0
+    lr_decay: float = 0.5
+    patience: int = 3
+    max_epochs: int = 64
+    max_steps: int | None = None
+    max_time: float | None = None  # seconds of training (evaluation included)
+    eval_every: int | None = None  # steps; None = once per epoch
+    eval_batch_size: int = 10
+    pointer_loss_weight: float = 0.0  # weight of eq. 9 added to the mixture cross-entropy
+    save_every: int | None = None  # steps between resumable checkpoints (and at every eval)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.bptt < 1:
+            raise ValueError("batch_size and bptt must be positive")
+        if self.k1 is not None and not 1 <= self.k1 <= self.bptt:
+            raise ValueError(f"k1 must lie in [1, bptt = {self.bptt}], got {self.k1}")
+        if self.window_refresh not in ("regenerate", "stale"):
+            raise ValueError(f"window_refresh must be 'regenerate' or 'stale', got "
+                             f"{self.window_refresh!r}")  # fmt: skip
+        if self.window_refresh == "stale" and self.k1 not in (None, self.bptt):
+            raise ValueError("window_refresh='stale' needs k1 = k2 (= bptt)")
+        if self.optimizer not in ("sgd", "adam"):
+            raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
+
+    @property
+    def k2(self) -> int:
+        return self.bptt
+
+    @property
+    def step_tokens(self) -> int:
+        return self.k1 or self.bptt
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+@dataclass(frozen=True)
+class Step:
+    """One truncated-BPTT step over stream positions (inputs; target = next position).
+
+    ``[start, grad_start)`` re-run without gradient (window regeneration),
+    ``[grad_start, end)`` backpropagated, ``[loss_start, end)`` scored,
+    ``keep``: carry the state after ``start + keep`` positions to the next step.
+    """
+
+    start: int
+    grad_start: int
+    loss_start: int
+    end: int
+    keep: int
+
+
+def tbptt_schedule(n: int, k1: int, k2: int, prefix: int) -> Iterator[Step]:
+    """Steps covering inputs ``0 .. n - 1`` (n = stream length - 1). ``prefix``: how many states
+    before a scored position its window reaches (L - 1 for the pointer with regeneration, else
+    0); those outside the backpropagated span are re-run without gradient."""
+
+    def span(t: int) -> tuple[int, int, int]:
+        end = min(t + k1, n)
+        grad_start = max(0, end - k2)
+        start = min(grad_start, max(0, t - prefix))
+        return start, grad_start, end
+
+    t = 0
+    while t < n:
+        start, grad_start, end = span(t)
+        nxt = span(end)[0] if end < n else end
+        yield Step(start, grad_start, t, end, nxt - start)
+        t = end
+
+
+def batchify(ids: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """[N] -> [B, N // B]: B contiguous streams (the tail that does not fill a row is dropped)."""
+    n = ids.numel() // batch_size
+    if n < 2:
+        raise GencraftError(
+            f"{ids.numel()} tokens are too few for {batch_size} streams of at least 2 tokens"
+        )
+    return ids[: n * batch_size].view(batch_size, n)
+
+
+def _detach(state: Any) -> Any:
+    if state is None:
+        return None
+    return tuple(s.detach() for s in state)
+
+
+@torch.no_grad()
+def evaluate(
+    model: PointerSentinelLSTM,
+    ids: torch.Tensor,
+    *,
+    batch_size: int = 10,
+    bptt: int = 100,
+    progress: bool = False,
+    return_details: bool = False,
+    desc: str = "eval",
+) -> dict[str, Any]:
+    """Perplexity of ``ids`` [N] split into ``batch_size`` streams, run in chunks of ``bptt``
+    with the window carried across chunks (so the chunk size does not change the result).
+
+    Returns ``{"nll", "tokens", "ppl"}`` and, with ``return_details``, per-position ``token_nll``
+    [B, n], ``gate`` [B, n] (pointer only) and ``targets`` [B, n].
+    """
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    data = batchify(ids, batch_size).to(device)
+    n = data.shape[1] - 1
+    state = None
+    memory = memory_ids = None
+    total, count = 0.0, 0
+    nlls, gates = [], []
+    bar = tqdm(range(0, n, bptt), desc=desc, disable=not progress, leave=False, unit="chunk")
+    for s in bar:
+        e = min(s + bptt, n)
+        x, y = data[:, s:e], data[:, s + 1 : e + 1]
+        out = model(x, y, state, memory=memory, memory_ids=memory_ids)
+        state = out.state
+        keep = model.config.window - 1
+        if model.config.pointer and keep > 0:
+            memory = out.outputs if memory is None else torch.cat([memory, out.outputs], 1)
+            memory_ids = x if memory_ids is None else torch.cat([memory_ids, x], 1)
+            memory, memory_ids = memory[:, -keep:], memory_ids[:, -keep:]
+        total += float(out.nll.double().sum())
+        count += out.nll.numel()
+        if return_details:
+            nlls.append(out.nll.cpu())
+            if out.gate is not None:
+                gates.append(out.gate.cpu())
+    model.train(was_training)
+    result: dict[str, Any] = {"nll": total, "tokens": count, "ppl": math.exp(total / count)}
+    if return_details:
+        result["token_nll"] = torch.cat(nlls, 1)
+        result["gate"] = torch.cat(gates, 1) if gates else None
+        result["targets"] = data[:, 1 : n + 1].cpu()
+    return result
+
+
+class Trainer:
+    """Trains a :class:`PointerSentinelLSTM` on ``corpus`` and writes to ``output_dir``:
+    ``checkpoint/`` (resumable), ``best/`` (best validation model, ``from_pretrained``-able),
+    ``history.json`` and ``train_config.json``."""
+
+    def __init__(
+        self,
+        model: PointerSentinelLSTM,
+        corpus: LMCorpus,
+        config: TrainConfig,
+        output_dir: str | Path,
+        *,
+        progress: bool = True,
+        accelerator: Any = None,
+    ) -> None:
+        from accelerate import Accelerator
+
+        if len(corpus.vocab) != model.config.vocab_size:
+            raise GencraftError(
+                f"vocabulary mismatch: the model has {model.config.vocab_size} words, corpus "
+                f"{corpus.name!r} has {len(corpus.vocab)}"
+            )
+        for split in ("train", "valid"):
+            if split not in corpus.splits:
+                raise GencraftError(f"corpus {corpus.name!r} has no {split!r} split loaded")
+        self.config, self.corpus, self.progress = config, corpus, progress
+        self.output_dir = Path(output_dir)
+        self.accelerator = accelerator or Accelerator()
+        acc = self.accelerator
+        if config.batch_size % acc.num_processes:
+            raise GencraftError(
+                f"batch_size {config.batch_size} is not divisible by {acc.num_processes} processes"
+            )
+        torch.manual_seed(config.seed)
+        streams = batchify(corpus["train"], config.batch_size)
+        self.streams = streams[acc.process_index :: acc.num_processes].to(acc.device)
+        self.n = self.streams.shape[1] - 1
+        if config.optimizer == "sgd":
+            opt = torch.optim.SGD(
+                model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+            )
+        else:
+            opt = torch.optim.Adam(
+                model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+            )
+        self.model, self.optimizer = acc.prepare(model, opt)
+        if acc.device.type == "cpu":
+            # the softmax gradient is full of denormals, which make CPU matmuls up to 20x slower
+            torch.set_flush_denormal(True)
+        self.last_nll: torch.Tensor | None = None
+        self.schedule = PlateauSchedule(decay=config.lr_decay, patience=config.patience)
+        self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
+        self.train_time, self.trained_tokens = 0.0, 0
+        self.carry: Any = None  # LSTM state at the next step's start
+        self.memory: Any = None  # (outputs, ids) for window_refresh="stale"
+        self.history: list[dict[str, Any]] = []
+        self.done = False
+
+    @property
+    def raw_model(self) -> PointerSentinelLSTM:
+        return self.accelerator.unwrap_model(self.model)
+
+    def _prefix(self) -> int:
+        m = self.raw_model
+        if not m.config.pointer or self.config.window_refresh == "stale":
+            return 0
+        return m.config.window - 1
+
+    def steps(self) -> list[Step]:
+        return list(tbptt_schedule(self.n, self.config.step_tokens, self.config.k2, self._prefix()))
+
+    # -- one step -------------------------------------------------------------------------
+    def train_step(self, st: Step) -> float:
+        cfg, m, data = self.config, self.raw_model, self.streams
+        self.model.train()
+        masks = m.sample_masks(data.shape[0], data.device)
+        state = self.carry
+        memory = memory_ids = None
+        kept = None
+        if st.grad_start > st.start:  # regenerate the window with the current parameters
+            with torch.no_grad():
+                keep = st.keep if st.keep <= st.grad_start - st.start else None
+                memory, state, kept = m.encode(
+                    data[:, st.start : st.grad_start], state, masks=masks, keep_state_at=keep
+                )
+            memory_ids = data[:, st.start : st.grad_start]
+        elif self.memory is not None:
+            memory, memory_ids = self.memory
+        x = data[:, st.grad_start : st.end]
+        y = data[:, st.loss_start + 1 : st.end + 1]
+        keep_in_grad = st.keep - (st.grad_start - st.start) if kept is None else None
+        out = self.model(
+            x, y, state, memory=memory, memory_ids=memory_ids, masks=masks,
+            keep_state_at=keep_in_grad,
+        )  # fmt: skip
+        self.last_nll = out.nll.detach()  # [B, k1], for inspection
+        loss = out.nll.mean()
+        if out.pointer_nll is not None and cfg.pointer_loss_weight:
+            loss = loss + cfg.pointer_loss_weight * out.pointer_nll.mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.accelerator.backward(loss)
+        if cfg.clip:
+            self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.clip)
+        self.optimizer.step()
+        self.carry = _detach(kept if kept is not None else out.kept_state)
+        if cfg.window_refresh == "stale" and m.config.pointer and m.config.window > 1:
+            keep = m.config.window - 1
+            outs, ids = out.outputs.detach(), x
+            if self.memory is not None:
+                outs = torch.cat([self.memory[0], outs], 1)
+                ids = torch.cat([self.memory[1], ids], 1)
+            self.memory = (outs[:, -keep:], ids[:, -keep:])
+        self.trained_tokens += y.numel() * self.accelerator.num_processes
+        return float(out.nll.detach().mean())
+
+    # -- evaluation, checkpoints ----------------------------------------------------------
+    def validate(self, split: str = "valid") -> dict[str, Any]:
+        return evaluate(
+            self.raw_model, self.corpus[split], batch_size=self.config.eval_batch_size,
+            bptt=self.config.bptt, progress=self.progress, desc=split,
+        )  # fmt: skip
+
+    def _set_lr(self, lr: float) -> None:
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def save_checkpoint(self) -> None:
+        if not self.accelerator.is_main_process:
+            return
+        d = self.output_dir / "checkpoint"
+        self.raw_model.save_pretrained(d)
+        atomic_torch_save(
+            {
+                "optimizer": self.optimizer.state_dict(),
+                "schedule": self.schedule.state_dict(),
+                "epoch": self.epoch,
+                "step_in_epoch": self.step_in_epoch,
+                "global_step": self.global_step,
+                "train_time": self.train_time,
+                "trained_tokens": self.trained_tokens,
+                "carry": self.carry,
+                "memory": self.memory,
+                "history": self.history,
+                "done": self.done,
+                "rng": rng_state(),
+                "train_config": asdict(self.config),
+            },
+            d / "trainer_state.pt",
+        )
+
+    def load_checkpoint(self, directory: str | Path | None = None) -> bool:
+        """Resume from ``directory`` (default ``output_dir/checkpoint``); False if none."""
+        d = Path(directory) if directory else self.output_dir / "checkpoint"
+        if not (d / "trainer_state.pt").is_file():
+            return False
+        saved = PointerSentinelLSTM.from_pretrained(d)
+        if saved.config.to_dict() != self.raw_model.config.to_dict():
+            raise GencraftError(
+                f"checkpoint {d} was trained with a different model config; use another "
+                "output directory or the same options"
+            )
+        self.raw_model.load_state_dict(saved.state_dict())
+        st = load_torch(d / "trainer_state.pt")
+        self.optimizer.load_state_dict(st["optimizer"])
+        self.schedule.load_state_dict(st["schedule"])
+        for k in ("epoch", "step_in_epoch", "global_step", "train_time", "trained_tokens",
+                  "history", "done"):  # fmt: skip
+            setattr(self, k, st[k])
+        dev = self.accelerator.device
+        self.carry = None if st["carry"] is None else tuple(t.to(dev) for t in st["carry"])
+        self.memory = None if st["memory"] is None else tuple(t.to(dev) for t in st["memory"])
+        set_rng_state(st["rng"])
+        return True
+
+    def _evaluate_and_schedule(self) -> bool:
+        """Validate, save best, halve the LR / stop as the recipe says. True = stop."""
+        res = self.validate("valid")
+        improved, decay, stop = self.schedule.step(res["nll"] / res["tokens"])
+        row = {
+            "epoch": self.epoch, "step": self.global_step, "valid_ppl": res["ppl"],
+            "lr": self.lr, "train_time": self.train_time,
+            "train_tokens_per_s": self.trained_tokens / max(self.train_time, 1e-9),
+        }  # fmt: skip
+        self.history.append(row)
+        if improved and self.accelerator.is_main_process:
+            self.raw_model.save_pretrained(self.output_dir / "best")
+        if decay:
+            self._set_lr(self.lr * self.config.lr_decay)
+        if self.accelerator.is_main_process:
+            write_json(self.output_dir / "history.json", self.history)
+            tqdm.write(
+                f"epoch {self.epoch} step {self.global_step}: valid ppl {res['ppl']:.2f}"
+                f"{' (best)' if improved else ''}, lr {self.lr:g}"
+            )
+        return stop
+
+    # -- the loop -------------------------------------------------------------------------
+    def train(self, resume: bool = True) -> list[dict[str, Any]]:
+        cfg = self.config
+        if self.accelerator.is_main_process:
+            write_json(self.output_dir / "train_config.json", asdict(cfg))
+        if resume:
+            self.load_checkpoint()
+        else:
+            torch.manual_seed(cfg.seed)
+        steps = self.steps()
+        eval_every = cfg.eval_every or len(steps)
+        while not self.done and self.epoch < cfg.max_epochs:
+            bar = tqdm(
+                total=len(steps), initial=self.step_in_epoch, desc=f"epoch {self.epoch + 1}",
+                disable=not self.progress, unit="step",
+            )  # fmt: skip
+            while self.step_in_epoch < len(steps):
+                if cfg.max_steps is not None and self.global_step >= cfg.max_steps:
+                    bar.close()
+                    return self.history
+                t0 = time.perf_counter()
+                loss = self.train_step(steps[self.step_in_epoch])
+                if not math.isfinite(loss):
+                    raise GencraftError(
+                        f"training loss became {loss} at step {self.global_step}; lower the "
+                        "learning rate or the clipping threshold"
+                    )
+                self.train_time += time.perf_counter() - t0
+                self.step_in_epoch += 1
+                self.global_step += 1
+                bar.update(1)
+                bar.set_postfix(ppl=f"{math.exp(min(loss, 50)):.1f}", lr=f"{self.lr:g}")
+                out_of_time = cfg.max_time is not None and self.train_time >= cfg.max_time
+                if self.step_in_epoch == len(steps):
+                    self.epoch += 1
+                    self.step_in_epoch = 0
+                    self.carry = self.memory = None
+                if self.global_step % eval_every == 0 or self.step_in_epoch == 0 or out_of_time:
+                    t1 = time.perf_counter()
+                    self.done = self._evaluate_and_schedule() or out_of_time
+                    self.train_time += time.perf_counter() - t1
+                    self.save_checkpoint()
+                    if self.done or self.step_in_epoch == 0:
+                        break
+                elif cfg.save_every and self.global_step % cfg.save_every == 0:
+                    self.save_checkpoint()
+            bar.close()
+        self.done = True
+        self.save_checkpoint()
+        return self.history
