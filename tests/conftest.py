@@ -34,3 +34,22 @@ def shared_data() -> Path:
 def _no_ambient_data_dir(monkeypatch):
     """Tests pass data directories explicitly, so an exported GENCRAFT_DATA_DIR can't leak in."""
     monkeypatch.delenv("GENCRAFT_DATA_DIR", raising=False)
+
+
+@pytest.fixture(scope="session")
+def synthetic_lm_dir(tmp_path_factory) -> Path:
+    """A data directory with a PTB-format corpus of 39 words (``<unk>`` included) whose
+    sentences often repeat their first words, so a pointer has something to copy."""
+    import random
+
+    root = tmp_path_factory.mktemp("lmdata")
+    (root / "ptb").mkdir()
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(38)] + ["<unk>"]
+    for split, n in (("train", 300), ("valid", 40), ("test", 40)):
+        lines = []
+        for _ in range(n):
+            s = [rng.choice(words) for _ in range(rng.randint(3, 8))]
+            lines.append(" " + " ".join(s + s[: rng.randint(0, 3)]) + " ")
+        (root / "ptb" / f"ptb.{split}.txt").write_text("\n".join(lines) + "\n")
+    return root

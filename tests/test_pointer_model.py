@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import random
 
 import pytest
 import torch
@@ -25,19 +24,8 @@ from gencraft.pointer import (
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    """A PTB-format corpus of 40 words where sentences repeat words seen a few steps back."""
-    root = tmp_path_factory.mktemp("data") / "ptb"
-    root.mkdir()
-    rng = random.Random(0)
-    words = [f"w{i}" for i in range(38)] + ["<unk>"]
-    for split, n in (("train", 300), ("valid", 40), ("test", 40)):
-        lines = []
-        for _ in range(n):
-            s = [rng.choice(words) for _ in range(rng.randint(3, 8))]
-            lines.append(" " + " ".join(s + s[: rng.randint(0, 3)]) + " ")
-        (root / f"ptb.{split}.txt").write_text("\n".join(lines) + "\n")
-    return load_lm_corpus("ptb", root.parent)
+def corpus(synthetic_lm_dir):
+    return load_lm_corpus("ptb", synthetic_lm_dir)
 
 
 def tiny(vocab: int, **kw) -> PointerSentinelLSTM:

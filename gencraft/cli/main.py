@@ -184,6 +184,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_eval)
 
+    from gencraft.cli.pointer import add_parser as add_pointer_parser
+
+    add_pointer_parser(sub, _add_data_dir)
+
     p = sub.add_parser("demo", help="the offline end-to-end demo (SmolLM2-135M)")
     p.add_argument(
         "--ppl-tokens", type=int, default=8000, help="WikiText-2 test words to score (default 8000)"

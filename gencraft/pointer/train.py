@@ -56,7 +56,7 @@ class TrainConfig:
     patience: int = 3
     max_epochs: int = 64
     max_steps: int | None = None
-    max_time: float | None = None  # seconds of training (evaluation included)
+    max_time: float | None = None  # seconds of training and validation together
     eval_every: int | None = None  # steps; None = once per epoch
     eval_batch_size: int = 10
     pointer_loss_weight: float = 0.0  # weight of eq. 9 added to the mixture cross-entropy
@@ -245,7 +245,7 @@ class Trainer:
         self.last_nll: torch.Tensor | None = None
         self.schedule = PlateauSchedule(decay=config.lr_decay, patience=config.patience)
         self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
-        self.train_time, self.trained_tokens = 0.0, 0
+        self.train_time, self.eval_time, self.trained_tokens = 0.0, 0.0, 0
         self.carry: Any = None  # LSTM state at the next step's start
         self.memory: Any = None  # (outputs, ids) for window_refresh="stale"
         self.history: list[dict[str, Any]] = []
@@ -336,6 +336,7 @@ class Trainer:
                 "step_in_epoch": self.step_in_epoch,
                 "global_step": self.global_step,
                 "train_time": self.train_time,
+                "eval_time": self.eval_time,
                 "trained_tokens": self.trained_tokens,
                 "carry": self.carry,
                 "memory": self.memory,
@@ -362,8 +363,8 @@ class Trainer:
         st = load_torch(d / "trainer_state.pt")
         self.optimizer.load_state_dict(st["optimizer"])
         self.schedule.load_state_dict(st["schedule"])
-        for k in ("epoch", "step_in_epoch", "global_step", "train_time", "trained_tokens",
-                  "history", "done"):  # fmt: skip
+        for k in ("epoch", "step_in_epoch", "global_step", "train_time", "eval_time",
+                  "trained_tokens", "history", "done"):  # fmt: skip
             setattr(self, k, st[k])
         dev = self.accelerator.device
         self.carry = None if st["carry"] is None else tuple(t.to(dev) for t in st["carry"])
@@ -377,7 +378,7 @@ class Trainer:
         improved, decay, stop = self.schedule.step(res["nll"] / res["tokens"])
         row = {
             "epoch": self.epoch, "step": self.global_step, "valid_ppl": res["ppl"],
-            "lr": self.lr, "train_time": self.train_time,
+            "lr": self.lr, "train_time": self.train_time, "eval_time": self.eval_time,
             "train_tokens_per_s": self.trained_tokens / max(self.train_time, 1e-9),
         }  # fmt: skip
         self.history.append(row)
@@ -425,7 +426,8 @@ class Trainer:
                 self.global_step += 1
                 bar.update(1)
                 bar.set_postfix(ppl=f"{math.exp(min(loss, 50)):.1f}", lr=f"{self.lr:g}")
-                out_of_time = cfg.max_time is not None and self.train_time >= cfg.max_time
+                elapsed = self.train_time + self.eval_time
+                out_of_time = cfg.max_time is not None and elapsed >= cfg.max_time
                 if self.step_in_epoch == len(steps):
                     self.epoch += 1
                     self.step_in_epoch = 0
@@ -433,7 +435,7 @@ class Trainer:
                 if self.global_step % eval_every == 0 or self.step_in_epoch == 0 or out_of_time:
                     t1 = time.perf_counter()
                     self.done = self._evaluate_and_schedule() or out_of_time
-                    self.train_time += time.perf_counter() - t1
+                    self.eval_time += time.perf_counter() - t1
                     self.save_checkpoint()
                     if self.done or self.step_in_epoch == 0:
                         break

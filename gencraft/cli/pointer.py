@@ -1,0 +1,193 @@
+"""``gencraft pointer train|eval|analyze``: the pointer sentinel-LSTM LM pipeline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from gencraft.errors import GencraftError
+
+CORPORA = ("ptb", "wikitext-2", "wikitext-103")
+
+
+def _corpus(name: str, data_dir: str | None, splits: tuple[str, ...]) -> Any:
+    from gencraft.data import load_lm_corpus
+
+    return load_lm_corpus(name, data_dir, splits)
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from gencraft.pointer import PointerSentinelLSTM, TrainConfig, Trainer
+    from gencraft.pointer.train import evaluate
+    from gencraft.utils import seed_everything
+
+    corpus = _corpus(args.corpus, args.data_dir, ("train", "valid", "test"))
+    overrides: dict[str, Any] = {"pointer": not args.no_pointer, "extra": {"corpus": args.corpus}}
+    for key in ("window", "hidden_size", "dropout", "zoneout"):
+        value = getattr(args, key)
+        if value is not None:
+            if key == "zoneout":
+                overrides.update(zoneout_c=value, zoneout_h=value)
+            else:
+                overrides[key] = value
+    seed_everything(args.seed)
+    model = PointerSentinelLSTM.from_preset(args.preset, len(corpus.vocab), **overrides)
+    names = {f.name for f in fields(TrainConfig)}
+    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
+    out = Path(args.output or f"outputs/pointer-{args.corpus}-{args.preset}"
+               f"{'-lstm' if args.no_pointer else ''}")  # fmt: skip
+    n_params = sum(p.numel() for p in model.parameters())
+    kind = "plain LSTM" if args.no_pointer else "pointer sentinel-LSTM"
+    n_ptr = model.num_pointer_parameters()
+    print(f"{kind} ({args.preset}): {n_params:,} parameters ({n_ptr:,} in the pointer) -> {out}")
+    trainer = Trainer(model, corpus, cfg, out, progress=not args.quiet)
+    trainer.train(resume=not args.restart)
+    best = PointerSentinelLSTM.from_pretrained(out / "best", device=trainer.accelerator.device)
+    result = {
+        "parameters": n_params,
+        "train_tokens_per_s": trainer.trained_tokens / max(trainer.train_time, 1e-9),
+        "epochs": trainer.epoch,
+        "steps": trainer.global_step,
+    }
+    for split in ("valid", "test"):
+        r = evaluate(best, corpus[split], batch_size=args.final_eval_batch_size, bptt=cfg.bptt,
+                     progress=not args.quiet, desc=split)  # fmt: skip
+        result[f"{split}_ppl"] = r["ppl"]
+    (out / "results.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from gencraft.pointer import PointerSentinelLSTM
+    from gencraft.pointer.train import evaluate
+
+    model = PointerSentinelLSTM.from_pretrained(_model_dir(args.checkpoint), device=args.device)
+    corpus_name = args.corpus or model.config.extra.get("corpus")
+    if not corpus_name:
+        raise GencraftError("the checkpoint records no corpus; pass --corpus")
+    corpus = _corpus(corpus_name, args.data_dir, (args.split,))
+    if len(corpus.vocab) != model.config.vocab_size:
+        raise GencraftError(
+            f"vocabulary mismatch: the checkpoint has {model.config.vocab_size} words, "
+            f"{corpus_name} has {len(corpus.vocab)}"
+        )
+    r = evaluate(model, corpus[args.split], batch_size=args.batch_size, bptt=args.bptt,
+                 progress=True, desc=args.split)  # fmt: skip
+    print(json.dumps({"corpus": corpus_name, "split": args.split, "ppl": r["ppl"],
+                      "tokens": r["tokens"]}))  # fmt: skip
+
+
+def _model_dir(path: str) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise GencraftError(f"checkpoint {p} does not exist")
+    return p / "best" if (p / "best").is_dir() else p
+
+
+def cmd_analyze(args: argparse.Namespace) -> None:
+    from gencraft.pointer import PointerSentinelLSTM
+    from gencraft.pointer.analysis import (
+        bucket_gains,
+        frequency_buckets,
+        passage_view,
+        plot_bucket_gains,
+        plot_passage,
+    )
+    from gencraft.pointer.train import evaluate
+
+    ptr = PointerSentinelLSTM.from_pretrained(_model_dir(args.pointer))
+    name = args.corpus or ptr.config.extra.get("corpus")
+    if not name:
+        raise GencraftError("the checkpoint records no corpus; pass --corpus")
+    corpus = _corpus(name, args.data_dir, (args.split,))
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict[str, Any] = {"corpus": name, "split": args.split}
+    if args.baseline:
+        base = PointerSentinelLSTM.from_pretrained(_model_dir(args.baseline))
+        if base.config.vocab_size != ptr.config.vocab_size:
+            raise GencraftError("the two checkpoints have different vocabularies")
+        ids = corpus[args.split]
+        a = evaluate(base, ids, batch_size=args.batch_size, return_details=True, progress=True)
+        b = evaluate(ptr, ids, batch_size=args.batch_size, return_details=True, progress=True)
+        rows = bucket_gains(a["token_nll"], b["token_nll"], a["targets"],
+                            frequency_buckets(corpus.vocab.counts))  # fmt: skip
+        plot_bucket_gains(rows, out / "frequency_gain.png", f"{name} {args.split}")
+        summary.update(lstm_ppl=a["ppl"], pointer_ppl=b["ppl"], buckets=rows)
+        print(f"wrote {out / 'frequency_gain.png'}")
+    view = passage_view(ptr, corpus, args.split, args.start, args.length)
+    plot_passage(view, out / "passage.png", max_distance=args.max_distance)
+    summary["passage"] = [
+        {"input": i, "target": t, "gate": round(float(g), 4), "top_word": w, "distance": d,
+         "attention": round(a, 4)}
+        for i, t, g, (w, d, a) in zip(view.inputs, view.targets, view.gate, view.top, strict=True)
+    ]  # fmt: skip
+    (out / "analysis.json").write_text(json.dumps(summary, indent=2))
+    print(f"wrote {out / 'passage.png'} and {out / 'analysis.json'}")
+    for row in summary["passage"]:
+        copied = (
+            f"copies {row['top_word']!r} from {row['distance']} back" if row["gate"] < 0.5 else ""
+        )
+        print(f"{row['input']:>15} -> {row['target']:<15} g={row['gate']:.2f} {copied}")
+
+
+def add_parser(sub: Any, data_dir_arg: Any) -> None:
+    p = sub.add_parser("pointer", help="pointer sentinel-LSTM language models (Merity et al.)")
+    psub = p.add_subparsers(dest="pointer_command", required=True, metavar="SUBCOMMAND")
+
+    t = psub.add_parser("train", help="train a pointer sentinel-LSTM (or --no-pointer LSTM)")
+    t.add_argument("--corpus", choices=CORPORA, default="ptb")
+    t.add_argument("--preset", choices=("small", "medium", "tiny"), default="small")
+    t.add_argument("--no-pointer", action="store_true", help="the plain LSTM baseline")
+    t.add_argument("--output", default=None, help="output directory (resumes if it has one)")
+    t.add_argument("--restart", action="store_true", help="ignore an existing checkpoint")
+    t.add_argument("--window", type=int, default=None, help="pointer window L (preset: 100)")
+    t.add_argument("--hidden-size", type=int, default=None)
+    t.add_argument("--dropout", type=float, default=None, help="locked dropout on layer inputs")
+    t.add_argument("--zoneout", type=float, default=None, help="zoneout rate of c and h")
+    t.add_argument("--batch-size", type=int, default=None, help="default 32")
+    t.add_argument("--bptt", type=int, default=None, help="k2 (default 100)")
+    t.add_argument("--k1", type=int, default=None, help="default k2; 1 = the paper's schedule")
+    t.add_argument("--window-refresh", choices=("regenerate", "stale"), default=None)
+    t.add_argument("--optimizer", choices=("sgd", "adam"), default=None)
+    t.add_argument("--lr", type=float, default=None, help="default 20 (SGD)")
+    t.add_argument("--clip", type=float, default=None, help="global grad-norm clip (default 1)")
+    t.add_argument("--max-epochs", type=int, default=None, help="default 64")
+    t.add_argument("--max-steps", type=int, default=None)
+    t.add_argument("--max-time", type=float, default=None, help="training budget in seconds")
+    t.add_argument("--eval-every", type=int, default=None, help="steps (default: each epoch)")
+    t.add_argument("--eval-batch-size", type=int, default=None, help="validation streams (10)")
+    t.add_argument("--final-eval-batch-size", type=int, default=1,
+                   help="streams for the final valid/test perplexity (default 1)")  # fmt: skip
+    t.add_argument("--pointer-loss-weight", type=float, default=None, help="weight of eq. 9")
+    t.add_argument("--save-every", type=int, default=None)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--quiet", action="store_true", help="no progress bars")
+    data_dir_arg(t)
+    t.set_defaults(func=cmd_train)
+
+    e = psub.add_parser("eval", help="perplexity of a trained checkpoint")
+    e.add_argument("checkpoint", help="a training output directory or a saved model directory")
+    e.add_argument("--split", default="test")
+    e.add_argument("--corpus", choices=CORPORA, default=None, help="default: the training one")
+    e.add_argument("--batch-size", type=int, default=1)
+    e.add_argument("--bptt", type=int, default=100)
+    e.add_argument("--device", default=None)
+    data_dir_arg(e)
+    e.set_defaults(func=cmd_eval)
+
+    a = psub.add_parser("analyze", help="frequency-bucket gains and a pointer/gate view (PNG)")
+    a.add_argument("pointer", help="pointer model checkpoint")
+    a.add_argument("--baseline", default=None, help="plain LSTM checkpoint (frequency buckets)")
+    a.add_argument("--split", default="test")
+    a.add_argument("--corpus", choices=CORPORA, default=None)
+    a.add_argument("--start", type=int, default=1000, help="first word of the viewed passage")
+    a.add_argument("--length", type=int, default=40)
+    a.add_argument("--max-distance", type=int, default=None)
+    a.add_argument("--batch-size", type=int, default=1)
+    a.add_argument("--output", default="outputs/pointer-analysis")
+    data_dir_arg(a)
+    a.set_defaults(func=cmd_analyze)

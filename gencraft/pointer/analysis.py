@@ -1,0 +1,145 @@
+"""Analyses like Merity et al.'s: the log-perplexity gain of the pointer model over the plain
+LSTM per word-frequency bucket (their Fig. 4), and which words a passage copies from how far
+back (their Fig. 5 / 6)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gencraft.data.lm import LMCorpus
+from gencraft.pointer.lstm import PointerSentinelLSTM
+
+
+def frequency_buckets(counts: list[int], n_buckets: int = 10) -> torch.Tensor:
+    """[V] bucket index per word id: words sorted by training frequency (most frequent first)
+    and cut into ``n_buckets`` buckets of (as near as possible) equal numbers of word types."""
+    order = torch.argsort(torch.tensor(counts), descending=True, stable=True)
+    bucket = torch.empty(len(counts), dtype=torch.long)
+    bucket[order] = torch.arange(len(counts)) * n_buckets // len(counts)
+    return bucket
+
+
+def bucket_gains(
+    nll_base: torch.Tensor, nll_pointer: torch.Tensor, targets: torch.Tensor,
+    buckets: torch.Tensor, n_buckets: int = 10,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Per bucket: tokens, mean NLL of each model and the mean gain ``nll_base - nll_pointer``
+    (log-perplexity, nats). All tensors are per scored token, of one shape."""
+    b = buckets[targets.flatten()]
+    rows = []
+    for i in range(n_buckets):
+        sel = b == i
+        n = int(sel.sum())
+        base = float(nll_base.flatten()[sel].double().mean()) if n else float("nan")
+        ptr = float(nll_pointer.flatten()[sel].double().mean()) if n else float("nan")
+        rows.append({"bucket": i + 1, "tokens": n, "nll_lstm": base, "nll_pointer": ptr,
+                     "gain": base - ptr})  # fmt: skip
+    return rows
+
+
+def plot_bucket_gains(rows: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.bar([r["bucket"] for r in rows], [r["gain"] for r in rows], color="tab:blue")
+    ax.axhline(0, color="black", lw=0.8)
+    ax.set_xticks([r["bucket"] for r in rows])
+    ax.set_xlabel("word frequency bucket (1 = most frequent)")
+    ax.set_ylabel("mean log-perplexity gain (nats)")
+    ax.set_title(title or "pointer sentinel-LSTM vs LSTM")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+@dataclass
+class PassageView:
+    """For each predicted word of a passage: the gate, the window attention by distance back
+    (``attention[t, d]`` = mass on the word d positions back, d = 0 the current input), and the
+    word receiving the most pointer mass."""
+
+    inputs: list[str]
+    targets: list[str]
+    gate: torch.Tensor  # [T]
+    attention: torch.Tensor  # [T, L]
+    top: list[tuple[str, int, float]]  # (word, distance back, its attention) per position
+
+
+@torch.no_grad()
+def passage_view(
+    model: PointerSentinelLSTM, corpus: LMCorpus, split: str, start: int, length: int
+) -> PassageView:
+    """Run the model from the start of ``split`` up to ``start + length`` (so the window and state
+    are those of a real evaluation) and collect the pointer's behaviour on the last ``length``
+    predictions."""
+    if not model.config.pointer:
+        raise ValueError("passage_view needs a pointer model")
+    ids = corpus[split]
+    if start < 0 or length < 1 or start + length + 1 > ids.numel():
+        raise ValueError(f"passage [{start}, {start + length}) lies outside {split}")
+    model.eval()
+    device = next(model.parameters()).device
+    L = model.config.window
+    ctx0 = max(0, start - L + 1)
+    state = None
+    if ctx0 > 0:  # state at the window's first position
+        _, state, _ = model.encode(ids[:ctx0].unsqueeze(0).to(device))
+    x = ids[ctx0 : start + length].unsqueeze(0).to(device)
+    y = ids[start + 1 : start + length + 1].unsqueeze(0).to(device)
+    out = model(x, y, state, return_attention=True)
+    attn = out.log_attn[0].exp().cpu()  # [T, S]
+    s = x.shape[1]
+    dist = torch.zeros(length, L)
+    top = []
+    words = corpus.vocab.decode(x[0].cpu())
+    for t in range(length):
+        pos = s - length + t
+        lo = max(0, pos - L + 1)
+        row = attn[t, lo : pos + 1].flip(0)  # distance 0, 1, ...
+        dist[t, : row.numel()] = row
+        d = int(row.argmax())
+        top.append((words[pos - d], d, float(row[d])))
+    return PassageView(
+        inputs=words[s - length :], targets=corpus.vocab.decode(y[0].cpu()),
+        gate=out.gate[0].cpu(), attention=dist, top=top,
+    )  # fmt: skip
+
+
+def plot_passage(view: PassageView, path: str | Path, max_distance: int | None = None) -> Path:
+    """Heat map of pointer attention (rows: predicted words; columns: distance back) beside the
+    gate g of each prediction."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    att = view.attention if max_distance is None else view.attention[:, :max_distance]
+    n = att.shape[0]
+    fig, (ax, axg) = plt.subplots(
+        1, 2, figsize=(11, 0.28 * n + 1.5), gridspec_kw={"width_ratios": [6, 1]}, sharey=True
+    )
+    ax.imshow(att.numpy(), aspect="auto", cmap="Blues", vmin=0, vmax=1)
+    labels = [f"{i} -> {t}" for i, t in zip(view.inputs, view.targets, strict=True)]
+    ax.set_yticks(range(n))
+    ax.set_yticklabels(labels, fontsize=7)
+    ax.set_xlabel("distance back in the window (0 = current word)")
+    ax.set_title("pointer attention")
+    axg.barh(range(n), view.gate.numpy(), color="tab:orange")
+    axg.set_xlim(0, 1)
+    axg.set_title("gate g")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
