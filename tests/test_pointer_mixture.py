@@ -154,18 +154,19 @@ def test_sequence_target_path_and_eq9_by_hand_with_finite_gradients():
     la, lg = sequence_pointer_attention(q, states, s, 3, valid)
     lp = pointer_target_log_probs(lv, la, lg, ids, y)
     eq9 = pointer_loss(la, lg, ids, y)
+    qd, sd, sn, lvd = q.detach(), states.detach(), s.detach(), lv.detach()
     for b in range(2):
         for t in range(4):
             pos = 2 + t
-            z = {j: float(q[b, t] @ states[b, j]) for j in range(pos - 2, pos + 1) if valid[b, j]}
-            zs = float(q[b, t] @ s)
+            z = {j: float(qd[b, t] @ sd[b, j]) for j in range(pos - 2, pos + 1) if valid[b, j]}
+            zs = float(qd[b, t] @ sn)
             den = sum(math.exp(v) for v in z.values()) + math.exp(zs)
             g = math.exp(zs) / den
             ptr = sum(math.exp(v) / den for j, v in z.items() if ids[b, j] == y[b, t])
             assert math.isclose(
-                float(lp[b, t]), math.log(g * math.exp(lv[b, t]) + ptr), rel_tol=1e-5
+                float(lp.detach()[b, t]), math.log(g * math.exp(lvd[b, t]) + ptr), rel_tol=1e-5
             )
-            assert math.isclose(float(eq9[b, t]), -math.log(g + ptr), rel_tol=1e-5, abs_tol=1e-6)
+            assert math.isclose(float(eq9.detach()[b, t]), -math.log(g + ptr), rel_tol=1e-5, abs_tol=1e-6)
     (lp.sum() + eq9.sum()).backward()
     for t in (q, states, s, lv):
         assert torch.isfinite(t.grad).all()
