@@ -41,11 +41,26 @@ def bucket_gains(
     return rows
 
 
-def plot_bucket_gains(rows: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:
+def _pyplot():
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # files only; no display needed
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: str | Path) -> Path:
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_bucket_gains(rows: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:
+    plt = _pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.bar([r["bucket"] for r in rows], [r["gain"] for r in rows], color="tab:blue")
@@ -54,12 +69,7 @@ def plot_bucket_gains(rows: list[dict[str, Any]], path: str | Path, title: str =
     ax.set_xlabel("word frequency bucket (1 = most frequent)")
     ax.set_ylabel("mean log-perplexity gain (nats)")
     ax.set_title(title or "pointer sentinel-LSTM vs LSTM")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 @dataclass
@@ -118,10 +128,7 @@ def passage_view(
 def plot_passage(view: PassageView, path: str | Path, max_distance: int | None = None) -> Path:
     """Heat map of pointer attention (rows: predicted words; columns: distance back) beside the
     gate g of each prediction."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     att = view.attention if max_distance is None else view.attention[:, :max_distance]
     n = att.shape[0]
@@ -137,9 +144,4 @@ def plot_passage(view: PassageView, path: str | Path, max_distance: int | None =
     axg.barh(range(n), view.gate.numpy(), color="tab:orange")
     axg.set_xlim(0, 1)
     axg.set_title("gate g")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
