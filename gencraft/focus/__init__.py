@@ -1,0 +1,28 @@
+"""Focus attention (FAME) and focus sampling (Aralikatte et al., ACL 2021).
+
+* :class:`FocusHead` — source-conditioned vocabulary bias t_x, topic logits T_X, focus bias f_t.
+* :func:`topic_loss`, :func:`frequent_token_ids` — the summary-induced topic loss (eq. 3).
+* :func:`focus_vocabulary`, :class:`FocusLogitsProcessor`, :func:`peakiness` — focus decoding
+  (eq. 5) as a ``transformers`` logits processor.
+"""
+
+from gencraft.focus.decoding import (
+    FocusLogitsProcessor,
+    focus_vocabulary,
+    oracle_vocabulary,
+    peakiness,
+)
+from gencraft.focus.head import FocusHead, FocusOutput
+from gencraft.focus.topic import frequent_token_ids, topic_loss, topic_targets
+
+__all__ = [
+    "FocusHead",
+    "FocusLogitsProcessor",
+    "FocusOutput",
+    "focus_vocabulary",
+    "frequent_token_ids",
+    "oracle_vocabulary",
+    "peakiness",
+    "topic_loss",
+    "topic_targets",
+]
