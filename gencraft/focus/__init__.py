@@ -2,6 +2,8 @@
 
 * :class:`FocusHead` — source-conditioned vocabulary bias t_x, topic logits T_X, focus bias f_t.
 * :func:`topic_loss`, :func:`frequent_token_ids` — the summary-induced topic loss (eq. 3).
+* :class:`FocusForConditionalGeneration` — FAME on any HF encoder-decoder or causal LM:
+  forward, generate (with focus decoding), save/load.
 * :func:`focus_vocabulary`, :class:`FocusLogitsProcessor`, :func:`peakiness` — focus decoding
   (eq. 5) as a ``transformers`` logits processor.
 """
@@ -13,11 +15,15 @@ from gencraft.focus.decoding import (
     peakiness,
 )
 from gencraft.focus.head import FocusHead, FocusOutput
+from gencraft.focus.model import FocusConfig, FocusForConditionalGeneration, FocusModelOutput
 from gencraft.focus.topic import frequent_token_ids, topic_loss, topic_targets
 
 __all__ = [
+    "FocusConfig",
+    "FocusForConditionalGeneration",
     "FocusHead",
     "FocusLogitsProcessor",
+    "FocusModelOutput",
     "FocusOutput",
     "focus_vocabulary",
     "frequent_token_ids",

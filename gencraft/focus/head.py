@@ -128,18 +128,30 @@ class FocusHead(nn.Module):
         g = self.project(encoder_states) if projected is None else projected
         g = g.masked_fill(~mask.unsqueeze(2), 0.0)
         e = embedding_weight.to(g.dtype)
-        topic = (g.sum(1) / n_real.unsqueeze(1).to(g.dtype)) @ e.t()  # (B, V)
+        topic = self.pooled(g, mask) @ e.t()  # (B, V)
         bias = None
         if attention is not None:
-            a = self.reduce_heads(attention)
-            if a.shape[0] != b or a.shape[2] != s:
-                raise ValueError(
-                    f"attention must cover [B = {b}, T, S = {s}], got {tuple(a.shape)}"
-                )
-            a = a.to(g.dtype).masked_fill(~mask.unsqueeze(1), 0.0)
-            bias = torch.bmm(a, g) @ e.t()  # (B, T, V)
+            bias = self.focus_states(attention, g, mask) @ e.t()  # (B, T, V)
         token = g @ e.t() if return_token_logits else None
         return FocusOutput(topic, bias, token)
+
+    @staticmethod
+    def pooled(g: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Mean of ``g`` [B, S, h] over real positions (``mask`` [B, S] bool; ``g`` already zero
+        under padding) -> [B, h]; T_X = pooled · Eᵀ."""
+        return g.sum(1) / mask.sum(1, keepdim=True).to(g.dtype)
+
+    def focus_states(
+        self, attention: torch.Tensor, g: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Σ_i a_{t,i} g_i, [B, T, h] (f_t = this · Eᵀ), from ``attention`` [B, n, T, S] or
+        [B, T, S], ``g`` [B, S, h] and ``mask`` [B, S] bool; padded positions get zero weight."""
+        a = self.reduce_heads(attention)
+        b, s = mask.shape
+        if a.shape[0] != b or a.shape[2] != s:
+            raise ValueError(f"attention must cover [B = {b}, T, S = {s}], got {tuple(a.shape)}")
+        a = a.to(g.dtype).masked_fill(~mask.unsqueeze(1), 0.0)
+        return torch.bmm(a, g)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -7,16 +7,15 @@ Shapes: B batch, T sequence length, H the base model's hidden size, V its vocabu
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from gencraft.errors import GencraftError
+from gencraft.models.heads import load_base, read_head, save_head
 from gencraft.pointer.mixture import (
     pointer_target_log_probs,
     sequence_mixture_log_probs,
@@ -159,28 +158,21 @@ class PointerSentinelHead(nn.Module):
     def save_pretrained(self, directory: str | Path, *, save_base: bool | None = None) -> None:
         """Head weights and config; the base too when it is trainable or has no loadable name
         (``save_base`` overrides)."""
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
         if save_base is None:
             save_base = not self.freeze_base or not self.base_name_or_path
-        cfg: dict[str, Any] = {
+        cfg = {
             "window": self.window,
             "hidden_size": self.query.in_features,
             "freeze_base": self.freeze_base,
             "base_name_or_path": self.base_name_or_path,
-            "base_saved": bool(save_base),
         }
-        (d / HEAD_CONFIG).write_text(json.dumps(cfg, indent=2))
-        save_file(
-            {
-                "query.weight": self.query.weight.detach().cpu().contiguous(),
-                "query.bias": self.query.bias.detach().cpu().contiguous(),
-                "sentinel": self.sentinel.detach().cpu().contiguous(),
-            },
-            str(d / HEAD_WEIGHTS),
-        )
-        if save_base:
-            self.base.save_pretrained(d / "base")
+        tensors = {
+            "query.weight": self.query.weight,
+            "query.bias": self.query.bias,
+            "sentinel": self.sentinel,
+        }
+        save_head(directory, config=cfg, tensors=tensors, base=self.base, save_base=save_base,
+                  config_name=HEAD_CONFIG, weights_name=HEAD_WEIGHTS)  # fmt: skip
 
     @classmethod
     def from_pretrained(
@@ -188,23 +180,9 @@ class PointerSentinelHead(nn.Module):
     ) -> PointerSentinelHead:
         """Load a saved head; the base comes from ``base_model``, else ``directory/base``, else
         :func:`gencraft.models.load_model` on the recorded name (``load_kw`` passed on)."""
-        d = Path(directory)
-        if not (d / HEAD_CONFIG).is_file() or not (d / HEAD_WEIGHTS).is_file():
-            raise GencraftError(
-                f"{d} is not a saved pointer head (expected {HEAD_CONFIG} and {HEAD_WEIGHTS})"
-            )
-        cfg = json.loads((d / HEAD_CONFIG).read_text())
-        if base_model is None:
-            from gencraft.models import load_model
-
-            if cfg["base_saved"]:
-                from transformers import AutoModelForCausalLM
-
-                base_model = AutoModelForCausalLM.from_pretrained(d / "base")
-            elif cfg["base_name_or_path"]:
-                base_model, _ = load_model(cfg["base_name_or_path"], task="causal-lm", **load_kw)
-            else:
-                raise GencraftError(f"{d} records no base model; pass base_model=")
+        cfg, state = read_head(directory, config_name=HEAD_CONFIG, weights_name=HEAD_WEIGHTS,
+                               what="pointer head")  # fmt: skip
+        base_model = load_base(directory, cfg, "causal-lm", base_model, **load_kw)
         head = cls(
             base_model, cfg["window"], freeze_base=cfg["freeze_base"],
             base_name_or_path=cfg["base_name_or_path"],
@@ -214,7 +192,6 @@ class PointerSentinelHead(nn.Module):
                 f"the base model's hidden size {head.query.in_features} differs from the saved "
                 f"head's {cfg['hidden_size']}"
             )
-        state = load_file(str(d / HEAD_WEIGHTS))
         with torch.no_grad():
             head.query.weight.copy_(state["query.weight"])
             head.query.bias.copy_(state["query.bias"])

@@ -1,0 +1,449 @@
+"""FAME on any Hugging Face encoder-decoder or causal LM, without forked model files.
+
+:class:`FocusForConditionalGeneration` wraps a base model and adds the focus bias f_t to its
+logits from inside the base's own forward pass, through three hooks:
+
+* a forward pre-hook on the base reads the source mask (and, during ``generate``, the encoder
+  outputs) and clears the attention store;
+* the source states x_i come from the encoder's output (encoder-decoder) or, for a causal LM,
+  from the final hidden states of the prompt span (the forward that first sees the prompt);
+* the final decoder layer's cross-attention (causal LM: its self-attention, restricted to the
+  prompt span) is read through the attention-function registry (:mod:`gencraft.focus.capture`);
+* a forward pre-hook on the output embedding module adds Σ_i a_{t,i} g_i to its input, so its
+  output becomes y_t E + (Σ_i a_{t,i} g_i) Eᵀ = y_t E + f_t (eq. 2) with no extra
+  [B, T, V] product.
+
+Because the bias lives inside the base's forward, ``base.generate`` (greedy, beam, sampling,
+with or without cache) and the base's own loss include it unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from transformers import LogitsProcessor, LogitsProcessorList
+from transformers.utils import ModelOutput
+
+from gencraft.errors import GencraftError
+from gencraft.focus.capture import find_attention_module, install_capture
+from gencraft.focus.decoding import FocusLogitsProcessor, focus_vocabulary
+from gencraft.focus.head import FocusHead
+from gencraft.focus.topic import topic_loss
+from gencraft.models.heads import load_base, read_head, save_head
+
+FOCUS_CONFIG = "focus_config.json"
+FOCUS_WEIGHTS = "focus_head.safetensors"
+
+
+@dataclass
+class FocusConfig:
+    """Settings of a FAME model.
+
+    Attributes:
+        intermediate_size: h' of W1/W2 (None = 4h).
+        bias: biases in W1, W2.
+        heads: ``"mean"`` over the final layer's attention heads, or one head's index.
+        mle_weight: λ in λ·MLE + (1 − λ)·topic (paper: 0.5).
+        frequent: ``"negative"`` (paper: the |F| frequent tokens are negatives of the topic
+            loss) or ``"ignore"`` (left out of it).
+        source_attention: causal LMs only: ``"raw"`` uses the self-attention mass on the prompt
+            as is (its sum is below 1 once the model attends to its own output);
+            ``"renormalized"`` rescales it to sum to 1 over the prompt, like cross-attention.
+        base_name_or_path: how to reload the base when it is not saved beside the head.
+        freeze_base: whether training leaves the base untouched.
+    """
+
+    intermediate_size: int | None = None
+    bias: bool = True
+    heads: Literal["mean"] | int = "mean"
+    mle_weight: float = 0.5
+    frequent: Literal["negative", "ignore"] = "negative"
+    source_attention: Literal["raw", "renormalized"] = "raw"
+    base_name_or_path: str | None = None
+    freeze_base: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.mle_weight <= 1.0:
+            raise ValueError(f"mle_weight (λ) must lie in [0, 1], got {self.mle_weight}")
+        if self.frequent not in ("negative", "ignore"):
+            raise ValueError(f"frequent must be 'negative' or 'ignore', got {self.frequent!r}")
+        if self.source_attention not in ("raw", "renormalized"):
+            raise ValueError(
+                f"source_attention must be 'raw' or 'renormalized', got {self.source_attention!r}"
+            )
+
+
+@dataclass
+class FocusModelOutput(ModelOutput):
+    """``loss`` = λ·``mle_loss`` + (1 − λ)·``topic_loss`` (when labels are given);
+    ``logits`` [B, T, V] include f_t; ``topic_logits`` T_X [B, V]; ``focus_bias`` f_t [B, T, V]
+    and ``attention`` a [B, T, S] only with ``return_focus=True``; ``base_output`` is the base
+    model's own output object (caches, encoder states...)."""
+
+    loss: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    mle_loss: torch.Tensor | None = None
+    topic_loss: torch.Tensor | None = None
+    topic_logits: torch.Tensor | None = None
+    focus_bias: torch.Tensor | None = None
+    attention: torch.Tensor | None = None
+    past_key_values: Any = None
+    base_output: Any = None
+
+
+@dataclass
+class _Source:
+    g: torch.Tensor  # [B, S, h], GELU(x W1) W2, zero under padding
+    mask: torch.Tensor  # [B, S] bool
+    key: tuple | None = None  # identity of the encoder states g was computed from
+
+
+def _first(output: Any) -> torch.Tensor:
+    return output[0] if isinstance(output, (tuple, list)) else output.last_hidden_state
+
+
+class FocusForConditionalGeneration(nn.Module):
+    """A base model plus a :class:`FocusHead`; ``forward``/``generate``/``save_pretrained``.
+
+    Args:
+        base: a Hugging Face encoder-decoder (BART, T5, Pegasus, ``EncoderDecoderModel``...) or
+            causal LM (Llama, GPT-2, SmolLM2...) with a linear output embedding E [V, h].
+        config: :class:`FocusConfig`.
+        frequent_ids: [F] the frequent tokens F (topic loss; always allowed in focus decoding).
+    """
+
+    def __init__(
+        self,
+        base: nn.Module,
+        config: FocusConfig | None = None,
+        *,
+        frequent_ids: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.config = config or FocusConfig()
+        self.base = base
+        self.is_encoder_decoder = bool(getattr(base.config, "is_encoder_decoder", False))
+        out = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+        if not isinstance(out, nn.Linear):
+            raise GencraftError(
+                f"unsupported architecture {type(base).__name__}: FAME needs a linear output "
+                f"embedding E (get_output_embeddings()), found {type(out).__name__}"
+            )
+        self.output_embedding = out
+        kind = "cross" if self.is_encoder_decoder else "self"
+        self.attention_name, attention = find_attention_module(base, kind)
+        hidden = out.in_features
+        self.head = FocusHead(
+            hidden, self.config.intermediate_size, bias=self.config.bias, heads=self.config.heads
+        ).to(device=out.weight.device, dtype=out.weight.dtype)
+        self.register_buffer(
+            "frequent_ids",
+            torch.as_tensor(
+                frequent_ids if frequent_ids is not None else [], dtype=torch.long
+            ).to(out.weight.device),
+        )  # fmt: skip
+        if self.config.freeze_base:
+            base.requires_grad_(False)
+        self._store = install_capture(base, attention)
+        self._source: _Source | None = None
+        self._pending_mask: torch.Tensor | None = None  # [B, S] source mask of the next forward
+        self._source_len: int | None = None  # causal LM: prompt length during generate
+        self._n_docs: int | None = None  # documents in the running generate call
+        self._needs_source = False
+        self._last: dict[str, torch.Tensor] = {}
+        self.enabled = True
+        self._hooks = [base.register_forward_pre_hook(self._before_forward, with_kwargs=True)]
+        if self.is_encoder_decoder:
+            self._hooks.append(base.get_encoder().register_forward_hook(self._after_encoder))
+        else:
+            body = getattr(base, "base_model", None)
+            if body is None or body is base:
+                raise GencraftError(
+                    f"unsupported architecture {type(base).__name__}: no decoder body "
+                    "(base_model) whose last hidden states give the prompt representations"
+                )
+            self._hooks.append(body.register_forward_hook(self._after_body))
+        self._hooks.append(out.register_forward_pre_hook(self._before_output_embedding))
+
+    # ---------------------------------------------------------------- hooks
+    def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._store.clear()
+        self._last = {}
+        mask = (
+            self._pending_mask if self._pending_mask is not None else kwargs.get("attention_mask")
+        )
+        if self.is_encoder_decoder:
+            enc = kwargs.get("encoder_outputs")
+            self._needs_source = enc is None
+            if enc is not None:
+                self._set_source(_first(enc), mask)
+            else:
+                self._mask_for_encoder = mask
+        else:
+            cache = kwargs.get("past_key_values")
+            cached = cache is not None and hasattr(cache, "get_seq_length")
+            self._needs_source = not (cached and cache.get_seq_length() > 0)
+            self._mask_for_encoder = mask
+
+    def _after_encoder(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if self._needs_source:  # inside our forward (training): use this encoder output
+            self._set_source(_first(output), self._mask_for_encoder)
+
+    def _after_body(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if not self._needs_source:
+            return
+        states = _first(output)  # [B, T, h]
+        p = self._source_len or states.shape[1]
+        mask = self._mask_for_encoder
+        mask = mask[:, :p] if mask is not None else None
+        self._set_source(states[:, :p], mask)
+
+    def _set_source(self, states: torch.Tensor, mask: torch.Tensor | None) -> None:
+        b, s = states.shape[:2]
+        if mask is None:
+            mask = torch.ones(b, s, dtype=torch.bool, device=states.device)
+        mask = mask.bool()
+        if tuple(mask.shape) != (b, s):
+            raise GencraftError(f"source mask must be [B, S] = [{b}, {s}], got {tuple(mask.shape)}")
+        empty = (mask.sum(1) == 0).nonzero().flatten().tolist()
+        if empty:
+            raise GencraftError(f"source rows {empty} have no non-padding token")
+        key = (id(states), states.data_ptr(), tuple(states.shape), torch.is_grad_enabled())
+        if self._source is not None and self._source.key == key and not torch.is_grad_enabled():
+            return  # generate: the same encoder states at every step
+        if states.shape[-1] != self.head.hidden_size:
+            raise GencraftError(
+                f"source states have width {states.shape[-1]} but the output embedding has "
+                f"{self.head.hidden_size}; FAME needs them equal (t_x = GELU(x W1) W2 Eᵀ)"
+            )
+        g = self.head.project(states).masked_fill(~mask.unsqueeze(2), 0.0)
+        self._source = _Source(g, mask, key if not torch.is_grad_enabled() else None)
+
+    def _before_output_embedding(self, module: nn.Module, args: tuple) -> tuple | None:
+        if not self.enabled or not self._store or self._source is None:
+            return None
+        y = args[0]  # [B, T', h]
+        a = self.head.reduce_heads(self._store[-1])[:, -y.shape[1] :]  # [B, T', S_all]
+        src = self._source
+        if not self.is_encoder_decoder:
+            a = a[..., : src.mask.shape[1]]
+            if self.config.source_attention == "renormalized":
+                a = a.masked_fill(~src.mask.unsqueeze(1), 0.0)
+                a = a / a.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
+        if a.shape[0] != src.g.shape[0] or a.shape[2] != src.g.shape[1]:
+            raise GencraftError(
+                f"attention {tuple(a.shape)} does not match the source "
+                f"[B = {src.g.shape[0]}, S = {src.g.shape[1]}]"
+            )
+        states = self.head.focus_states(a, src.g, src.mask)  # [B, T', h]
+        self._last = {"attention": a, "focus_states": states}
+        return (y + states.to(y.dtype), *args[1:])
+
+    # ---------------------------------------------------------------- API
+    @property
+    def embedding_weight(self) -> torch.Tensor:
+        """E [V, h]."""
+        return self.output_embedding.weight
+
+    def topic_logits(self) -> torch.Tensor:
+        """T_X [B, V] of the source seen by the last forward pass."""
+        if self._source is None:
+            raise GencraftError("no source has been seen yet: run forward or generate first")
+        src = self._source
+        return self.head.pooled(src.g, src.mask) @ self.embedding_weight.to(src.g.dtype).t()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        *,
+        source_mask: torch.Tensor | None = None,
+        return_focus: bool = False,
+        **kwargs: Any,
+    ) -> FocusModelOutput:
+        """Args:
+        input_ids: [B, S] source (encoder-decoder) or [B, T] prompt + target (causal LM).
+        attention_mask: [B, S] / [B, T].
+        labels: [B, T] target ids, -100 = not scored (causal LM: mask the prompt with -100).
+        source_mask: causal LM only, [B, T] bool: which positions are the source (default: all
+            non-padding positions, the prompt-only case of ``generate``).
+        return_focus: also return f_t [B, T, V] and a [B, T, S].
+        kwargs: passed to the base (``decoder_input_ids``, ``past_key_values``...).
+        """
+        if source_mask is not None and self.is_encoder_decoder:
+            raise GencraftError(
+                "source_mask is for causal LMs; encoder-decoders use attention_mask"
+            )
+        self._pending_mask = source_mask
+        try:
+            out = self.base(
+                input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs
+            )
+        finally:
+            self._pending_mask = None
+        result = FocusModelOutput(
+            logits=out.logits, past_key_values=getattr(out, "past_key_values", None),
+            base_output=out,
+        )  # fmt: skip
+        if labels is not None or return_focus:
+            result.topic_logits = self.topic_logits()
+        if labels is not None:
+            result.mle_loss = out.loss
+            result.topic_loss = topic_loss(
+                result.topic_logits, labels, self.frequent_ids, None,
+                frequent=self.config.frequent,
+            )  # fmt: skip
+            lam = self.config.mle_weight
+            result.loss = lam * out.loss + (1.0 - lam) * result.topic_loss
+        if return_focus and self._last:
+            result.attention = self._last["attention"]
+            result.focus_bias = self._last["focus_states"] @ self.embedding_weight.t()
+        return result
+
+    def focus_processor(
+        self,
+        k: int,
+        *,
+        mode: Literal["sample", "top"] = "sample",
+        generator: torch.Generator | None = None,
+    ) -> LogitsProcessor:
+        """A logits processor that, at its first call inside ``generate``, builds V_k ∪ F for each
+        document from T_X of the source the model has just read, then restricts every step."""
+        return _LazyFocusProcessor(self, k, mode, generator)
+
+    def special_ids(self) -> set[int]:
+        """EOS/PAD/decoder-start ids of the base: always allowed by focus decoding."""
+        gc = getattr(self.base, "generation_config", None)
+        ids: set[int] = set()
+        for src in (gc, self.base.config):
+            for name in ("eos_token_id", "pad_token_id", "decoder_start_token_id"):
+                v = getattr(src, name, None) if src is not None else None
+                ids.update([v] if isinstance(v, int) else list(v or []))
+        return ids
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        *,
+        focus_k: int | None = None,
+        focus_mode: Literal["sample", "top"] = "sample",
+        focus_vocabularies: list[torch.Tensor] | None = None,
+        focus_seed: int | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """``base.generate`` with the focus bias, plus optional focus decoding:
+
+        * ``focus_k`` with ``focus_mode="sample"`` (focus_sample,k: V_k drawn from softmax(T_X)
+          once per document, seeded by ``focus_seed``) or ``"top"`` (focus_top,k);
+        * ``focus_vocabularies``: explicit allowed ids per document (e.g. the oracle).
+
+        Everything else (``num_beams``, ``do_sample``, ``top_k``, ``top_p``...) goes to
+        ``base.generate``; focus restriction runs before its top-k/top-p warpers.
+        """
+        if input_ids is None:
+            raise GencraftError("generate needs input_ids (the source / prompt)")
+        processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
+        if focus_vocabularies is not None and focus_k is not None:
+            raise GencraftError("give focus_k or focus_vocabularies, not both")
+        if focus_vocabularies is not None:
+            if len(focus_vocabularies) != input_ids.shape[0]:
+                raise GencraftError(
+                    f"focus_vocabularies has {len(focus_vocabularies)} sets for "
+                    f"{input_ids.shape[0]} documents"
+                )
+            sets = [torch.unique(torch.cat([v.cpu().long(), self.frequent_ids.cpu()]))
+                    for v in focus_vocabularies]  # fmt: skip
+            processors.append(FocusLogitsProcessor(sets, always_allowed=self.special_ids()))
+        elif focus_k is not None:
+            v = self.embedding_weight.shape[0]
+            if not 1 <= focus_k <= v:
+                raise GencraftError(f"focus_k must lie in [1, |V| = {v}], got {focus_k}")
+            gen = torch.Generator().manual_seed(focus_seed) if focus_seed is not None else None
+            processors.append(self.focus_processor(focus_k, mode=focus_mode, generator=gen))
+        self._source_len = None if self.is_encoder_decoder else input_ids.shape[1]
+        self._n_docs = input_ids.shape[0]
+        self._source = None
+        try:
+            return self.base.generate(
+                input_ids=input_ids, attention_mask=attention_mask, logits_processor=processors,
+                **kwargs,
+            )  # fmt: skip
+        finally:
+            self._source_len = self._n_docs = None
+
+    # ---------------------------------------------------------------- persistence
+    def save_pretrained(self, directory: str | Path, *, save_base: bool | None = None) -> None:
+        """Head weights, F and config; the base too unless it is frozen and loadable by name."""
+        if save_base is None:
+            save_base = not self.config.freeze_base or not self.config.base_name_or_path
+        cfg = {**asdict(self.config), "task": self.task, "hidden_size": self.head.hidden_size}
+        tensors = {f"head.{k}": v for k, v in self.head.state_dict().items()}
+        tensors["frequent_ids"] = self.frequent_ids
+        save_head(directory, config=cfg, tensors=tensors, base=self.base, save_base=save_base,
+                  config_name=FOCUS_CONFIG, weights_name=FOCUS_WEIGHTS)  # fmt: skip
+
+    @property
+    def task(self) -> str:
+        return "seq2seq-lm" if self.is_encoder_decoder else "causal-lm"
+
+    @classmethod
+    def from_pretrained(
+        cls, directory: str | Path, base_model: nn.Module | None = None, **load_kw: Any
+    ) -> FocusForConditionalGeneration:
+        """Load what :meth:`save_pretrained` wrote; the base from ``base_model``, else
+        ``directory/base``, else the recorded ``base_name_or_path``."""
+        cfg, state = read_head(directory, config_name=FOCUS_CONFIG, weights_name=FOCUS_WEIGHTS,
+                               what="FAME model")  # fmt: skip
+        task, hidden = cfg.pop("task"), cfg.pop("hidden_size")
+        cfg.pop("base_saved", None)
+        base = load_base(directory, {**cfg, "base_saved": (Path(directory) / "base").is_dir()},
+                         task, base_model, **load_kw)  # fmt: skip
+        model = cls(base, FocusConfig(**cfg), frequent_ids=state.pop("frequent_ids"))
+        if model.head.hidden_size != hidden:
+            raise GencraftError(
+                f"the base model's width {model.head.hidden_size} differs from the saved head's "
+                f"{hidden}"
+            )
+        model.head.load_state_dict({k[len("head.") :]: v for k, v in state.items()})
+        return model
+
+
+class _LazyFocusProcessor(LogitsProcessor):
+    """Builds a :class:`FocusLogitsProcessor` from the wrapper's T_X at the first step."""
+
+    def __init__(
+        self,
+        model: FocusForConditionalGeneration,
+        k: int,
+        mode: str,
+        generator: torch.Generator | None,
+    ) -> None:
+        self.model, self.k, self.mode, self.generator = model, k, mode, generator
+        self.inner: FocusLogitsProcessor | None = None
+        self.vocabularies: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.inner is None:
+            topic = self.model.topic_logits()  # [B * r, V]: r copies per document
+            rows = topic.shape[0]
+            docs = self.model._n_docs or rows
+            if rows % docs:
+                raise GencraftError(f"{rows} source rows cannot be split among {docs} documents")
+            freq = self.model.frequent_ids
+            self.vocabularies = [
+                focus_vocabulary(t, self.k, mode=self.mode, frequent_ids=freq,
+                                 generator=self.generator)
+                for t in topic[:: rows // docs]
+            ]  # fmt: skip
+            self.inner = FocusLogitsProcessor(
+                self.vocabularies, always_allowed=self.model.special_ids()
+            )
+        return self.inner(input_ids, scores)
