@@ -156,6 +156,7 @@ class FocusForConditionalGeneration(nn.Module):
         self._n_docs: int | None = None  # documents in the running generate call
         self._needs_source = False
         self._last: dict[str, torch.Tensor] = {}
+        self._record: dict[str, torch.Tensor] | None = None  # see gencraft.focus.features
         self.enabled = True
         self._hooks = [base.register_forward_pre_hook(self._before_forward, with_kwargs=True)]
         if self.is_encoder_decoder:
@@ -208,6 +209,8 @@ class FocusForConditionalGeneration(nn.Module):
         if mask is None:
             mask = torch.ones(b, s, dtype=torch.bool, device=states.device)
         mask = mask.bool()
+        if self._record is not None:
+            self._record.update(source_states=states, source_mask=mask)
         if tuple(mask.shape) != (b, s):
             raise GencraftError(f"source mask must be [B, S] = [{b}, {s}], got {tuple(mask.shape)}")
         empty = (mask.sum(1) == 0).nonzero().flatten().tolist()
@@ -225,7 +228,8 @@ class FocusForConditionalGeneration(nn.Module):
         self._source = _Source(g, mask, key if not torch.is_grad_enabled() else None)
 
     def _before_output_embedding(self, module: nn.Module, args: tuple) -> tuple | None:
-        if not self.enabled or not self._store or self._source is None:
+        active = self.enabled or self._record is not None
+        if not active or not self._store or self._source is None:
             return None
         y = args[0]  # [B, T', h]
         a = self.head.reduce_heads(self._store[-1])[:, -y.shape[1] :]  # [B, T', S_all]
@@ -240,6 +244,9 @@ class FocusForConditionalGeneration(nn.Module):
                 f"attention {tuple(a.shape)} does not match the source "
                 f"[B = {src.g.shape[0]}, S = {src.g.shape[1]}]"
             )
+        if self._record is not None:
+            self._record.update(output_inputs=y, attention=a)
+            return None
         states = self.head.focus_states(a, src.g, src.mask)  # [B, T', h]
         self._last = {"attention": a, "focus_states": states}
         return (y + states.to(y.dtype), *args[1:])

@@ -18,7 +18,14 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from gencraft.errors import ModelLoadError
 from gencraft.utils import cache_dir
@@ -56,6 +63,28 @@ def minilm_dir() -> Path:
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path}/config.json is missing; reinstall {MINILM_PACKAGE}")
     return path
+
+
+def minilm_bert2bert() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """BERT2BERT (Rothe et al. 2020) from all-MiniLM-L6-v2: encoder and decoder both start from
+    MiniLM (unshared), the decoder's cross-attention and LM-head transform are random. The output
+    embedding is tied to the decoder's input embedding. [CLS] starts decoding, [SEP] ends it."""
+    from transformers import EncoderDecoderModel
+    from transformers.utils import logging as hf_logging
+
+    d = str(minilm_dir())
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the expected "newly initialized" report
+    try:
+        model = EncoderDecoderModel.from_encoder_decoder_pretrained(d, d)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    tok = AutoTokenizer.from_pretrained(d)
+    for cfg in (model.config, model.generation_config):
+        cfg.decoder_start_token_id = tok.cls_token_id
+        cfg.eos_token_id = tok.sep_token_id
+        cfg.pad_token_id = tok.pad_token_id
+    return model, tok
 
 
 def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:

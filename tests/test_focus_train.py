@@ -1,0 +1,149 @@
+"""FAME training: encoding of examples, frozen-base features against the full forward,
+the trainer (full, baseline, head-only), summarize/metrics and the CLI on tiny models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from gencraft.cli.main import main
+from gencraft.data.summarization import SummarizationExample
+from gencraft.errors import GencraftError
+from gencraft.focus import FocusConfig, FocusForConditionalGeneration
+from gencraft.focus.data import SummaryEncoder, collate
+from gencraft.focus.evaluate import diversity_metrics, summarize, summary_metrics
+from gencraft.focus.features import collect_features, head_losses
+from gencraft.focus.train import FocusTrainConfig, FocusTrainer, load_summarizer
+from gencraft.models import load_model
+
+ALL = ["tiny-bart", "tiny-t5", "tiny-bert2bert", "tiny-llama", "tiny-gpt2"]
+
+
+def _examples(n: int) -> list[SummarizationExample]:
+    return [
+        SummarizationExample(
+            f"d{i}", f"the council said bridge {i} will open next year.", f"bridge {i} opens"
+        )
+        for i in range(n)
+    ]
+
+
+def test_encoder_layouts():
+    _, tok = load_model("tiny-llama")
+    enc = SummaryEncoder(tok, False, max_source=5, max_target=4)
+    row = enc.encode("abcdefghij", "xyzuvw")
+    n_src = sum(row["source_mask"])
+    assert row["labels"][:n_src] == [-100] * n_src
+    assert row["labels"][n_src:] == row["input_ids"][n_src:]
+    assert row["labels"][-1] == tok.eos_token_id and len(row["labels"]) - n_src == 4
+    assert tok.decode(row["input_ids"][:n_src]).count("abcde") == 1
+    assert "f" not in tok.decode(row["input_ids"][:n_src]).split("abcde")[1][:1]
+    _, tok = load_model("tiny-bart")
+    s2s = SummaryEncoder(tok, True, max_source=6, max_target=3).encode("abcdefghij", "xyz")
+    xy = tok("xy", add_special_tokens=False)["input_ids"]
+    assert len(s2s["input_ids"]) == 6 and s2s["labels"] == [*xy, tok.eos_token_id]
+    batch = collate([{"input_ids": [1, 2, 3], "labels": [4]}, {"input_ids": [5], "labels": [6, 7]}],
+                    0, left=True)  # fmt: skip
+    assert batch["input_ids"].tolist() == [[1, 2, 3], [0, 0, 5]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert batch["labels"].tolist() == [[-100, 4], [6, 7]]
+    with pytest.raises(GencraftError, match="max_target"):
+        SummaryEncoder(tok, True, max_target=1)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_head_losses_from_stored_features_equal_the_full_forward(name):
+    base, tok = load_model(name)
+    torch.manual_seed(0)
+    model = FocusForConditionalGeneration(
+        base, FocusConfig(freeze_base=True), frequent_ids=torch.tensor([5, 6])
+    )
+    with torch.no_grad():
+        for p in model.head.parameters():
+            p.normal_(0, 0.3)
+    enc = SummaryEncoder(tok, base.config.is_encoder_decoder, max_source=30, max_target=10)
+    rows = [enc.encode("the cat sat on the mat today", "cat sits"),
+            enc.encode("a dog ran far away", "dog ran off fast now")]  # fmt: skip
+    batch = collate(rows, tok.pad_token_id)
+    feats, residual = collect_features(model, batch)
+    loss, mle, topic = head_losses(model, feats, residual)
+    out = model(**batch)
+    torch.testing.assert_close(mle, out.mle_loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(topic, out.topic_loss, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss, out.loss, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [dict(focus=False), dict(focus=True), dict(focus=True, freeze_base=True, lr=3e-2)],
+    ids=["baseline", "fame", "fame-frozen"],
+)
+def test_training_lowers_validation_loss_and_saves_loadable_models(cfg, tmp_path):
+    base, tok = load_model("tiny-bart")
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    data = _examples(12)
+    config = FocusTrainConfig(epochs=3, batch_size=4, frequent_size=3, lr=cfg.pop("lr", 3e-3),
+                              **cfg)  # fmt: skip
+    trainer = FocusTrainer(base, tok, data, data[:4], config, tmp_path, progress=False,
+                           base_name_or_path="tiny-bart")  # fmt: skip
+    trainer.train()
+    losses = [h["valid_mle"] for h in trainer.history]
+    assert losses[-1] < losses[0]
+    frozen = all(torch.equal(before[k], v) for k, v in base.state_dict().items())
+    assert frozen == bool(config.freeze_base)
+    model, _ = load_summarizer(str(tmp_path / "best"))
+    assert isinstance(model, FocusForConditionalGeneration) == config.focus
+    if config.focus:  # a frozen base is reloaded by name, a trained one is saved
+        assert (tmp_path / "best" / "base").exists() != bool(config.freeze_base)
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert len(history) == 3
+
+
+def test_train_config_and_summarize_errors():
+    with pytest.raises(GencraftError, match="needs focus"):
+        FocusTrainConfig(focus=False, freeze_base=True)
+    with pytest.raises(GencraftError, match="frozen base"):
+        FocusTrainConfig(precompute=True)
+    base, tok = load_model("tiny-bart")
+    with pytest.raises(GencraftError, match="needs a FAME model"):
+        summarize(base, tok, ["a"], decoding="focus_sample")
+    with pytest.raises(GencraftError, match="unknown decoding"):
+        summarize(base, tok, ["a"], decoding="greedy")
+
+
+def test_summarize_samples_and_metrics():
+    base, tok = load_model("tiny-llama")
+    model = FocusForConditionalGeneration(base, frequent_ids=torch.tensor([5]))
+    docs = ["the cat sat on the mat", "a dog ran"]
+    groups = summarize(model, tok, docs, decoding="focus_sample+nucleus", samples=3, focus_k=40,
+                       max_new_tokens=6, progress=False)  # fmt: skip
+    assert [len(g) for g in groups] == [3, 3]
+    again = summarize(model, tok, docs, decoding="focus_sample+nucleus", samples=3, focus_k=40,
+                      max_new_tokens=6, progress=False)  # fmt: skip
+    assert groups == again  # seeded
+    row = summary_metrics(["the cat sat"], ["the cat sat"], ["the cat sat on the mat"],
+                          with_bertscore=False)  # fmt: skip
+    assert row["R1"] == pytest.approx(100.0) and row["R1_precision_doc"] == pytest.approx(100.0)
+    div = diversity_metrics([["a b", "a b"], ["c d", "e f"]], ["a b", "c d"], ["a b", "c d"],
+                            with_bertscore=False)  # fmt: skip
+    assert div["unique"] == pytest.approx(1.5)
+
+
+def test_cli_train_then_eval(tmp_path, capsys):
+    root = tmp_path / "data" / "xsum"
+    root.mkdir(parents=True)
+    rows = [{"id": e.id, "document": e.document, "summary": e.summary} for e in _examples(30)]
+    (root / "xsum-30.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "fame"
+    data = ["--data", "xsum", "--data-dir", str(tmp_path / "data"), "--quiet"]
+    train = ["--epochs", "1", "--batch-size", "8", "--freeze-base", "--lr", "1e-2",
+             "--frequent-size", "4", "--output", str(out)]  # fmt: skip
+    assert main(["focus", "train", "--model", "tiny-gpt2", *data, *train]) == 0
+    capsys.readouterr()
+    ev = ["--decoding", "focus_top", "--focus-k", "30", "--max-new-tokens", "5",
+          "--no-bertscore", "--output", str(tmp_path / "r.json")]  # fmt: skip
+    assert main(["focus", "eval", str(out / "best"), *data, *ev]) == 0
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["documents"] == 3 and "RL" in result and "R1_precision_doc" in result
