@@ -81,6 +81,10 @@ def main() -> None:
         "--batch-size", type=int, default=8,
         help="streams per step (paper: 32; 8 makes ~4x more updates in a CPU budget)",
     )  # fmt: skip
+    ap.add_argument(
+        "--no-revert", action="store_true",
+        help="keep training from diverged weights (default: reload the best on a worse eval)",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--output", default=None)
@@ -103,6 +107,7 @@ def main() -> None:
         "optimizer": args.optimizer,
         "lr": args.lr,
         "batch_size": args.batch_size,
+        "revert_on_worse": not args.no_revert,
         "threads": torch.get_num_threads(),
         "device": "cpu",
         "cpu": platform.processor() or platform.machine(),
@@ -115,7 +120,7 @@ def main() -> None:
         eval_every = max(1, int(budget / step_s / args.evals))
         cfg = TrainConfig(
             seed=args.seed, optimizer=args.optimizer, lr=args.lr, max_time=budget,
-            eval_every=eval_every, batch_size=args.batch_size,
+            eval_every=eval_every, batch_size=args.batch_size, revert_on_worse=not args.no_revert,
         )  # fmt: skip
         model = build(args.preset, len(corpus.vocab), ptr, args.seed)
         tr = Trainer(model, corpus, cfg, out / name, progress=True)

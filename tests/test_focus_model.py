@@ -204,6 +204,8 @@ def test_bad_input_gives_clear_errors():
               decoder_input_ids=enc["input_ids"])  # fmt: skip
     with pytest.raises(GencraftError, match="focus_k or focus_vocabularies"):
         model.generate(**enc, focus_k=3, focus_vocabularies=[torch.tensor([1])])
+    with pytest.raises(GencraftError, match="frequent_ids must lie"):
+        FocusForConditionalGeneration(model.base, frequent_ids=torch.tensor([10_000]))
     with pytest.raises(ValueError, match="mle_weight"):
         FocusConfig(mle_weight=1.5)
     with pytest.raises(GencraftError, match="unsupported architecture"):

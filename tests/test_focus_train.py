@@ -147,3 +147,39 @@ def test_cli_train_then_eval(tmp_path, capsys):
     assert main(["focus", "eval", str(out / "best"), *data, *ev]) == 0
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["documents"] == 3 and "RL" in result and "R1_precision_doc" in result
+
+
+def test_entailment_scorer_with_a_tiny_random_nli_classifier(tmp_path):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from gencraft.metrics import EntailmentScorer
+    from gencraft.models import build_tiny_tokenizer
+
+    torch.manual_seed(0)
+    tok = build_tiny_tokenizer()
+    cfg = BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
+                     num_attention_heads=2, intermediate_size=32, num_labels=3,
+                     id2label={0: "CONTRADICTION", 1: "NEUTRAL", 2: "ENTAILMENT"},
+                     label2id={"CONTRADICTION": 0, "NEUTRAL": 1, "ENTAILMENT": 2},
+                     pad_token_id=tok.pad_token_id)  # fmt: skip
+    clf = BertForSequenceClassification(cfg).eval()
+    clf.save_pretrained(tmp_path / "nli")
+    tok.save_pretrained(tmp_path / "nli")
+    scorer = EntailmentScorer(str(tmp_path / "nli"), max_length=24, batch_size=2)
+    assert scorer.entailment_label == 2
+    docs = ["the cat sat on the mat " * 10, "a dog", "rain fell"]
+    sums = ["a cat sat", "dog", "it rained"]
+    got = scorer.scores(docs, sums)
+    for d, s, p in zip(docs, sums, got, strict=True):
+        enc = tok(d, s, truncation="only_first", max_length=24, return_tensors="pt")
+        with torch.no_grad():
+            ref = torch.softmax(clf(**enc).logits, -1)[0, 2].item()
+        assert p == pytest.approx(ref, abs=1e-5)
+    assert scorer(docs, sums) == pytest.approx(100 * sum(got) / 3)
+    with pytest.raises(GencraftError, match="pair up"):
+        scorer.scores(docs, sums[:2])
+    clf.config.id2label = {0: "A", 1: "B", 2: "C"}
+    with pytest.raises(GencraftError, match="entailment class"):
+        EntailmentScorer((clf, tok))
+    with pytest.raises(GencraftError, match="cannot load the NLI classifier"):
+        EntailmentScorer(str(tmp_path / "missing"))

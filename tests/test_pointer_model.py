@@ -271,3 +271,20 @@ def test_lr_halves_when_validation_gets_worse_and_training_stops(corpus, tmp_pat
     if hist[-1]["step"] < 40:  # stopped early: `patience` evaluations without a new best
         assert len(ppls) - 1 - best == 2
     assert (tmp_path / "best" / "model.safetensors").is_file()
+
+
+def test_revert_on_worse_restores_the_best_weights(corpus, tmp_path):
+    m = tiny(len(corpus.vocab))
+    cfg = TrainConfig(batch_size=4, bptt=10, lr=1e-2, optimizer="adam", max_steps=2,
+                      eval_every=2, revert_on_worse=True)  # fmt: skip
+    tr = Trainer(m, corpus, cfg, tmp_path, progress=False)
+    tr.train()
+    best = PointerSentinelLSTM.from_pretrained(tmp_path / "best").state_dict()
+    with torch.no_grad():  # a diverged update
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 3)
+    tr._evaluate_and_schedule()
+    assert tr.history[-1]["reverted_to_best"] and tr.lr == 5e-3
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, best[k]), k
+    assert not tr.optimizer.optimizer.state  # fresh Adam moments

@@ -147,6 +147,11 @@ class FocusForConditionalGeneration(nn.Module):
                 frequent_ids if frequent_ids is not None else [], dtype=torch.long
             ).to(out.weight.device),
         )  # fmt: skip
+        v = out.out_features
+        if self.frequent_ids.numel() and not (
+            int(self.frequent_ids.min()) >= 0 and int(self.frequent_ids.max()) < v
+        ):
+            raise GencraftError(f"frequent_ids must lie in [0, |V| = {v})")
         if self.config.freeze_base:
             base.requires_grad_(False)
         self._store = install_capture(base, attention)

@@ -1,6 +1,7 @@
 """Evaluation metrics: plain functions on lists of strings (and LM perplexity helpers)."""
 
 from gencraft.metrics.bertscore import bertscore
+from gencraft.metrics.entailment import EntailmentScorer
 from gencraft.metrics.lm import causal_lm_nll, perplexity, text_perplexity
 from gencraft.metrics.text import (
     STOPWORDS,
@@ -19,6 +20,7 @@ from gencraft.metrics.text import (
 
 __all__ = [
     "STOPWORDS",
+    "EntailmentScorer",
     "bertscore",
     "bleu",
     "causal_lm_nll",

@@ -61,6 +61,7 @@ class TrainConfig:
     eval_batch_size: int = 10
     pointer_loss_weight: float = 0.0  # weight of eq. 9 added to the mixture cross-entropy
     save_every: int | None = None  # steps between resumable checkpoints (and at every eval)
+    revert_on_worse: bool = False  # reload the best weights (fresh optimizer state) on decay
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -386,6 +387,8 @@ class Trainer:
             self.raw_model.save_pretrained(self.output_dir / "best")
         if decay:
             self._set_lr(self.lr * self.config.lr_decay)
+            if self.config.revert_on_worse and not improved:
+                self._revert_to_best()
         if self.accelerator.is_main_process:
             write_json(self.output_dir / "history.json", self.history)
             tqdm.write(
@@ -393,6 +396,16 @@ class Trainer:
                 f"{' (best)' if improved else ''}, lr {self.lr:g}"
             )
         return stop
+
+    def _revert_to_best(self) -> None:
+        """Continue from the best weights so far, with the (already lowered) learning rate, a
+        fresh optimizer state and fresh recurrent state: a diverged update is undone."""
+        best = PointerSentinelLSTM.from_pretrained(self.output_dir / "best")
+        self.raw_model.load_state_dict(best.state_dict())
+        getattr(self.optimizer, "optimizer", self.optimizer).state.clear()
+        self.carry = self.memory = None
+        row = self.history[-1]
+        row["reverted_to_best"] = True
 
     # -- the loop -------------------------------------------------------------------------
     def train(self, resume: bool = True) -> list[dict[str, Any]]:
