@@ -104,6 +104,19 @@ def test_generate_with_cache_equals_a_loop_over_forward(name):
     assert torch.equal(gen, ref)
 
 
+@pytest.mark.parametrize("name", ["tiny-bart", "tiny-llama"])
+def test_a_forward_on_one_batch_does_not_leak_into_generate_on_another(name):
+    model, tok = _wrapped(name)
+    big = tok(["the cat sat on the mat", "a dog", "x"], return_tensors="pt", padding=True)
+    small = tok(["a dog ran"], return_tensors="pt")
+    extra = {"decoder_input_ids": big["input_ids"][:, :2]} if model.is_encoder_decoder else {}
+    model(**big, **extra)
+    kw = dict(max_new_tokens=5, min_new_tokens=5, num_beams=2, do_sample=False)
+    after = model.generate(**small, **kw)
+    fresh, _ = _wrapped(name)
+    assert torch.equal(after, fresh.generate(**small, **kw))
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_focus_bias_changes_generation_and_can_be_switched_off(name):
     model, tok = _wrapped(name)

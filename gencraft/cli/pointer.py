@@ -164,6 +164,8 @@ def add_parser(sub: Any, data_dir_arg: Any) -> None:
                    help="streams for the final valid/test perplexity (default 1)")  # fmt: skip
     t.add_argument("--pointer-loss-weight", type=float, default=None, help="weight of eq. 9")
     t.add_argument("--save-every", type=int, default=None)
+    t.add_argument("--revert-on-worse", action="store_true", default=None,
+                   help="on a worse validation, also reload the best weights")  # fmt: skip
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     data_dir_arg(t)

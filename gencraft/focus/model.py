@@ -163,7 +163,11 @@ class FocusForConditionalGeneration(nn.Module):
         self._last: dict[str, torch.Tensor] = {}
         self._record: dict[str, torch.Tensor] | None = None  # see gencraft.focus.features
         self.enabled = True
-        self._hooks = [base.register_forward_pre_hook(self._before_forward, with_kwargs=True)]
+        self._mask_for_encoder: torch.Tensor | None = None
+        self._hooks = [
+            base.register_forward_pre_hook(self._before_forward, with_kwargs=True),
+            base.register_forward_hook(self._after_forward),
+        ]
         if self.is_encoder_decoder:
             self._hooks.append(base.get_encoder().register_forward_hook(self._after_encoder))
         else:
@@ -195,6 +199,10 @@ class FocusForConditionalGeneration(nn.Module):
             cached = cache is not None and hasattr(cache, "get_seq_length")
             self._needs_source = not (cached and cache.get_seq_length() > 0)
             self._mask_for_encoder = mask
+
+    def _after_forward(self, module: nn.Module, args: tuple, output: Any) -> None:
+        # an encoder call outside our forward (generate runs the encoder first) is not ours
+        self._needs_source = False
 
     def _after_encoder(self, module: nn.Module, args: tuple, output: Any) -> None:
         if self._needs_source:  # inside our forward (training): use this encoder output
