@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from gencraft.errors import GencraftError
@@ -48,15 +48,14 @@ def attention_probs(
     if position_bias is not None:
         scores = scores + position_bias.float()
     t, s = scores.shape[-2:]
+    neg = torch.finfo(scores.dtype).min
     if attention_mask is not None:
         m = attention_mask[..., -s:] if attention_mask.shape[-1] > s else attention_mask
-        if m.dtype == torch.bool:
-            scores = scores.masked_fill(~m, float("-inf"))
-        else:
-            scores = scores + m.float()
+        # a finite fill: a fully masked row (left padding) stays NaN-free, as in eager
+        scores = scores.masked_fill(~m, neg) if m.dtype == torch.bool else scores + m.float()
     elif (is_causal if is_causal is not None else getattr(module, "is_causal", False)) and t > 1:
         q_pos = torch.arange(t, device=scores.device).unsqueeze(1) + (s - t)
-        scores = scores.masked_fill(torch.arange(s, device=scores.device) > q_pos, float("-inf"))
+        scores = scores.masked_fill(torch.arange(s, device=scores.device) > q_pos, neg)
     return torch.softmax(scores, dim=-1)
 
 
@@ -87,10 +86,13 @@ def _capturing_attention(
     return fn(module, query, key, value, attention_mask, **kwargs)
 
 
-AttentionInterface.register(IMPL, _capturing_attention)
-# masks in the eager format (4D additive floats, always materialised), which every
-# implementation accepts and which make the captured probabilities exact
-AttentionMaskInterface.register(IMPL, eager_mask)
+# one name per mask format: the model keeps the masks its own implementation expects (sdpa's
+# may be boolean or skipped in favour of is_causal; attention_probs handles each form)
+IMPL_EAGER = "gencraft_capture_eager"
+for _name, _mask in ((IMPL, sdpa_mask), (IMPL_EAGER, eager_mask)):
+    AttentionInterface.register(_name, _capturing_attention)
+    AttentionMaskInterface.register(_name, _mask)
+SUPPORTED_ORIGINALS = ("sdpa", "eager")
 
 
 def find_attention_module(model: nn.Module, kind: str) -> tuple[str, nn.Module]:
@@ -114,7 +116,12 @@ def install_capture(model: nn.Module, module: nn.Module) -> list[torch.Tensor]:
     configs = {id(m.config): m.config for m in model.modules() if hasattr(m, "config")}
     for cfg in configs.values():
         impl = getattr(cfg, "_attn_implementation", None) or "eager"
-        if impl != IMPL:
+        if impl not in (IMPL, IMPL_EAGER):
+            if impl not in SUPPORTED_ORIGINALS:
+                raise GencraftError(
+                    f"attention implementation {impl!r} cannot be read by FAME; load the model "
+                    "with attn_implementation='sdpa' or 'eager'"
+                )
             cfg._gencraft_original_attention = impl
     for m in model.modules():
         cfg = getattr(m, "config", None)
@@ -124,7 +131,8 @@ def install_capture(model: nn.Module, module: nn.Module) -> list[torch.Tensor]:
         if getattr(cfg, "_attn_implementation", None) is not None or hasattr(
             cfg, "_attn_implementation_internal"
         ):
-            cfg._attn_implementation = IMPL
+            original = cfg._gencraft_original_attention
+            cfg._attn_implementation = IMPL_EAGER if original == "eager" else IMPL
     store: list[torch.Tensor] = []
     setattr(module, _STORE, store)
     return store

@@ -237,8 +237,20 @@ class FocusForConditionalGeneration(nn.Module):
                 f"source states have width {states.shape[-1]} but the output embedding has "
                 f"{self.head.hidden_size}; FAME needs them equal (t_x = GELU(x W1) W2 Eᵀ)"
             )
-        g = self.head.project(states).masked_fill(~mask.unsqueeze(2), 0.0)
+        g = self._project_once_per_document(states).masked_fill(~mask.unsqueeze(2), 0.0)
         self._source = _Source(g, mask, key if not torch.is_grad_enabled() else None)
+
+    def _project_once_per_document(self, states: torch.Tensor) -> torch.Tensor:
+        """g for [B·r, S, h] states that ``generate`` expanded r times per document (beams,
+        samples): projected once per document, then repeated."""
+        docs, rows = self._n_docs, states.shape[0]
+        if torch.is_grad_enabled() or not docs or rows == docs or rows % docs:
+            return self.head.project(states)
+        r = rows // docs
+        first = states[::r]
+        if not torch.equal(first.repeat_interleave(r, 0), states):
+            return self.head.project(states)
+        return self.head.project(first).repeat_interleave(r, 0)
 
     def _before_output_embedding(self, module: nn.Module, args: tuple) -> tuple | None:
         active = self.enabled or self._record is not None
