@@ -129,7 +129,24 @@ def quality(args: argparse.Namespace) -> dict:
                 result["focus_top"][k] = summary_metrics(preds, refs, docs, with_bertscore=False)
         (out / "quality.json").write_text(json.dumps(result, indent=2))
     _plot_focus_top(result["focus_top"], result["table1"], out / "focus_top.png")
+    (out / "quality.md").write_text(_markdown(result))
     return result
+
+
+def _markdown(result: dict) -> str:
+    lines = []
+    for title, table in (("Table 1 (beam 4)", result["table1"]),
+                         ("Table 2 (samples per document)", result["table2"]),
+                         ("focus_top,k (beam 4)", result["focus_top"])):  # fmt: skip
+        if not table:
+            continue
+        cols = list(next(iter(table.values())))
+        lines += [f"**{title}**", "", "| system | " + " | ".join(cols) + " |",
+                  "|---|" + "---:|" * len(cols)]  # fmt: skip
+        lines += [f"| {k} | " + " | ".join(f"{v[c]:.2f}" for c in cols) + " |"
+                  for k, v in table.items()]  # fmt: skip
+        lines.append("")
+    return "\n".join(lines)
 
 
 def _plot_focus_top(curve: dict, table1: dict, path: Path) -> None:

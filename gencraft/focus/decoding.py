@@ -93,6 +93,7 @@ class FocusLogitsProcessor(LogitsProcessor):
         self.allowed_ids = [ids.long() for ids in allowed_ids]
         self.always_allowed = sorted({int(t) for t in always_allowed if t is not None})
         self._mask: torch.Tensor | None = None
+        self._blocked: torch.Tensor | None = None  # [rows, V], the expanded complement
 
     def mask(self, vocab_size: int, device: torch.device) -> torch.Tensor:
         """[n_docs, V] bool, True = allowed."""
@@ -112,8 +113,9 @@ class FocusLogitsProcessor(LogitsProcessor):
         n = len(self.allowed_ids)
         if rows % n:
             raise ValueError(f"{rows} score rows cannot be split among {n} documents' allowed sets")
-        mask = self.mask(v, scores.device).repeat_interleave(rows // n, dim=0)
-        return scores.masked_fill(~mask, float("-inf"))
+        if self._blocked is None or self._blocked.shape != scores.shape:
+            self._blocked = ~self.mask(v, scores.device).repeat_interleave(rows // n, dim=0)
+        return scores.masked_fill(self._blocked.to(scores.device), float("-inf"))
 
 
 def peakiness(topic_logits: torch.Tensor, rank: int = 100) -> tuple[float, float]:

@@ -123,7 +123,7 @@ def summary_metrics(
     if with_bertscore:
         from gencraft.metrics import bertscore
 
-        row["BERTScore"] = bertscore(predictions, references)["f1"]
+        row["BERTScore"] = bertscore(predictions, references)["bertscore_f"]
     row.update(
         length=mean_length(predictions),
         repetition=repetition_rate(predictions),
