@@ -164,7 +164,10 @@ def main() -> None:
         "valid ppl | test ppl | train tokens/s | tokens seen |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for name, row in (("LSTM (zoneout + variational)", lstm), ("pointer sentinel-LSTM", ptr_row)):
+    for name, row in (
+        ("LSTM (same size and regularisation)", lstm),
+        ("pointer sentinel-LSTM", ptr_row),
+    ):
         md.append(f"| {name} | {row['parameters']:,} | {row['valid_ppl']:.1f} | "
                   f"{row['test_ppl']:.1f} | {row['train_tokens_per_s']:.0f} | "
                   f"{row['train_tokens']:,} |")  # fmt: skip

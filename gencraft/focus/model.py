@@ -163,7 +163,7 @@ class FocusForConditionalGeneration(nn.Module):
         self._last: dict[str, torch.Tensor] = {}
         self._record: dict[str, torch.Tensor] | None = None  # see gencraft.focus.features
         self.enabled = True
-        self._mask_for_encoder: torch.Tensor | None = None
+        self._source_mask_arg: torch.Tensor | None = None
         self._hooks = [
             base.register_forward_pre_hook(self._before_forward, with_kwargs=True),
             base.register_forward_hook(self._after_forward),
@@ -193,12 +193,12 @@ class FocusForConditionalGeneration(nn.Module):
             if enc is not None:
                 self._set_source(_first(enc), mask)
             else:
-                self._mask_for_encoder = mask
+                self._source_mask_arg = mask
         else:
             cache = kwargs.get("past_key_values")
             cached = cache is not None and hasattr(cache, "get_seq_length")
             self._needs_source = not (cached and cache.get_seq_length() > 0)
-            self._mask_for_encoder = mask
+            self._source_mask_arg = mask
 
     def _after_forward(self, module: nn.Module, args: tuple, output: Any) -> None:
         # an encoder call outside our forward (generate runs the encoder first) is not ours
@@ -206,14 +206,14 @@ class FocusForConditionalGeneration(nn.Module):
 
     def _after_encoder(self, module: nn.Module, args: tuple, output: Any) -> None:
         if self._needs_source:  # inside our forward (training): use this encoder output
-            self._set_source(_first(output), self._mask_for_encoder)
+            self._set_source(_first(output), self._source_mask_arg)
 
     def _after_body(self, module: nn.Module, args: tuple, output: Any) -> None:
         if not self._needs_source:
             return
         states = _first(output)  # [B, T, h]
         p = self._source_len or states.shape[1]
-        mask = self._mask_for_encoder
+        mask = self._source_mask_arg
         mask = mask[:, :p] if mask is not None else None
         self._set_source(states[:, :p], mask)
 

@@ -126,21 +126,23 @@ def passage_view(
 
 
 def plot_passage(view: PassageView, path: str | Path, max_distance: int | None = None) -> Path:
-    """Heat map of pointer attention (rows: predicted words; columns: distance back) beside the
-    gate g of each prediction."""
+    """Heat map of the pointer's own distribution a_i / (1 − g) (rows: predicted words; columns:
+    distance back), so that it is visible whatever the gate, beside the gate g of each
+    prediction (the share left to the softmax)."""
     plt = _pyplot()
 
     att = view.attention if max_distance is None else view.attention[:, :max_distance]
+    att = att / (1.0 - view.gate).clamp_min(1e-6).unsqueeze(1)
     n = att.shape[0]
     fig, (ax, axg) = plt.subplots(
         1, 2, figsize=(11, 0.28 * n + 1.5), gridspec_kw={"width_ratios": [6, 1]}, sharey=True
     )
-    ax.imshow(att.numpy(), aspect="auto", cmap="Blues", vmin=0, vmax=1)
+    ax.imshow(att.clamp(0, 1).numpy(), aspect="auto", cmap="Blues", vmin=0, vmax=1)
     labels = [f"{i} -> {t}" for i, t in zip(view.inputs, view.targets, strict=True)]
     ax.set_yticks(range(n))
     ax.set_yticklabels(labels, fontsize=7)
     ax.set_xlabel("distance back in the window (0 = current word)")
-    ax.set_title("pointer attention")
+    ax.set_title("pointer distribution a_i / (1 - g)")
     axg.barh(range(n), view.gate.numpy(), color="tab:orange")
     axg.set_xlim(0, 1)
     axg.set_title("gate g")
