@@ -219,6 +219,10 @@ class FocusForConditionalGeneration(nn.Module):
 
     def _set_source(self, states: torch.Tensor, mask: torch.Tensor | None) -> None:
         b, s = states.shape[:2]
+        grad = torch.is_grad_enabled()
+        key = (id(states), states.data_ptr(), tuple(states.shape), id(mask), grad)
+        if self._record is None and not grad and self._source and self._source.key == key:
+            return  # generate: the same encoder states and mask at every step
         if mask is None:
             mask = torch.ones(b, s, dtype=torch.bool, device=states.device)
         mask = mask.bool()
@@ -229,16 +233,13 @@ class FocusForConditionalGeneration(nn.Module):
         empty = (mask.sum(1) == 0).nonzero().flatten().tolist()
         if empty:
             raise GencraftError(f"source rows {empty} have no non-padding token")
-        key = (id(states), states.data_ptr(), tuple(states.shape), torch.is_grad_enabled())
-        if self._source is not None and self._source.key == key and not torch.is_grad_enabled():
-            return  # generate: the same encoder states at every step
         if states.shape[-1] != self.head.hidden_size:
             raise GencraftError(
                 f"source states have width {states.shape[-1]} but the output embedding has "
                 f"{self.head.hidden_size}; FAME needs them equal (t_x = GELU(x W1) W2 Eᵀ)"
             )
         g = self._project_once_per_document(states).masked_fill(~mask.unsqueeze(2), 0.0)
-        self._source = _Source(g, mask, key if not torch.is_grad_enabled() else None)
+        self._source = _Source(g, mask, None if grad else key)
 
     def _project_once_per_document(self, states: torch.Tensor) -> torch.Tensor:
         """g for [B·r, S, h] states that ``generate`` expanded r times per document (beams,
