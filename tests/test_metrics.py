@@ -112,3 +112,5 @@ def test_bertscore_with_local_minilm():
     other = M.bertscore(["the cat sat on the mat"], ["stock markets fell sharply on monday"])
     near = M.bertscore(["the cat sat on the mat"], ["a cat was sitting on a mat"])
     assert other["bertscore_f"] < near["bertscore_f"] < 100.0
+    with_empty = M.bertscore(["the cat sat on the mat", ""], ["the cat sat on the mat", "a dog"])
+    assert with_empty["bertscore_f"] == pytest.approx(50.0, abs=0.01)

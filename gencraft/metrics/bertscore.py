@@ -22,7 +22,8 @@ def bertscore(
     batch_size: int = 32,
     device: str | None = None,
 ) -> dict[str, float]:
-    """Mean BERTScore precision/recall/F1 (x100) of ``predictions`` against ``references``.
+    """Mean BERTScore precision/recall/F1 (x100) of ``predictions`` against ``references``;
+    a pair with an empty side scores 0.
 
     Args:
         model: a local checkpoint directory or hub id; default the local MiniLM-L6.
@@ -43,18 +44,22 @@ def bertscore(
         from gencraft.models.pretrained import minilm_dir
 
         model, num_layers = str(minilm_dir()), num_layers or 6
-    p, r, f = bert_score.score(
-        list(predictions),
-        list(references),
-        model_type=model,
-        num_layers=num_layers,
-        batch_size=batch_size,
-        device=device,
-        lang="en",
-        verbose=False,
-    )
-    return {
-        "bertscore_p": 100 * p.mean().item(),
-        "bertscore_r": 100 * r.mean().item(),
-        "bertscore_f": 100 * f.mean().item(),
-    }
+    # an empty side has no token to match: it scores 0 (bert-score's own handling of empty
+    # strings calls a tokenizer method that transformers 5 removed)
+    keep = [i for i, (c, ref) in enumerate(zip(predictions, references, strict=True))
+            if c.strip() and ref.strip()]  # fmt: skip
+    totals = {"p": 0.0, "r": 0.0, "f": 0.0}
+    if keep:
+        p, r, f = bert_score.score(
+            [predictions[i] for i in keep],
+            [references[i] for i in keep],
+            model_type=model,
+            num_layers=num_layers,
+            batch_size=batch_size,
+            device=device,
+            lang="en",
+            verbose=False,
+        )
+        totals = {"p": p.sum().item(), "r": r.sum().item(), "f": f.sum().item()}
+    n = len(predictions)
+    return {f"bertscore_{k}": 100 * v / n for k, v in totals.items()}
