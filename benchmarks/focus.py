@@ -39,14 +39,26 @@ def _batch(model, tok, docs, max_source, with_labels):
     enc = SummaryEncoder(tok, is_ed, max_source=max_source)
     rows = [enc.encode(d.document, d.summary if with_labels else None) for d in docs]
     pad = tok.pad_token_id if tok.pad_token_id is not None else enc.eos_id
-    return collate(rows, pad, left=not is_ed and not with_labels)
+    batch = collate(rows, pad, left=not is_ed and not with_labels)
+    return {k: v.to(model.device) for k, v in batch.items()}
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _device_name(device: str) -> str:
+    return torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu"
 
 
 def speed(args: argparse.Namespace) -> dict:
-    base, tok = load_model(args.model)
-    ref, _ = load_model(args.model)  # an untouched copy: the base as users run it
+    base, tok = load_model(args.model, device=args.device)
+    ref, _ = load_model(args.model, device=args.device)  # untouched: the base as users run it
     v = base.get_output_embeddings().out_features
-    fame = FocusForConditionalGeneration(base, frequent_ids=torch.arange(min(500, v)))
+    fame = FocusForConditionalGeneration(base, frequent_ids=torch.arange(min(500, v))).to(
+        args.device
+    )
     docs = load_summarization("xsum", "test", args.data_dir)[: args.docs]
     train = _batch(ref, tok, docs, args.max_source, True)
     prompt = _batch(ref, tok, docs, args.max_source, False)
@@ -66,15 +78,17 @@ def speed(args: argparse.Namespace) -> dict:
             fn()
         for _ in range(args.rounds):
             for k, fn in cases.items():
+                _sync(args.device)
                 t0 = time.perf_counter()
                 fn()
+                _sync(args.device)
                 times[k].append(time.perf_counter() - t0)
     med = {k: median(v) for k, v in times.items()}
     result = {
         "model": args.model, "documents": len(docs), "max_source": args.max_source,
         "beams": args.beams, "new_tokens": args.new_tokens, "rounds": args.rounds,
         "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
-        "device": "cpu", "median_seconds": med,
+        "device": _device_name(args.device), "median_seconds": med,
         "forward_ratio": med["forward_fame"] / med["forward_base"],
         "generate_ratio": med["generate_fame_focus_sample"] / med["generate_base"],
     }  # fmt: skip
@@ -86,17 +100,18 @@ def quality(args: argparse.Namespace) -> dict:
     from gencraft.focus.train import FocusTrainConfig, FocusTrainer, load_summarizer
 
     out = Path(args.output)
-    train = load_summarization("xsum", "train", args.data_dir)
-    valid = load_summarization("xsum", "validation", args.data_dir)
-    test = load_summarization("xsum", "test", args.data_dir)[: args.test_docs]
+    train = load_summarization(args.data, "train", args.data_dir)
+    valid = load_summarization(args.data, "validation", args.data_dir)
+    test = load_summarization(args.data, "test", args.data_dir)[: args.test_docs]
     common = dict(max_time=args.minutes * 60, epochs=args.epochs, lr=args.lr,
-                  batch_size=args.batch_size, max_source=args.max_source, seed=0)  # fmt: skip
+                  batch_size=args.batch_size, max_source=args.max_source,
+                  max_target=args.max_target, seed=args.seed)  # fmt: skip
     systems = {}
     for name in ("baseline", "fame"):
         if name == "baseline" and args.freeze_base:
             systems[name] = args.model  # the untouched base
             continue
-        base, tok = load_model(args.model)
+        base, tok = load_model(args.model, seed=args.seed)
         cfg = FocusTrainConfig(focus=name == "fame", freeze_base=args.freeze_base and name ==
                                "fame", **common)  # fmt: skip
         if args.freeze_base:
@@ -107,12 +122,16 @@ def quality(args: argparse.Namespace) -> dict:
         systems[name] = str(out / name / "best")
     docs = [d.document for d in test]
     refs = [d.summary for d in test]
-    gen = dict(max_source=args.max_source, batch_size=args.eval_batch_size, progress=True)
-    result: dict = {"model": args.model, "train_docs": len(train), "test_docs": len(test),
-                    "minutes_per_system": args.minutes, "table1": {}, "table2": {},
-                    "focus_top": {}}  # fmt: skip
+    gen = dict(max_source=args.max_source, batch_size=args.eval_batch_size, progress=True,
+               max_new_tokens=args.max_target, seed=args.seed)  # fmt: skip
+    result: dict = {"model": args.model, "data": args.data, "train_docs": len(train),
+                    "test_docs": len(test), "minutes_per_system": args.minutes,
+                    "epochs": args.epochs, "seed": args.seed,
+                    "device": _device_name(args.device),
+                    "table1": {}, "table2": {}, "focus_top": {}}  # fmt: skip
     for name, path in systems.items():
         model, tok = load_summarizer(path)
+        model.to(args.device)
         preds = [g[0] for g in summarize(model, tok, docs, decoding="beam", **gen)]
         result["table1"][name] = summary_metrics(preds, refs, docs)
         decodings = ["top_k", "nucleus"]
@@ -181,6 +200,12 @@ def main() -> None:
     s.add_argument("--rounds", type=int, default=5)
     q = sub.add_parser("quality")
     q.add_argument("--model", default="minilm-l6-bert2bert")
+    q.add_argument("--data", default="xsum", choices=("xsum", "cnndm"))
+    q.add_argument("--seed", type=int, default=0, help="training and sampling seed")
+    q.add_argument(
+        "--max-target", type=int, default=None,
+        help="summary tokens for training and generation (default 64 xsum, 128 cnndm)",
+    )  # fmt: skip
     q.add_argument("--minutes", type=float, default=30.0)
     q.add_argument("--epochs", type=int, default=20)
     q.add_argument("--lr", type=float, default=1e-4)
@@ -197,7 +222,10 @@ def main() -> None:
         p.add_argument("--threads", type=int, default=None)
         p.add_argument("--data-dir", default=None)
         p.add_argument("--output", default=None)
+        p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
+    if args.what == "quality" and args.max_target is None:
+        args.max_target = 64 if args.data == "xsum" else 128
     if args.threads:
         torch.set_num_threads(args.threads)
     args.output = args.output or f"outputs/bench-focus-{args.what}-{Path(args.model).name}"
