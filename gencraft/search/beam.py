@@ -1,0 +1,321 @@
+"""Beam search and conditional beam search (Yoshida 2023, ch. 7, Alg. 1, eq. 7.4).
+
+Hypotheses are the batch: each step runs the model once on the B live hypotheses' last tokens,
+and the KV cache is reordered to follow the surviving beams (no prefix is recomputed).
+
+With ``classifier=None`` and ``finished="aside"`` this is ``transformers``' beam search with
+``do_sample=False, length_penalty=0.0, early_stopping=True`` and no logits processors: each step
+keeps the 2B best continuations of all live beams; the first B of them that end (EOS, or
+``max_new_tokens`` reached) join the finished set unless it is full; the best B that do not end
+stay live; search stops when B hypotheses have finished. Scores are summed log-probabilities
+including the EOS step.
+
+Conditional beam search ranks candidates by S(x_{1:t+1}) + alpha * log P_clf(a | x_{1:t+1})
+(eq. 7.4): the classifier term is added fresh at each step, only to select, and never
+accumulated into the running score S. Only the top-``k`` continuations of each live hypothesis
+(by model likelihood) are scored by the classifier. Completed hypotheses:
+
+* ``finished="aside"`` (default, ``transformers``' policy): they leave the beam for a finished
+  set of B, ranked by the unweighted conditional score S + log P_clf (= S without classifier).
+* ``finished="on_beam"`` (the thesis's Alg. 1): they stay on the beam with their score frozen,
+  competing with live continuations, and can be evicted; search stops when every beam is
+  complete or at ``max_new_tokens``; the output ranks the final beam by the unweighted
+  conditional score.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import torch
+from torch import nn
+
+from gencraft.errors import GencraftError
+from gencraft.search.stepper import HFStepper, Stepper, eos_ids
+
+NEG = -1.0e9  # transformers' "impossible" score; kept so that ties break as there
+
+
+@dataclass
+class Hypothesis:
+    """``tokens``: generated ids, EOS excluded; ``score``: summed log-probability (EOS step
+    included when ``finished``); ``finished``: ended with EOS (False: cut at max_new_tokens);
+    ``conditional_score``: score + log P_clf(a | x) at completion (classifier runs only)."""
+
+    tokens: list[int]
+    score: float
+    finished: bool
+    conditional_score: float | None = None
+
+
+class AttributeScorer(Protocol):
+    """What conditional beam search needs from a classifier.
+
+    ``hidden_size`` is checked against the model's (M+1) x H stacked hidden states.
+    ``init(n)`` returns an empty per-hypothesis state for n rows; ``score(state, hidden,
+    candidates)`` takes the state, ``hidden`` [N, M+1, H] (the current position's hidden states
+    of every decoder layer, embeddings first) and ``candidates`` [N, k] token ids, and returns
+    (log P(a | x_{1:t}, x_{t+1} = candidate) [N, k], the state extended by this position);
+    ``reorder(state, index)`` selects rows."""
+
+    num_layers: int
+    hidden_size: int
+
+    def init(self, n: int) -> Any: ...
+
+    def score(
+        self, state: Any, hidden: torch.Tensor, candidates: torch.Tensor
+    ) -> tuple[torch.Tensor, Any]: ...
+
+    def reorder(self, state: Any, index: torch.Tensor) -> Any: ...
+
+
+def beam_search(
+    model: nn.Module | Stepper,
+    input_ids: torch.Tensor | None = None,
+    *,
+    num_beams: int,
+    max_new_tokens: int,
+    classifier: AttributeScorer | None = None,
+    k: int | None = None,
+    alpha: float = 1.0,
+    eos_token_id: int | list[int] | None = None,
+    finished: Literal["aside", "on_beam"] = "aside",
+    force_length: int | None = None,
+) -> list[Hypothesis]:
+    """Beam search for one input; returns up to ``num_beams`` hypotheses, best first.
+
+    Args:
+        model: a Hugging Face causal LM or encoder-decoder, or a ``Stepper``.
+        input_ids: [1, P] prompt (causal) or encoder input (encoder-decoder); None for a Stepper.
+        num_beams: B > 0.
+        max_new_tokens: generated tokens at most, EOS included; a hypothesis reaching it ends.
+        classifier: an ``AttributeScorer`` for conditional beam search; None for plain search.
+        k: continuations per hypothesis scored by the classifier (default: all).
+        alpha: weight of log P_clf during selection (>= 0); the output ranking uses alpha = 1.
+        eos_token_id: id or ids ending a hypothesis; default the model's.
+        finished: ``"aside"`` (transformers) or ``"on_beam"`` (thesis Alg. 1); see module doc.
+        force_length: n: every output has exactly n tokens before EOS: EOS is removed and the
+            distribution renormalised before step n, and EOS is forced at step n (ch. 7.4).
+    """
+    if num_beams < 1:
+        raise GencraftError(f"num_beams must be >= 1, got {num_beams}")
+    if alpha < 0:
+        raise GencraftError(f"alpha must be >= 0, got {alpha}")
+    if finished not in ("aside", "on_beam"):
+        raise GencraftError(f"finished must be 'aside' or 'on_beam', got {finished!r}")
+    if force_length is not None and not 0 <= force_length < max_new_tokens:
+        raise GencraftError(
+            f"force_length={force_length} needs 0 <= force_length < max_new_tokens "
+            f"({max_new_tokens}): the EOS after the n tokens counts as a new token"
+        )
+    if isinstance(model, nn.Module):
+        if input_ids is None:
+            raise GencraftError("input_ids is required with a model")
+        stepper: Stepper = HFStepper(
+            model, input_ids, max_new_tokens=max_new_tokens, hidden=classifier is not None
+        )
+        eos = eos_ids(model, eos_token_id)
+    else:
+        stepper = model
+        if eos_token_id is None:
+            raise GencraftError("eos_token_id is required with a Stepper")
+        eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    v = stepper.vocab_size
+    if any(not 0 <= e < v for e in eos):
+        raise GencraftError(f"eos_token_id {eos} outside the vocabulary [0, {v})")
+    if classifier is not None:
+        k = v if k is None else k
+        if not 1 <= k <= v:
+            raise GencraftError(f"k must be in [1, vocab size {v}], got {k}")
+    elif k is not None and not 1 <= k <= v:
+        raise GencraftError(f"k must be in [1, vocab size {v}], got {k}")
+    search = _BeamSearch(stepper, num_beams, max_new_tokens, classifier, k, alpha, eos,
+                         finished, force_length)  # fmt: skip
+    return search.run()
+
+
+class _BeamSearch:
+    def __init__(self, stepper: Stepper, b: int, max_new: int, clf: AttributeScorer | None,
+                 k: int | None, alpha: float, eos: list[int], policy: str,
+                 force_length: int | None) -> None:  # fmt: skip
+        self.s, self.b, self.max_new, self.clf = stepper, b, max_new, clf
+        self.k, self.alpha, self.policy, self.force_length = k, alpha, policy, force_length
+        self.eos = torch.tensor(eos)
+
+    def _transform(self, logp: torch.Tensor, t: int) -> torch.Tensor:
+        """Length forcing (thesis 7.4): no EOS before step n (renormalised), only EOS at n."""
+        n = self.force_length
+        if n is None:
+            return logp
+        eos = self.eos.to(logp.device)
+        if t < n:
+            logp = logp.index_fill(1, eos, float("-inf"))
+            return logp - torch.logsumexp(logp, dim=-1, keepdim=True)
+        out = torch.full_like(logp, float("-inf"))
+        out[:, eos[0]] = 0.0
+        return out
+
+    def _candidates(self, logp: torch.Tensor, scores: torch.Tensor, hidden: Any, cstate: Any):
+        """Flat candidates of the B live rows: (selection, unconditional, conditional, beam,
+        token) each [N], and the classifier state extended by this position."""
+        b, v = logp.shape
+        u = scores[:, None] + logp  # [B, V]
+        if self.clf is None:
+            if self.k is None or self.k >= v:
+                flat = u.reshape(-1)
+                beam = torch.arange(b, device=u.device).repeat_interleave(v)
+                tok = torch.arange(v, device=u.device).repeat(b)
+                return flat, flat, flat, beam, tok, cstate
+            top_lp, tok2 = logp.topk(self.k, dim=-1)
+            uk = scores[:, None] + top_lp
+            beam = torch.arange(b, device=u.device)[:, None].expand_as(tok2)
+            return uk.reshape(-1), uk.reshape(-1), uk.reshape(-1), beam.reshape(-1), \
+                tok2.reshape(-1), cstate  # fmt: skip
+        top_lp, tok2 = logp.topk(self.k, dim=-1)  # [B, k], by model likelihood
+        clf_lp, cstate = self.clf.score(cstate, hidden, tok2)
+        uk = scores[:, None] + top_lp
+        ck = uk + clf_lp.to(uk)
+        sel = uk + self.alpha * clf_lp.to(uk)
+        # impossible continuations stay impossible whatever the classifier says
+        dead = ~torch.isfinite(top_lp)
+        sel = sel.masked_fill(dead, NEG)
+        ck = ck.masked_fill(dead, NEG)
+        beam = torch.arange(b, device=u.device)[:, None].expand_as(tok2)
+        return sel.reshape(-1), uk.reshape(-1), ck.reshape(-1), beam.reshape(-1), \
+            tok2.reshape(-1), cstate  # fmt: skip
+
+    def run(self) -> list[Hypothesis]:
+        return self._aside() if self.policy == "aside" else self._on_beam()
+
+    def _start(self) -> Any:
+        out = self.s.start()
+        if self.clf is not None:
+            want = (self.clf.num_layers, self.clf.hidden_size)
+            got = tuple(out.hidden.shape[1:]) if out.hidden is not None else None
+            if got != want:
+                raise GencraftError(
+                    f"the classifier reads {want[0]} layers x {want[1]} hidden states, but this "
+                    f"model gives {got[0]} x {got[1]}: it was trained for another model"
+                    if got
+                    else "this model gives no hidden states for the classifier"
+                )
+        return out
+
+    # -- transformers' policy ----------------------------------------------------------------
+    def _aside(self) -> list[Hypothesis]:
+        b = self.b
+        out = self._start()
+        dev = out.log_probs.device
+        rows0 = torch.zeros(b, dtype=torch.long, device=dev)
+        cache = self.s.reorder(out.cache, rows0)
+        logp = out.log_probs.expand(b, -1)
+        hidden = out.hidden.expand(b, *out.hidden.shape[1:]) if out.hidden is not None else None
+        cstate = self.clf.init(b) if self.clf is not None else None
+        scores = torch.full((b,), NEG, device=dev)
+        scores[0] = 0.0
+        tokens = torch.zeros(b, 0, dtype=torch.long, device=dev)
+        eos = self.eos.to(dev)
+        done: list[tuple[float, float, list[int], bool]] = []  # (rank key, score, tokens, eos)
+        for t in range(self.max_new):
+            logp = self._transform(logp, t)
+            sel, unc, cond, beam, tok, cstate = self._candidates(logp, scores, hidden, cstate)
+            n_keep = min(2 * b, sel.numel())
+            top_sel, idx = sel[None].topk(n_keep, dim=-1)
+            idx = idx[0]
+            c_beam, c_tok = beam[idx], tok[idx]
+            c_unc, c_cond = unc[idx], cond[idx]
+            is_eos = torch.isin(c_tok, eos)
+            ends = is_eos | (t + 1 == self.max_new)
+            # finished: the first B of the 2B that end, while the finished set has room
+            if len(done) < b:
+                new = []
+                for j in torch.nonzero(ends[:b]).flatten().tolist():
+                    if top_sel[0, j] <= NEG / 2:
+                        continue
+                    seq = tokens[c_beam[j]].tolist() + ([] if is_eos[j] else [int(c_tok[j])])
+                    new.append((float(c_cond[j]), float(c_unc[j]), seq, bool(is_eos[j])))
+                done = sorted(done + new, key=lambda r: -r[0])[:b]
+            if len(done) >= b or bool(ends.all()):
+                break
+            # live: the best B of the 2B that do not end
+            keep_key = top_sel[0] + ends.float() * NEG
+            nxt = keep_key.topk(b).indices
+            rows = c_beam[nxt]
+            scores = c_unc[nxt].clone()
+            new_tok = c_tok[nxt]
+            tokens = torch.cat([tokens[rows], new_tok[:, None]], dim=1)
+            if self.clf is not None:
+                cstate = self.clf.reorder(cstate, rows)
+            cache = self.s.reorder(cache, rows)
+            out = self.s.step(new_tok, cache)
+            logp, cache, hidden = out.log_probs, out.cache, out.hidden
+        return [Hypothesis(seq, sc, fin, key if self.clf is not None else None)
+                for key, sc, seq, fin in done]  # fmt: skip
+
+    # -- the thesis's Alg. 1 -----------------------------------------------------------------
+    def _on_beam(self) -> list[Hypothesis]:
+        b = self.b
+        out = self._start()
+        dev = out.log_probs.device
+        cache = self.s.reorder(out.cache, torch.zeros(b, dtype=torch.long, device=dev))
+        logp = out.log_probs.expand(b, -1)
+        hidden = out.hidden.expand(b, *out.hidden.shape[1:]) if out.hidden is not None else None
+        cstate = self.clf.init(b) if self.clf is not None else None
+        scores = torch.full((b,), NEG, device=dev)
+        scores[0] = 0.0
+        eos = self.eos.to(dev)
+        # per beam slot: tokens, complete?, frozen (selection, conditional) scores if complete
+        beams: list[dict[str, Any]] = [dict(tokens=[], done=False, eos=False, sel=0.0, cond=0.0)
+                                       for _ in range(b)]  # fmt: skip
+        for t in range(self.max_new):
+            live = [i for i in range(b) if not beams[i]["done"]]
+            logp = self._transform(logp, t)
+            sel, unc, cond, beam, tok, cstate = self._candidates(logp, scores, hidden, cstate)
+            keep = torch.isin(beam, torch.tensor(live, device=dev))
+            cands = [(float(sel[j]), float(unc[j]), float(cond[j]), int(beam[j]), int(tok[j]))
+                     for j in torch.nonzero(keep).flatten().tolist()]  # fmt: skip
+            # complete hypotheses compete with their frozen scores
+            cands += [(bm["sel"], float(scores[i]), bm["cond"], i, -1)
+                      for i, bm in enumerate(beams) if bm["done"]]  # fmt: skip
+            cands.sort(key=lambda c: -c[0])  # stable: earlier (live, lower index) first on ties
+            chosen = [c for c in cands if c[0] > NEG / 2][:b] or cands[:b]
+            new_beams, rows, new_tok, new_scores = [], [], [], []
+            for s_sel, s_unc, s_cond, i, w in chosen:
+                old = beams[i]
+                if w < 0:  # a complete hypothesis stays
+                    nb = dict(old)
+                else:
+                    ends = w in eos.tolist() or t + 1 == self.max_new
+                    is_eos = w in eos.tolist()
+                    seq = old["tokens"] + ([] if is_eos else [w])
+                    nb = dict(tokens=seq, done=ends, eos=is_eos, sel=s_sel, cond=s_cond)
+                new_beams.append(nb)
+                rows.append(i)
+                new_tok.append(max(w, 0) if w >= 0 else int(eos[0]))
+                new_scores.append(s_unc)
+            while len(new_beams) < b:  # fewer candidates than beams (tiny vocabularies)
+                new_beams.append(dict(tokens=[], done=True, eos=False, sel=NEG, cond=NEG))
+                rows.append(rows[0])
+                new_tok.append(int(eos[0]))
+                new_scores.append(NEG)
+            beams = new_beams
+            scores = torch.tensor(new_scores, device=dev)
+            if all(bm["done"] for bm in beams):
+                break
+            idx = torch.tensor(rows, device=dev)
+            if self.clf is not None:
+                cstate = self.clf.reorder(cstate, idx)
+            cache = self.s.reorder(cache, idx)
+            # complete rows are fed a dummy token; their outputs are never used
+            out = self.s.step(torch.tensor(new_tok, device=dev), cache)
+            logp, cache, hidden = out.log_probs, out.cache, out.hidden
+        ranked = sorted(
+            (bm for bm, sc in zip(beams, scores.tolist(), strict=True) if sc > NEG / 2),
+            key=lambda bm: -bm["cond"],
+        )
+        final = {id(bm): sc for bm, sc in zip(beams, scores.tolist(), strict=True)}
+        return [Hypothesis(bm["tokens"], final[id(bm)], bm["eos"],
+                           bm["cond"] if self.clf is not None else None)
+                for bm in ranked]  # fmt: skip

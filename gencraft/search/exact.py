@@ -1,0 +1,202 @@
+"""Exact mode search by depth-first search with pruning (Yoshida 2023, ch. 6; after Stahlberg &
+Byrne 2019).
+
+Log-probability never increases as tokens are added, so a partial hypothesis scoring at or
+below the best complete one found so far cannot lead to a better one and is pruned. Every
+visited node also yields a complete hypothesis for free: its prefix + EOS. Children are visited
+in order of probability, so the first path explored is the greedy one and the bound tightens
+early.
+
+Memory (§6.2): a node keeps only its own token's key/value slice. The full cache it computed is
+handed to its first child (which extends it and lets it go); if a second child is expanded, the
+node rebuilds its full cache by concatenating the slices of its ancestors and keeps it for the
+remaining children. A greedy path of depth d then holds O(d) key/values instead of O(d^2).
+
+``length=n`` searches for the best sequence of exactly n tokens before EOS: EOS is not a
+completion before depth n and is the only completion at depth n. Pruning still applies (the
+bound is the best length-n sequence found), but it bites later, so this search is much harder.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from gencraft.errors import GencraftError
+from gencraft.search.stepper import HFStepper, Stepper, eos_ids
+
+
+@dataclass
+class ModeResult:
+    """``tokens``: the mode's generated ids, EOS excluded; ``log_prob``: its log-probability
+    including the EOS step (-inf if no complete hypothesis was found); ``exact``: proven to be
+    the mode (False when ``max_nodes`` stopped the search); ``nodes``: model calls (nodes
+    expanded); ``seconds``: wall time; ``peak_kv_bytes``: the most key/value bytes held at
+    once by the search (slices plus full caches)."""
+
+    tokens: list[int]
+    log_prob: float
+    exact: bool
+    nodes: int
+    seconds: float = 0.0
+    peak_kv_bytes: int = 0
+
+
+class _Budget(Exception):
+    pass
+
+
+def _layers(cache: Any) -> list[Any]:
+    """The self-attention layers of a cache (the cross-attention part never changes)."""
+    inner = getattr(cache, "self_attention_cache", cache)
+    return list(inner.layers)
+
+
+def _slice_last(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    # clone: a view would keep the whole full-cache tensor alive
+    return [(ly.keys[..., -1:, :].clone(), ly.values[..., -1:, :].clone()) for ly in _layers(cache)]
+
+
+def _nbytes(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+
+
+def _rebuild(parts: list[list[tuple[torch.Tensor, torch.Tensor]]], cross: Any) -> Any:
+    """A fresh cache holding ``parts`` (root first) concatenated along the sequence axis, with
+    an encoder-decoder's cross-attention cache ``cross`` shared (it never changes)."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    data = [
+        (torch.cat([p[i][0] for p in parts], dim=-2), torch.cat([p[i][1] for p in parts], dim=-2))
+        for i in range(len(parts[0]))
+    ]
+    self_cache = DynamicCache(data)
+    return EncoderDecoderCache(self_cache, cross) if cross is not None else self_cache
+
+
+def exact_mode(
+    model: nn.Module | Stepper,
+    input_ids: torch.Tensor | None = None,
+    *,
+    eos_token_id: int | list[int] | None = None,
+    max_new_tokens: int,
+    length: int | None = None,
+    max_nodes: int | None = None,
+) -> ModeResult:
+    """The most probable output of ``model`` for one input, found by DFS with pruning.
+
+    Args:
+        model: a Hugging Face causal LM or encoder-decoder, or a ``Stepper``.
+        input_ids: [1, P] prompt (causal) or encoder input (encoder-decoder).
+        eos_token_id: id or ids that end a sequence (default: the model's).
+        max_new_tokens: the longest output considered, in tokens before EOS.
+        length: n: the best output of exactly n tokens before EOS.
+        max_nodes: stop after this many expanded nodes; the result is then the best found and
+            ``exact`` is False.
+    """
+    if max_new_tokens < 0:
+        raise GencraftError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if length is not None and not 0 <= length <= max_new_tokens:
+        raise GencraftError(f"length must be in [0, max_new_tokens={max_new_tokens}], got {length}")
+    if max_nodes is not None and max_nodes < 1:
+        raise GencraftError(f"max_nodes must be >= 1, got {max_nodes}")
+    if isinstance(model, nn.Module):
+        if input_ids is None:
+            raise GencraftError("input_ids is required with a model")
+        stepper: Stepper = HFStepper(model, input_ids, max_new_tokens=max_new_tokens + 1)
+        eos = eos_ids(model, eos_token_id)
+    else:
+        stepper = model
+        if eos_token_id is None:
+            raise GencraftError("eos_token_id is required with a Stepper")
+        eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    if any(not 0 <= e < stepper.vocab_size for e in eos):
+        raise GencraftError(f"eos_token_id {eos} outside the vocabulary [0, {stepper.vocab_size})")
+    if max_new_tokens + 50 > sys.getrecursionlimit():
+        sys.setrecursionlimit(max_new_tokens + 1000)
+    return _DFS(stepper, eos, max_new_tokens, length, max_nodes).run()
+
+
+class _DFS:
+    def __init__(self, stepper: Stepper, eos: list[int], max_new: int, length: int | None,
+                 max_nodes: int | None) -> None:  # fmt: skip
+        self.s, self.eos, self.max_new, self.length, self.max_nodes = (
+            stepper,
+            eos,
+            max_new,
+            length,
+            max_nodes,
+        )
+        self.eos_set = set(eos)
+        self.best = -math.inf
+        self.best_tokens: list[int] = []
+        self.nodes = 0
+        self.kept = 0  # bytes of rebuilt full caches held by nodes on the current path
+        self.peak = 0
+
+    def run(self) -> ModeResult:
+        t0 = time.perf_counter()
+        exact = True
+        out = self.s.start()
+        self.nodes = 1
+        root_kv = [(ly.keys.clone(), ly.values.clone()) for ly in _layers(out.cache)]
+        self.cross = getattr(out.cache, "cross_attention_cache", None)
+        try:
+            self._visit([], 0.0, out.log_probs[0].double(), out.cache, [root_kv], _nbytes(root_kv))
+        except _Budget:
+            exact = False
+        return ModeResult(self.best_tokens, self.best, exact, self.nodes,
+                          time.perf_counter() - t0, self.peak)  # fmt: skip
+
+    def _visit(
+        self, prefix: list[int], score: float, logp: torch.Tensor, cache: Any,
+        path: list[list[tuple[torch.Tensor, torch.Tensor]]], path_bytes: int,
+    ) -> None:  # fmt: skip
+        """``logp`` [V] float64: next-token log-probs after ``prefix``; ``cache``: the full
+        cache of ``prefix``, owned by this call; ``path``: the KV slices from the root (prompt
+        first), ``path_bytes`` their size."""
+        # held now: the slices on the path, the kept caches above, and this full cache
+        self.peak = max(self.peak, path_bytes + self.kept + _nbytes(_kv(cache)))
+        depth = len(prefix)
+        eos_lp = torch.logsumexp(logp[self.eos], dim=0).item()
+        if (self.length is None or depth == self.length) and score + eos_lp > self.best:
+            self.best, self.best_tokens = score + eos_lp, list(prefix)
+        if depth == (self.max_new if self.length is None else self.length):
+            return
+        kept, expanded = None, 0
+        for w in torch.argsort(logp, descending=True).tolist():
+            if w in self.eos_set:
+                continue
+            child_score = score + logp[w].item()
+            if child_score <= self.best:
+                break  # children come in order of probability: every later one scores lower
+            if self.max_nodes is not None and self.nodes >= self.max_nodes:
+                raise _Budget
+            if expanded == 0:
+                given, cache = cache, None  # the first child takes this full cache over
+            else:
+                if kept is None:  # second child: rebuild once from the slices, keep it
+                    kept = _rebuild(path, self.cross)
+                    self.kept += path_bytes
+                given = _rebuild([_kv(kept)], self.cross)  # the step extends what it is given
+            out = self.s.step(torch.tensor([w]), given)
+            child_lp, child_cache = out.log_probs[0].double(), out.cache
+            del given, out
+            self.nodes += 1
+            expanded += 1
+            kv = _slice_last(child_cache)
+            self._visit([*prefix, w], child_score, child_lp, child_cache, [*path, kv],
+                        path_bytes + _nbytes(kv))  # fmt: skip
+            del child_cache
+        if kept is not None:
+            self.kept -= path_bytes
+
+
+def _kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(ly.keys, ly.values) for ly in _layers(cache)] if cache is not None else []

@@ -1,0 +1,173 @@
+"""Incremental next-token log-probabilities for one input, over a batch of hypotheses.
+
+The search loops in this package (beam search, exact DFS) see a model only through this
+interface, so they work alike for decoder-only and encoder-decoder models, and tests can drive
+them with a hand-written table of next-token distributions.
+
+A ``Stepper`` holds one input (a prompt for a causal LM, the encoder input for an
+encoder-decoder). ``start()`` returns the distribution of the first generated token;
+``step(tokens, cache)`` feeds one token to each of N hypotheses whose KV cache is ``cache``.
+Log-probabilities are ``log_softmax`` of the logits in float32, exactly as
+``transformers``' beam search computes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from gencraft.errors import GencraftError
+
+
+@dataclass
+class StepOutput:
+    """``log_probs`` [N, V] float32; ``cache`` the updated KV cache (N rows); ``hidden`` [N, M+1, H]
+    the last position's hidden states of every decoder layer, embeddings first (only when
+    asked for), else None."""
+
+    log_probs: torch.Tensor
+    cache: Any
+    hidden: torch.Tensor | None = None
+
+
+class Stepper(Protocol):
+    vocab_size: int
+
+    def start(self) -> StepOutput: ...
+
+    def step(self, tokens: torch.Tensor, cache: Any) -> StepOutput: ...
+
+    def reorder(self, cache: Any, index: torch.Tensor) -> Any: ...
+
+
+def eos_ids(model: nn.Module, eos_token_id: int | list[int] | None) -> list[int]:
+    """The end-of-sequence ids: ``eos_token_id`` if given, else the model's generation config."""
+    if eos_token_id is None:
+        gc = getattr(model, "generation_config", None)
+        eos_token_id = getattr(gc, "eos_token_id", None)
+        if eos_token_id is None:
+            eos_token_id = getattr(model.config, "eos_token_id", None)
+    if eos_token_id is None:
+        raise GencraftError("no eos_token_id given and the model's config defines none")
+    ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    if not ids:
+        raise GencraftError("eos_token_id is an empty list")
+    return ids
+
+
+def _context_size(config: Any) -> int | None:
+    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    for name in ("max_position_embeddings", "n_positions", "max_target_positions"):
+        v = getattr(cfg, name, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+class HFStepper:
+    """A ``Stepper`` over a Hugging Face causal LM or encoder-decoder.
+
+    Args:
+        model: ``*ForCausalLM`` or an encoder-decoder (BART, T5, Pegasus, ``EncoderDecoderModel``).
+        input_ids: [1, P] the prompt (causal) or encoder input (encoder-decoder).
+        max_new_tokens: how deep the search may go; checked against the model's context.
+        hidden: also return every decoder layer's last hidden state (for attribute classifiers).
+    """
+
+    def __init__(
+        self, model: nn.Module, input_ids: torch.Tensor, *, max_new_tokens: int,
+        hidden: bool = False,
+    ) -> None:  # fmt: skip
+        config = getattr(model, "config", None)
+        if config is None or not hasattr(model, "get_output_embeddings"):
+            raise GencraftError(
+                f"search needs a Hugging Face causal LM or encoder-decoder, got "
+                f"{type(model).__name__}"
+            )
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long:
+            raise GencraftError("input_ids must be a LongTensor of shape [1, P]")
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+            raise GencraftError(
+                f"input_ids must have shape [1, P] with P >= 1 (one input; search runs its "
+                f"hypotheses as the batch), got {list(input_ids.shape)}"
+            )
+        if max_new_tokens < 1:
+            raise GencraftError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.model = model
+        self.is_ed = bool(config.is_encoder_decoder)
+        self.hidden = hidden
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        if int(input_ids.max()) >= self.vocab_size or int(input_ids.min()) < 0:
+            raise GencraftError(f"input_ids hold ids outside the vocabulary [0, {self.vocab_size})")
+        ctx = _context_size(config.decoder if self.is_ed and hasattr(config, "decoder") else config)
+        need = max_new_tokens + (1 if self.is_ed else input_ids.shape[1])
+        if ctx is not None and need > ctx:
+            what = "1 start token" if self.is_ed else f"a prompt of {input_ids.shape[1]} tokens"
+            raise GencraftError(
+                f"{what} plus max_new_tokens={max_new_tokens} exceeds the model's context of "
+                f"{ctx} positions"
+            )
+        self.device = next(model.parameters()).device
+        self.input_ids = input_ids.to(self.device)
+        self._encoder_out: torch.Tensor | None = None
+
+    def _forward(self, tokens: torch.Tensor, cache: Any) -> StepOutput:
+        n = tokens.shape[0]
+        kw: dict[str, Any] = dict(past_key_values=cache, use_cache=True, return_dict=True,
+                                  output_hidden_states=self.hidden)  # fmt: skip
+        if self.is_ed:
+            from transformers.modeling_outputs import BaseModelOutput
+
+            enc = self._encoder_out
+            kw.update(
+                encoder_outputs=BaseModelOutput(last_hidden_state=enc.expand(n, *enc.shape[1:])),
+                attention_mask=torch.ones(n, enc.shape[1], dtype=torch.long, device=self.device),
+                decoder_input_ids=tokens,
+            )
+        else:
+            kw.update(input_ids=tokens)
+        with torch.no_grad():
+            out = self.model(**kw)
+        logits = out.logits[:, -1, :].float()
+        hidden = None
+        if self.hidden:
+            states = out.decoder_hidden_states if self.is_ed else out.hidden_states
+            hidden = torch.stack([h[:, -1, :] for h in states], dim=1).float()
+        return StepOutput(torch.log_softmax(logits, dim=-1), out.past_key_values, hidden)
+
+    def start(self) -> StepOutput:
+        """The first generated token's distribution: [1, V], and the cache of one row."""
+        if not self.is_ed:
+            return self._forward(self.input_ids, None)
+        with torch.no_grad():
+            enc = self.model.get_encoder()(input_ids=self.input_ids, return_dict=True)
+        self._encoder_out = enc.last_hidden_state
+        start = _decoder_start(self.model)
+        return self._forward(torch.tensor([[start]], device=self.device), None)
+
+    def step(self, tokens: torch.Tensor, cache: Any) -> StepOutput:
+        """Feed ``tokens`` [N] (one per hypothesis) after ``cache`` (N rows)."""
+        return self._forward(tokens.to(self.device).view(-1, 1), cache)
+
+    def reorder(self, cache: Any, index: torch.Tensor) -> Any:
+        """Rows ``index`` [N'] of ``cache`` (repeats allowed), as a cache of N' rows."""
+        cache.reorder_cache(index.to(self.device))
+        return cache
+
+
+def _decoder_start(model: nn.Module) -> int:
+    for cfg in (getattr(model, "generation_config", None), model.config):
+        v = getattr(cfg, "decoder_start_token_id", None)
+        if v is not None:
+            return int(v)
+    dec = getattr(model.config, "decoder", None)
+    v = getattr(dec, "bos_token_id", None) if dec is not None else None
+    if v is None:
+        raise GencraftError(
+            "this encoder-decoder defines no decoder_start_token_id; set "
+            "model.generation_config.decoder_start_token_id"
+        )
+    return int(v)

@@ -1,0 +1,349 @@
+"""gencraft.search: beam search against transformers' generate, Alg. 1 by hand, exact mode search
+against brute-force enumeration, memory, and bad input."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import ClassVar
+
+import pytest
+import torch
+from transformers import BartConfig, BartForConditionalGeneration, LlamaConfig, LlamaForCausalLM
+
+from gencraft.errors import GencraftError
+from gencraft.models import load_model
+from gencraft.search import StepOutput, beam_search, exact_mode
+
+PROMPT = [1, 3, 4]
+
+
+def small_llama(seed: int, vocab: int = 6, context: int = 64) -> LlamaForCausalLM:
+    """A random Llama over ``vocab`` ids with peaky distributions (large init), EOS = 0."""
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=context,
+        eos_token_id=0, bos_token_id=1, pad_token_id=0, initializer_range=0.5,
+    )  # fmt: skip
+    return LlamaForCausalLM(cfg).eval()
+
+
+def small_bart(seed: int, vocab: int = 6) -> BartForConditionalGeneration:
+    """A random BART over ``vocab`` ids (EOS = decoder start = 2, pad = 1)."""
+    torch.manual_seed(seed)
+    cfg = BartConfig(
+        vocab_size=vocab, d_model=16, encoder_layers=1, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+        decoder_ffn_dim=32, max_position_embeddings=64, init_std=0.5,
+        forced_eos_token_id=None, forced_bos_token_id=None,
+    )  # fmt: skip
+    return BartForConditionalGeneration(cfg).eval()
+
+
+def _hf_beams(model, ids, beams: int, new: int, **kw):
+    g = model.generate(
+        ids, attention_mask=torch.ones_like(ids), num_beams=beams, do_sample=False,
+        length_penalty=0.0, early_stopping=True, max_new_tokens=new, num_return_sequences=beams,
+        output_scores=True, return_dict_in_generate=True, **kw,
+    )  # fmt: skip
+    start = 1 if model.config.is_encoder_decoder else ids.shape[1]
+    return [(s[start:].tolist(), float(sc)) for s, sc in zip(g.sequences, g.sequences_scores,
+                                                              strict=True)]  # fmt: skip
+
+
+def _assert_same_as_generate(hyps, hf, eos: int, pad: int) -> None:
+    assert len(hyps) == len(hf)
+    for h, (seq, score) in zip(hyps, hf, strict=True):
+        ours = h.tokens + ([eos] if h.finished else [])
+        assert seq[: len(ours)] == ours
+        # transformers fills shorter outputs with pad (with EOS when the pad id is 0)
+        assert all(t in (pad, eos) for t in seq[len(ours) :])
+        assert h.score == pytest.approx(score, abs=1e-4)
+
+
+# -- beam search core ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "name", ["tiny-llama", "tiny-gpt2", "tiny-bart", "tiny-t5", "tiny-bert2bert"]
+)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_beam_search_equals_generate_registry_models(name, seed):
+    model, tok = load_model(name, seed=seed)
+    ids = torch.tensor([tok("hello there")["input_ids"]])
+    gc = model.generation_config
+    for beams in (2, 4):
+        hyps = beam_search(model, ids, num_beams=beams, max_new_tokens=6)
+        hf = _hf_beams(model, ids, beams, 6)
+        _assert_same_as_generate(hyps, hf, gc.eos_token_id, gc.pad_token_id)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_beam_search_equals_generate_with_frequent_eos(seed):
+    """Small peaky models end often: finished hypotheses, early stop and padding all happen."""
+    for model, ids, eos, pad in (
+        (small_llama(seed), torch.tensor([PROMPT]), 0, 0),
+        (small_bart(seed), torch.tensor([[0, 3, 4, 2]]), 2, 1),
+    ):
+        for beams in (2, 3, 5):
+            hyps = beam_search(model, ids, num_beams=beams, max_new_tokens=7, eos_token_id=eos)
+            hf = _hf_beams(model, ids, beams, 7, eos_token_id=eos, pad_token_id=pad)
+            _assert_same_as_generate(hyps, hf, eos, pad)
+
+
+class ConstantScorer:
+    """log P_clf = a constant for every candidate: must not change beam search's choices."""
+
+    def __init__(self, num_layers: int, hidden_size: int, value: float = -0.7) -> None:
+        self.num_layers, self.hidden_size, self.value = num_layers, hidden_size, value
+        self.calls = 0
+
+    def init(self, n):
+        return torch.zeros(n, 0)
+
+    def score(self, state, hidden, candidates):
+        assert hidden.shape[1:] == (self.num_layers, self.hidden_size)
+        assert candidates.shape[0] == hidden.shape[0]
+        self.calls += 1
+        return torch.full(candidates.shape, self.value), state
+
+    def reorder(self, state, index):
+        return state[index]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_conditional_beam_search_with_constant_classifier_equals_generate(seed):
+    model = small_llama(seed, vocab=12)
+    ids = torch.tensor([PROMPT])
+    for beams in (2, 4):
+        for k in (2 * beams, 12):
+            clf = ConstantScorer(3, 16)
+            hyps = beam_search(model, ids, num_beams=beams, max_new_tokens=6, eos_token_id=0,
+                               classifier=clf, k=k, alpha=2.0)  # fmt: skip
+            _assert_same_as_generate(hyps, _hf_beams(model, ids, beams, 6, eos_token_id=0,
+                                                     pad_token_id=0), 0, 0)  # fmt: skip
+            assert clf.calls > 0
+            for h in hyps:  # the final ranking adds log P_clf once (alpha = 1), not per step
+                assert h.conditional_score == pytest.approx(h.score - 0.7, abs=1e-4)
+
+
+class TableStepper:
+    """Next-token distributions written out by hand; the cache is each row's prefix."""
+
+    vocab_size = 3  # 0 = EOS, 1 = "a", 2 = "b"
+    table: ClassVar[dict[tuple[int, ...], list[float]]] = {
+        (): [0.5, 0.3, 0.2],
+        (1,): [0.1, 0.8, 0.1],
+        (2,): [0.6, 0.2, 0.2],
+        (1, 1): [0.9, 0.05, 0.05],
+    }
+
+    def _lp(self, prefixes):
+        rows = [self.table.get(p, [1 / 3] * 3) for p in prefixes]
+        return torch.tensor(rows).log()
+
+    def start(self):
+        return StepOutput(self._lp([()]), [()])
+
+    def step(self, tokens, cache):
+        new = [(*p, int(t)) for p, t in zip(cache, tokens.tolist(), strict=True)]
+        return StepOutput(self._lp(new), new)
+
+    def reorder(self, cache, index):
+        return [cache[i] for i in index.tolist()]
+
+
+def test_on_beam_follows_algorithm_1_by_hand():
+    """B = 2, max 3 tokens. Step 1: EOS (-0.693, complete) and "a" (-1.204) take both slots, so
+    "b" is evicted. Step 2: the complete hypothesis stays (-0.693) and "a a" (-1.427) beats
+    "a EOS"/"a b" (-3.507). Step 3: "a a EOS" (-1.532) completes; every beam is complete.
+    transformers' policy instead keeps "b" alive and finishes with "b EOS" (-2.120)."""
+    ln = math.log
+    on_beam = beam_search(TableStepper(), num_beams=2, max_new_tokens=3, eos_token_id=0,
+                          finished="on_beam")  # fmt: skip
+    assert [(h.tokens, h.finished) for h in on_beam] == [([], True), ([1, 1], True)]
+    assert on_beam[0].score == pytest.approx(ln(0.5))
+    assert on_beam[1].score == pytest.approx(ln(0.3) + ln(0.8) + ln(0.9))
+    aside = beam_search(TableStepper(), num_beams=2, max_new_tokens=3, eos_token_id=0)
+    assert [(h.tokens, h.finished) for h in aside] == [([], True), ([2], True)]
+    assert aside[1].score == pytest.approx(ln(0.2) + ln(0.6))
+
+
+class EosPenalty:
+    """log P_clf = -5 for an EOS candidate, 0 otherwise (a "not empty" attribute)."""
+
+    num_layers, hidden_size = 0, 0
+
+    def init(self, n):
+        return None
+
+    def score(self, state, hidden, candidates):
+        return (candidates == 0).float() * -5.0, state
+
+    def reorder(self, state, index):
+        return state
+
+
+def test_conditional_on_beam_selects_by_classifier_but_scores_by_model():
+    class Stepper(TableStepper):
+        def start(self):
+            return StepOutput(self._lp([()]), [()], torch.zeros(1, 0, 0))
+
+        def step(self, tokens, cache):
+            out = super().step(tokens, cache)
+            return StepOutput(out.log_probs, out.cache, torch.zeros(len(out.cache), 0, 0))
+
+    hyps = beam_search(Stepper(), num_beams=2, max_new_tokens=3, eos_token_id=0,
+                       classifier=EosPenalty(), finished="on_beam")  # fmt: skip
+    ln = math.log
+    # step 1: EOS selects at -0.693 - 5: "a" (-1.204) and "b" (-1.609) take the beam.
+    # step 2: a a -1.427, b a / b b -3.219 beat a b -3.507 and both EOS (-5 each): a a, b a.
+    # step 3 (last, every candidate ends): b a a / b a b -4.317 (uniform table row) beat
+    # a a a -4.423 and a a EOS (-1.532 - 5); the model score, not the selection, is kept.
+    assert [(h.tokens, h.finished) for h in hyps] == [([2, 1, 1], False), ([2, 1, 2], False)]
+    for h in hyps:
+        assert h.score == pytest.approx(ln(0.2) + ln(0.2) + ln(1 / 3), abs=1e-5)
+        assert h.conditional_score == pytest.approx(h.score, abs=1e-5)  # no EOS penalty paid
+
+
+def test_force_length_gives_exact_lengths_and_renormalises():
+    model = small_llama(0)
+    ids = torch.tensor([PROMPT])
+    for n in (1, 3, 5):
+        hyps = beam_search(model, ids, num_beams=3, max_new_tokens=8, eos_token_id=0,
+                           force_length=n)  # fmt: skip
+        assert hyps and all(len(h.tokens) == n and h.finished for h in hyps)
+        # the score is the renormalised (EOS-free) log-likelihood of the n tokens: check one
+        h = hyps[0]
+        full = torch.tensor([PROMPT + h.tokens])
+        with torch.no_grad():
+            lp = torch.log_softmax(model(full).logits[0].float(), -1)
+        want = 0.0
+        for i, t in enumerate(h.tokens):
+            row = lp[len(PROMPT) - 1 + i].clone()
+            row[0] = -math.inf
+            want += (row[t] - torch.logsumexp(row, 0)).item()
+        assert h.score == pytest.approx(want, abs=1e-4)
+
+
+# -- exact mode search -----------------------------------------------------------------------
+def _brute_force(model, prefix_fn, eos: int, n: int, length: int | None = None):
+    """Best sequence (EOS excluded) of at most n tokens by enumerating every one."""
+    v = model.config.vocab_size
+    best, arg = -math.inf, None
+    for size in range(n + 1) if length is None else [length]:
+        for seq in itertools.product([t for t in range(v) if t != eos], repeat=size):
+            s = prefix_fn([*seq, eos])
+            if s > best:
+                best, arg = s, list(seq)
+    return arg, best
+
+
+def _causal_scorer(model, prompt):
+    def score(seq):
+        ids = torch.tensor([prompt + seq])
+        with torch.no_grad():
+            lp = torch.log_softmax(model(ids).logits[0].double(), -1)
+        p = len(prompt)
+        return sum(lp[p - 1 + i, t].item() for i, t in enumerate(seq))
+
+    return score
+
+
+def _seq2seq_scorer(model, src, start):
+    def score(seq):
+        dec = torch.tensor([[start, *seq]])
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([src]), decoder_input_ids=dec)
+        lp = torch.log_softmax(out.logits[0].double(), -1)
+        return sum(lp[i, t].item() for i, t in enumerate(seq))
+
+    return score
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_exact_mode_equals_brute_force_causal(seed):
+    model = small_llama(seed, vocab=5)
+    score = _causal_scorer(model, PROMPT)
+    ids = torch.tensor([PROMPT])
+    r = exact_mode(model, ids, eos_token_id=0, max_new_tokens=4)
+    tokens, lp = _brute_force(model, score, 0, 4)
+    assert r.exact and r.tokens == tokens and r.log_prob == pytest.approx(lp, abs=1e-4)
+    for n in (2, 4):
+        r = exact_mode(model, ids, eos_token_id=0, max_new_tokens=4, length=n)
+        tokens, lp = _brute_force(model, score, 0, 4, length=n)
+        assert r.exact and r.tokens == tokens and r.log_prob == pytest.approx(lp, abs=1e-4)
+        assert r.nodes <= sum(4**i for i in range(n + 1))  # pruning never adds work
+
+
+def test_exact_mode_finds_non_empty_modes_too():
+    """The brute-force check above is only meaningful if some modes are not empty."""
+    found = [exact_mode(small_llama(s, vocab=5), torch.tensor([PROMPT]), eos_token_id=0,
+                        max_new_tokens=4).tokens for s in range(5)]  # fmt: skip
+    assert any(found) and not all(found)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_exact_mode_equals_brute_force_encoder_decoder(seed):
+    model = small_bart(seed, vocab=5)
+    src = [0, 3, 4, 2]
+    score = _seq2seq_scorer(model, src, model.config.decoder_start_token_id)
+    ids = torch.tensor([src])
+    r = exact_mode(model, ids, eos_token_id=2, max_new_tokens=3)
+    tokens, lp = _brute_force(model, score, 2, 3)
+    assert r.exact and r.tokens == tokens and r.log_prob == pytest.approx(lp, abs=1e-4)
+    r = exact_mode(model, ids, eos_token_id=2, max_new_tokens=3, length=3)
+    tokens, lp = _brute_force(model, score, 2, 3, length=3)
+    assert r.tokens == tokens and r.log_prob == pytest.approx(lp, abs=1e-4)
+
+
+def test_exact_mode_node_cap_reports_not_exact():
+    model = small_llama(1, vocab=5)
+    full = exact_mode(model, torch.tensor([PROMPT]), eos_token_id=0, max_new_tokens=5, length=5)
+    capped = exact_mode(model, torch.tensor([PROMPT]), eos_token_id=0, max_new_tokens=5,
+                        length=5, max_nodes=6)  # fmt: skip
+    assert full.exact and full.nodes > 6
+    assert not capped.exact and capped.nodes == 6
+    assert len(capped.tokens) == 5 and capped.log_prob <= full.log_prob + 1e-9
+
+
+def test_exact_mode_memory_grows_linearly_with_depth():
+    """The first path DFS explores (length-conditional, so it goes the whole way down) holds the
+    slices plus one full cache: about 2 x (prompt + depth) positions, not depth^2."""
+    model = small_llama(0, vocab=5, context=200)
+    per_pos = 2 * 2 * 1 * 8 * 4  # layers x (K, V) x kv heads x head dim x float32 bytes
+    peaks = {}
+    for d in (8, 32, 128):
+        r = exact_mode(model, torch.tensor([PROMPT]), eos_token_id=0, max_new_tokens=d,
+                       length=d, max_nodes=d + 1)  # fmt: skip
+        peaks[d] = r.peak_kv_bytes
+        assert r.peak_kv_bytes <= 2 * (len(PROMPT) + d + 1) * per_pos
+    assert peaks[128] / peaks[8] < 2 * 128 / 8  # linear, not quadratic
+
+
+# -- bad input -------------------------------------------------------------------------------
+def test_bad_input_is_reported():
+    model = small_llama(0, vocab=6, context=16)
+    ids = torch.tensor([PROMPT])
+    with pytest.raises(GencraftError, match="num_beams"):
+        beam_search(model, ids, num_beams=0, max_new_tokens=4)
+    with pytest.raises(GencraftError, match="k must be"):
+        beam_search(model, ids, num_beams=2, max_new_tokens=4, classifier=ConstantScorer(3, 16),
+                    k=7)  # fmt: skip
+    with pytest.raises(GencraftError, match="alpha"):
+        beam_search(model, ids, num_beams=2, max_new_tokens=4, alpha=-1.0)
+    with pytest.raises(GencraftError, match="another model"):
+        beam_search(model, ids, num_beams=2, max_new_tokens=4, classifier=ConstantScorer(3, 32))
+    with pytest.raises(GencraftError, match="context"):
+        beam_search(model, torch.tensor([list(range(6)) * 3]), num_beams=2, max_new_tokens=4)
+    with pytest.raises(GencraftError, match="context"):
+        exact_mode(model, ids, max_new_tokens=20)
+    with pytest.raises(GencraftError, match=r"\[1, P\]"):
+        beam_search(model, torch.tensor([PROMPT, PROMPT]), num_beams=2, max_new_tokens=4)
+    with pytest.raises(GencraftError, match="force_length"):
+        beam_search(model, ids, num_beams=2, max_new_tokens=4, force_length=4)
+    with pytest.raises(GencraftError, match="length must be"):
+        exact_mode(model, ids, max_new_tokens=3, length=4)
+    with pytest.raises(GencraftError, match="finished"):
+        beam_search(model, ids, num_beams=2, max_new_tokens=4, finished="never")
+    with pytest.raises(GencraftError, match="causal LM or encoder-decoder"):
+        beam_search(torch.nn.Linear(2, 2), ids, num_beams=2, max_new_tokens=4)
