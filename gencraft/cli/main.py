@@ -192,6 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_focus_parser(sub, _add_data_dir)
 
+    from gencraft.cli.search import add_parser as add_search_parser
+
+    add_search_parser(sub, _add_data_dir)
+
     p = sub.add_parser("demo", help="the offline end-to-end demo (SmolLM2-135M)")
     p.add_argument(
         "--ppl-tokens", type=int, default=8000, help="WikiText-2 test words to score (default 8000)"

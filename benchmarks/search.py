@@ -1,0 +1,205 @@
+"""Search: beam-search speed against ``generate``, exact-search memory, and empty modes.
+
+    python benchmarks/search.py speed --model smollm2-135m --prompts 8 --beams 4 --new-tokens 32
+    python benchmarks/search.py memory --model smollm2-135m --depths 16 64 256
+    python benchmarks/search.py empty --model smollm2-135m --prompts 40 --words 25 50 100 200
+
+``speed``: interleaved rounds (machine load hits both alike) of gencraft's ``beam_search`` and
+``model.generate(num_beams=B, do_sample=False, length_penalty=0.0, early_stopping=True)`` on
+the same instruction prompts (their outputs are identical, checked each round); prints the
+time ratio (target <= 1.15).
+
+``memory``: the key/value bytes that exact search holds on its first (greedy) path of depth d
+(length-conditional search, stopped after d + 1 nodes), against storing a full cache at every
+node of the path (the naive O(d^2) scheme the thesis's §6.2 avoids).
+
+``empty``: the exact mode (DFS, ``--max-nodes`` per prompt) of "Summarize in one sentence:" +
+an XSum document cut to each of ``--words`` words, and of "Describe this restaurant:" + E2E
+MRs: the fraction whose mode is the empty output, by prompt length (thesis §6.5 analogue).
+Writes ``empty.json``/``empty.md`` and ``empty_by_length.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+from statistics import median
+
+import torch
+from tqdm import tqdm
+
+from gencraft.models import load_model
+from gencraft.search import beam_search, exact_mode
+from gencraft.search.prompts import encode_prompt, instruction_texts
+
+
+def _machine() -> dict:
+    return {"threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine()}
+
+
+def speed(args: argparse.Namespace) -> dict:
+    model, tok = load_model(args.model)
+    texts = instruction_texts("e2e", args.prompts // 2, args.data_dir) + instruction_texts(
+        "xsum", args.prompts - args.prompts // 2, args.data_dir, max_source_words=60
+    )
+    prompts = [encode_prompt(tok, t) for t in texts]
+    eos = model.generation_config.eos_token_id
+
+    def ours():
+        return [beam_search(model, p, num_beams=args.beams, max_new_tokens=args.new_tokens)
+                for p in prompts]  # fmt: skip
+
+    def theirs():
+        with torch.no_grad():
+            return [model.generate(p, attention_mask=torch.ones_like(p), num_beams=args.beams,
+                                   do_sample=False, length_penalty=0.0, early_stopping=True,
+                                   max_new_tokens=args.new_tokens) for p in prompts]  # fmt: skip
+
+    def same(hyps, outs) -> bool:
+        for h, o, p in zip(hyps, outs, prompts, strict=True):
+            want = o[0, p.shape[1] :].tolist()
+            got = h[0].tokens + ([eos] if h[0].finished else [])
+            if want[: len(got)] != got:
+                return False
+        return True
+
+    times: dict[str, list[float]] = {"gencraft": [], "generate": []}
+    ours(), theirs()  # warm-up
+    agree = True
+    for _ in tqdm(range(args.rounds), desc="rounds"):
+        t0 = time.perf_counter()
+        h = ours()
+        times["gencraft"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        o = theirs()
+        times["generate"].append(time.perf_counter() - t0)
+        agree &= same(h, o)
+    med = {k: median(v) for k, v in times.items()}
+    return {"model": args.model, "prompts": len(prompts), "beams": args.beams,
+            "new_tokens": args.new_tokens, "rounds": args.rounds, **_machine(),
+            "median_seconds": med, "ratio": med["gencraft"] / med["generate"],
+            "identical_outputs": agree}  # fmt: skip
+
+
+def memory(args: argparse.Namespace) -> dict:
+    model, tok = load_model(args.model)
+    prompt = encode_prompt(tok, instruction_texts("e2e", 1, args.data_dir)[0])
+    cfg = model.config
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    per_pos = 2 * cfg.num_hidden_layers * heads * (cfg.hidden_size // cfg.num_attention_heads)
+    per_pos *= next(model.parameters()).element_size()
+    rows = []
+    for d in tqdm(args.depths, desc="depths"):
+        r = exact_mode(model, prompt, max_new_tokens=d, length=d, max_nodes=d + 1)
+        p = prompt.shape[1]
+        naive = sum((p + i) * per_pos for i in range(d + 1))
+        rows.append({"depth": d, "prompt_tokens": p, "peak_kv_bytes": r.peak_kv_bytes,
+                     "naive_full_cache_per_node_bytes": naive,
+                     "ratio_to_naive": r.peak_kv_bytes / naive,
+                     "bytes_per_position": r.peak_kv_bytes / (p + d)})  # fmt: skip
+    return {"model": args.model, **_machine(), "rows": rows}
+
+
+def empty(args: argparse.Namespace) -> dict:
+    model, tok = load_model(args.model)
+    sets = {
+        f"xsum, {w} words": instruction_texts("xsum", args.prompts, args.data_dir,
+                                              max_source_words=w)
+        for w in args.words
+    }  # fmt: skip
+    sets["e2e MR"] = instruction_texts("e2e", args.prompts, args.data_dir)
+    out: dict = {"model": args.model, "max_nodes": args.max_nodes,
+                 "max_new_tokens": args.max_new_tokens, **_machine(), "sets": {}}  # fmt: skip
+    for name, texts in sets.items():
+        rows = []
+        for t in tqdm(texts, desc=name):
+            ids = encode_prompt(tok, t)
+            r = exact_mode(model, ids, max_new_tokens=args.max_new_tokens,
+                           max_nodes=args.max_nodes)  # fmt: skip
+            rows.append({"prompt_tokens": ids.shape[1], "empty": not r.tokens, "exact": r.exact,
+                         "log_prob": r.log_prob, "nodes": r.nodes, "seconds": r.seconds,
+                         "mode": tok.decode(r.tokens)})  # fmt: skip
+        n = len(rows)
+        out["sets"][name] = {
+            "prompts": n,
+            "mean_prompt_tokens": sum(r["prompt_tokens"] for r in rows) / n,
+            "empty_fraction": sum(r["empty"] for r in rows) / n,
+            "empty_fraction_proven": sum(r["empty"] and r["exact"] for r in rows) / n,
+            "proven_exact_fraction": sum(r["exact"] for r in rows) / n,
+            "mean_nodes": sum(r["nodes"] for r in rows) / n,
+            "rows": rows,
+        }
+        Path(args.output, "empty.json").write_text(json.dumps(out, indent=2))
+    _plot_empty(out, Path(args.output) / "empty_by_length.png")
+    lines = ["| prompts | n | mean prompt tokens | empty mode | of which proven | proven exact |"
+             " mean nodes |", "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for name, s in out["sets"].items():
+        lines.append(f"| {name} | {s['prompts']} | {s['mean_prompt_tokens']:.0f} | "
+                     f"{100 * s['empty_fraction']:.0f}% | "
+                     f"{100 * s['empty_fraction_proven']:.0f}% | "
+                     f"{100 * s['proven_exact_fraction']:.0f}% | "
+                     f"{s['mean_nodes']:.0f} |")  # fmt: skip
+    Path(args.output, "empty.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return out
+
+
+def _plot_empty(out: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [(s["mean_prompt_tokens"], 100 * s["empty_fraction"], n)
+          for n, s in out["sets"].items() if n.startswith("xsum")]  # fmt: skip
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot([x for x, _, _ in xs], [y for _, y, _ in xs], marker="o", label="XSum prompts")
+    if "e2e MR" in out["sets"]:
+        s = out["sets"]["e2e MR"]
+        ax.scatter([s["mean_prompt_tokens"]], [100 * s["empty_fraction"]], color="C1",
+                   label="E2E prompts", zorder=3)  # fmt: skip
+    ax.set_xlabel("mean prompt length (tokens)")
+    ax.set_ylabel("prompts whose exact mode is empty (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=8)
+    ax.set_title(f"{out['model']}: empty modes (DFS, {out['max_nodes']} nodes max)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    s = sub.add_parser("speed")
+    s.add_argument("--prompts", type=int, default=8)
+    s.add_argument("--beams", type=int, default=4)
+    s.add_argument("--new-tokens", type=int, default=32)
+    s.add_argument("--rounds", type=int, default=3)
+    m = sub.add_parser("memory")
+    m.add_argument("--depths", type=int, nargs="+", default=[16, 64, 256])
+    e = sub.add_parser("empty")
+    e.add_argument("--prompts", type=int, default=40)
+    e.add_argument("--words", type=int, nargs="+", default=[25, 50, 100, 200])
+    e.add_argument("--max-nodes", type=int, default=300)
+    e.add_argument("--max-new-tokens", type=int, default=64)
+    for p in (s, m, e):
+        p.add_argument("--model", default="smollm2-135m")
+        p.add_argument("--threads", type=int, default=None)
+        p.add_argument("--data-dir", default=None)
+        p.add_argument("--output", default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.output = args.output or f"outputs/bench-search-{args.what}-{Path(args.model).name}"
+    Path(args.output).mkdir(parents=True, exist_ok=True)
+    result = {"speed": speed, "memory": memory, "empty": empty}[args.what](args)
+    (Path(args.output) / f"{args.what}.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "sets"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

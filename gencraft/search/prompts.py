@@ -1,0 +1,51 @@
+"""Instruction prompts built from the local data, for the search experiments (thesis §6.5, 7.4).
+
+``xsum``: "Summarize in one sentence:" + an XSum document (truncated to ``max_source_words``);
+``e2e``: "Describe this restaurant:" + an E2E meaning representation (``name[...], ...``).
+With a chat model (a tokenizer that has a chat template) the instruction becomes one user turn
+and the assistant turn is opened, as ``generate`` users would do.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from gencraft.errors import GencraftError
+
+INSTRUCTIONS = {"xsum": "Summarize in one sentence:", "e2e": "Describe this restaurant:"}
+
+
+def instruction_texts(
+    kind: str, n: int, data_dir: str | os.PathLike | None = None, *, split: str = "test",
+    max_source_words: int = 200,
+) -> list[str]:  # fmt: skip
+    """The first ``n`` instructions of ``kind`` (``xsum`` or ``e2e``) on ``split``."""
+    if kind == "xsum":
+        from gencraft.data import load_summarization
+
+        docs = [d.document for d in load_summarization("xsum", split, data_dir)[:n]]
+        docs = [" ".join(d.split()[:max_source_words]) for d in docs]
+    elif kind == "e2e":
+        from gencraft.data.data2text import load_data_to_text
+
+        docs = [ex.meta["mr"] for ex in load_data_to_text("e2e", split, data_dir)[:n]]
+    else:
+        raise GencraftError(
+            f"unknown prompt kind {kind!r}; choose one of {', '.join(INSTRUCTIONS)}"
+        )
+    return [f"{INSTRUCTIONS[kind]}\n{d}" for d in docs]
+
+
+def encode_prompt(tokenizer: Any, text: str) -> torch.Tensor:
+    """[1, P] ids of ``text`` as one user turn (chat template when the tokenizer has one)."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False
+        )
+        if hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return torch.tensor([list(ids)])
+    return torch.tensor([tokenizer(text)["input_ids"]])
