@@ -347,3 +347,25 @@ def test_bad_input_is_reported():
         beam_search(model, ids, num_beams=2, max_new_tokens=4, finished="never")
     with pytest.raises(GencraftError, match="causal LM or encoder-decoder"):
         beam_search(torch.nn.Linear(2, 2), ids, num_beams=2, max_new_tokens=4)
+
+
+def test_cli_beam_and_mode(capsys):
+    import json
+
+    from gencraft.cli.main import main
+
+    assert main(["search", "beam", "hello", "--model", "tiny-llama", "--beams", "3",
+                 "--max-new-tokens", "6", "--force-length", "4"]) == 0  # fmt: skip
+    rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert len(rows) == 3 and all(r["tokens"] == 4 and r["finished"] for r in rows)
+    assert main(["search", "mode", "hello", "--model", "tiny-llama", "--max-new-tokens", "3",
+                 "--max-nodes", "50"]) == 0  # fmt: skip
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["nodes"] <= 50 and set(row) >= {"text", "log_prob", "exact"}
+
+
+def test_prompts_reject_unknown_kind():
+    from gencraft.search.prompts import instruction_texts
+
+    with pytest.raises(GencraftError, match="unknown prompt kind"):
+        instruction_texts("poetry", 3)
