@@ -1,0 +1,107 @@
+"""Attribute classifiers for conditional beam search: labels, data from samples, training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gencraft.errors import GencraftError
+from gencraft.search import beam_search
+from gencraft.search.classifier import (
+    AttributeClassifier,
+    degenerate,
+    length_bucket,
+    length_labels,
+)
+from gencraft.search.train_classifier import (
+    ClassifierTrainConfig,
+    classifier_for,
+    sample_training_data,
+    train_classifier,
+)
+from tests.test_search import PROMPT, small_llama
+
+
+def test_length_buckets_match_the_thesis():
+    assert [length_bucket(r) for r in range(17)] == list(range(17))
+    edges = {17: 17, 20: 17, 21: 18, 24: 18, 25: 19, 29: 20, 32: 20, 33: 21, 48: 21, 49: 22,
+             64: 22, 65: 23, 1000: 23}  # fmt: skip
+    for r, c in edges.items():
+        assert length_bucket(r) == c, r
+    assert len({length_bucket(r) for r in range(200)}) == 24
+    with pytest.raises(GencraftError):
+        length_bucket(-1)
+
+
+def test_length_labels_count_down_to_eos():
+    assert length_labels(5, finished=True) == [4, 3, 2, 1, 0]
+    assert length_labels(3, finished=False) == [-100, -100, -100]
+
+
+def test_degenerate_rules():
+    prompt = "Describe this restaurant: name[Blue Spice], eatType[pub], area[riverside]"
+    assert degenerate("", prompt, True)
+    assert degenerate("Blue Spice is a pub", prompt, False)  # unfinished
+    assert degenerate("the pub is nice the pub is nice the pub is nice the pub", prompt, True)
+    assert degenerate("name[Blue Spice], eatType[pub]", prompt, True)  # copies the prompt
+    assert not degenerate("Blue Spice is a pub by the river.", prompt, True)
+
+
+@pytest.fixture(scope="module")
+def sampled():
+    model = small_llama(0, vocab=6)
+    prompts = [torch.tensor([PROMPT]), torch.tensor([[1, 2, 5, 3]])]
+    rows = sample_training_data(model, None, prompts, samples_per_prompt=12, max_new_tokens=12,
+                                progress=False)  # fmt: skip
+    return model, prompts, rows
+
+
+def test_sampled_data_shapes_and_labels(sampled):
+    model, _prompts, rows = sampled
+    assert len(rows) == 24
+    finished = [r for r in rows if r["tokens"][-1] == 0]
+    assert finished, "the small model should end some samples"
+    for r in rows:
+        t = r["tokens"].shape[0]
+        assert r["hidden"].shape == (t, 3, 16) and r["labels"].shape == (t,)
+        if r["tokens"][-1] == 0:
+            assert r["labels"].tolist() == [length_bucket(t - 1 - i) for i in range(t)]
+        assert (r["tokens"][:-1] != 0).all()  # nothing after the first EOS
+    # position 0 reads the last prompt position: its layer-0 state is that token's embedding
+    first = rows[0]
+    emb = model.get_input_embeddings().weight[PROMPT[-1]].half()
+    assert torch.allclose(first["hidden"][0, 0], emb, atol=1e-3)
+
+
+def test_training_reduces_loss_and_round_trips(sampled, tmp_path):
+    model, _, rows = sampled
+    clf = classifier_for(model, d_clf=24, num_heads=4, d_out=8, mlp_hidden=16, dropout=0.0)
+    result = train_classifier(clf, rows, ClassifierTrainConfig(epochs=15, lr=3e-3),
+                              tmp_path, progress=False)  # fmt: skip
+    assert result["best_valid_loss"] < result["history"][0]["valid_loss"]
+    train_losses = [h["train_loss"] for h in result["history"][1:]]
+    assert train_losses[-1] < train_losses[0]
+    back = AttributeClassifier.from_pretrained(tmp_path / "best", model)
+    r = rows[0]
+    with torch.no_grad():
+        a = clf.eval()(r["hidden"][None].float(), r["tokens"][None])
+        b = back(r["hidden"][None].float(), r["tokens"][None])
+    assert a.shape == (1, r["tokens"].shape[0], 24)
+    assert torch.allclose(a, b)
+    # it plugs into conditional beam search; forced lengths hold
+    hyps = beam_search(model, torch.tensor([PROMPT]), num_beams=3, max_new_tokens=8,
+                       eos_token_id=0, classifier=back.for_length(5), k=4,
+                       force_length=5)  # fmt: skip
+    assert hyps and all(len(h.tokens) == 5 for h in hyps)
+    assert all(h.conditional_score is not None for h in hyps)
+
+
+def test_classifier_for_another_model_is_refused(sampled, tmp_path):
+    model, _, _ = sampled
+    other = small_llama(0, vocab=6)
+    other.config.num_hidden_layers = 3  # pretend: a deeper model
+    clf = classifier_for(model, d_clf=24, num_heads=4)
+    with pytest.raises(GencraftError, match="another model"):
+        clf.bind(other)
+    with pytest.raises(GencraftError, match="length"):
+        classifier_for(model, attribute="degenerate", d_clf=24, num_heads=4).for_length(3)
