@@ -105,3 +105,25 @@ def test_classifier_for_another_model_is_refused(sampled, tmp_path):
         clf.bind(other)
     with pytest.raises(GencraftError, match="length"):
         classifier_for(model, attribute="degenerate", d_clf=24, num_heads=4).for_length(3)
+
+
+def test_cli_train_classifier(tmp_path, capsys):
+    import json
+
+    from gencraft.cli.main import main
+
+    root = tmp_path / "data" / "xsum"
+    root.mkdir(parents=True)
+    rows = [{"id": f"d{i}", "document": f"Document {i} says the river rose by {i} metres.",
+             "summary": f"The river rose {i} metres."} for i in range(30)]  # fmt: skip
+    (root / "xsum-30.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "clf"
+    args = ["search", "train-classifier", "--model", "tiny-llama", "--attribute", "degenerate",
+            "--prompts", "xsum", "--num-prompts", "4", "--samples-per-prompt", "2",
+            "--max-new-tokens", "4", "--epochs", "1", "--output", str(out),
+            "--data-dir", str(tmp_path / "data")]  # fmt: skip
+    assert main(args) == 0
+    assert (out / "best" / "classifier_config.json").is_file()
+    length = [a if a != "degenerate" else "length" for a in args]
+    assert main(length) == 2  # tiny-llama never ends within 4 tokens: no length is known
+    assert "no sample ended" in capsys.readouterr().err

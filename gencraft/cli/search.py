@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 from typing import Any
 
 
@@ -43,6 +44,37 @@ def cmd_mode(args: argparse.Namespace) -> None:
                       "seconds": round(r.seconds, 2)}))  # fmt: skip
 
 
+def cmd_train_classifier(args: argparse.Namespace) -> None:
+    from gencraft.models import load_model
+    from gencraft.search.prompts import encode_prompt, instruction_texts
+    from gencraft.search.train_classifier import (
+        ClassifierTrainConfig,
+        classifier_for,
+        sample_training_data,
+        train_classifier,
+    )
+    from gencraft.utils import seed_everything
+
+    seed_everything(args.seed)
+    model, tok = load_model(args.model, device=args.device)
+    kinds = ("xsum", "e2e") if args.prompts == "both" else (args.prompts,)
+    texts = [t for kind in kinds for t in instruction_texts(
+        kind, args.num_prompts // len(kinds), args.data_dir, split="train")]  # fmt: skip
+    prompts = [encode_prompt(tok, t) for t in texts]
+    out = Path(args.output or f"outputs/search-clf-{args.attribute}-{Path(args.model).name}")
+    print(f"{args.attribute} classifier for {args.model}: {len(prompts)} train prompts x "
+          f"{args.samples_per_prompt} samples -> {out}")  # fmt: skip
+    rows = sample_training_data(model, tok, prompts, attribute=args.attribute,
+                                samples_per_prompt=args.samples_per_prompt,
+                                max_new_tokens=args.max_new_tokens, prompt_texts=texts,
+                                seed=args.seed)  # fmt: skip
+    clf = classifier_for(model, args.attribute)
+    cfg = ClassifierTrainConfig(attribute=args.attribute, epochs=args.epochs, lr=args.lr,
+                                batch_size=args.batch_size, seed=args.seed)  # fmt: skip
+    result = train_classifier(clf, rows, cfg, out)
+    print(json.dumps({k: v for k, v in result.items() if k != "history"}, indent=2))
+
+
 def add_parser(sub: Any, add_data_dir: Any) -> None:
     p = sub.add_parser("search", help="beam search and exact mode search (Yoshida 2023 ch. 6-7)")
     ssub = p.add_subparsers(dest="search_command", required=True)
@@ -66,3 +98,22 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
                            help="the best output of exactly N tokens")  # fmt: skip
             g.add_argument("--max-nodes", type=int, default=None)
         g.set_defaults(func=func)
+
+    t = ssub.add_parser(
+        "train-classifier", help="train an attribute classifier on the model's own samples"
+    )
+    t.add_argument("--model", default="smollm2-135m")
+    t.add_argument("--attribute", choices=("length", "degenerate"), default="length")
+    t.add_argument("--prompts", choices=("xsum", "e2e", "both"), default="both",
+                   help="instruction prompts built from these training splits")  # fmt: skip
+    t.add_argument("--num-prompts", type=int, default=200)
+    t.add_argument("--samples-per-prompt", type=int, default=8)
+    t.add_argument("--max-new-tokens", type=int, default=64)
+    t.add_argument("--epochs", type=int, default=8)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--batch-size", type=int, default=8)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--device", default=None)
+    t.add_argument("--output", default=None)
+    add_data_dir(t)
+    t.set_defaults(func=cmd_train_classifier)

@@ -161,6 +161,11 @@ def train_classifier(
 
     if len(rows) < 2:
         raise GencraftError(f"need at least 2 training sequences, got {len(rows)}")
+    if all(bool((r["labels"] == -100).all()) for r in rows):
+        raise GencraftError(
+            "no labelled position: no sample ended within max_new_tokens, so no final length "
+            "is known; sample with a larger max_new_tokens"
+        )
     rng = random.Random(config.seed)
     torch.manual_seed(config.seed)
     order = list(range(len(rows)))
