@@ -147,6 +147,145 @@ def empty(args: argparse.Namespace) -> dict:
     return out
 
 
+def conditional(args: argparse.Namespace) -> dict:
+    """Beam vs conditional beam search: degenerate rate, and length-controlled generation."""
+    from gencraft.search.classifier import degenerate
+    from gencraft.search.prompts import instruction_references
+    from gencraft.search.stepper import eos_ids
+    from gencraft.search.train_classifier import (
+        ClassifierTrainConfig,
+        classifier_for,
+        relabel_degenerate,
+        sample_training_data,
+        train_classifier,
+    )
+
+    model, tok = load_model(args.model)
+    eos = eos_ids(model, None)
+    out_dir = Path(args.output)
+    half = args.train_prompts // 2
+    train_texts = instruction_texts("e2e", half, args.data_dir, split="train") + \
+        instruction_texts("xsum", args.train_prompts - half, args.data_dir, split="train",
+                          max_source_words=args.max_source_words)  # fmt: skip
+    rows = sample_training_data(
+        model, tok, [encode_prompt(tok, t) for t in train_texts], attribute="length",
+        samples_per_prompt=args.samples_per_prompt, max_new_tokens=args.sample_tokens,
+        prompt_texts=train_texts, seed=0,
+    )  # fmt: skip
+    result: dict = {"model": args.model, **_machine(), "train_prompts": len(train_texts),
+                    "samples": len(rows), "finished_samples": sum(bool(r["finished"])
+                                                                   for r in rows)}  # fmt: skip
+    cfg = ClassifierTrainConfig(epochs=args.epochs)
+    clfs = {}
+    for attr, data in (
+        ("length", rows),
+        ("degenerate", relabel_degenerate(rows, tok, train_texts, eos)),
+    ):
+        clf = classifier_for(model, attr)
+        result[f"{attr}_classifier"] = {
+            k: v for k, v in train_classifier(clf, data, cfg, out_dir / f"clf-{attr}").items()
+            if k != "config"
+        }  # fmt: skip
+        if attr == "degenerate":
+            result["degenerate_training_rate"] = sum(int(r["labels"][0]) for r in data) / len(data)
+        clfs[attr] = clf.eval()
+        (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
+
+    half = args.test_prompts // 2
+    tests = [
+        (t, r)
+        for kind, n in (("e2e", half), ("xsum", args.test_prompts - half))
+        for t, r in zip(
+            instruction_texts(kind, n, args.data_dir, max_source_words=args.max_source_words),
+            instruction_references(kind, n, args.data_dir),
+            strict=True,
+        )
+    ]
+    # (a) degenerate rate: beam vs conditional beam towards "not degenerate" (class 0)
+    clfs["degenerate"].target_class = 0
+    rates = {"beam": 0, "conditional": 0}
+    examples = []
+    for text, _ in tqdm(tests, desc="degenerate"):
+        ids = encode_prompt(tok, text)
+        row = {}
+        for name, kw in (("beam", {}), ("conditional", dict(
+                classifier=clfs["degenerate"], k=args.k, finished="on_beam"))):  # fmt: skip
+            h = beam_search(model, ids, num_beams=args.beams[0],
+                            max_new_tokens=args.max_new_tokens, **kw)[0]  # fmt: skip
+            out_text = tok.decode(h.tokens, skip_special_tokens=True)
+            bad = degenerate(out_text, text, h.finished)
+            rates[name] += bad
+            row[name] = {"text": out_text, "degenerate": bad, "log_prob": h.score}
+        examples.append(row)
+    result["degenerate"] = {"beam_size": args.beams[0], "k": args.k, "prompts": len(tests),
+                            "beam_rate": rates["beam"] / len(tests),
+                            "conditional_rate": rates["conditional"] / len(tests),
+                            "examples": examples[:10]}  # fmt: skip
+    (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
+    # (b) length control: both forced to n tokens; who finds the higher log-likelihood?
+    length_rows = []
+    for text, ref in tqdm(tests, desc="length"):
+        ids = encode_prompt(tok, text)
+        ref_len = len(tok(ref, add_special_tokens=False)["input_ids"])
+        for ratio in args.ratios:
+            n = max(1, round(ratio * ref_len))
+            for b in args.beams:
+                plain = beam_search(model, ids, num_beams=b, max_new_tokens=n + 1,
+                                    force_length=n)[0]  # fmt: skip
+                cond = beam_search(model, ids, num_beams=b, max_new_tokens=n + 1, force_length=n,
+                                   classifier=clfs["length"].for_length(n), k=args.k,
+                                   finished="on_beam")[0]  # fmt: skip
+                length_rows.append({"ratio": ratio, "beams": b, "length": n,
+                                    "beam_log_prob": plain.score, "cond_log_prob": cond.score,
+                                    "beam_text": tok.decode(plain.tokens),
+                                    "cond_text": tok.decode(cond.tokens)})  # fmt: skip
+    summary = []
+    for b in args.beams:
+        for ratio in args.ratios:
+            sel = [r for r in length_rows if r["beams"] == b and r["ratio"] == ratio]
+            wins = sum(r["cond_log_prob"] > r["beam_log_prob"] + 1e-4 for r in sel)
+            losses = sum(r["cond_log_prob"] < r["beam_log_prob"] - 1e-4 for r in sel)
+            summary.append({"beams": b, "ratio": ratio, "n": len(sel),
+                            "conditional_higher": wins / len(sel),
+                            "beam_higher": losses / len(sel),
+                            "tie": (len(sel) - wins - losses) / len(sel)})  # fmt: skip
+    result["length"] = {"k": args.k, "summary": summary, "rows": length_rows}
+    (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
+    _plot_length(summary, out_dir / "length_control.png", args.model)
+    md = [f"Degenerate outputs (beam {args.beams[0]}, {len(tests)} test prompts): beam "
+          f"{100 * result['degenerate']['beam_rate']:.0f}%, conditional beam "
+          f"{100 * result['degenerate']['conditional_rate']:.0f}%", "",
+          "| beams | length / reference | conditional higher | beam higher | tie |",
+          "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    md += [f"| {r['beams']} | {r['ratio']:.1f} | {100 * r['conditional_higher']:.0f}% | "
+           f"{100 * r['beam_higher']:.0f}% | {100 * r['tie']:.0f}% |" for r in summary]  # fmt: skip
+    (out_dir / "conditional.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return result
+
+
+def _plot_length(summary: list[dict], path: Path, model: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    labels = [f"B={r['beams']}\n{r['ratio']:.1f}x" for r in summary]
+    xs = range(len(summary))
+    ax.bar([x - 0.2 for x in xs], [100 * r["conditional_higher"] for r in summary], 0.4,
+           label="conditional beam higher")  # fmt: skip
+    ax.bar([x + 0.2 for x in xs], [100 * r["beam_higher"] for r in summary], 0.4,
+           label="beam higher")  # fmt: skip
+    ax.set_xticks(list(xs), labels, fontsize=7)
+    ax.set_ylabel("% of prompts")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{model}: higher log-likelihood at the forced length", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def _plot_empty(out: dict, path: Path) -> None:
     import matplotlib
 
@@ -186,7 +325,18 @@ def main() -> None:
     e.add_argument("--words", type=int, nargs="+", default=[25, 50, 100, 200])
     e.add_argument("--max-nodes", type=int, default=300)
     e.add_argument("--max-new-tokens", type=int, default=64)
-    for p in (s, m, e):
+    c = sub.add_parser("conditional")
+    c.add_argument("--train-prompts", type=int, default=100)
+    c.add_argument("--samples-per-prompt", type=int, default=8)
+    c.add_argument("--sample-tokens", type=int, default=64)
+    c.add_argument("--epochs", type=int, default=8)
+    c.add_argument("--test-prompts", type=int, default=20)
+    c.add_argument("--beams", type=int, nargs="+", default=[5, 20])
+    c.add_argument("--k", type=int, default=100)
+    c.add_argument("--ratios", type=float, nargs="+", default=[0.8, 1.0, 1.2])
+    c.add_argument("--max-new-tokens", type=int, default=64)
+    c.add_argument("--max-source-words", type=int, default=100)
+    for p in (s, m, e, c):
         p.add_argument("--model", default="smollm2-135m")
         p.add_argument("--threads", type=int, default=None)
         p.add_argument("--data-dir", default=None)
@@ -196,9 +346,18 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     args.output = args.output or f"outputs/bench-search-{args.what}-{Path(args.model).name}"
     Path(args.output).mkdir(parents=True, exist_ok=True)
-    result = {"speed": speed, "memory": memory, "empty": empty}[args.what](args)
+    result = {"speed": speed, "memory": memory, "empty": empty, "conditional": conditional}[
+        args.what
+    ](args)
     (Path(args.output) / f"{args.what}.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps({k: v for k, v in result.items() if k != "sets"}, indent=2))
+    big = ("sets", "rows", "examples", "history", "summary")
+    print(json.dumps(_drop(result, big), indent=2))
+
+
+def _drop(obj, keys):
+    if isinstance(obj, dict):
+        return {k: _drop(v, keys) for k, v in obj.items() if k not in keys}
+    return obj
 
 
 if __name__ == "__main__":

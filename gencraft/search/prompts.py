@@ -39,6 +39,21 @@ def instruction_texts(
     return [f"{INSTRUCTIONS[kind]}\n{d}" for d in docs]
 
 
+def instruction_references(
+    kind: str, n: int, data_dir: str | os.PathLike | None = None, *, split: str = "test"
+) -> list[str]:
+    """The first reference output of each of the first ``n`` examples (summary or text)."""
+    if kind == "xsum":
+        from gencraft.data import load_summarization
+
+        return [d.summary for d in load_summarization("xsum", split, data_dir)[:n]]
+    if kind == "e2e":
+        from gencraft.data.data2text import load_data_to_text
+
+        return [ex.references[0] for ex in load_data_to_text("e2e", split, data_dir)[:n]]
+    raise GencraftError(f"unknown prompt kind {kind!r}; choose one of {', '.join(INSTRUCTIONS)}")
+
+
 def encode_prompt(tokenizer: Any, text: str) -> torch.Tensor:
     """[1, P] ids of ``text`` as one user turn (chat template when the tokenizer has one)."""
     if getattr(tokenizer, "chat_template", None):

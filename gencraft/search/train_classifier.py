@@ -98,8 +98,28 @@ def sample_training_data(
                 ptext = prompt_texts[i] if prompt_texts is not None else tokenizer.decode(ids[0])
                 labels = [int(labeler(text, ptext, finished))] * len(gen)
             rows.append({"hidden": states, "tokens": torch.tensor(gen),
-                         "labels": torch.tensor(labels)})  # fmt: skip
+                         "labels": torch.tensor(labels), "prompt_index": torch.tensor(i),
+                         "finished": torch.tensor(finished)})  # fmt: skip
     return rows
+
+
+def relabel_degenerate(
+    rows: list[dict[str, torch.Tensor]],
+    tokenizer: Any,
+    prompt_texts: Sequence[str],
+    eos_token_ids: Sequence[int],
+    labeler: Callable[[str, str, bool], bool] = degenerate,
+) -> list[dict[str, torch.Tensor]]:
+    """The same samples with "degenerate" labels instead (one per sample, every position), so
+    one round of sampling serves both attributes."""
+    eos = set(eos_token_ids)
+    out = []
+    for r in rows:
+        text = tokenizer.decode([t for t in r["tokens"].tolist() if t not in eos],
+                                skip_special_tokens=True)  # fmt: skip
+        bad = labeler(text, prompt_texts[int(r["prompt_index"])], bool(r["finished"]))
+        out.append({**r, "labels": torch.full_like(r["tokens"], int(bad))})
+    return out
 
 
 def classifier_for(
