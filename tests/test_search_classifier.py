@@ -127,3 +127,21 @@ def test_cli_train_classifier(tmp_path, capsys):
     length = [a if a != "degenerate" else "length" for a in args]
     assert main(length) == 2  # tiny-llama never ends within 4 tokens: no length is known
     assert "no sample ended" in capsys.readouterr().err
+
+
+def test_relabel_degenerate_gives_one_label_per_sample(sampled):
+    from gencraft.search.train_classifier import relabel_degenerate
+
+    class Words:
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(f"w{i}" for i in ids)
+
+    _, _, rows = sampled
+    texts = ["prompt a", "prompt b"]
+    out = relabel_degenerate(rows, Words(), texts, [0])
+    for r, o in zip(rows, out, strict=True):
+        text = " ".join(f"w{i}" for i in r["tokens"].tolist() if i != 0)
+        want = degenerate(text, texts[int(r["prompt_index"])], bool(r["finished"]))
+        assert o["labels"].tolist() == [int(want)] * r["tokens"].shape[0]
+        assert o["hidden"] is r["hidden"]  # the states are shared, not copied
+    assert {int(o["labels"][0]) for o in out} == {0, 1}  # both classes occur here
