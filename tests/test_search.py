@@ -112,18 +112,21 @@ class ConstantScorer:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_conditional_beam_search_with_constant_classifier_equals_generate(seed):
-    model = small_llama(seed, vocab=12)
-    ids = torch.tensor([PROMPT])
-    for beams in (2, 4):
-        for k in (2 * beams, 12):
-            clf = ConstantScorer(3, 16)
-            hyps = beam_search(model, ids, num_beams=beams, max_new_tokens=6, eos_token_id=0,
-                               classifier=clf, k=k, alpha=2.0)  # fmt: skip
-            _assert_same_as_generate(hyps, _hf_beams(model, ids, beams, 6, eos_token_id=0,
-                                                     pad_token_id=0), 0, 0)  # fmt: skip
-            assert clf.calls > 0
-            for h in hyps:  # the final ranking adds log P_clf once (alpha = 1), not per step
-                assert h.conditional_score == pytest.approx(h.score - 0.7, abs=1e-4)
+    cases = (
+        (small_llama(seed, vocab=12), torch.tensor([PROMPT]), 0, 0),
+        (small_bart(seed, vocab=12), torch.tensor([[0, 3, 4, 2]]), 2, 1),
+    )
+    for model, ids, eos, pad in cases:
+        for beams in (2, 4):
+            for k in (2 * beams, 12):
+                clf = ConstantScorer(3, 16)  # both models: 2 decoder layers + embeddings, H = 16
+                hyps = beam_search(model, ids, num_beams=beams, max_new_tokens=6,
+                                   eos_token_id=eos, classifier=clf, k=k, alpha=2.0)  # fmt: skip
+                hf = _hf_beams(model, ids, beams, 6, eos_token_id=eos, pad_token_id=pad)
+                _assert_same_as_generate(hyps, hf, eos, pad)
+                assert clf.calls > 0
+                for h in hyps:  # the final ranking adds log P_clf once (alpha = 1), not per step
+                    assert h.conditional_score == pytest.approx(h.score - 0.7, abs=1e-4)
 
 
 class TableStepper:
