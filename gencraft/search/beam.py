@@ -274,8 +274,12 @@ class _BeamSearch:
             logp = self._transform(logp, t)
             sel, unc, cond, beam, tok, cstate = self._candidates(logp, scores, hidden, cstate)
             keep = torch.isin(beam, torch.tensor(live, device=dev))
+            # only the B best live continuations can be chosen; sort those (stable on ties)
+            masked = sel.masked_fill(~keep, 2 * NEG)
+            threshold = masked.topk(min(b, sel.numel())).values[-1]
+            top = torch.nonzero(keep & (masked >= threshold)).flatten().tolist()
             cands = [(float(sel[j]), float(unc[j]), float(cond[j]), int(beam[j]), int(tok[j]))
-                     for j in torch.nonzero(keep).flatten().tolist()]  # fmt: skip
+                     for j in top]  # fmt: skip
             # complete hypotheses compete with their frozen scores
             cands += [(bm["sel"], float(scores[i]), bm["cond"], i, -1)
                       for i, bm in enumerate(beams) if bm["done"]]  # fmt: skip
