@@ -301,7 +301,7 @@ def _plot_empty(out: dict, path: Path) -> None:
         ax.scatter([s["mean_prompt_tokens"]], [100 * s["empty_fraction"]], color="C1",
                    label="E2E prompts", zorder=3)  # fmt: skip
     ax.set_xlabel("mean prompt length (tokens)")
-    ax.set_ylabel("prompts whose exact mode is empty (%)")
+    ax.set_ylabel("best output found is empty (%)")
     ax.set_ylim(0, 100)
     ax.legend(fontsize=8)
     ax.set_title(f"{out['model']}: empty modes (DFS, {out['max_nodes']} nodes max)", fontsize=9)
