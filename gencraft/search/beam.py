@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
-from gencraft.search.stepper import HFStepper, Stepper, eos_ids
+from gencraft.search.stepper import Stepper, resolve
 
 NEG = -1.0e9  # transformers' "impossible" score; kept so that ties break as there
 
@@ -110,21 +110,9 @@ def beam_search(
             f"force_length={force_length} needs 0 <= force_length < max_new_tokens "
             f"({max_new_tokens}): the EOS after the n tokens counts as a new token"
         )
-    if isinstance(model, nn.Module):
-        if input_ids is None:
-            raise GencraftError("input_ids is required with a model")
-        stepper: Stepper = HFStepper(
-            model, input_ids, max_new_tokens=max_new_tokens, hidden=classifier is not None
-        )
-        eos = eos_ids(model, eos_token_id)
-    else:
-        stepper = model
-        if eos_token_id is None:
-            raise GencraftError("eos_token_id is required with a Stepper")
-        eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    stepper, eos = resolve(model, input_ids, eos_token_id, max_new_tokens=max_new_tokens,
+                           hidden=classifier is not None)  # fmt: skip
     v = stepper.vocab_size
-    if any(not 0 <= e < v for e in eos):
-        raise GencraftError(f"eos_token_id {eos} outside the vocabulary [0, {v})")
     if classifier is not None:
         k = v if k is None else k
         if not 1 <= k <= v:

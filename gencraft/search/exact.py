@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
-from gencraft.search.stepper import HFStepper, Stepper, eos_ids
+from gencraft.search.stepper import Stepper, resolve
 
 
 @dataclass
@@ -106,18 +106,7 @@ def exact_mode(
         raise GencraftError(f"length must be in [0, max_new_tokens={max_new_tokens}], got {length}")
     if max_nodes is not None and max_nodes < 1:
         raise GencraftError(f"max_nodes must be >= 1, got {max_nodes}")
-    if isinstance(model, nn.Module):
-        if input_ids is None:
-            raise GencraftError("input_ids is required with a model")
-        stepper: Stepper = HFStepper(model, input_ids, max_new_tokens=max_new_tokens + 1)
-        eos = eos_ids(model, eos_token_id)
-    else:
-        stepper = model
-        if eos_token_id is None:
-            raise GencraftError("eos_token_id is required with a Stepper")
-        eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    if any(not 0 <= e < stepper.vocab_size for e in eos):
-        raise GencraftError(f"eos_token_id {eos} outside the vocabulary [0, {stepper.vocab_size})")
+    stepper, eos = resolve(model, input_ids, eos_token_id, max_new_tokens=max_new_tokens + 1)
     if max_new_tokens + 50 > sys.getrecursionlimit():
         sys.setrecursionlimit(max_new_tokens + 1000)
     return _DFS(stepper, eos, max_new_tokens, length, max_nodes).run()

@@ -158,6 +158,28 @@ class HFStepper:
         return cache
 
 
+def resolve(
+    model: nn.Module | Stepper, input_ids: torch.Tensor | None,
+    eos_token_id: int | list[int] | None, *, max_new_tokens: int, hidden: bool = False,
+) -> tuple[Stepper, list[int]]:  # fmt: skip
+    """The ``Stepper`` and EOS ids for a search: an HF model is wrapped (its EOS ids are the
+    default); a ``Stepper`` is used as is and needs ``eos_token_id``. Ids are range-checked."""
+    if isinstance(model, nn.Module):
+        if input_ids is None:
+            raise GencraftError("input_ids is required with a model")
+        stepper: Stepper = HFStepper(model, input_ids, max_new_tokens=max_new_tokens,
+                                     hidden=hidden)  # fmt: skip
+        eos = eos_ids(model, eos_token_id)
+    else:
+        stepper = model
+        if eos_token_id is None:
+            raise GencraftError("eos_token_id is required with a Stepper")
+        eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    if any(not 0 <= e < stepper.vocab_size for e in eos):
+        raise GencraftError(f"eos_token_id {eos} outside the vocabulary [0, {stepper.vocab_size})")
+    return stepper, eos
+
+
 def _decoder_start(model: nn.Module) -> int:
     for cfg in (getattr(model, "generation_config", None), model.config):
         v = getattr(cfg, "decoder_start_token_id", None)
