@@ -3,6 +3,9 @@
     python benchmarks/focus.py speed --model minilm-l6-bert2bert          # the docs run
     python benchmarks/focus.py speed --model smollm2-135m --docs 4
     python benchmarks/focus.py quality --model minilm-l6-bert2bert --minutes 30
+    python benchmarks/focus.py quality --model minilm-l6-bert2bert --data cnndm --seed 1
+
+Runs on the GPU when there is one (``--device`` to choose).
 
 ``speed``: interleaved rounds (so machine load hits both alike) of
   * a forward pass with labels: the base vs FAME (topic loss included);
