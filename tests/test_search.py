@@ -278,6 +278,22 @@ def test_exact_mode_equals_brute_force_causal(seed):
         assert r.nodes <= sum(4**i for i in range(n + 1))  # pruning never adds work
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_exact_mode_initial_bound_prunes_without_changing_the_answer(seed):
+    model = small_llama(seed, vocab=5)
+    ids = torch.tensor([PROMPT])
+    plain = exact_mode(model, ids, eos_token_id=0, max_new_tokens=4, length=3)
+    for initial in ([1, 2, 3], plain.tokens):
+        seeded = exact_mode(model, ids, eos_token_id=0, max_new_tokens=4, length=3,
+                            initial=initial)  # fmt: skip
+        assert seeded.tokens == plain.tokens
+        assert seeded.log_prob == pytest.approx(plain.log_prob, abs=1e-6)
+    # seeded with the answer, the search expands no more nodes than without (plus 3 to score it)
+    assert seeded.nodes <= plain.nodes + 3
+    with pytest.raises(GencraftError, match="initial"):
+        exact_mode(model, ids, eos_token_id=0, max_new_tokens=4, length=3, initial=[1, 0, 2])
+
+
 def test_exact_mode_finds_non_empty_modes_too():
     """The brute-force check above is only meaningful if some modes are not empty."""
     found = [exact_mode(small_llama(s, vocab=5), torch.tensor([PROMPT]), eos_token_id=0,

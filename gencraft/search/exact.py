@@ -88,6 +88,7 @@ def exact_mode(
     max_new_tokens: int,
     length: int | None = None,
     max_nodes: int | None = None,
+    initial: list[int] | None = None,
 ) -> ModeResult:
     """The most probable output of ``model`` for one input, found by DFS with pruning.
 
@@ -99,6 +100,9 @@ def exact_mode(
         length: n: the best output of exactly n tokens before EOS.
         max_nodes: stop after this many expanded nodes; the result is then the best found and
             ``exact`` is False.
+        initial: a complete output (tokens before EOS; e.g. beam search's) whose
+            log-probability seeds the pruning bound (the thesis does not say whether it starts
+            from one; default: no bound). Its scoring steps count as nodes.
     """
     if max_new_tokens < 0:
         raise GencraftError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -109,7 +113,16 @@ def exact_mode(
     stepper, eos = resolve(model, input_ids, eos_token_id, max_new_tokens=max_new_tokens + 1)
     if max_new_tokens + 50 > sys.getrecursionlimit():
         sys.setrecursionlimit(max_new_tokens + 1000)
-    return _DFS(stepper, eos, max_new_tokens, length, max_nodes).run()
+    if initial is not None:
+        initial = [int(t) for t in initial]
+        bad = [t for t in initial if t in eos or not 0 <= t < stepper.vocab_size]
+        if bad or len(initial) > max_new_tokens or (length is not None and
+                                                      len(initial) != length):  # fmt: skip
+            raise GencraftError(
+                f"initial must be at most max_new_tokens={max_new_tokens} tokens (exactly "
+                f"length={length} with length), inside the vocabulary and without EOS"
+            )
+    return _DFS(stepper, eos, max_new_tokens, length, max_nodes).run(initial)
 
 
 class _DFS:
@@ -129,13 +142,26 @@ class _DFS:
         self.kept = 0  # bytes of rebuilt full caches held by nodes on the current path
         self.peak = 0
 
-    def run(self) -> ModeResult:
+    def _seed(self, initial: list[int], log_probs: torch.Tensor, root: list) -> None:
+        """Score ``initial`` + EOS along one path (a copy of the root cache) as the bound."""
+        cache, lp, score = _rebuild([root], self.cross), log_probs[0].double(), 0.0
+        for t in initial:
+            score += lp[t].item()
+            out = self.s.step(torch.tensor([t]), cache)
+            self.nodes += 1
+            lp, cache = out.log_probs[0].double(), out.cache
+        self.best = score + torch.logsumexp(lp[self.eos], dim=0).item()
+        self.best_tokens = list(initial)
+
+    def run(self, initial: list[int] | None = None) -> ModeResult:
         t0 = time.perf_counter()
         exact = True
         out = self.s.start()
         self.nodes = 1
         root_kv = [(ly.keys.clone(), ly.values.clone()) for ly in _layers(out.cache)]
         self.cross = getattr(out.cache, "cross_attention_cache", None)
+        if initial is not None:
+            self._seed(initial, out.log_probs, root_kv)
         try:
             self._visit([], 0.0, out.log_probs[0].double(), out.cache, [root_kv], _nbytes(root_kv))
         except _Budget:
