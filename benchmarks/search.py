@@ -149,8 +149,6 @@ def empty(args: argparse.Namespace) -> dict:
 
 def conditional(args: argparse.Namespace) -> dict:
     """Beam vs conditional beam search: degenerate rate, and length-controlled generation."""
-    from gencraft.search.classifier import degenerate
-    from gencraft.search.prompts import instruction_references
     from gencraft.search.stepper import eos_ids
     from gencraft.search.train_classifier import (
         ClassifierTrainConfig,
@@ -163,6 +161,14 @@ def conditional(args: argparse.Namespace) -> dict:
     model, tok = load_model(args.model)
     eos = eos_ids(model, None)
     out_dir = Path(args.output)
+    if args.classifiers:  # reuse trained classifiers: skip sampling and training
+        from gencraft.search.classifier import AttributeClassifier
+
+        clfs = {a: AttributeClassifier.from_pretrained(Path(args.classifiers, f"clf-{a}", "best"),
+                                                       model)
+                for a in ("length", "degenerate")}  # fmt: skip
+        result: dict = {"model": args.model, **_machine(), "classifiers": args.classifiers}
+        return _conditional_eval(args, model, tok, clfs, result, out_dir)
     half = args.train_prompts // 2
     train_texts = instruction_texts("e2e", half, args.data_dir, split="train") + \
         instruction_texts("xsum", args.train_prompts - half, args.data_dir, split="train",
@@ -190,6 +196,12 @@ def conditional(args: argparse.Namespace) -> dict:
             result["degenerate_training_rate"] = sum(int(r["labels"][0]) for r in data) / len(data)
         clfs[attr] = clf.eval()
         (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
+    return _conditional_eval(args, model, tok, clfs, result, out_dir)
+
+
+def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path) -> dict:
+    from gencraft.search.classifier import degenerate
+    from gencraft.search.prompts import instruction_references
 
     half = args.test_prompts // 2
     tests = [
@@ -336,6 +348,8 @@ def main() -> None:
     c.add_argument("--ratios", type=float, nargs="+", default=[0.8, 1.0, 1.2])
     c.add_argument("--max-new-tokens", type=int, default=64)
     c.add_argument("--max-source-words", type=int, default=100)
+    c.add_argument("--classifiers", default=None,
+                   help="a previous run's output dir: reuse its trained classifiers")  # fmt: skip
     for p in (s, m, e, c):
         p.add_argument("--model", default="smollm2-135m")
         p.add_argument("--threads", type=int, default=None)

@@ -94,6 +94,12 @@ def test_training_reduces_loss_and_round_trips(sampled, tmp_path):
                        force_length=5)  # fmt: skip
     assert hyps and all(len(h.tokens) == 5 for h in hyps)
     assert all(h.conditional_score is not None for h in hyps)
+    scores = [h.score for h in hyps]  # a forced length is certain: ranked by S alone
+    assert scores == sorted(scores, reverse=True)
+    hyps = beam_search(model, torch.tensor([PROMPT]), num_beams=3, max_new_tokens=8,
+                       eos_token_id=0, classifier=back.for_length(5), k=4, force_length=5,
+                       finished="on_beam")  # fmt: skip
+    assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
 
 
 def test_classifier_for_another_model_is_refused(sampled, tmp_path):

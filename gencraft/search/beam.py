@@ -223,7 +223,8 @@ class _BeamSearch:
                     if top_sel[0, j] <= NEG / 2:
                         continue
                     seq = tokens[c_beam[j]].tolist() + ([] if is_eos[j] else [int(c_tok[j])])
-                    new.append((float(c_cond[j]), float(c_unc[j]), seq, bool(is_eos[j])))
+                    key = c_unc[j] if self.force_length is not None else c_cond[j]
+                    new.append((float(key), float(c_unc[j]), seq, bool(is_eos[j])))
                 done = sorted(done + new, key=lambda r: -r[0])[:b]
             if len(done) >= b or bool(ends.all()):
                 break
@@ -303,11 +304,12 @@ class _BeamSearch:
             # complete rows are fed a dummy token; their outputs are never used
             out = self.s.step(torch.tensor(new_tok, device=dev), cache)
             logp, cache, hidden = out.log_probs, out.cache, out.hidden
+        final = {id(bm): sc for bm, sc in zip(beams, scores.tolist(), strict=True)}
         ranked = sorted(
             (bm for bm, sc in zip(beams, scores.tolist(), strict=True) if sc > NEG / 2),
-            key=lambda bm: -bm["cond"],
+            # a forced length is satisfied by construction: P(a | x) = 1, rank by S alone
+            key=lambda bm: -(final[id(bm)] if self.force_length is not None else bm["cond"]),
         )
-        final = {id(bm): sc for bm, sc in zip(beams, scores.tolist(), strict=True)}
         return [Hypothesis(bm["tokens"], final[id(bm)], bm["eos"],
                            bm["cond"] if self.clf is not None else None)
                 for bm in ranked]  # fmt: skip
