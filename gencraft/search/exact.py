@@ -128,13 +128,8 @@ def exact_mode(
 class _DFS:
     def __init__(self, stepper: Stepper, eos: list[int], max_new: int, length: int | None,
                  max_nodes: int | None) -> None:  # fmt: skip
-        self.s, self.eos, self.max_new, self.length, self.max_nodes = (
-            stepper,
-            eos,
-            max_new,
-            length,
-            max_nodes,
-        )
+        self.s, self.eos, self.max_new = stepper, eos, max_new
+        self.length, self.max_nodes = length, max_nodes
         self.eos_set = set(eos)
         self.best = -math.inf
         self.best_tokens: list[int] = []
