@@ -81,6 +81,7 @@ def test_training_reduces_loss_and_round_trips(sampled, tmp_path):
     assert result["best_valid_loss"] < result["history"][0]["valid_loss"]
     train_losses = [h["train_loss"] for h in result["history"][1:]]
     assert train_losses[-1] < train_losses[0]
+    assert (tmp_path / "last" / "classifier.safetensors").is_file()  # per-epoch checkpoint
     back = AttributeClassifier.from_pretrained(tmp_path / "best", model)
     r = rows[0]
     with torch.no_grad():

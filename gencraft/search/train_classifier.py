@@ -176,7 +176,8 @@ def train_classifier(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Per-position cross-entropy over the classes (ignoring -100), Adam; keeps the weights of
-    the best validation loss (saved under ``output_dir``/best with each epoch's history)."""
+    the best validation loss (saved under ``output_dir``/best; ``last/`` and the history are
+    written after every epoch)."""
     from accelerate import Accelerator
 
     if len(rows) < 2:
@@ -234,6 +235,9 @@ def train_classifier(
             best = va
             best_state = {k: v.detach().clone()
                           for k, v in acc.unwrap_model(clf).state_dict().items()}  # fmt: skip
+        if output_dir is not None and acc.is_main_process:  # a checkpoint per epoch
+            acc.unwrap_model(clf).save_pretrained(Path(output_dir) / "last")
+            (Path(output_dir) / "history.json").write_text(json.dumps(history, indent=2))
     model = acc.unwrap_model(clf)
     model.load_state_dict(best_state)
     model.eval()
