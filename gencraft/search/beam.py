@@ -149,30 +149,22 @@ class _BeamSearch:
         """Flat candidates of the B live rows: (selection, unconditional, conditional, beam,
         token) each [N], and the classifier state extended by this position."""
         b, v = logp.shape
-        u = scores[:, None] + logp  # [B, V]
-        if self.clf is None:
-            if self.k is None or self.k >= v:
-                flat = u.reshape(-1)
-                beam = torch.arange(b, device=u.device).repeat_interleave(v)
-                tok = torch.arange(v, device=u.device).repeat(b)
-                return flat, flat, flat, beam, tok, cstate
-            top_lp, tok2 = logp.topk(self.k, dim=-1)
-            uk = scores[:, None] + top_lp
-            beam = torch.arange(b, device=u.device)[:, None].expand_as(tok2)
-            return uk.reshape(-1), uk.reshape(-1), uk.reshape(-1), beam.reshape(-1), \
-                tok2.reshape(-1), cstate  # fmt: skip
-        top_lp, tok2 = logp.topk(self.k, dim=-1)  # [B, k], by model likelihood
-        clf_lp, cstate = self.clf.score(cstate, hidden, tok2)
-        uk = scores[:, None] + top_lp
-        ck = uk + clf_lp.to(uk)
-        sel = uk + self.alpha * clf_lp.to(uk)
-        # impossible continuations stay impossible whatever the classifier says
-        dead = ~torch.isfinite(top_lp)
-        sel = sel.masked_fill(dead, NEG)
-        ck = ck.masked_fill(dead, NEG)
-        beam = torch.arange(b, device=u.device)[:, None].expand_as(tok2)
-        return sel.reshape(-1), uk.reshape(-1), ck.reshape(-1), beam.reshape(-1), \
-            tok2.reshape(-1), cstate  # fmt: skip
+        dev = logp.device
+        if self.clf is None and (self.k is None or self.k >= v):
+            flat = (scores[:, None] + logp).reshape(-1)  # every continuation of every beam
+            beam = torch.arange(b, device=dev).repeat_interleave(v)
+            return flat, flat, flat, beam, torch.arange(v, device=dev).repeat(b), cstate
+        top_lp, tok = logp.topk(self.k, dim=-1)  # [B, k], by model likelihood
+        unc = scores[:, None] + top_lp
+        sel = cond = unc
+        if self.clf is not None:
+            clf_lp, cstate = self.clf.score(cstate, hidden, tok)
+            dead = ~torch.isfinite(top_lp)  # impossible stays impossible, whatever the classifier
+            cond = (unc + clf_lp.to(unc)).masked_fill(dead, NEG)
+            sel = (unc + self.alpha * clf_lp.to(unc)).masked_fill(dead, NEG)
+        beam = torch.arange(b, device=dev)[:, None].expand_as(tok)
+        return sel.reshape(-1), unc.reshape(-1), cond.reshape(-1), beam.reshape(-1), \
+            tok.reshape(-1), cstate  # fmt: skip
 
     def run(self) -> list[Hypothesis]:
         return self._aside() if self.policy == "aside" else self._on_beam()
