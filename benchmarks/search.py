@@ -114,7 +114,7 @@ def empty(args: argparse.Namespace) -> dict:
     out: dict = {"model": args.model, "max_nodes": args.max_nodes,
                  "max_new_tokens": args.max_new_tokens, **_machine(), "sets": {}}  # fmt: skip
     for name, texts in sets.items():
-        rows = []
+        rows: list[dict] = []
         for t in tqdm(texts, desc=name):
             ids = encode_prompt(tok, t)
             r = exact_mode(model, ids, max_new_tokens=args.max_new_tokens,
@@ -122,17 +122,9 @@ def empty(args: argparse.Namespace) -> dict:
             rows.append({"prompt_tokens": ids.shape[1], "empty": not r.tokens, "exact": r.exact,
                          "log_prob": r.log_prob, "nodes": r.nodes, "seconds": r.seconds,
                          "mode": tok.decode(r.tokens)})  # fmt: skip
-        n = len(rows)
-        out["sets"][name] = {
-            "prompts": n,
-            "mean_prompt_tokens": sum(r["prompt_tokens"] for r in rows) / n,
-            "empty_fraction": sum(r["empty"] for r in rows) / n,
-            "empty_fraction_proven": sum(r["empty"] and r["exact"] for r in rows) / n,
-            "proven_exact_fraction": sum(r["exact"] for r in rows) / n,
-            "mean_nodes": sum(r["nodes"] for r in rows) / n,
-            "rows": rows,
-        }
-        Path(args.output, "empty.json").write_text(json.dumps(out, indent=2))
+            # written after every prompt, so a long sweep that is stopped still reports
+            out["sets"][name] = _empty_summary(rows)
+            Path(args.output, "empty.json").write_text(json.dumps(out, indent=2))
     _plot_empty(out, Path(args.output) / "empty_by_length.png")
     lines = ["| prompts | n | mean prompt tokens | empty mode | of which proven | proven exact |"
              " mean nodes |", "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
@@ -145,6 +137,19 @@ def empty(args: argparse.Namespace) -> dict:
     Path(args.output, "empty.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return out
+
+
+def _empty_summary(rows: list[dict]) -> dict:
+    n = len(rows)
+    return {
+        "prompts": n,
+        "mean_prompt_tokens": sum(r["prompt_tokens"] for r in rows) / n,
+        "empty_fraction": sum(r["empty"] for r in rows) / n,
+        "empty_fraction_proven": sum(r["empty"] and r["exact"] for r in rows) / n,
+        "proven_exact_fraction": sum(r["exact"] for r in rows) / n,
+        "mean_nodes": sum(r["nodes"] for r in rows) / n,
+        "rows": rows,
+    }
 
 
 def conditional(args: argparse.Namespace) -> dict:
@@ -203,16 +208,19 @@ def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path)
     from gencraft.search.classifier import degenerate
     from gencraft.search.prompts import instruction_references
 
-    half = args.test_prompts // 2
-    tests = [
-        (t, r)
-        for kind, n in (("e2e", half), ("xsum", args.test_prompts - half))
-        for t, r in zip(
-            instruction_texts(kind, n, args.data_dir, max_source_words=args.max_source_words),
-            instruction_references(kind, n, args.data_dir),
-            strict=True,
-        )
-    ]
+    def prompts(total: int) -> list[tuple[str, str]]:
+        half = total // 2
+        return [
+            (t, r)
+            for kind, n in (("e2e", half), ("xsum", total - half))
+            for t, r in zip(
+                instruction_texts(kind, n, args.data_dir, max_source_words=args.max_source_words),
+                instruction_references(kind, n, args.data_dir),
+                strict=True,
+            )
+        ]
+
+    tests = prompts(args.test_prompts)
     # (a) degenerate rate: beam vs conditional beam towards "not degenerate" (class 0)
     clfs["degenerate"].target_class = 0
     rates = {"beam": 0, "conditional": 0}
@@ -229,14 +237,17 @@ def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path)
             rates[name] += bad
             row[name] = {"text": out_text, "degenerate": bad, "log_prob": h.score}
         examples.append(row)
+        result["degenerate"] = {"prompts_done": len(examples), **rates}
+        (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
     result["degenerate"] = {"beam_size": args.beams[0], "k": args.k, "prompts": len(tests),
                             "beam_rate": rates["beam"] / len(tests),
                             "conditional_rate": rates["conditional"] / len(tests),
-                            "examples": examples[:10]}  # fmt: skip
+                            "examples": examples}  # fmt: skip
     (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
     # (b) length control: both forced to n tokens; who finds the higher log-likelihood?
-    length_rows = []
-    for text, ref in tqdm(tests, desc="length"):
+    length_rows: list[dict] = []
+    length_tests = prompts(args.length_prompts or args.test_prompts)
+    for text, ref in tqdm(length_tests, desc="length"):
         ids = encode_prompt(tok, text)
         ref_len = len(tok(ref, add_special_tokens=False)["input_ids"])
         for ratio in args.ratios:
@@ -251,6 +262,8 @@ def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path)
                                     "beam_log_prob": plain.score, "cond_log_prob": cond.score,
                                     "beam_text": tok.decode(plain.tokens),
                                     "cond_text": tok.decode(cond.tokens)})  # fmt: skip
+        result["length"] = {"k": args.k, "rows": length_rows}
+        (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
     summary = []
     for b in args.beams:
         for ratio in args.ratios:
@@ -261,12 +274,14 @@ def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path)
                             "conditional_higher": wins / len(sel),
                             "beam_higher": losses / len(sel),
                             "tie": (len(sel) - wins - losses) / len(sel)})  # fmt: skip
-    result["length"] = {"k": args.k, "summary": summary, "rows": length_rows}
+    result["length"] = {"k": args.k, "prompts": len(length_tests), "summary": summary,
+                        "rows": length_rows}  # fmt: skip
     (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
     _plot_length(summary, out_dir / "length_control.png", args.model)
     md = [f"Degenerate outputs (beam {args.beams[0]}, {len(tests)} test prompts): beam "
           f"{100 * result['degenerate']['beam_rate']:.0f}%, conditional beam "
           f"{100 * result['degenerate']['conditional_rate']:.0f}%", "",
+          f"Length control ({len(length_tests)} test prompts):", "",
           "| beams | length / reference | conditional higher | beam higher | tie |",
           "|---:|---:|---:|---:|---:|"]  # fmt: skip
     md += [f"| {r['beams']} | {r['ratio']:.1f} | {100 * r['conditional_higher']:.0f}% | "
@@ -343,6 +358,8 @@ def main() -> None:
     c.add_argument("--sample-tokens", type=int, default=64)
     c.add_argument("--epochs", type=int, default=8)
     c.add_argument("--test-prompts", type=int, default=20)
+    c.add_argument("--length-prompts", type=int, default=None,
+                   help="test prompts for length control (default: --test-prompts)")  # fmt: skip
     c.add_argument("--beams", type=int, nargs="+", default=[5, 20])
     c.add_argument("--k", type=int, default=100)
     c.add_argument("--ratios", type=float, nargs="+", default=[0.8, 1.0, 1.2])
