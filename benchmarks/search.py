@@ -178,12 +178,19 @@ def conditional(args: argparse.Namespace) -> dict:
     train_texts = instruction_texts("e2e", half, args.data_dir, split="train") + \
         instruction_texts("xsum", args.train_prompts - half, args.data_dir, split="train",
                           max_source_words=args.max_source_words)  # fmt: skip
-    rows = sample_training_data(
-        model, tok, [encode_prompt(tok, t) for t in train_texts], attribute="length",
-        samples_per_prompt=args.samples_per_prompt, max_new_tokens=args.sample_tokens,
-        prompt_texts=train_texts, seed=0,
-    )  # fmt: skip
+    samples = Path(args.samples) if args.samples else None
+    if samples is not None and samples.is_file():  # reuse a previous run's samples
+        rows = torch.load(samples)
+    else:
+        rows = sample_training_data(
+            model, tok, [encode_prompt(tok, t) for t in train_texts], attribute="length",
+            samples_per_prompt=args.samples_per_prompt, max_new_tokens=args.sample_tokens,
+            prompt_texts=train_texts, censored=not args.no_censored, seed=0,
+        )  # fmt: skip
+        if samples is not None:
+            torch.save(rows, samples)
     result: dict = {"model": args.model, **_machine(), "train_prompts": len(train_texts),
+                    "censored_length_labels": any(bool(r["censored"]) for r in rows),
                     "samples": len(rows), "finished_samples": sum(bool(r["finished"])
                                                                    for r in rows)}  # fmt: skip
     cfg = ClassifierTrainConfig(epochs=args.epochs)
@@ -357,6 +364,11 @@ def main() -> None:
     c.add_argument("--samples-per-prompt", type=int, default=8)
     c.add_argument("--sample-tokens", type=int, default=64)
     c.add_argument("--epochs", type=int, default=8)
+    c.add_argument("--no-censored", action="store_true",
+                   help="length classifier: ignore samples cut at --sample-tokens")  # fmt: skip
+    c.add_argument("--samples", default=None,
+                   help="a .pt file: load the training samples from it if it exists, else "
+                   "save them there")  # fmt: skip
     c.add_argument("--test-prompts", type=int, default=20)
     c.add_argument("--length-prompts", type=int, default=None,
                    help="test prompts for length control (default: --test-prompts)")  # fmt: skip

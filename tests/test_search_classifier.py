@@ -9,6 +9,7 @@ from gencraft.errors import GencraftError
 from gencraft.search import beam_search
 from gencraft.search.classifier import (
     AttributeClassifier,
+    censored_nll,
     degenerate,
     length_bucket,
     length_labels,
@@ -36,6 +37,34 @@ def test_length_buckets_match_the_thesis():
 def test_length_labels_count_down_to_eos():
     assert length_labels(5, finished=True) == [4, 3, 2, 1, 0]
     assert length_labels(3, finished=False) == [-100, -100, -100]
+    # cut after 3 tokens: after token t + 1 at least 3 - t remain (EOS included)
+    assert length_labels(3, finished=False, censored=True) == [3, 2, 1]
+    assert length_labels(70, finished=False, censored=True)[:3] == [23, 23, 23]
+    assert length_labels(70, finished=False, censored=True)[-1] == 1
+
+
+def test_censored_nll_matches_a_hand_computation():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 6)
+    labels = torch.tensor([[0, 3, 5, -100], [2, 2, -100, 1]])
+    censored = torch.tensor([[False] * 4, [True] * 4])
+    total, n = censored_nll(logits, labels, censored)
+    p = logits.softmax(-1)
+    want = 0.0
+    for b in range(2):
+        for t in range(4):
+            y = int(labels[b, t])
+            if y == -100:
+                continue
+            want -= float(torch.log(p[b, t, y:].sum() if censored[b, t] else p[b, t, y]))
+    assert int(n) == 6
+    assert torch.allclose(total, torch.tensor(want), atol=1e-5)
+    # a lower bound of 0 says nothing: no loss; a plain label is ordinary cross-entropy
+    zero, _ = censored_nll(logits[:1, :1], torch.tensor([[0]]), torch.tensor([[True]]))
+    assert abs(float(zero)) < 1e-6
+    ce = torch.nn.functional.cross_entropy(logits[0, :3], labels[0, :3], reduction="sum")
+    plain, _ = censored_nll(logits[:1, :3], labels[:1, :3], censored[:1, :3])
+    assert torch.allclose(plain, ce, atol=1e-5)
 
 
 def test_degenerate_rules():
@@ -66,6 +95,10 @@ def test_sampled_data_shapes_and_labels(sampled):
         assert r["hidden"].shape == (t, 3, 16) and r["labels"].shape == (t,)
         if r["tokens"][-1] == 0:
             assert r["labels"].tolist() == [length_bucket(t - 1 - i) for i in range(t)]
+            assert not r["censored"]
+        else:  # cut at 12 tokens: lower bounds, trained with the censored likelihood
+            assert t == 12 and r["censored"]
+            assert r["labels"].tolist() == [length_bucket(t - i) for i in range(t)]
         assert (r["tokens"][:-1] != 0).all()  # nothing after the first EOS
     # position 0 reads the last prompt position: its layer-0 state is that token's embedding
     first = rows[0]
@@ -132,7 +165,10 @@ def test_cli_train_classifier(tmp_path, capsys):
     assert main(args) == 0
     assert (out / "best" / "classifier_config.json").is_file()
     length = [a if a != "degenerate" else "length" for a in args]
-    assert main(length) == 2  # tiny-llama never ends within 4 tokens: no length is known
+    assert main(length) == 0  # tiny-llama never ends within 4 tokens: lower bounds only
+    history = json.loads((out / "history.json").read_text())["history"]
+    assert all(h["valid_loss"] == h["valid_loss"] for h in history)  # no NaN
+    assert main([*length, "--no-censored"]) == 2  # no final length is known
     assert "no sample ended" in capsys.readouterr().err
 
 

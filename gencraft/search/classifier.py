@@ -53,14 +53,36 @@ def length_bucket(remaining: int) -> int:
     return 23
 
 
-def length_labels(n_generated: int, finished: bool) -> list[int]:
+def length_labels(n_generated: int, finished: bool, censored: bool = False) -> list[int]:
     """Per-position remaining-length classes for one sample of ``n_generated`` tokens (EOS
     included if ``finished``); position t's class is about the sequence after token t + 1.
-    An unfinished sample (cut at the maximum) has no known final length: its labels are -100
-    (ignored) wherever the true remaining length is unknown."""
+
+    An unfinished sample (cut at the maximum) has no known final length. By default its labels
+    are -100 (ignored). With ``censored=True`` they are lower bounds instead: after token t + 1
+    at least ``n_generated - t`` tokens (EOS included) remain, so the class is at least
+    ``length_bucket(n_generated - t)``; train on them with the censored loss (the sample's
+    ``censored`` flag), -log P(class >= label)."""
     if finished:
         return [length_bucket(n_generated - (t + 1)) for t in range(n_generated)]
+    if censored:
+        return [length_bucket(n_generated - t) for t in range(n_generated)]
     return [-100] * n_generated
+
+
+def censored_nll(
+    logits: torch.Tensor, labels: torch.Tensor, censored: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-position negative log-likelihood of ``labels`` [...] under ``logits`` [..., C]:
+    -log p[label] where ``censored`` [...] is False, -log sum_{c >= label} p[c] where it is
+    True (the label is a lower bound); positions labelled -100 are ignored. Returns the summed
+    loss and the number of positions counted."""
+    keep = labels != -100
+    y = labels.clamp(min=0)[..., None]
+    classes = torch.arange(logits.shape[-1], device=logits.device)
+    allowed = torch.where(censored[..., None], classes >= y, classes == y)
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    nll = -torch.logsumexp(logp.masked_fill(~allowed, float("-inf")), dim=-1)
+    return nll[keep].sum(), keep.sum()
 
 
 def _repeats_ngram(words: list[str], n: int = 4, times: int = 3) -> bool:

@@ -4,7 +4,10 @@ The thesis is explicit that the classifier must learn P_model(a | prefix), so it
 samples of the model (ancestral sampling: temperature 1, no top-k/top-p), not on natural text.
 Each sample gives one training sequence: the frozen model's hidden states from the last prompt
 position on ([T, M+1, H], stored in float16), the generated tokens ([T]), and per-position
-labels ([T]; -100 = ignored).
+labels ([T]; -100 = ignored). For the length attribute, samples cut at ``max_new_tokens``
+carry lower-bound labels by default (``censored=True``) and are trained with the censored
+likelihood -log P(class >= label); the thesis's MT and story samples all ended, so it never
+needed this (see docs/search.md).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from gencraft.search.classifier import (
     NUM_LENGTH_BUCKETS,
     AttributeClassifier,
     ClassifierConfig,
+    censored_nll,
     degenerate,
     length_labels,
 )
@@ -55,12 +59,14 @@ def sample_training_data(
     max_new_tokens: int = 64,
     prompt_texts: Sequence[str] | None = None,
     labeler: Callable[[str, str, bool], bool] = degenerate,
+    censored: bool = True,
     seed: int = 0,
     progress: bool = True,
 ) -> list[dict[str, torch.Tensor]]:
     """Ancestral samples of a causal LM for each prompt ([1, P] each), with hidden states and
     labels. ``attribute``: ``"length"`` (remaining-length buckets) or ``"degenerate"`` (one
-    label per sample from ``labeler(text, prompt_text, finished)``)."""
+    label per sample from ``labeler(text, prompt_text, finished)``). ``censored``: samples of
+    the length attribute cut at ``max_new_tokens`` get lower-bound labels (else -100)."""
     if attribute not in ("length", "degenerate"):
         raise GencraftError(f"attribute must be 'length' or 'degenerate', got {attribute!r}")
     if model.config.is_encoder_decoder:
@@ -92,14 +98,16 @@ def sample_training_data(
                 hs = model(full[None], output_hidden_states=True).hidden_states
             states = torch.stack([h[0, p - 1 :] for h in hs], dim=1).half().cpu()  # [T, M+1, H]
             if attribute == "length":
-                labels = length_labels(len(gen), finished)
+                labels = length_labels(len(gen), finished, censored=censored)
             else:
                 text = tokenizer.decode([t for t in gen if t not in eos], skip_special_tokens=True)
                 ptext = prompt_texts[i] if prompt_texts is not None else tokenizer.decode(ids[0])
                 labels = [int(labeler(text, ptext, finished))] * len(gen)
             rows.append({"hidden": states, "tokens": torch.tensor(gen),
                          "labels": torch.tensor(labels), "prompt_index": torch.tensor(i),
-                         "finished": torch.tensor(finished)})  # fmt: skip
+                         "finished": torch.tensor(finished),
+                         "censored": torch.tensor(attribute == "length" and censored
+                                                  and not finished)})  # fmt: skip
     return rows
 
 
@@ -118,7 +126,8 @@ def relabel_degenerate(
         text = tokenizer.decode([t for t in r["tokens"].tolist() if t not in eos],
                                 skip_special_tokens=True)  # fmt: skip
         bad = labeler(text, prompt_texts[int(r["prompt_index"])], bool(r["finished"]))
-        out.append({**r, "labels": torch.full_like(r["tokens"], int(bad))})
+        out.append({**r, "labels": torch.full_like(r["tokens"], int(bad)),
+                    "censored": torch.tensor(False)})  # fmt: skip
     return out
 
 
@@ -156,6 +165,7 @@ def _batches(rows: list[dict], size: int, shuffle: bool, rng: random.Random):
         tokens = torch.zeros(b, t, dtype=torch.long)
         labels = torch.full((b, t), -100, dtype=torch.long)
         pad = torch.ones(b, t, dtype=torch.bool)
+        censored = torch.zeros(b, t, dtype=torch.bool)
         for j, r in enumerate(chunk):
             n = r["tokens"].shape[0]
             hidden[j, :n], tokens[j, :n], labels[j, :n], pad[j, :n] = (
@@ -164,7 +174,8 @@ def _batches(rows: list[dict], size: int, shuffle: bool, rng: random.Random):
                 r["labels"],
                 False,
             )
-        yield hidden, tokens, labels, pad
+            censored[j, :n] = bool(r.get("censored", False))
+        yield hidden, tokens, labels, pad, censored
 
 
 def train_classifier(
@@ -175,7 +186,8 @@ def train_classifier(
     *,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Per-position cross-entropy over the classes (ignoring -100), Adam; keeps the weights of
+    """Per-position cross-entropy over the classes (ignoring -100; the censored likelihood
+    for rows flagged ``censored``), Adam; keeps the weights of
     the best validation loss (saved under ``output_dir``/best; ``last/`` and the history are
     written after every epoch)."""
     from accelerate import Accelerator
@@ -198,7 +210,6 @@ def train_classifier(
     opt = torch.optim.Adam(clf.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     clf, opt = acc.prepare(clf, opt)
     dev = acc.device
-    loss_fn = nn.CrossEntropyLoss(ignore_index=-100)
 
     def run(data: list[dict], training: bool) -> float:
         clf.train(training)
@@ -209,12 +220,13 @@ def train_classifier(
             disable=not progress,
             leave=False,
         )
-        for hidden, tokens, labels, pad in bar:
-            hidden, tokens, labels, pad = (x.to(dev) for x in (hidden, tokens, labels, pad))
+        for batch in bar:
+            hidden, tokens, labels, pad, censored = (x.to(dev) for x in batch)
             with torch.set_grad_enabled(training):
                 logits = clf(hidden, tokens, pad)
-                loss = loss_fn(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
-            n = int((labels != -100).sum())
+                total_nll, count_t = censored_nll(logits, labels, censored)
+                n = int(count_t)
+                loss = total_nll / max(n, 1)
             if training and n:
                 opt.zero_grad()
                 acc.backward(loss)
