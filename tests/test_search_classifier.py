@@ -188,3 +188,32 @@ def test_relabel_degenerate_gives_one_label_per_sample(sampled):
         assert o["labels"].tolist() == [int(want)] * r["tokens"].shape[0]
         assert o["hidden"] is r["hidden"]  # the states are shared, not copied
     assert {int(o["labels"][0]) for o in out} == {0, 1}  # both classes occur here
+
+
+@pytest.mark.parametrize("kind", ["causal", "encoder-decoder"])
+def test_sampled_states_are_the_ones_search_reads(kind):
+    """Training states equal the states the search's stepper hands the classifier."""
+    from gencraft.search.stepper import HFStepper
+    from tests.test_search import small_bart
+
+    model = small_llama(1, vocab=6) if kind == "causal" else small_bart(1, vocab=6)
+    eos = 0 if kind == "causal" else 2
+    src = torch.tensor([[3, 4, 5, 3]])
+    rows = sample_training_data(model, None, [src], samples_per_prompt=6, max_new_tokens=8,
+                                progress=False)  # fmt: skip
+    assert len(rows) == 6
+    m = model.config.num_hidden_layers + 1 if kind == "causal" else model.config.decoder_layers + 1
+    for r in rows:
+        toks = r["tokens"].tolist()
+        assert eos not in toks[:-1] and r["hidden"].shape == (len(toks), m, 16)
+        stepper = HFStepper(model, src, max_new_tokens=8, hidden=True)
+        out = stepper.start()
+        for t, tok in enumerate(toks):
+            assert torch.allclose(r["hidden"][t].float(), out.hidden[0], atol=2e-2), (kind, t)
+            if t + 1 < len(toks):
+                out = stepper.step(torch.tensor([tok]), out.cache)
+    clf = classifier_for(model, d_clf=24, num_heads=4, d_out=8, mlp_hidden=16, dropout=0.0)
+    train_classifier(clf, rows, ClassifierTrainConfig(epochs=2), progress=False)
+    hyps = beam_search(model, src, num_beams=2, max_new_tokens=6, classifier=clf.for_length(3),
+                       k=3, force_length=3)  # fmt: skip
+    assert all(len(h.tokens) == 3 for h in hyps)

@@ -63,15 +63,14 @@ def sample_training_data(
     seed: int = 0,
     progress: bool = True,
 ) -> list[dict[str, torch.Tensor]]:
-    """Ancestral samples of a causal LM for each prompt ([1, P] each), with hidden states and
-    labels. ``attribute``: ``"length"`` (remaining-length buckets) or ``"degenerate"`` (one
-    label per sample from ``labeler(text, prompt_text, finished)``). ``censored``: samples of
+    """Ancestral samples of a causal LM or encoder-decoder for each prompt ([1, P] each: the
+    prompt, or the encoder input), with the decoder's hidden states and labels.
+    ``attribute``: ``"length"`` (remaining-length buckets) or ``"degenerate"`` (one label per
+    sample from ``labeler(text, prompt_text, finished)``). ``censored``: samples of
     the length attribute cut at ``max_new_tokens`` get lower-bound labels (else -100)."""
     if attribute not in ("length", "degenerate"):
         raise GencraftError(f"attribute must be 'length' or 'degenerate', got {attribute!r}")
-    if model.config.is_encoder_decoder:
-        raise GencraftError("classifier data sampling supports causal LMs; encoder-decoders "
-                            "are not supported yet")  # fmt: skip
+    ed = bool(model.config.is_encoder_decoder)
     eos = set(eos_ids(model, None))
     pad = model.generation_config.pad_token_id
     pad = pad if pad is not None else next(iter(eos))
@@ -81,11 +80,14 @@ def sample_training_data(
     for i, ids in enumerate(tqdm(prompts, desc="sampling", disable=not progress)):
         ids = ids.to(dev)
         with torch.no_grad():
+            # plain ancestral sampling: no logits processors beyond the model's own forced ids
             out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                                 top_k=0, top_p=1.0, temperature=1.0,
+                                 top_k=0, top_p=1.0, temperature=1.0, repetition_penalty=1.0,
+                                 no_repeat_ngram_size=0, min_length=0,
                                  num_return_sequences=samples_per_prompt,
                                  max_new_tokens=max_new_tokens, pad_token_id=pad)  # fmt: skip
-        p = ids.shape[1]
+        # the decoder input before the first sampled token: the prompt, or the start token
+        p = 1 if ed else ids.shape[1]
         for seq in out:
             gen = seq[p:].tolist()
             ends = [j for j, t in enumerate(gen) if t in eos]
@@ -93,9 +95,14 @@ def sample_training_data(
             gen = gen[: ends[0] + 1] if finished else gen
             if not gen:
                 continue
-            full = torch.cat([ids[0], torch.tensor(gen[:-1], device=dev, dtype=torch.long)])
+            full = torch.cat([seq[:p], torch.tensor(gen[:-1], device=dev, dtype=torch.long)])
             with torch.no_grad():
-                hs = model(full[None], output_hidden_states=True).hidden_states
+                if ed:
+                    hs = model(input_ids=ids, attention_mask=torch.ones_like(ids),
+                               decoder_input_ids=full[None],
+                               output_hidden_states=True).decoder_hidden_states  # fmt: skip
+                else:
+                    hs = model(full[None], output_hidden_states=True).hidden_states
             states = torch.stack([h[0, p - 1 :] for h in hs], dim=1).half().cpu()  # [T, M+1, H]
             if attribute == "length":
                 labels = length_labels(len(gen), finished, censored=censored)
