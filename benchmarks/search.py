@@ -110,7 +110,9 @@ def empty(args: argparse.Namespace) -> dict:
                                               max_source_words=w)
         for w in args.words
     }  # fmt: skip
-    sets["e2e MR"] = instruction_texts("e2e", args.prompts, args.data_dir)
+    e2e = args.prompts if args.e2e_prompts is None else args.e2e_prompts
+    if e2e:
+        sets["e2e MR"] = instruction_texts("e2e", e2e, args.data_dir)
     out: dict = {"model": args.model, "max_nodes": args.max_nodes,
                  "max_new_tokens": args.max_new_tokens, **_machine(), "sets": {}}  # fmt: skip
     for name, texts in sets.items():
@@ -357,6 +359,7 @@ def main() -> None:
     e = sub.add_parser("empty")
     e.add_argument("--prompts", type=int, default=40)
     e.add_argument("--words", type=int, nargs="+", default=[25, 50, 100, 200])
+    e.add_argument("--e2e-prompts", type=int, default=None, help="default: --prompts; 0: none")
     e.add_argument("--max-nodes", type=int, default=300)
     e.add_argument("--max-new-tokens", type=int, default=64)
     c = sub.add_parser("conditional")
