@@ -16,7 +16,9 @@ node of the path (the naive O(d^2) scheme the thesis's §6.2 avoids).
 ``empty``: the exact mode (DFS, ``--max-nodes`` per prompt) of "Summarize in one sentence:" +
 an XSum document cut to each of ``--words`` words, and of "Describe this restaurant:" + E2E
 MRs: the fraction whose mode is the empty output, by prompt length (thesis §6.5 analogue).
-Writes ``empty.json``/``empty.md`` and ``empty_by_length.png``.
+Writes ``empty.json`` after every prompt, then ``empty.md`` and ``empty_by_length.png``; a
+rerun into the same ``--output`` with the same settings keeps the sets already there and goes
+on where it stopped (so more sets or prompts can be added later).
 """
 
 from __future__ import annotations
@@ -115,9 +117,14 @@ def empty(args: argparse.Namespace) -> dict:
         sets["e2e MR"] = instruction_texts("e2e", e2e, args.data_dir)
     out: dict = {"model": args.model, "max_nodes": args.max_nodes,
                  "max_new_tokens": args.max_new_tokens, **_machine(), "sets": {}}  # fmt: skip
+    previous = Path(args.output, "empty.json")
+    if previous.is_file():  # same settings: keep its sets and go on where it stopped
+        old = json.loads(previous.read_text())
+        if all(old.get(k) == out[k] for k in ("model", "max_nodes", "max_new_tokens")):
+            out["sets"] = old["sets"]
     for name, texts in sets.items():
-        rows: list[dict] = []
-        for t in tqdm(texts, desc=name):
+        rows: list[dict] = list(out["sets"].get(name, {}).get("rows", []))[: len(texts)]
+        for t in tqdm(texts[len(rows) :], desc=name, initial=len(rows), total=len(texts)):
             ids = encode_prompt(tok, t)
             r = exact_mode(model, ids, max_new_tokens=args.max_new_tokens,
                            max_nodes=args.max_nodes)  # fmt: skip
