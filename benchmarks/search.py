@@ -180,7 +180,7 @@ def conditional(args: argparse.Namespace) -> dict:
 
         clfs = {a: AttributeClassifier.from_pretrained(Path(args.classifiers, f"clf-{a}", "best"),
                                                        model)
-                for a in ("length", "degenerate")}  # fmt: skip
+                for a in args.studies}  # fmt: skip
         result: dict = {"model": args.model, **_machine(), "classifiers": args.classifiers}
         return _conditional_eval(args, model, tok, clfs, result, out_dir)
     half = args.train_prompts // 2
@@ -190,6 +190,10 @@ def conditional(args: argparse.Namespace) -> dict:
     samples = Path(args.samples) if args.samples else None
     if samples is not None and samples.is_file():  # reuse a previous run's samples
         rows = torch.load(samples)
+        if args.no_censored:  # cut samples carry no length labels then
+            rows = [{**r, "labels": torch.full_like(r["labels"], -100),
+                     "censored": torch.tensor(False)} if bool(r["censored"]) else r
+                    for r in rows]  # fmt: skip
     else:
         rows = sample_training_data(
             model, tok, [encode_prompt(tok, t) for t in train_texts], attribute="length",
@@ -204,10 +208,8 @@ def conditional(args: argparse.Namespace) -> dict:
                                                                    for r in rows)}  # fmt: skip
     cfg = ClassifierTrainConfig(epochs=args.epochs)
     clfs = {}
-    for attr, data in (
-        ("length", rows),
-        ("degenerate", relabel_degenerate(rows, tok, train_texts, eos)),
-    ):
+    for attr in args.studies:
+        data = rows if attr == "length" else relabel_degenerate(rows, tok, train_texts, eos)
         clf = classifier_for(model, attr)
         result[f"{attr}_classifier"] = {
             k: v for k, v in train_classifier(clf, data, cfg, out_dir / f"clf-{attr}").items()
@@ -221,7 +223,6 @@ def conditional(args: argparse.Namespace) -> dict:
 
 
 def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path) -> dict:
-    from gencraft.search.classifier import degenerate
     from gencraft.search.prompts import instruction_references
 
     def prompts(total: int) -> list[tuple[str, str]]:
@@ -237,15 +238,40 @@ def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path)
         ]
 
     tests = prompts(args.test_prompts)
-    # (a) degenerate rate: beam vs conditional beam towards "not degenerate" (class 0)
-    clfs["degenerate"].target_class = 0
+    if "degenerate" in args.studies:
+        _degenerate_study(args, model, tok, clfs["degenerate"], tests, result, out_dir)
+    if "length" in args.studies:
+        _length_study(args, model, tok, clfs["length"], prompts, result, out_dir)
+    (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
+    md = []
+    if "degenerate" in result:
+        md += [f"Degenerate outputs (beam {args.beams[0]}, {len(tests)} test prompts): beam "
+               f"{100 * result['degenerate']['beam_rate']:.0f}%, conditional beam "
+               f"{100 * result['degenerate']['conditional_rate']:.0f}%", ""]  # fmt: skip
+    if "summary" in result.get("length", {}):
+        md += [f"Length control ({result['length']['prompts']} test prompts):", "",
+               "| beams | length / reference | conditional higher | beam higher | tie |",
+               "|---:|---:|---:|---:|---:|"]  # fmt: skip
+        md += [f"| {r['beams']} | {r['ratio']:.1f} | {100 * r['conditional_higher']:.0f}% | "
+               f"{100 * r['beam_higher']:.0f}% | {100 * r['tie']:.0f}% |"
+               for r in result["length"]["summary"]]  # fmt: skip
+    (out_dir / "conditional.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return result
+
+
+def _degenerate_study(args, model, tok, clf, tests, result: dict, out_dir: Path) -> None:
+    """(a) degenerate rate: beam vs conditional beam towards "not degenerate" (class 0)."""
+    from gencraft.search.classifier import degenerate
+
+    clf.target_class = 0
     rates = {"beam": 0, "conditional": 0}
     examples = []
     for text, _ in tqdm(tests, desc="degenerate"):
         ids = encode_prompt(tok, text)
         row = {}
         for name, kw in (("beam", {}), ("conditional", dict(
-                classifier=clfs["degenerate"], k=args.k, finished="on_beam"))):  # fmt: skip
+                classifier=clf, k=args.k, finished="on_beam"))):  # fmt: skip
             h = beam_search(model, ids, num_beams=args.beams[0],
                             max_new_tokens=args.max_new_tokens, **kw)[0]  # fmt: skip
             out_text = tok.decode(h.tokens, skip_special_tokens=True)
@@ -260,7 +286,10 @@ def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path)
                             "conditional_rate": rates["conditional"] / len(tests),
                             "examples": examples}  # fmt: skip
     (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
-    # (b) length control: both forced to n tokens; who finds the higher log-likelihood?
+
+
+def _length_study(args, model, tok, clf, prompts, result: dict, out_dir: Path) -> None:
+    """(b) length control: both forced to n tokens; who finds the higher log-likelihood?"""
     length_rows: list[dict] = []
     length_tests = prompts(args.length_prompts or args.test_prompts)
     for text, ref in tqdm(length_tests, desc="length"):
@@ -272,7 +301,7 @@ def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path)
                 plain = beam_search(model, ids, num_beams=b, max_new_tokens=n + 1,
                                     force_length=n)[0]  # fmt: skip
                 cond = beam_search(model, ids, num_beams=b, max_new_tokens=n + 1, force_length=n,
-                                   classifier=clfs["length"].for_length(n), k=args.k,
+                                   classifier=clf.for_length(n), k=args.k,
                                    finished="on_beam")[0]  # fmt: skip
                 length_rows.append({"ratio": ratio, "beams": b, "length": n,
                                     "beam_log_prob": plain.score, "cond_log_prob": cond.score,
@@ -294,17 +323,6 @@ def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path)
                         "rows": length_rows}  # fmt: skip
     (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
     _plot_length(summary, out_dir / "length_control.png", args.model)
-    md = [f"Degenerate outputs (beam {args.beams[0]}, {len(tests)} test prompts): beam "
-          f"{100 * result['degenerate']['beam_rate']:.0f}%, conditional beam "
-          f"{100 * result['degenerate']['conditional_rate']:.0f}%", "",
-          f"Length control ({len(length_tests)} test prompts):", "",
-          "| beams | length / reference | conditional higher | beam higher | tie |",
-          "|---:|---:|---:|---:|---:|"]  # fmt: skip
-    md += [f"| {r['beams']} | {r['ratio']:.1f} | {100 * r['conditional_higher']:.0f}% | "
-           f"{100 * r['beam_higher']:.0f}% | {100 * r['tie']:.0f}% |" for r in summary]  # fmt: skip
-    (out_dir / "conditional.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
-    return result
 
 
 def _plot_length(summary: list[dict], path: Path, model: str) -> None:
@@ -387,6 +405,9 @@ def main() -> None:
     c.add_argument("--ratios", type=float, nargs="+", default=[0.8, 1.0, 1.2])
     c.add_argument("--max-new-tokens", type=int, default=64)
     c.add_argument("--max-source-words", type=int, default=100)
+    c.add_argument(
+        "--studies", nargs="+", choices=("degenerate", "length"), default=["degenerate", "length"]
+    )
     c.add_argument("--classifiers", default=None,
                    help="a previous run's output dir: reuse its trained classifiers")  # fmt: skip
     for p in (s, m, e, c):
