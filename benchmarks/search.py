@@ -299,10 +299,10 @@ def _length_study(args, model, tok, clf, prompts, result: dict, out_dir: Path) -
             n = max(1, round(ratio * ref_len))
             for b in args.beams:
                 plain = beam_search(model, ids, num_beams=b, max_new_tokens=n + 1,
-                                    force_length=n)[0]  # fmt: skip
+                                    force_length=n, forced_eos=args.forced_eos)[0]  # fmt: skip
                 cond = beam_search(model, ids, num_beams=b, max_new_tokens=n + 1, force_length=n,
-                                   classifier=clf.for_length(n), k=args.k,
-                                   finished="on_beam")[0]  # fmt: skip
+                                   forced_eos=args.forced_eos, classifier=clf.for_length(n),
+                                   k=args.k, finished="on_beam")[0]  # fmt: skip
                 length_rows.append({"ratio": ratio, "beams": b, "length": n,
                                     "beam_log_prob": plain.score, "cond_log_prob": cond.score,
                                     "beam_text": tok.decode(plain.tokens),
@@ -319,7 +319,8 @@ def _length_study(args, model, tok, clf, prompts, result: dict, out_dir: Path) -
                             "conditional_higher": wins / len(sel),
                             "beam_higher": losses / len(sel),
                             "tie": (len(sel) - wins - losses) / len(sel)})  # fmt: skip
-    result["length"] = {"k": args.k, "prompts": len(length_tests), "summary": summary,
+    result["length"] = {"k": args.k, "forced_eos": args.forced_eos, "prompts": len(length_tests),
+                        "summary": summary,
                         "rows": length_rows}  # fmt: skip
     (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
     _plot_length(summary, out_dir / "length_control.png", args.model)
@@ -405,6 +406,12 @@ def main() -> None:
     c.add_argument("--ratios", type=float, nargs="+", default=[0.8, 1.0, 1.2])
     c.add_argument("--max-new-tokens", type=int, default=64)
     c.add_argument("--max-source-words", type=int, default=100)
+    c.add_argument(
+        "--forced-eos",
+        choices=("model", "free"),
+        default="model",
+        help="length study: the forced EOS scores the model's log P(EOS), or 0",
+    )
     c.add_argument(
         "--studies", nargs="+", choices=("degenerate", "length"), default=["degenerate", "length"]
     )

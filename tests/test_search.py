@@ -225,7 +225,21 @@ def test_force_length_gives_exact_lengths_and_renormalises():
             row = lp[len(PROMPT) - 1 + i].clone()
             row[0] = -math.inf
             want += (row[t] - torch.logsumexp(row, 0)).item()
-        assert h.score == pytest.approx(want, abs=1e-4)
+        end = lp[len(PROMPT) - 1 + n, 0].item()  # the forced EOS costs the model's log P(EOS)
+        assert h.score == pytest.approx(want + end, abs=1e-4)
+        free = beam_search(model, ids, num_beams=3, max_new_tokens=8, eos_token_id=0,
+                           force_length=n, forced_eos="free")  # fmt: skip
+        assert all(len(f.tokens) == n for f in free)
+        for f in free:  # "free": the same search without the EOS step's cost
+            full = torch.tensor([PROMPT + f.tokens])
+            with torch.no_grad():
+                lpf = torch.log_softmax(model(full).logits[0].float(), -1)
+            rows = lpf[len(PROMPT) - 1 : len(PROMPT) - 1 + n].clone()
+            rows[:, 0] = -math.inf
+            ren = rows.log_softmax(-1).gather(1, torch.tensor(f.tokens)[:, None]).sum().item()
+            assert f.score == pytest.approx(ren, abs=1e-4)
+    with pytest.raises(GencraftError, match="forced_eos"):
+        beam_search(model, ids, num_beams=2, max_new_tokens=4, force_length=2, forced_eos="x")
 
 
 # -- exact mode search -----------------------------------------------------------------------

@@ -27,7 +27,8 @@ def cmd_beam(args: argparse.Namespace) -> None:
 
     model, tok, ids = _load(args)
     hyps = beam_search(model, ids, num_beams=args.beams, max_new_tokens=args.max_new_tokens,
-                       finished=args.finished, force_length=args.force_length)  # fmt: skip
+                       finished=args.finished, force_length=args.force_length,
+                       forced_eos=args.forced_eos)  # fmt: skip
     for h in hyps:
         print(json.dumps({"text": tok.decode(h.tokens), "log_prob": round(h.score, 4),
                           "tokens": len(h.tokens), "finished": h.finished}))  # fmt: skip
@@ -93,6 +94,8 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
             g.add_argument("--finished", choices=("aside", "on_beam"), default="aside")
             g.add_argument("--force-length", type=int, default=None,
                            help="exactly N tokens before EOS")  # fmt: skip
+            g.add_argument("--forced-eos", choices=("model", "free"), default="model",
+                           help="the forced EOS scores the model's log P(EOS), or 0")  # fmt: skip
         else:
             g.add_argument("--length", type=int, default=None,
                            help="the best output of exactly N tokens")  # fmt: skip

@@ -83,6 +83,7 @@ def beam_search(
     eos_token_id: int | list[int] | None = None,
     finished: Literal["aside", "on_beam"] = "aside",
     force_length: int | None = None,
+    forced_eos: Literal["model", "free"] = "model",
 ) -> list[Hypothesis]:
     """Beam search for one input; returns up to ``num_beams`` hypotheses, best first.
 
@@ -98,6 +99,10 @@ def beam_search(
         finished: ``"aside"`` (transformers) or ``"on_beam"`` (thesis Alg. 1); see module doc.
         force_length: n: every output has exactly n tokens before EOS: EOS is removed and the
             distribution renormalised before step n, and EOS is forced at step n (ch. 7.4).
+        forced_eos: the score of that forced EOS: ``"model"`` (default) the model's own
+            log P(EOS | x_{1:n}), so an output that cannot end there (a cut sentence) pays for
+            it, as in the thesis's reported likelihoods; ``"free"``: log 1 = 0 (its Alg. 1 at
+            the maximum length), which makes every prefix of length n a complete output.
     """
     if num_beams < 1:
         raise GencraftError(f"num_beams must be >= 1, got {num_beams}")
@@ -105,6 +110,8 @@ def beam_search(
         raise GencraftError(f"alpha must be >= 0, got {alpha}")
     if finished not in ("aside", "on_beam"):
         raise GencraftError(f"finished must be 'aside' or 'on_beam', got {finished!r}")
+    if forced_eos not in ("model", "free"):
+        raise GencraftError(f"forced_eos must be 'model' or 'free', got {forced_eos!r}")
     if force_length is not None and not 0 <= force_length < max_new_tokens:
         raise GencraftError(
             f"force_length={force_length} needs 0 <= force_length < max_new_tokens "
@@ -120,16 +127,17 @@ def beam_search(
     elif k is not None and not 1 <= k <= v:
         raise GencraftError(f"k must be in [1, vocab size {v}], got {k}")
     search = _BeamSearch(stepper, num_beams, max_new_tokens, classifier, k, alpha, eos,
-                         finished, force_length)  # fmt: skip
+                         finished, force_length, forced_eos)  # fmt: skip
     return search.run()
 
 
 class _BeamSearch:
     def __init__(self, stepper: Stepper, b: int, max_new: int, clf: AttributeScorer | None,
                  k: int | None, alpha: float, eos: list[int], policy: str,
-                 force_length: int | None) -> None:  # fmt: skip
+                 force_length: int | None, forced_eos: str = "model") -> None:  # fmt: skip
         self.s, self.b, self.max_new, self.clf = stepper, b, max_new, clf
         self.k, self.alpha, self.policy, self.force_length = k, alpha, policy, force_length
+        self.forced_eos = forced_eos
         self.eos = torch.tensor(eos)
 
     def _transform(self, logp: torch.Tensor, t: int) -> torch.Tensor:
@@ -142,7 +150,8 @@ class _BeamSearch:
             logp = logp.index_fill(1, eos, float("-inf"))
             return logp - torch.logsumexp(logp, dim=-1, keepdim=True)
         out = torch.full_like(logp, float("-inf"))
-        out[:, eos[0]] = 0.0
+        # ending with any EOS id is one event: P(end) = sum of their probabilities
+        out[:, eos[0]] = torch.logsumexp(logp[:, eos], dim=-1) if self.forced_eos == "model" else 0
         return out
 
     def _candidates(self, logp: torch.Tensor, scores: torch.Tensor, hidden: Any, cstate: Any):
