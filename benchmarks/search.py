@@ -190,7 +190,7 @@ def conditional(args: argparse.Namespace) -> dict:
     samples = Path(args.samples) if args.samples else None
     if samples is not None and samples.is_file():  # reuse a previous run's samples
         rows = torch.load(samples)
-        if args.no_censored:  # cut samples carry no length labels then
+        if not args.censored:  # cut samples carry no length labels then
             rows = [{**r, "labels": torch.full_like(r["labels"], -100),
                      "censored": torch.tensor(False)} if bool(r["censored"]) else r
                     for r in rows]  # fmt: skip
@@ -198,7 +198,7 @@ def conditional(args: argparse.Namespace) -> dict:
         rows = sample_training_data(
             model, tok, [encode_prompt(tok, t) for t in train_texts], attribute="length",
             samples_per_prompt=args.samples_per_prompt, max_new_tokens=args.sample_tokens,
-            prompt_texts=train_texts, censored=not args.no_censored, seed=0,
+            prompt_texts=train_texts, censored=args.censored, seed=0,
         )  # fmt: skip
         if samples is not None:
             torch.save(rows, samples)
@@ -393,8 +393,9 @@ def main() -> None:
     c.add_argument("--samples-per-prompt", type=int, default=8)
     c.add_argument("--sample-tokens", type=int, default=64)
     c.add_argument("--epochs", type=int, default=8)
-    c.add_argument("--no-censored", action="store_true",
-                   help="length classifier: ignore samples cut at --sample-tokens")  # fmt: skip
+    c.add_argument("--censored", action="store_true",
+                   help="length classifier: train on the lower-bound labels of samples cut at "
+                   "--sample-tokens instead of ignoring them")  # fmt: skip
     c.add_argument("--samples", default=None,
                    help="a .pt file: load the training samples from it if it exists, else "
                    "save them there")  # fmt: skip

@@ -81,7 +81,7 @@ def sampled():
     model = small_llama(0, vocab=6)
     prompts = [torch.tensor([PROMPT]), torch.tensor([[1, 2, 5, 3]])]
     rows = sample_training_data(model, None, prompts, samples_per_prompt=12, max_new_tokens=12,
-                                progress=False)  # fmt: skip
+                                censored=True, progress=False)  # fmt: skip
     return model, prompts, rows
 
 
@@ -165,11 +165,11 @@ def test_cli_train_classifier(tmp_path, capsys):
     assert main(args) == 0
     assert (out / "best" / "classifier_config.json").is_file()
     length = [a if a != "degenerate" else "length" for a in args]
-    assert main(length) == 0  # tiny-llama never ends within 4 tokens: lower bounds only
+    assert main(length) == 2  # tiny-llama never ends within 4 tokens: no length is known
+    assert "no sample ended" in capsys.readouterr().err
+    assert main([*length, "--censored"]) == 0  # lower bounds only
     history = json.loads((out / "history.json").read_text())["history"]
     assert all(h["valid_loss"] == h["valid_loss"] for h in history)  # no NaN
-    assert main([*length, "--no-censored"]) == 2  # no final length is known
-    assert "no sample ended" in capsys.readouterr().err
 
 
 def test_relabel_degenerate_gives_one_label_per_sample(sampled):

@@ -68,7 +68,7 @@ def cmd_train_classifier(args: argparse.Namespace) -> None:
     rows = sample_training_data(model, tok, prompts, attribute=args.attribute,
                                 samples_per_prompt=args.samples_per_prompt,
                                 max_new_tokens=args.max_new_tokens, prompt_texts=texts,
-                                censored=not args.no_censored, seed=args.seed)  # fmt: skip
+                                censored=args.censored, seed=args.seed)  # fmt: skip
     clf = classifier_for(model, args.attribute)
     cfg = ClassifierTrainConfig(attribute=args.attribute, epochs=args.epochs, lr=args.lr,
                                 batch_size=args.batch_size, seed=args.seed)  # fmt: skip
@@ -112,9 +112,9 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     t.add_argument("--num-prompts", type=int, default=200)
     t.add_argument("--samples-per-prompt", type=int, default=8)
     t.add_argument("--max-new-tokens", type=int, default=64)
-    t.add_argument("--no-censored", action="store_true",
-                   help="length: ignore samples cut at --max-new-tokens instead of training on "
-                   "their lower-bound labels")  # fmt: skip
+    t.add_argument("--censored", action="store_true",
+                   help="length: train on the lower-bound labels of samples cut at "
+                   "--max-new-tokens instead of ignoring them")  # fmt: skip
     t.add_argument("--epochs", type=int, default=8)
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--batch-size", type=int, default=8)

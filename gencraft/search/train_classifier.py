@@ -5,7 +5,8 @@ samples of the model (ancestral sampling: temperature 1, no top-k/top-p), not on
 Each sample gives one training sequence: the frozen model's hidden states from the last prompt
 position on ([T, M+1, H], stored in float16), the generated tokens ([T]), and per-position
 labels ([T]; -100 = ignored). For the length attribute, samples cut at ``max_new_tokens``
-carry lower-bound labels by default (``censored=True``) and are trained with the censored
+are ignored by default, as in the thesis; with ``censored=True`` they carry lower-bound labels
+instead and are trained with the censored
 likelihood -log P(class >= label); the thesis's MT and story samples all ended, so it never
 needed this (see docs/search.md).
 """
@@ -59,7 +60,7 @@ def sample_training_data(
     max_new_tokens: int = 64,
     prompt_texts: Sequence[str] | None = None,
     labeler: Callable[[str, str, bool], bool] = degenerate,
-    censored: bool = True,
+    censored: bool = False,
     seed: int = 0,
     progress: bool = True,
 ) -> list[dict[str, torch.Tensor]]:
