@@ -134,6 +134,8 @@ def empty(args: argparse.Namespace) -> dict:
             # written after every prompt, so a long sweep that is stopped still reports
             out["sets"][name] = _empty_summary(rows)
             Path(args.output, "empty.json").write_text(json.dumps(out, indent=2))
+        if rows:  # a kept set cut to fewer prompts than before: summarise what is reported
+            out["sets"][name] = _empty_summary(rows)
     _plot_empty(out, Path(args.output) / "empty_by_length.png")
     lines = ["| prompts | n | mean prompt tokens | empty mode | of which proven | proven exact |"
              " mean nodes |", "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip

@@ -5,10 +5,9 @@ samples of the model (ancestral sampling: temperature 1, no top-k/top-p), not on
 Each sample gives one training sequence: the frozen model's hidden states from the last prompt
 position on ([T, M+1, H], stored in float16), the generated tokens ([T]), and per-position
 labels ([T]; -100 = ignored). For the length attribute, samples cut at ``max_new_tokens``
-are ignored by default, as in the thesis; with ``censored=True`` they carry lower-bound labels
-instead and are trained with the censored
-likelihood -log P(class >= label); the thesis's MT and story samples all ended, so it never
-needed this (see docs/search.md).
+have no known length and are ignored by default (the thesis's samples all ended); with
+``censored=True`` they carry lower-bound labels instead, trained with the censored likelihood
+-log P(class >= label) (see docs/search.md).
 """
 
 from __future__ import annotations
