@@ -113,6 +113,15 @@ def degenerate(text: str, prompt: str, finished: bool) -> bool:
     return " ".join(w.lower() for w in words) in p and len(words) >= 3
 
 
+def state_dims(model: nn.Module) -> tuple[int | None, int | None, int]:
+    """What a classifier reads from ``model``: (decoder layers + 1 (embeddings first) or None,
+    hidden size or None, input-embedding width)."""
+    cfg = model.config.get_text_config(decoder=True)
+    layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "num_decoder_layers", None)
+    hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None)
+    return (layers + 1 if layers else None), hidden, model.get_input_embeddings().weight.shape[1]
+
+
 @dataclass
 class ClassifierConfig:
     """``num_layers`` x ``hidden_size``: the NLG model's stacked states (M + 1 layers incl.
@@ -168,20 +177,15 @@ class AttributeClassifier(nn.Module):
 
     def bind(self, model: nn.Module) -> AttributeClassifier:
         """Use ``model``'s input embeddings for candidate tokens; checks the sizes match."""
-        emb = model.get_input_embeddings()
-        cfg = model.config.get_text_config(decoder=True)
-        layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "num_decoder_layers",
-                                                                    None)  # fmt: skip
         want = (self.config.num_layers, self.config.hidden_size, self.config.embed_size)
-        got = ((layers + 1) if layers else None, getattr(cfg, "hidden_size", None) or
-               getattr(cfg, "d_model", None), emb.weight.shape[1])  # fmt: skip
+        got = state_dims(model)
         if want != got:
             raise GencraftError(
                 f"this classifier was trained for a model with {want[0]} hidden-state layers of "
                 f"size {want[1]} (embeddings {want[2]}), not {got[0]} x {got[1]} ({got[2]}): it "
                 "was trained for another model"
             )
-        self._embedding = [emb]
+        self._embedding = [model.get_input_embeddings()]
         return self
 
     def _context(self, h_in: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:

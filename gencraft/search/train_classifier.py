@@ -32,6 +32,7 @@ from gencraft.search.classifier import (
     censored_nll,
     degenerate,
     length_labels,
+    state_dims,
 )
 from gencraft.search.stepper import eos_ids
 
@@ -142,13 +143,10 @@ def classifier_for(
     model: nn.Module, attribute: str = "length", **overrides: Any
 ) -> AttributeClassifier:
     """A fresh classifier sized for ``model``'s hidden states, bound to its embeddings."""
-    cfg = model.config.get_text_config(decoder=True)
-    layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "num_decoder_layers", None)
-    hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None)
-    emb = model.get_input_embeddings().weight.shape[1]
+    layers, hidden, emb = state_dims(model)
     classes = NUM_LENGTH_BUCKETS if attribute == "length" else 2
     c = ClassifierConfig(
-        num_layers=layers + 1,
+        num_layers=layers,
         hidden_size=hidden,
         embed_size=emb,
         num_classes=classes,
