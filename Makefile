@@ -30,16 +30,17 @@ demo: $(STAMP)
 	$(VENV)/bin/gencraft demo
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check gencraft tests
+	$(VENV)/bin/ruff check gencraft tests benchmarks
+	$(VENV)/bin/ruff format --check gencraft tests benchmarks
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check gencraft tests
-	$(VENV)/bin/ruff format --check gencraft tests
+	$(VENV)/bin/ruff check gencraft tests benchmarks
+	$(VENV)/bin/ruff format --check gencraft tests benchmarks
 
 format: $(STAMP)
-	$(VENV)/bin/ruff format gencraft tests
-	$(VENV)/bin/ruff check --fix gencraft tests
+	$(VENV)/bin/ruff format gencraft tests benchmarks
+	$(VENV)/bin/ruff check --fix gencraft tests benchmarks
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

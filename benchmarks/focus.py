@@ -65,8 +65,13 @@ def speed(args: argparse.Namespace) -> dict:
     docs = load_summarization("xsum", "test", args.data_dir)[: args.docs]
     train = _batch(ref, tok, docs, args.max_source, True)
     prompt = _batch(ref, tok, docs, args.max_source, False)
-    gen = dict(num_beams=args.beams, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-               do_sample=False, pad_token_id=tok.pad_token_id)  # fmt: skip
+    gen = dict(
+        num_beams=args.beams,
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens,
+        do_sample=False,
+        pad_token_id=tok.pad_token_id,
+    )
     cases = {
         "forward_base": lambda: ref(**{k: v for k, v in train.items() if k != "source_mask"}),
         "forward_fame": lambda: fame(**train),
@@ -88,13 +93,19 @@ def speed(args: argparse.Namespace) -> dict:
                 times[k].append(time.perf_counter() - t0)
     med = {k: median(v) for k, v in times.items()}
     result = {
-        "model": args.model, "documents": len(docs), "max_source": args.max_source,
-        "beams": args.beams, "new_tokens": args.new_tokens, "rounds": args.rounds,
-        "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
-        "device": _device_name(args.device), "median_seconds": med,
+        "model": args.model,
+        "documents": len(docs),
+        "max_source": args.max_source,
+        "beams": args.beams,
+        "new_tokens": args.new_tokens,
+        "rounds": args.rounds,
+        "threads": torch.get_num_threads(),
+        "cpu": platform.processor() or platform.machine(),
+        "device": _device_name(args.device),
+        "median_seconds": med,
         "forward_ratio": med["forward_fame"] / med["forward_base"],
         "generate_ratio": med["generate_fame_focus_sample"] / med["generate_base"],
-    }  # fmt: skip
+    }
     return result
 
 
@@ -106,32 +117,53 @@ def quality(args: argparse.Namespace) -> dict:
     train = load_summarization(args.data, "train", args.data_dir)
     valid = load_summarization(args.data, "validation", args.data_dir)
     test = load_summarization(args.data, "test", args.data_dir)[: args.test_docs]
-    common = dict(max_time=args.minutes * 60, epochs=args.epochs, lr=args.lr,
-                  batch_size=args.batch_size, max_source=args.max_source,
-                  max_target=args.max_target, seed=args.seed)  # fmt: skip
+    common = dict(
+        max_time=args.minutes * 60,
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        max_source=args.max_source,
+        max_target=args.max_target,
+        seed=args.seed,
+    )
     systems = {}
     for name in ("baseline", "fame"):
         if name == "baseline" and args.freeze_base:
             systems[name] = args.model  # the untouched base
             continue
         base, tok = load_model(args.model, seed=args.seed)
-        cfg = FocusTrainConfig(focus=name == "fame", freeze_base=args.freeze_base and name ==
-                               "fame", **common)  # fmt: skip
+        cfg = FocusTrainConfig(
+            focus=name == "fame", freeze_base=args.freeze_base and name == "fame", **common
+        )
         if args.freeze_base:
             cfg.lr = args.head_lr
-        trainer = FocusTrainer(base, tok, train, valid, cfg, out / name,
-                               base_name_or_path=args.model)  # fmt: skip
+        trainer = FocusTrainer(
+            base, tok, train, valid, cfg, out / name, base_name_or_path=args.model
+        )
         trainer.train()
         systems[name] = str(out / name / "best")
     docs = [d.document for d in test]
     refs = [d.summary for d in test]
-    gen = dict(max_source=args.max_source, batch_size=args.eval_batch_size, progress=True,
-               max_new_tokens=args.max_target, seed=args.seed)  # fmt: skip
-    result: dict = {"model": args.model, "data": args.data, "train_docs": len(train),
-                    "test_docs": len(test), "minutes_per_system": args.minutes,
-                    "epochs": args.epochs, "seed": args.seed,
-                    "device": _device_name(args.device),
-                    "table1": {}, "table2": {}, "focus_top": {}}  # fmt: skip
+    gen = dict(
+        max_source=args.max_source,
+        batch_size=args.eval_batch_size,
+        progress=True,
+        max_new_tokens=args.max_target,
+        seed=args.seed,
+    )
+    result: dict = {
+        "model": args.model,
+        "data": args.data,
+        "train_docs": len(train),
+        "test_docs": len(test),
+        "minutes_per_system": args.minutes,
+        "epochs": args.epochs,
+        "seed": args.seed,
+        "device": _device_name(args.device),
+        "table1": {},
+        "table2": {},
+        "focus_top": {},
+    }
     for name, path in systems.items():
         model, tok = load_summarizer(path)
         model.to(args.device)
@@ -146,8 +178,10 @@ def quality(args: argparse.Namespace) -> dict:
             result["table2"][f"{name} ({dec})"] = diversity_metrics(groups, refs[sub], docs[sub])
         if name == "fame":
             for k in args.focus_top:
-                preds = [g[0] for g in summarize(model, tok, docs, decoding="focus_top",
-                                                 focus_k=k, **gen)]  # fmt: skip
+                preds = [
+                    g[0]
+                    for g in summarize(model, tok, docs, decoding="focus_top", focus_k=k, **gen)
+                ]
                 result["focus_top"][k] = summary_metrics(preds, refs, docs, with_bertscore=False)
         (out / "quality.json").write_text(json.dumps(result, indent=2))
     _plot_focus_top(result["focus_top"], result["table1"], out / "focus_top.png")
@@ -157,16 +191,23 @@ def quality(args: argparse.Namespace) -> dict:
 
 def _markdown(result: dict) -> str:
     lines = []
-    for title, table in (("Table 1 (beam 4)", result["table1"]),
-                         ("Table 2 (samples per document)", result["table2"]),
-                         ("focus_top,k (beam 4)", result["focus_top"])):  # fmt: skip
+    for title, table in (
+        ("Table 1 (beam 4)", result["table1"]),
+        ("Table 2 (samples per document)", result["table2"]),
+        ("focus_top,k (beam 4)", result["focus_top"]),
+    ):
         if not table:
             continue
         cols = list(next(iter(table.values())))
-        lines += [f"**{title}**", "", "| system | " + " | ".join(cols) + " |",
-                  "|---|" + "---:|" * len(cols)]  # fmt: skip
-        lines += [f"| {k} | " + " | ".join(f"{v[c]:.2f}" for c in cols) + " |"
-                  for k, v in table.items()]  # fmt: skip
+        lines += [
+            f"**{title}**",
+            "",
+            "| system | " + " | ".join(cols) + " |",
+            "|---|" + "---:|" * len(cols),
+        ]
+        lines += [
+            f"| {k} | " + " | ".join(f"{v[c]:.2f}" for c in cols) + " |" for k, v in table.items()
+        ]
         lines.append("")
     return "\n".join(lines)
 
@@ -206,9 +247,11 @@ def main() -> None:
     q.add_argument("--data", default="xsum", choices=("xsum", "cnndm"))
     q.add_argument("--seed", type=int, default=0, help="training and sampling seed")
     q.add_argument(
-        "--max-target", type=int, default=None,
+        "--max-target",
+        type=int,
+        default=None,
         help="summary tokens for training and generation (default 64 xsum, 128 cnndm)",
-    )  # fmt: skip
+    )
     q.add_argument("--minutes", type=float, default=30.0)
     q.add_argument("--epochs", type=int, default=20)
     q.add_argument("--lr", type=float, default=1e-4)

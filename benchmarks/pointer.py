@@ -84,17 +84,22 @@ def main() -> None:
     ap.add_argument("--optimizer", default="adam", choices=("adam", "sgd"))
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument(
-        "--batch-size", type=int, default=8,
+        "--batch-size",
+        type=int,
+        default=8,
         help="streams per step (paper: 32; 8 makes ~4x more updates in a CPU budget)",
-    )  # fmt: skip
+    )
     ap.add_argument(
-        "--no-revert", action="store_true",
+        "--no-revert",
+        action="store_true",
         help="keep training from diverged weights (default: reload the best on a worse eval)",
-    )  # fmt: skip
+    )
     ap.add_argument(
-        "--eval-batch-size", type=int, default=1,
+        "--eval-batch-size",
+        type=int,
+        default=1,
         help="streams for the final valid/test perplexity (paper: 1)",
-    )  # fmt: skip
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--data-dir", default=None)
     ap.add_argument("--output", default=None)
@@ -130,9 +135,14 @@ def main() -> None:
         step_s = tp["step_seconds"][name]
         eval_every = max(1, int(budget / step_s / args.evals))
         cfg = TrainConfig(
-            seed=args.seed, optimizer=args.optimizer, lr=args.lr, max_time=budget,
-            eval_every=eval_every, batch_size=args.batch_size, revert_on_worse=not args.no_revert,
-        )  # fmt: skip
+            seed=args.seed,
+            optimizer=args.optimizer,
+            lr=args.lr,
+            max_time=budget,
+            eval_every=eval_every,
+            batch_size=args.batch_size,
+            revert_on_worse=not args.no_revert,
+        )
         model = build(args.preset, len(corpus.vocab), ptr, args.seed)
         tr = Trainer(model, corpus, cfg, out / name, progress=True)
         tr.train(resume=False)
@@ -148,9 +158,14 @@ def main() -> None:
         }
         details = {}
         for split in ("valid", "test"):
-            r = evaluate(best, corpus[split], batch_size=args.eval_batch_size, progress=True,
-                         desc=split,
-                         return_details=split == "test")  # fmt: skip
+            r = evaluate(
+                best,
+                corpus[split],
+                batch_size=args.eval_batch_size,
+                progress=True,
+                desc=split,
+                return_details=split == "test",
+            )
             row[f"{split}_ppl"] = r["ppl"]
             details = r if split == "test" else details
         models[name] = (best, details)
@@ -180,9 +195,11 @@ def main() -> None:
         ("LSTM (same size and regularisation)", lstm),
         ("pointer sentinel-LSTM", ptr_row),
     ):
-        md.append(f"| {name} | {row['parameters']:,} | {row['valid_ppl']:.1f} | "
-                  f"{row['test_ppl']:.1f} | {row['train_tokens_per_s']:.0f} | "
-                  f"{row['train_tokens']:,} |")  # fmt: skip
+        md.append(
+            f"| {name} | {row['parameters']:,} | {row['valid_ppl']:.1f} | "
+            f"{row['test_ppl']:.1f} | {row['train_tokens_per_s']:.0f} | "
+            f"{row['train_tokens']:,} |"
+        )
     md.append(
         f"\nInterleaved throughput ratio pointer / LSTM: {tp['ratio']:.3f} "
         f"({tp['pointer_tokens_per_s']:.0f} / {tp['lstm_tokens_per_s']:.0f} tokens/s)."

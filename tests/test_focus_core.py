@@ -39,8 +39,12 @@ def test_focus_bias_and_topic_logits_equal_a_loop_over_source_positions():
     a = att.mean(1)
     for b in range(2):
         real = [i for i in range(5) if mask[b, i]]
-        tx = {i: torch.nn.functional.gelu(x[b, i] @ head.w1.weight.T + head.w1.bias)
-              @ head.w2.weight.T + head.w2.bias for i in real}  # fmt: skip
+        tx = {
+            i: torch.nn.functional.gelu(x[b, i] @ head.w1.weight.T + head.w1.bias)
+            @ head.w2.weight.T
+            + head.w2.bias
+            for i in real
+        }
         tx = {i: v @ e.T for i, v in tx.items()}
         torch.testing.assert_close(out.topic_logits[b], sum(tx.values()) / len(real))
         for t in range(3):
@@ -153,12 +157,16 @@ def test_generate_never_leaves_the_focus_vocabulary(name):
     g = torch.Generator().manual_seed(0)
     special = {tok.eos_token_id, tok.pad_token_id}
     for seed in range(6):
-        sets = [focus_vocabulary(torch.randn(len(tok), generator=g), 12, generator=g)
-                for _ in range(2)]  # fmt: skip
+        sets = [
+            focus_vocabulary(torch.randn(len(tok), generator=g), 12, generator=g) for _ in range(2)
+        ]
         proc = FocusLogitsProcessor(sets, always_allowed=special)
         torch.manual_seed(seed)
-        kw = [dict(do_sample=True, top_k=640), dict(do_sample=True, top_p=0.95),
-              dict(num_beams=3, do_sample=False)][seed % 3]  # fmt: skip
+        kw = [
+            dict(do_sample=True, top_k=640),
+            dict(do_sample=True, top_p=0.95),
+            dict(num_beams=3, do_sample=False),
+        ][seed % 3]
         out = model.generate(**enc, max_new_tokens=10, logits_processor=[proc], **kw)
         new = out if model.config.is_encoder_decoder else out[:, enc["input_ids"].shape[1] :]
         for row, allowed in zip(new, sets, strict=True):
@@ -172,6 +180,7 @@ def test_full_vocabulary_focus_equals_plain_decoding(name):
     enc = tok(["the cat sat"], return_tensors="pt")
     everything = focus_vocabulary(torch.randn(len(tok)), len(tok), mode="top")
     plain = model.generate(**enc, max_new_tokens=8, num_beams=3)
-    focused = model.generate(**enc, max_new_tokens=8, num_beams=3,
-                             logits_processor=[FocusLogitsProcessor([everything])])  # fmt: skip
+    focused = model.generate(
+        **enc, max_new_tokens=8, num_beams=3, logits_processor=[FocusLogitsProcessor([everything])]
+    )
     assert torch.equal(plain, focused)

@@ -43,9 +43,11 @@ def test_seq2seq_forward_is_base_logits_plus_focus_bias(name):
     out = model(**enc, labels=labels, return_focus=True)
     ref = _eager(name)(**enc, labels=labels, output_attentions=True)
     head = model.head(
-        ref.encoder_last_hidden_state, enc["attention_mask"], model.embedding_weight,
+        ref.encoder_last_hidden_state,
+        enc["attention_mask"],
+        model.embedding_weight,
         ref.cross_attentions[-1],
-    )  # fmt: skip
+    )
     torch.testing.assert_close(out.logits, ref.logits + head.focus_bias, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(out.focus_bias, head.focus_bias, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(out.topic_logits, head.topic_logits, atol=2e-5, rtol=1e-4)
@@ -98,8 +100,9 @@ def test_generate_with_cache_equals_a_loop_over_forward(name):
     model, tok = _wrapped(name)
     enc = tok(["the cat sat on the mat"], return_tensors="pt")
     steps = 6
-    gen = model.generate(**enc, max_new_tokens=steps, do_sample=False, num_beams=1,
-                         min_new_tokens=steps)  # fmt: skip
+    gen = model.generate(
+        **enc, max_new_tokens=steps, do_sample=False, num_beams=1, min_new_tokens=steps
+    )
     ref = _loop_greedy(model, dict(enc), steps)
     assert torch.equal(gen, ref)
 
@@ -137,13 +140,16 @@ def test_focus_decoding_never_leaves_the_focus_vocabulary(name):
     enc = tok(["the cat sat on the mat", "a dog"], return_tensors="pt", padding=True)
     special = model.special_ids()
     for seed in range(4):
-        proc = model.focus_processor(15, mode="sample",
-                                     generator=torch.Generator().manual_seed(seed))  # fmt: skip
+        proc = model.focus_processor(
+            15, mode="sample", generator=torch.Generator().manual_seed(seed)
+        )
         torch.manual_seed(seed)
         kw = [
-            dict(do_sample=True, top_k=640), dict(do_sample=True, top_p=0.95),
-            dict(num_beams=3, do_sample=False), dict(num_beams=2, do_sample=True),
-        ][seed]  # fmt: skip
+            dict(do_sample=True, top_k=640),
+            dict(do_sample=True, top_p=0.95),
+            dict(num_beams=3, do_sample=False),
+            dict(num_beams=2, do_sample=True),
+        ][seed]
         out = model.generate(**enc, max_new_tokens=10, logits_processor=[proc], **kw)
         new = out if model.is_encoder_decoder else out[:, enc["input_ids"].shape[1] :]
         assert len(proc.vocabularies) == 2
@@ -158,8 +164,9 @@ def test_focus_sampling_is_seeded_and_full_top_k_equals_plain(name):
     enc = tok(["the cat sat on the mat"], return_tensors="pt")
     kw = dict(max_new_tokens=8, num_beams=3, do_sample=False)
     v = model.embedding_weight.shape[0]
-    assert torch.equal(model.generate(**enc, **kw), model.generate(**enc, focus_k=v,
-                       focus_mode="top", **kw))  # fmt: skip
+    assert torch.equal(
+        model.generate(**enc, **kw), model.generate(**enc, focus_k=v, focus_mode="top", **kw)
+    )
     a = model.generate(**enc, focus_k=20, focus_seed=3, **kw)
     b = model.generate(**enc, focus_k=20, focus_seed=3, **kw)
     assert torch.equal(a, b)
@@ -192,8 +199,10 @@ def test_frozen_base_saves_only_the_head_and_reloads_by_name(tmp_path):
     assert not (tmp_path / "m" / "base").exists()
     loaded = FocusForConditionalGeneration.from_pretrained(tmp_path / "m")
     enc = tok(["a dog"], return_tensors="pt")
-    torch.testing.assert_close(loaded(**enc, decoder_input_ids=enc["input_ids"]).logits,
-                               model(**enc, decoder_input_ids=enc["input_ids"]).logits)  # fmt: skip
+    torch.testing.assert_close(
+        loaded(**enc, decoder_input_ids=enc["input_ids"]).logits,
+        model(**enc, decoder_input_ids=enc["input_ids"]).logits,
+    )
 
 
 def test_gradients_reach_the_head_and_the_base():
@@ -213,8 +222,9 @@ def test_bad_input_gives_clear_errors():
     with pytest.raises(GencraftError, match="focus_k must lie"):
         model.generate(**enc, focus_k=model.embedding_weight.shape[0] + 1)
     with pytest.raises(GencraftError, match="no non-padding token"):
-        model(enc["input_ids"], torch.zeros_like(enc["input_ids"]),
-              decoder_input_ids=enc["input_ids"])  # fmt: skip
+        model(
+            enc["input_ids"], torch.zeros_like(enc["input_ids"]), decoder_input_ids=enc["input_ids"]
+        )
     with pytest.raises(GencraftError, match="focus_k or focus_vocabularies"):
         model.generate(**enc, focus_k=3, focus_vocabularies=[torch.tensor([1])])
     with pytest.raises(GencraftError, match="frequent_ids must lie"):
@@ -222,6 +232,14 @@ def test_bad_input_gives_clear_errors():
     with pytest.raises(ValueError, match="mle_weight"):
         FocusConfig(mle_weight=1.5)
     with pytest.raises(GencraftError, match="unsupported architecture"):
-        FocusForConditionalGeneration(BertModel(BertConfig(
-            vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
-            intermediate_size=16)))  # fmt: skip
+        FocusForConditionalGeneration(
+            BertModel(
+                BertConfig(
+                    vocab_size=50,
+                    hidden_size=8,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    intermediate_size=16,
+                )
+            )
+        )

@@ -44,8 +44,11 @@ def test_encoder_layouts():
     s2s = SummaryEncoder(tok, True, max_source=6, max_target=3).encode("abcdefghij", "xyz")
     xy = tok("xy", add_special_tokens=False)["input_ids"]
     assert len(s2s["input_ids"]) == 6 and s2s["labels"] == [*xy, tok.eos_token_id]
-    batch = collate([{"input_ids": [1, 2, 3], "labels": [4]}, {"input_ids": [5], "labels": [6, 7]}],
-                    0, left=True)  # fmt: skip
+    batch = collate(
+        [{"input_ids": [1, 2, 3], "labels": [4]}, {"input_ids": [5], "labels": [6, 7]}],
+        0,
+        left=True,
+    )
     assert batch["input_ids"].tolist() == [[1, 2, 3], [0, 0, 5]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1], [0, 0, 1]]
     assert batch["labels"].tolist() == [[-100, 4], [6, 7]]
@@ -64,8 +67,10 @@ def test_head_losses_from_stored_features_equal_the_full_forward(name):
         for p in model.head.parameters():
             p.normal_(0, 0.3)
     enc = SummaryEncoder(tok, base.config.is_encoder_decoder, max_source=30, max_target=10)
-    rows = [enc.encode("the cat sat on the mat today", "cat sits"),
-            enc.encode("a dog ran far away", "dog ran off fast now")]  # fmt: skip
+    rows = [
+        enc.encode("the cat sat on the mat today", "cat sits"),
+        enc.encode("a dog ran far away", "dog ran off fast now"),
+    ]
     batch = collate(rows, tok.pad_token_id)
     feats, residual = collect_features(model, batch)
     loss, mle, topic = head_losses(model, feats, residual)
@@ -84,10 +89,12 @@ def test_training_lowers_validation_loss_and_saves_loadable_models(cfg, tmp_path
     base, tok = load_model("tiny-bart")
     before = {k: v.clone() for k, v in base.state_dict().items()}
     data = _examples(12)
-    config = FocusTrainConfig(epochs=3, batch_size=4, frequent_size=3, lr=cfg.pop("lr", 3e-3),
-                              **cfg)  # fmt: skip
-    trainer = FocusTrainer(base, tok, data, data[:4], config, tmp_path, progress=False,
-                           base_name_or_path="tiny-bart")  # fmt: skip
+    config = FocusTrainConfig(
+        epochs=3, batch_size=4, frequent_size=3, lr=cfg.pop("lr", 3e-3), **cfg
+    )
+    trainer = FocusTrainer(
+        base, tok, data, data[:4], config, tmp_path, progress=False, base_name_or_path="tiny-bart"
+    )
     trainer.train()
     losses = [h["valid_mle"] for h in trainer.history]
     assert losses[-1] < losses[0]
@@ -117,17 +124,35 @@ def test_summarize_samples_and_metrics():
     base, tok = load_model("tiny-llama")
     model = FocusForConditionalGeneration(base, frequent_ids=torch.tensor([5]))
     docs = ["the cat sat on the mat", "a dog ran"]
-    groups = summarize(model, tok, docs, decoding="focus_sample+nucleus", samples=3, focus_k=40,
-                       max_new_tokens=6, progress=False)  # fmt: skip
+    groups = summarize(
+        model,
+        tok,
+        docs,
+        decoding="focus_sample+nucleus",
+        samples=3,
+        focus_k=40,
+        max_new_tokens=6,
+        progress=False,
+    )
     assert [len(g) for g in groups] == [3, 3]
-    again = summarize(model, tok, docs, decoding="focus_sample+nucleus", samples=3, focus_k=40,
-                      max_new_tokens=6, progress=False)  # fmt: skip
+    again = summarize(
+        model,
+        tok,
+        docs,
+        decoding="focus_sample+nucleus",
+        samples=3,
+        focus_k=40,
+        max_new_tokens=6,
+        progress=False,
+    )
     assert groups == again  # seeded
-    row = summary_metrics(["the cat sat"], ["the cat sat"], ["the cat sat on the mat"],
-                          with_bertscore=False)  # fmt: skip
+    row = summary_metrics(
+        ["the cat sat"], ["the cat sat"], ["the cat sat on the mat"], with_bertscore=False
+    )
     assert row["R1"] == pytest.approx(100.0) and row["R1_precision_doc"] == pytest.approx(100.0)
-    div = diversity_metrics([["a b", "a b"], ["c d", "e f"]], ["a b", "c d"], ["a b", "c d"],
-                            with_bertscore=False)  # fmt: skip
+    div = diversity_metrics(
+        [["a b", "a b"], ["c d", "e f"]], ["a b", "c d"], ["a b", "c d"], with_bertscore=False
+    )
     assert div["unique"] == pytest.approx(1.5)
 
 
@@ -138,12 +163,32 @@ def test_cli_train_then_eval(tmp_path, capsys):
     (root / "xsum-30.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = tmp_path / "fame"
     data = ["--data", "xsum", "--data-dir", str(tmp_path / "data"), "--quiet"]
-    train = ["--epochs", "1", "--batch-size", "8", "--freeze-base", "--lr", "1e-2",
-             "--frequent-size", "4", "--output", str(out)]  # fmt: skip
+    train = [
+        "--epochs",
+        "1",
+        "--batch-size",
+        "8",
+        "--freeze-base",
+        "--lr",
+        "1e-2",
+        "--frequent-size",
+        "4",
+        "--output",
+        str(out),
+    ]
     assert main(["focus", "train", "--model", "tiny-gpt2", *data, *train]) == 0
     capsys.readouterr()
-    ev = ["--decoding", "focus_top", "--focus-k", "30", "--max-new-tokens", "5",
-          "--no-bertscore", "--output", str(tmp_path / "r.json")]  # fmt: skip
+    ev = [
+        "--decoding",
+        "focus_top",
+        "--focus-k",
+        "30",
+        "--max-new-tokens",
+        "5",
+        "--no-bertscore",
+        "--output",
+        str(tmp_path / "r.json"),
+    ]
     assert main(["focus", "eval", str(out / "best"), *data, *ev]) == 0
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["documents"] == 3 and "RL" in result and "R1_precision_doc" in result
@@ -157,11 +202,17 @@ def test_entailment_scorer_with_a_tiny_random_nli_classifier(tmp_path):
 
     torch.manual_seed(0)
     tok = build_tiny_tokenizer()
-    cfg = BertConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
-                     num_attention_heads=2, intermediate_size=32, num_labels=3,
-                     id2label={0: "CONTRADICTION", 1: "NEUTRAL", 2: "ENTAILMENT"},
-                     label2id={"CONTRADICTION": 0, "NEUTRAL": 1, "ENTAILMENT": 2},
-                     pad_token_id=tok.pad_token_id)  # fmt: skip
+    cfg = BertConfig(
+        vocab_size=len(tok),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=3,
+        id2label={0: "CONTRADICTION", 1: "NEUTRAL", 2: "ENTAILMENT"},
+        label2id={"CONTRADICTION": 0, "NEUTRAL": 1, "ENTAILMENT": 2},
+        pad_token_id=tok.pad_token_id,
+    )
     clf = BertForSequenceClassification(cfg).eval()
     clf.save_pretrained(tmp_path / "nli")
     tok.save_pretrained(tmp_path / "nli")

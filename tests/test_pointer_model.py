@@ -129,8 +129,15 @@ def test_gradients_reach_query_sentinel_lstm_and_embedding():
     m = tiny(40).train()
     x, y = torch.randint(0, 40, (2, 12)), torch.randint(0, 40, (2, 12))
     m(x, y).nll.mean().backward()
-    for name in ("query.weight", "query.bias", "sentinel", "rnn.layers.0.weight_hh_l0",
-                 "rnn.layers.1.weight_ih_l0", "embedding.weight", "decoder.weight"):  # fmt: skip
+    for name in (
+        "query.weight",
+        "query.bias",
+        "sentinel",
+        "rnn.layers.0.weight_hh_l0",
+        "rnn.layers.1.weight_ih_l0",
+        "embedding.weight",
+        "decoder.weight",
+    ):
         g = dict(m.named_parameters())[name].grad
         assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0, name
     m.zero_grad(set_to_none=True)
@@ -146,8 +153,15 @@ def test_sequence_mixture_equals_the_functional_core_per_position():
     mem = torch.randn(2, 3, 32).tanh()
     mem_ids = torch.randint(0, 6, (2, 3))
     mem_mask = torch.tensor([[True, True, True], [False, False, True]])
-    out = m(x, y, memory=mem, memory_ids=mem_ids, memory_mask=mem_mask,
-            return_attention=True, return_logits=True)  # fmt: skip
+    out = m(
+        x,
+        y,
+        memory=mem,
+        memory_ids=mem_ids,
+        memory_mask=mem_mask,
+        return_attention=True,
+        return_logits=True,
+    )
     states = torch.cat([mem, out.outputs], 1)
     ids = torch.cat([mem_ids, x], 1)
     valid = torch.cat([mem_mask, torch.ones_like(x, dtype=torch.bool)], 1)
@@ -158,9 +172,13 @@ def test_sequence_mixture_equals_the_functional_core_per_position():
         lo = max(0, j - 4)
         q = torch.tanh(m.query(out.outputs[:, t]))
         ref, gate = pointer_sentinel_log_probs(
-            out.logits[:, t], q, states[:, lo : j + 1], ids[:, lo : j + 1], m.sentinel,
+            out.logits[:, t],
+            q,
+            states[:, lo : j + 1],
+            ids[:, lo : j + 1],
+            m.sentinel,
             valid[:, lo : j + 1],
-        )  # fmt: skip
+        )
         torch.testing.assert_close(full[:, t], ref, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(out.gate[:, t], gate)
         torch.testing.assert_close(-out.nll[:, t], ref.gather(1, y[:, t : t + 1]).squeeze(1))
@@ -227,8 +245,9 @@ def test_training_steps_score_exactly_what_full_evaluation_scores(corpus, opts):
 # -- persistence and resumption -----------------------------------------------------------------
 def test_train_save_load_gives_identical_eval_perplexity(corpus, tmp_path):
     m = tiny(len(corpus.vocab))
-    tr = Trainer(m, corpus, TrainConfig(batch_size=4, bptt=10, lr=1.0, max_steps=5),
-                 tmp_path, progress=False)  # fmt: skip
+    tr = Trainer(
+        m, corpus, TrainConfig(batch_size=4, bptt=10, lr=1.0, max_steps=5), tmp_path, progress=False
+    )
     tr.train()
     m.save_pretrained(tmp_path / "saved")
     again = PointerSentinelLSTM.from_pretrained(tmp_path / "saved")
@@ -243,22 +262,25 @@ def test_resumed_training_equals_uninterrupted_training(corpus, tmp_path):
     def run(out, max_steps):
         torch.manual_seed(123)  # a different ambient seed must not matter after resuming
         m = tiny(len(corpus.vocab))
-        Trainer(m, corpus, TrainConfig(max_steps=max_steps, save_every=1, **cfg), out,
-                progress=False).train()  # fmt: skip
+        Trainer(
+            m, corpus, TrainConfig(max_steps=max_steps, save_every=1, **cfg), out, progress=False
+        ).train()
         return m
 
     straight = run(tmp_path / "a", 9)
     run(tmp_path / "b", 5)
     resumed = run(tmp_path / "b", 9)
-    for (k, v), (_, w) in zip(straight.state_dict().items(), resumed.state_dict().items(),
-                              strict=True):  # fmt: skip
+    for (k, v), (_, w) in zip(
+        straight.state_dict().items(), resumed.state_dict().items(), strict=True
+    ):
         assert torch.equal(v, w), k
 
 
 def test_lr_halves_when_validation_gets_worse_and_training_stops(corpus, tmp_path):
     m = tiny(len(corpus.vocab))
-    cfg = TrainConfig(batch_size=4, bptt=10, lr=50.0, clip=5.0, eval_every=2, max_steps=40,
-                      patience=2)  # fmt: skip
+    cfg = TrainConfig(
+        batch_size=4, bptt=10, lr=50.0, clip=5.0, eval_every=2, max_steps=40, patience=2
+    )
     hist = Trainer(m, corpus, cfg, tmp_path, progress=False).train()
     ppls = [h["valid_ppl"] for h in hist]
     halvings = 0
@@ -275,8 +297,15 @@ def test_lr_halves_when_validation_gets_worse_and_training_stops(corpus, tmp_pat
 
 def test_revert_on_worse_restores_the_best_weights(corpus, tmp_path):
     m = tiny(len(corpus.vocab))
-    cfg = TrainConfig(batch_size=4, bptt=10, lr=1e-2, optimizer="adam", max_steps=2,
-                      eval_every=2, revert_on_worse=True)  # fmt: skip
+    cfg = TrainConfig(
+        batch_size=4,
+        bptt=10,
+        lr=1e-2,
+        optimizer="adam",
+        max_steps=2,
+        eval_every=2,
+        revert_on_worse=True,
+    )
     tr = Trainer(m, corpus, cfg, tmp_path, progress=False)
     tr.train()
     best = PointerSentinelLSTM.from_pretrained(tmp_path / "best").state_dict()

@@ -22,10 +22,18 @@ def small_llama(seed: int, vocab: int = 6, context: int = 64) -> LlamaForCausalL
     """A random Llama over ``vocab`` ids with peaky distributions (large init), EOS = 0."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=context,
-        eos_token_id=0, bos_token_id=1, pad_token_id=0, initializer_range=0.5,
-    )  # fmt: skip
+        vocab_size=vocab,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=context,
+        eos_token_id=0,
+        bos_token_id=1,
+        pad_token_id=0,
+        initializer_range=0.5,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -33,23 +41,41 @@ def small_bart(seed: int, vocab: int = 6) -> BartForConditionalGeneration:
     """A random BART over ``vocab`` ids (EOS = decoder start = 2, pad = 1)."""
     torch.manual_seed(seed)
     cfg = BartConfig(
-        vocab_size=vocab, d_model=16, encoder_layers=1, decoder_layers=2,
-        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-        decoder_ffn_dim=32, max_position_embeddings=64, init_std=0.5,
-        forced_eos_token_id=None, forced_bos_token_id=None,
-    )  # fmt: skip
+        vocab_size=vocab,
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        init_std=0.5,
+        forced_eos_token_id=None,
+        forced_bos_token_id=None,
+    )
     return BartForConditionalGeneration(cfg).eval()
 
 
 def _hf_beams(model, ids, beams: int, new: int, **kw):
     g = model.generate(
-        ids, attention_mask=torch.ones_like(ids), num_beams=beams, do_sample=False,
-        length_penalty=0.0, early_stopping=True, max_new_tokens=new, num_return_sequences=beams,
-        output_scores=True, return_dict_in_generate=True, **kw,
-    )  # fmt: skip
+        ids,
+        attention_mask=torch.ones_like(ids),
+        num_beams=beams,
+        do_sample=False,
+        length_penalty=0.0,
+        early_stopping=True,
+        max_new_tokens=new,
+        num_return_sequences=beams,
+        output_scores=True,
+        return_dict_in_generate=True,
+        **kw,
+    )
     start = 1 if model.config.is_encoder_decoder else ids.shape[1]
-    return [(s[start:].tolist(), float(sc)) for s, sc in zip(g.sequences, g.sequences_scores,
-                                                              strict=True)]  # fmt: skip
+    return [
+        (s[start:].tolist(), float(sc))
+        for s, sc in zip(g.sequences, g.sequences_scores, strict=True)
+    ]
 
 
 def _assert_same_as_generate(hyps, hf, eos: int, pad: int) -> None:
@@ -120,8 +146,16 @@ def test_conditional_beam_search_with_constant_classifier_equals_generate(seed):
         for beams in (2, 4):
             for k in (2 * beams, 12):
                 clf = ConstantScorer(3, 16)  # both models: 2 decoder layers + embeddings, H = 16
-                hyps = beam_search(model, ids, num_beams=beams, max_new_tokens=6,
-                                   eos_token_id=eos, classifier=clf, k=k, alpha=2.0)  # fmt: skip
+                hyps = beam_search(
+                    model,
+                    ids,
+                    num_beams=beams,
+                    max_new_tokens=6,
+                    eos_token_id=eos,
+                    classifier=clf,
+                    k=k,
+                    alpha=2.0,
+                )
                 hf = _hf_beams(model, ids, beams, 6, eos_token_id=eos, pad_token_id=pad)
                 _assert_same_as_generate(hyps, hf, eos, pad)
                 assert clf.calls > 0
@@ -161,8 +195,9 @@ def test_on_beam_follows_algorithm_1_by_hand():
     "a EOS"/"a b" (-3.507). Step 3: "a a EOS" (-1.532) completes; every beam is complete.
     transformers' policy instead keeps "b" alive and finishes with "b EOS" (-2.120)."""
     ln = math.log
-    on_beam = beam_search(TableStepper(), num_beams=2, max_new_tokens=3, eos_token_id=0,
-                          finished="on_beam")  # fmt: skip
+    on_beam = beam_search(
+        TableStepper(), num_beams=2, max_new_tokens=3, eos_token_id=0, finished="on_beam"
+    )
     assert [(h.tokens, h.finished) for h in on_beam] == [([], True), ([1, 1], True)]
     assert on_beam[0].score == pytest.approx(ln(0.5))
     assert on_beam[1].score == pytest.approx(ln(0.3) + ln(0.8) + ln(0.9))
@@ -195,8 +230,14 @@ def test_conditional_on_beam_selects_by_classifier_but_scores_by_model():
             out = super().step(tokens, cache)
             return StepOutput(out.log_probs, out.cache, torch.zeros(len(out.cache), 0, 0))
 
-    hyps = beam_search(Stepper(), num_beams=2, max_new_tokens=3, eos_token_id=0,
-                       classifier=EosPenalty(), finished="on_beam")  # fmt: skip
+    hyps = beam_search(
+        Stepper(),
+        num_beams=2,
+        max_new_tokens=3,
+        eos_token_id=0,
+        classifier=EosPenalty(),
+        finished="on_beam",
+    )
     ln = math.log
     # step 1: EOS selects at -0.693 - 5: "a" (-1.204) and "b" (-1.609) take the beam.
     # step 2: a a -1.427, b a / b b -3.219 beat a b -3.507 and both EOS (-5 each): a a, b a.
@@ -212,8 +253,9 @@ def test_force_length_gives_exact_lengths_and_renormalises():
     model = small_llama(0)
     ids = torch.tensor([PROMPT])
     for n in (1, 3, 5):
-        hyps = beam_search(model, ids, num_beams=3, max_new_tokens=8, eos_token_id=0,
-                           force_length=n)  # fmt: skip
+        hyps = beam_search(
+            model, ids, num_beams=3, max_new_tokens=8, eos_token_id=0, force_length=n
+        )
         assert hyps and all(len(h.tokens) == n and h.finished for h in hyps)
         # the score is the renormalised (EOS-free) log-likelihood of the n tokens: check one
         h = hyps[0]
@@ -227,8 +269,15 @@ def test_force_length_gives_exact_lengths_and_renormalises():
             want += (row[t] - torch.logsumexp(row, 0)).item()
         end = lp[len(PROMPT) - 1 + n, 0].item()  # the forced EOS costs the model's log P(EOS)
         assert h.score == pytest.approx(want + end, abs=1e-4)
-        free = beam_search(model, ids, num_beams=3, max_new_tokens=8, eos_token_id=0,
-                           force_length=n, forced_eos="free")  # fmt: skip
+        free = beam_search(
+            model,
+            ids,
+            num_beams=3,
+            max_new_tokens=8,
+            eos_token_id=0,
+            force_length=n,
+            forced_eos="free",
+        )
         assert all(len(f.tokens) == n for f in free)
         for f in free:  # "free": the same search without the EOS step's cost
             full = torch.tensor([PROMPT + f.tokens])
@@ -298,8 +347,7 @@ def test_exact_mode_initial_bound_prunes_without_changing_the_answer(seed):
     ids = torch.tensor([PROMPT])
     plain = exact_mode(model, ids, eos_token_id=0, max_new_tokens=4, length=3)
     for initial in ([1, 2, 3], plain.tokens):
-        seeded = exact_mode(model, ids, eos_token_id=0, max_new_tokens=4, length=3,
-                            initial=initial)  # fmt: skip
+        seeded = exact_mode(model, ids, eos_token_id=0, max_new_tokens=4, length=3, initial=initial)
         assert seeded.tokens == plain.tokens
         assert seeded.log_prob == pytest.approx(plain.log_prob, abs=1e-6)
     # seeded with the answer, the search expands no more nodes than without (plus 3 to score it)
@@ -310,8 +358,12 @@ def test_exact_mode_initial_bound_prunes_without_changing_the_answer(seed):
 
 def test_exact_mode_finds_non_empty_modes_too():
     """The brute-force check above is only meaningful if some modes are not empty."""
-    found = [exact_mode(small_llama(s, vocab=5), torch.tensor([PROMPT]), eos_token_id=0,
-                        max_new_tokens=4).tokens for s in range(5)]  # fmt: skip
+    found = [
+        exact_mode(
+            small_llama(s, vocab=5), torch.tensor([PROMPT]), eos_token_id=0, max_new_tokens=4
+        ).tokens
+        for s in range(5)
+    ]
     assert any(found) and not all(found)
 
 
@@ -332,8 +384,9 @@ def test_exact_mode_equals_brute_force_encoder_decoder(seed):
 def test_exact_mode_node_cap_reports_not_exact():
     model = small_llama(1, vocab=5)
     full = exact_mode(model, torch.tensor([PROMPT]), eos_token_id=0, max_new_tokens=5, length=5)
-    capped = exact_mode(model, torch.tensor([PROMPT]), eos_token_id=0, max_new_tokens=5,
-                        length=5, max_nodes=6)  # fmt: skip
+    capped = exact_mode(
+        model, torch.tensor([PROMPT]), eos_token_id=0, max_new_tokens=5, length=5, max_nodes=6
+    )
     assert full.exact and full.nodes > 6
     assert not capped.exact and capped.nodes == 6
     assert len(capped.tokens) == 5 and capped.log_prob <= full.log_prob + 1e-9
@@ -346,8 +399,14 @@ def test_exact_mode_memory_grows_linearly_with_depth():
     per_pos = 2 * 2 * 1 * 8 * 4  # layers x (K, V) x kv heads x head dim x float32 bytes
     peaks = {}
     for d in (8, 32, 128):
-        r = exact_mode(model, torch.tensor([PROMPT]), eos_token_id=0, max_new_tokens=d,
-                       length=d, max_nodes=d + 1)  # fmt: skip
+        r = exact_mode(
+            model,
+            torch.tensor([PROMPT]),
+            eos_token_id=0,
+            max_new_tokens=d,
+            length=d,
+            max_nodes=d + 1,
+        )
         peaks[d] = r.peak_kv_bytes
         assert r.peak_kv_bytes <= 2 * (len(PROMPT) + d + 1) * per_pos
     assert peaks[128] / peaks[8] < 2 * 128 / 8  # linear, not quadratic
@@ -360,8 +419,9 @@ def test_bad_input_is_reported():
     with pytest.raises(GencraftError, match="num_beams"):
         beam_search(model, ids, num_beams=0, max_new_tokens=4)
     with pytest.raises(GencraftError, match="k must be"):
-        beam_search(model, ids, num_beams=2, max_new_tokens=4, classifier=ConstantScorer(3, 16),
-                    k=7)  # fmt: skip
+        beam_search(
+            model, ids, num_beams=2, max_new_tokens=4, classifier=ConstantScorer(3, 16), k=7
+        )
     with pytest.raises(GencraftError, match="alpha"):
         beam_search(model, ids, num_beams=2, max_new_tokens=4, alpha=-1.0)
     with pytest.raises(GencraftError, match="another model"):
@@ -387,12 +447,42 @@ def test_cli_beam_and_mode(capsys):
 
     from gencraft.cli.main import main
 
-    assert main(["search", "beam", "hello", "--model", "tiny-llama", "--beams", "3",
-                 "--max-new-tokens", "6", "--force-length", "4"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "search",
+                "beam",
+                "hello",
+                "--model",
+                "tiny-llama",
+                "--beams",
+                "3",
+                "--max-new-tokens",
+                "6",
+                "--force-length",
+                "4",
+            ]
+        )
+        == 0
+    )
     rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
     assert len(rows) == 3 and all(r["tokens"] == 4 and r["finished"] for r in rows)
-    assert main(["search", "mode", "hello", "--model", "tiny-llama", "--max-new-tokens", "3",
-                 "--max-nodes", "50"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "search",
+                "mode",
+                "hello",
+                "--model",
+                "tiny-llama",
+                "--max-new-tokens",
+                "3",
+                "--max-nodes",
+                "50",
+            ]
+        )
+        == 0
+    )
     row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert row["nodes"] <= 50 and set(row) >= {"text", "log_prob", "exact"}
 

@@ -25,8 +25,21 @@ from tests.test_search import PROMPT, small_llama
 
 def test_length_buckets_match_the_thesis():
     assert [length_bucket(r) for r in range(17)] == list(range(17))
-    edges = {17: 17, 20: 17, 21: 18, 24: 18, 25: 19, 29: 20, 32: 20, 33: 21, 48: 21, 49: 22,
-             64: 22, 65: 23, 1000: 23}  # fmt: skip
+    edges = {
+        17: 17,
+        20: 17,
+        21: 18,
+        24: 18,
+        25: 19,
+        29: 20,
+        32: 20,
+        33: 21,
+        48: 21,
+        49: 22,
+        64: 22,
+        65: 23,
+        1000: 23,
+    }
     for r, c in edges.items():
         assert length_bucket(r) == c, r
     assert len({length_bucket(r) for r in range(200)}) == 24
@@ -80,8 +93,15 @@ def test_degenerate_rules():
 def sampled():
     model = small_llama(0, vocab=6)
     prompts = [torch.tensor([PROMPT]), torch.tensor([[1, 2, 5, 3]])]
-    rows = sample_training_data(model, None, prompts, samples_per_prompt=12, max_new_tokens=12,
-                                censored=True, progress=False)  # fmt: skip
+    rows = sample_training_data(
+        model,
+        None,
+        prompts,
+        samples_per_prompt=12,
+        max_new_tokens=12,
+        censored=True,
+        progress=False,
+    )
     return model, prompts, rows
 
 
@@ -109,8 +129,9 @@ def test_sampled_data_shapes_and_labels(sampled):
 def test_training_reduces_loss_and_round_trips(sampled, tmp_path):
     model, _, rows = sampled
     clf = classifier_for(model, d_clf=24, num_heads=4, d_out=8, mlp_hidden=16, dropout=0.0)
-    result = train_classifier(clf, rows, ClassifierTrainConfig(epochs=15, lr=3e-3),
-                              tmp_path, progress=False)  # fmt: skip
+    result = train_classifier(
+        clf, rows, ClassifierTrainConfig(epochs=15, lr=3e-3), tmp_path, progress=False
+    )
     assert result["best_valid_loss"] < result["history"][0]["valid_loss"]
     train_losses = [h["train_loss"] for h in result["history"][1:]]
     assert train_losses[-1] < train_losses[0]
@@ -123,16 +144,31 @@ def test_training_reduces_loss_and_round_trips(sampled, tmp_path):
     assert a.shape == (1, r["tokens"].shape[0], 24)
     assert torch.allclose(a, b)
     # it plugs into conditional beam search; forced lengths hold
-    hyps = beam_search(model, torch.tensor([PROMPT]), num_beams=3, max_new_tokens=8,
-                       eos_token_id=0, classifier=back.for_length(5), k=4,
-                       force_length=5)  # fmt: skip
+    hyps = beam_search(
+        model,
+        torch.tensor([PROMPT]),
+        num_beams=3,
+        max_new_tokens=8,
+        eos_token_id=0,
+        classifier=back.for_length(5),
+        k=4,
+        force_length=5,
+    )
     assert hyps and all(len(h.tokens) == 5 for h in hyps)
     assert all(h.conditional_score is not None for h in hyps)
     scores = [h.score for h in hyps]  # a forced length is certain: ranked by S alone
     assert scores == sorted(scores, reverse=True)
-    hyps = beam_search(model, torch.tensor([PROMPT]), num_beams=3, max_new_tokens=8,
-                       eos_token_id=0, classifier=back.for_length(5), k=4, force_length=5,
-                       finished="on_beam")  # fmt: skip
+    hyps = beam_search(
+        model,
+        torch.tensor([PROMPT]),
+        num_beams=3,
+        max_new_tokens=8,
+        eos_token_id=0,
+        classifier=back.for_length(5),
+        k=4,
+        force_length=5,
+        finished="on_beam",
+    )
     assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
 
 
@@ -154,14 +190,38 @@ def test_cli_train_classifier(tmp_path, capsys):
 
     root = tmp_path / "data" / "xsum"
     root.mkdir(parents=True)
-    rows = [{"id": f"d{i}", "document": f"Document {i} says the river rose by {i} metres.",
-             "summary": f"The river rose {i} metres."} for i in range(30)]  # fmt: skip
+    rows = [
+        {
+            "id": f"d{i}",
+            "document": f"Document {i} says the river rose by {i} metres.",
+            "summary": f"The river rose {i} metres.",
+        }
+        for i in range(30)
+    ]
     (root / "xsum-30.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out = tmp_path / "clf"
-    args = ["search", "train-classifier", "--model", "tiny-llama", "--attribute", "degenerate",
-            "--prompts", "xsum", "--num-prompts", "4", "--samples-per-prompt", "2",
-            "--max-new-tokens", "4", "--epochs", "1", "--output", str(out),
-            "--data-dir", str(tmp_path / "data")]  # fmt: skip
+    args = [
+        "search",
+        "train-classifier",
+        "--model",
+        "tiny-llama",
+        "--attribute",
+        "degenerate",
+        "--prompts",
+        "xsum",
+        "--num-prompts",
+        "4",
+        "--samples-per-prompt",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--epochs",
+        "1",
+        "--output",
+        str(out),
+        "--data-dir",
+        str(tmp_path / "data"),
+    ]
     assert main(args) == 0
     assert (out / "best" / "classifier_config.json").is_file()
     length = [a if a != "degenerate" else "length" for a in args]
@@ -199,8 +259,9 @@ def test_sampled_states_are_the_ones_search_reads(kind):
     model = small_llama(1, vocab=6) if kind == "causal" else small_bart(1, vocab=6)
     eos = 0 if kind == "causal" else 2
     src = torch.tensor([[3, 4, 5, 3]])
-    rows = sample_training_data(model, None, [src], samples_per_prompt=6, max_new_tokens=8,
-                                progress=False)  # fmt: skip
+    rows = sample_training_data(
+        model, None, [src], samples_per_prompt=6, max_new_tokens=8, progress=False
+    )
     assert len(rows) == 6
     m = model.config.num_hidden_layers + 1 if kind == "causal" else model.config.decoder_layers + 1
     for r in rows:
@@ -214,6 +275,7 @@ def test_sampled_states_are_the_ones_search_reads(kind):
                 out = stepper.step(torch.tensor([tok]), out.cache)
     clf = classifier_for(model, d_clf=24, num_heads=4, d_out=8, mlp_hidden=16, dropout=0.0)
     train_classifier(clf, rows, ClassifierTrainConfig(epochs=2), progress=False)
-    hyps = beam_search(model, src, num_beams=2, max_new_tokens=6, classifier=clf.for_length(3),
-                       k=3, force_length=3)  # fmt: skip
+    hyps = beam_search(
+        model, src, num_beams=2, max_new_tokens=6, classifier=clf.for_length(3), k=3, force_length=3
+    )
     assert all(len(h.tokens) == 3 for h in hyps)

@@ -30,10 +30,13 @@ def cmd_train(args: argparse.Namespace) -> None:
     base, tok = load_model(args.model)
     tag = "fame" if cfg.focus else "base"
     out = Path(args.output or f"outputs/focus-{args.data}-{Path(args.model).name}-{tag}")
-    print(f"{'FAME' if cfg.focus else 'baseline'} on {args.model}: {len(train)} train / "
-          f"{len(valid)} valid {args.data} documents -> {out}")  # fmt: skip
-    trainer = FocusTrainer(base, tok, train, valid, cfg, out, base_name_or_path=args.model,
-                           progress=not args.quiet)  # fmt: skip
+    print(
+        f"{'FAME' if cfg.focus else 'baseline'} on {args.model}: {len(train)} train / "
+        f"{len(valid)} valid {args.data} documents -> {out}"
+    )
+    trainer = FocusTrainer(
+        base, tok, train, valid, cfg, out, base_name_or_path=args.model, progress=not args.quiet
+    )
     result = trainer.train()
     print(json.dumps(result, indent=2))
 
@@ -50,11 +53,19 @@ def _summaries(args: argparse.Namespace) -> tuple[list, list[list[str]]]:
     model, tok = _load(args.checkpoint, args.device)
     docs = _examples(args.data, args.split, args.data_dir, args.limit)
     groups = summarize(
-        model, tok, [d.document for d in docs], decoding=args.decoding, samples=args.samples,
-        focus_k=args.focus_k, num_beams=args.num_beams, max_source=args.max_source,
-        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed,
+        model,
+        tok,
+        [d.document for d in docs],
+        decoding=args.decoding,
+        samples=args.samples,
+        focus_k=args.focus_k,
+        num_beams=args.num_beams,
+        max_source=args.max_source,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        seed=args.seed,
         progress=not args.quiet,
-    )  # fmt: skip
+    )
     return docs, groups
 
 
@@ -79,9 +90,15 @@ def cmd_eval(args: argparse.Namespace) -> None:
         row = diversity_metrics(groups, refs, texts, with_bertscore=bs)
     else:
         row = summary_metrics([g[0] for g in groups], refs, texts, with_bertscore=bs)
-    result = {"checkpoint": args.checkpoint, "data": args.data, "split": args.split,
-              "documents": len(docs), "decoding": args.decoding, "samples": args.samples,
-              **row}  # fmt: skip
+    result = {
+        "checkpoint": args.checkpoint,
+        "data": args.data,
+        "split": args.split,
+        "documents": len(docs),
+        "decoding": args.decoding,
+        "samples": args.samples,
+        **row,
+    }
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps(result, indent=2))
@@ -96,21 +113,36 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
 
     t = fsub.add_parser("train", help="fine-tune a model with FAME (or the plain baseline)")
     t.add_argument(
-        "--model", required=True,
+        "--model",
+        required=True,
         help="minilm-l6-bert2bert, smollm2-135m, a tiny-* model, a path or hub id",
-    )  # fmt: skip
+    )
     t.add_argument("--data", choices=("xsum", "cnndm"), default="xsum")
     t.add_argument("--no-focus", action="store_true", help="train the plain baseline")
     t.add_argument(
-        "--freeze-base", action="store_true",
+        "--freeze-base",
+        action="store_true",
         help="train only the FAME head; the base runs once per example (CPU-friendly)",
-    )  # fmt: skip
-    for name, typ in (("epochs", int), ("lr", float), ("batch-size", int), ("grad-accum", int),
-                      ("max-steps", int), ("max-time", float), ("frequent-size", int),
-                      ("mle-weight", float), ("max-source", int), ("max-target", int)):  # fmt: skip
+    )
+    for name, typ in (
+        ("epochs", int),
+        ("lr", float),
+        ("batch-size", int),
+        ("grad-accum", int),
+        ("max-steps", int),
+        ("max-time", float),
+        ("frequent-size", int),
+        ("mle-weight", float),
+        ("max-source", int),
+        ("max-target", int),
+    ):
         t.add_argument(f"--{name}", type=typ, default=None)
-    t.add_argument("--frequent", choices=("negative", "ignore"), default=None,
-                   help="F as negatives of the topic loss (paper) or ignored")  # fmt: skip
+    t.add_argument(
+        "--frequent",
+        choices=("negative", "ignore"),
+        default=None,
+        help="F as negatives of the topic loss (paper) or ignored",
+    )
     t.add_argument("--max-train", type=int, default=None, help="use the first N train docs")
     t.add_argument("--max-valid", type=int, default=None)
     t.add_argument("--output", default=None)

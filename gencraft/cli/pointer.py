@@ -37,8 +37,10 @@ def cmd_train(args: argparse.Namespace) -> None:
     model = PointerSentinelLSTM.from_preset(args.preset, len(corpus.vocab), **overrides)
     names = {f.name for f in fields(TrainConfig)}
     cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
-    out = Path(args.output or f"outputs/pointer-{args.corpus}-{args.preset}"
-               f"{'-lstm' if args.no_pointer else ''}")  # fmt: skip
+    out = Path(
+        args.output
+        or f"outputs/pointer-{args.corpus}-{args.preset}{'-lstm' if args.no_pointer else ''}"
+    )
     n_params = sum(p.numel() for p in model.parameters())
     kind = "plain LSTM" if args.no_pointer else "pointer sentinel-LSTM"
     n_ptr = model.num_pointer_parameters()
@@ -53,8 +55,14 @@ def cmd_train(args: argparse.Namespace) -> None:
         "steps": trainer.global_step,
     }
     for split in ("valid", "test"):
-        r = evaluate(best, corpus[split], batch_size=args.final_eval_batch_size, bptt=cfg.bptt,
-                     progress=not args.quiet, desc=split)  # fmt: skip
+        r = evaluate(
+            best,
+            corpus[split],
+            batch_size=args.final_eval_batch_size,
+            bptt=cfg.bptt,
+            progress=not args.quiet,
+            desc=split,
+        )
         result[f"{split}_ppl"] = r["ppl"]
     (out / "results.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
@@ -74,10 +82,19 @@ def cmd_eval(args: argparse.Namespace) -> None:
             f"vocabulary mismatch: the checkpoint has {model.config.vocab_size} words, "
             f"{corpus_name} has {len(corpus.vocab)}"
         )
-    r = evaluate(model, corpus[args.split], batch_size=args.batch_size, bptt=args.bptt,
-                 progress=True, desc=args.split)  # fmt: skip
-    print(json.dumps({"corpus": corpus_name, "split": args.split, "ppl": r["ppl"],
-                      "tokens": r["tokens"]}))  # fmt: skip
+    r = evaluate(
+        model,
+        corpus[args.split],
+        batch_size=args.batch_size,
+        bptt=args.bptt,
+        progress=True,
+        desc=args.split,
+    )
+    print(
+        json.dumps(
+            {"corpus": corpus_name, "split": args.split, "ppl": r["ppl"], "tokens": r["tokens"]}
+        )
+    )
 
 
 def _model_dir(path: str) -> Path:
@@ -113,18 +130,25 @@ def cmd_analyze(args: argparse.Namespace) -> None:
         ids = corpus[args.split]
         a = evaluate(base, ids, batch_size=args.batch_size, return_details=True, progress=True)
         b = evaluate(ptr, ids, batch_size=args.batch_size, return_details=True, progress=True)
-        rows = bucket_gains(a["token_nll"], b["token_nll"], a["targets"],
-                            frequency_buckets(corpus.vocab.counts))  # fmt: skip
+        rows = bucket_gains(
+            a["token_nll"], b["token_nll"], a["targets"], frequency_buckets(corpus.vocab.counts)
+        )
         plot_bucket_gains(rows, out / "frequency_gain.png", f"{name} {args.split}")
         summary.update(lstm_ppl=a["ppl"], pointer_ppl=b["ppl"], buckets=rows)
         print(f"wrote {out / 'frequency_gain.png'}")
     view = passage_view(ptr, corpus, args.split, args.start, args.length)
     plot_passage(view, out / "passage.png", max_distance=args.max_distance)
     summary["passage"] = [
-        {"input": i, "target": t, "gate": round(float(g), 4), "top_word": w, "distance": d,
-         "attention": round(a, 4)}
+        {
+            "input": i,
+            "target": t,
+            "gate": round(float(g), 4),
+            "top_word": w,
+            "distance": d,
+            "attention": round(a, 4),
+        }
         for i, t, g, (w, d, a) in zip(view.inputs, view.targets, view.gate, view.top, strict=True)
-    ]  # fmt: skip
+    ]
     (out / "analysis.json").write_text(json.dumps(summary, indent=2))
     print(f"wrote {out / 'passage.png'} and {out / 'analysis.json'}")
     for row in summary["passage"]:
@@ -160,12 +184,20 @@ def add_parser(sub: Any, data_dir_arg: Any) -> None:
     t.add_argument("--max-time", type=float, default=None, help="training budget in seconds")
     t.add_argument("--eval-every", type=int, default=None, help="steps (default: each epoch)")
     t.add_argument("--eval-batch-size", type=int, default=None, help="validation streams (10)")
-    t.add_argument("--final-eval-batch-size", type=int, default=1,
-                   help="streams for the final valid/test perplexity (default 1)")  # fmt: skip
+    t.add_argument(
+        "--final-eval-batch-size",
+        type=int,
+        default=1,
+        help="streams for the final valid/test perplexity (default 1)",
+    )
     t.add_argument("--pointer-loss-weight", type=float, default=None, help="weight of eq. 9")
     t.add_argument("--save-every", type=int, default=None)
-    t.add_argument("--revert-on-worse", action="store_true", default=None,
-                   help="on a worse validation, also reload the best weights")  # fmt: skip
+    t.add_argument(
+        "--revert-on-worse",
+        action="store_true",
+        default=None,
+        help="on a worse validation, also reload the best weights",
+    )
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     data_dir_arg(t)

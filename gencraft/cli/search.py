@@ -26,23 +26,47 @@ def cmd_beam(args: argparse.Namespace) -> None:
     from gencraft.search import beam_search
 
     model, tok, ids = _load(args)
-    hyps = beam_search(model, ids, num_beams=args.beams, max_new_tokens=args.max_new_tokens,
-                       finished=args.finished, force_length=args.force_length,
-                       forced_eos=args.forced_eos)  # fmt: skip
+    hyps = beam_search(
+        model,
+        ids,
+        num_beams=args.beams,
+        max_new_tokens=args.max_new_tokens,
+        finished=args.finished,
+        force_length=args.force_length,
+        forced_eos=args.forced_eos,
+    )
     for h in hyps:
-        print(json.dumps({"text": tok.decode(h.tokens), "log_prob": round(h.score, 4),
-                          "tokens": len(h.tokens), "finished": h.finished}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "text": tok.decode(h.tokens),
+                    "log_prob": round(h.score, 4),
+                    "tokens": len(h.tokens),
+                    "finished": h.finished,
+                }
+            )
+        )
 
 
 def cmd_mode(args: argparse.Namespace) -> None:
     from gencraft.search import exact_mode
 
     model, tok, ids = _load(args)
-    r = exact_mode(model, ids, max_new_tokens=args.max_new_tokens, length=args.length,
-                   max_nodes=args.max_nodes)  # fmt: skip
-    print(json.dumps({"text": tok.decode(r.tokens), "log_prob": round(r.log_prob, 4),
-                      "tokens": len(r.tokens), "exact": r.exact, "nodes": r.nodes,
-                      "seconds": round(r.seconds, 2)}))  # fmt: skip
+    r = exact_mode(
+        model, ids, max_new_tokens=args.max_new_tokens, length=args.length, max_nodes=args.max_nodes
+    )
+    print(
+        json.dumps(
+            {
+                "text": tok.decode(r.tokens),
+                "log_prob": round(r.log_prob, 4),
+                "tokens": len(r.tokens),
+                "exact": r.exact,
+                "nodes": r.nodes,
+                "seconds": round(r.seconds, 2),
+            }
+        )
+    )
 
 
 def cmd_train_classifier(args: argparse.Namespace) -> None:
@@ -59,19 +83,38 @@ def cmd_train_classifier(args: argparse.Namespace) -> None:
     seed_everything(args.seed)
     model, tok = load_model(args.model, device=args.device)
     kinds = ("xsum", "e2e") if args.prompts == "both" else (args.prompts,)
-    texts = [t for kind in kinds for t in instruction_texts(
-        kind, args.num_prompts // len(kinds), args.data_dir, split="train")]  # fmt: skip
+    texts = [
+        t
+        for kind in kinds
+        for t in instruction_texts(
+            kind, args.num_prompts // len(kinds), args.data_dir, split="train"
+        )
+    ]
     prompts = [encode_prompt(tok, t) for t in texts]
     out = Path(args.output or f"outputs/search-clf-{args.attribute}-{Path(args.model).name}")
-    print(f"{args.attribute} classifier for {args.model}: {len(prompts)} train prompts x "
-          f"{args.samples_per_prompt} samples -> {out}")  # fmt: skip
-    rows = sample_training_data(model, tok, prompts, attribute=args.attribute,
-                                samples_per_prompt=args.samples_per_prompt,
-                                max_new_tokens=args.max_new_tokens, prompt_texts=texts,
-                                censored=args.censored, seed=args.seed)  # fmt: skip
+    print(
+        f"{args.attribute} classifier for {args.model}: {len(prompts)} train prompts x "
+        f"{args.samples_per_prompt} samples -> {out}"
+    )
+    rows = sample_training_data(
+        model,
+        tok,
+        prompts,
+        attribute=args.attribute,
+        samples_per_prompt=args.samples_per_prompt,
+        max_new_tokens=args.max_new_tokens,
+        prompt_texts=texts,
+        censored=args.censored,
+        seed=args.seed,
+    )
     clf = classifier_for(model, args.attribute)
-    cfg = ClassifierTrainConfig(attribute=args.attribute, epochs=args.epochs, lr=args.lr,
-                                batch_size=args.batch_size, seed=args.seed)  # fmt: skip
+    cfg = ClassifierTrainConfig(
+        attribute=args.attribute,
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
     result = train_classifier(clf, rows, cfg, out)
     print(json.dumps({k: v for k, v in result.items() if k != "history"}, indent=2))
 
@@ -92,13 +135,19 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         if name == "beam":
             g.add_argument("--beams", type=int, default=4)
             g.add_argument("--finished", choices=("aside", "on_beam"), default="aside")
-            g.add_argument("--force-length", type=int, default=None,
-                           help="exactly N tokens before EOS")  # fmt: skip
-            g.add_argument("--forced-eos", choices=("model", "free"), default="model",
-                           help="the forced EOS scores the model's log P(EOS), or 0")  # fmt: skip
+            g.add_argument(
+                "--force-length", type=int, default=None, help="exactly N tokens before EOS"
+            )
+            g.add_argument(
+                "--forced-eos",
+                choices=("model", "free"),
+                default="model",
+                help="the forced EOS scores the model's log P(EOS), or 0",
+            )
         else:
-            g.add_argument("--length", type=int, default=None,
-                           help="the best output of exactly N tokens")  # fmt: skip
+            g.add_argument(
+                "--length", type=int, default=None, help="the best output of exactly N tokens"
+            )
             g.add_argument("--max-nodes", type=int, default=None)
         g.set_defaults(func=func)
 
@@ -107,14 +156,21 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     )
     t.add_argument("--model", default="smollm2-135m")
     t.add_argument("--attribute", choices=("length", "degenerate"), default="length")
-    t.add_argument("--prompts", choices=("xsum", "e2e", "both"), default="both",
-                   help="instruction prompts built from these training splits")  # fmt: skip
+    t.add_argument(
+        "--prompts",
+        choices=("xsum", "e2e", "both"),
+        default="both",
+        help="instruction prompts built from these training splits",
+    )
     t.add_argument("--num-prompts", type=int, default=200)
     t.add_argument("--samples-per-prompt", type=int, default=8)
     t.add_argument("--max-new-tokens", type=int, default=64)
-    t.add_argument("--censored", action="store_true",
-                   help="length: train on the lower-bound labels of samples cut at "
-                   "--max-new-tokens instead of ignoring them")  # fmt: skip
+    t.add_argument(
+        "--censored",
+        action="store_true",
+        help="length: train on the lower-bound labels of samples cut at "
+        "--max-new-tokens instead of ignoring them",
+    )
     t.add_argument("--epochs", type=int, default=8)
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--batch-size", type=int, default=8)

@@ -59,9 +59,11 @@ def focus_vocabulary(
 
 
 def oracle_vocabulary(
-    reference_ids: Sequence[int] | torch.Tensor, frequent_ids: torch.Tensor | None = None,
-    *, exclude: Iterable[int] = (),
-) -> torch.Tensor:  # fmt: skip
+    reference_ids: Sequence[int] | torch.Tensor,
+    frequent_ids: torch.Tensor | None = None,
+    *,
+    exclude: Iterable[int] = (),
+) -> torch.Tensor:
     """The oracle V_k: the reference summary's token ids (minus ``exclude``) ∪ F, sorted."""
     skip = set(exclude)
     ids = [int(t) for t in reference_ids if int(t) >= 0 and int(t) not in skip]

@@ -33,9 +33,14 @@ from gencraft.metrics import (
 )
 
 DECODINGS = (
-    "beam", "top_k", "nucleus", "focus_sample", "focus_sample+top_k", "focus_sample+nucleus",
+    "beam",
+    "top_k",
+    "nucleus",
+    "focus_sample",
+    "focus_sample+top_k",
+    "focus_sample+nucleus",
     "focus_top",
-)  # fmt: skip
+)
 
 
 def _generate_kwargs(decoding: str, num_beams: int, top_k: int, top_p: float) -> dict:

@@ -114,8 +114,11 @@ def head_losses(
     logits = F.linear(y + states, e.weight, e.bias) + residual.to(dev)
     mle = F.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten(), ignore_index=-100)
     topic = topic_loss(
-        head.pooled(g, mask) @ e.weight.t(), tgt, model.frequent_ids, None,
+        head.pooled(g, mask) @ e.weight.t(),
+        tgt,
+        model.frequent_ids,
+        None,
         frequent=model.config.frequent,
-    )  # fmt: skip
+    )
     lam = model.config.mle_weight
     return lam * mle + (1 - lam) * topic, mle, topic

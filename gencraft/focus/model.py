@@ -143,10 +143,10 @@ class FocusForConditionalGeneration(nn.Module):
         ).to(device=out.weight.device, dtype=out.weight.dtype)
         self.register_buffer(
             "frequent_ids",
-            torch.as_tensor(
-                frequent_ids if frequent_ids is not None else [], dtype=torch.long
-            ).to(out.weight.device),
-        )  # fmt: skip
+            torch.as_tensor(frequent_ids if frequent_ids is not None else [], dtype=torch.long).to(
+                out.weight.device
+            ),
+        )
         v = out.out_features
         if self.frequent_ids.numel() and not (
             int(self.frequent_ids.min()) >= 0 and int(self.frequent_ids.max()) < v
@@ -321,17 +321,21 @@ class FocusForConditionalGeneration(nn.Module):
         finally:
             self._pending_mask = None
         result = FocusModelOutput(
-            logits=out.logits, past_key_values=getattr(out, "past_key_values", None),
+            logits=out.logits,
+            past_key_values=getattr(out, "past_key_values", None),
             base_output=out,
-        )  # fmt: skip
+        )
         if labels is not None or return_focus:
             result.topic_logits = self.topic_logits()
         if labels is not None:
             result.mle_loss = out.loss
             result.topic_loss = topic_loss(
-                result.topic_logits, labels, self.frequent_ids, None,
+                result.topic_logits,
+                labels,
+                self.frequent_ids,
+                None,
                 frequent=self.config.frequent,
-            )  # fmt: skip
+            )
             lam = self.config.mle_weight
             result.loss = lam * out.loss + (1.0 - lam) * result.topic_loss
         if return_focus and self._last:
@@ -392,8 +396,10 @@ class FocusForConditionalGeneration(nn.Module):
                     f"focus_vocabularies has {len(focus_vocabularies)} sets for "
                     f"{input_ids.shape[0]} documents"
                 )
-            sets = [torch.unique(torch.cat([v.cpu().long(), self.frequent_ids.cpu()]))
-                    for v in focus_vocabularies]  # fmt: skip
+            sets = [
+                torch.unique(torch.cat([v.cpu().long(), self.frequent_ids.cpu()]))
+                for v in focus_vocabularies
+            ]
             processors.append(FocusLogitsProcessor(sets, always_allowed=self.special_ids()))
         elif focus_k is not None:
             v = self.embedding_weight.shape[0]
@@ -406,9 +412,11 @@ class FocusForConditionalGeneration(nn.Module):
         self._source = None
         try:
             return self.base.generate(
-                input_ids=input_ids, attention_mask=attention_mask, logits_processor=processors,
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                logits_processor=processors,
                 **kwargs,
-            )  # fmt: skip
+            )
         finally:
             self._source_len = self._n_docs = None
 
@@ -420,8 +428,15 @@ class FocusForConditionalGeneration(nn.Module):
         cfg = {**asdict(self.config), "task": self.task, "hidden_size": self.head.hidden_size}
         tensors = {f"head.{k}": v for k, v in self.head.state_dict().items()}
         tensors["frequent_ids"] = self.frequent_ids
-        save_head(directory, config=cfg, tensors=tensors, base=self.base, save_base=save_base,
-                  config_name=FOCUS_CONFIG, weights_name=FOCUS_WEIGHTS)  # fmt: skip
+        save_head(
+            directory,
+            config=cfg,
+            tensors=tensors,
+            base=self.base,
+            save_base=save_base,
+            config_name=FOCUS_CONFIG,
+            weights_name=FOCUS_WEIGHTS,
+        )
 
     @property
     def task(self) -> str:
@@ -433,12 +448,18 @@ class FocusForConditionalGeneration(nn.Module):
     ) -> FocusForConditionalGeneration:
         """Load what :meth:`save_pretrained` wrote; the base from ``base_model``, else
         ``directory/base``, else the recorded ``base_name_or_path``."""
-        cfg, state = read_head(directory, config_name=FOCUS_CONFIG, weights_name=FOCUS_WEIGHTS,
-                               what="FAME model")  # fmt: skip
+        cfg, state = read_head(
+            directory, config_name=FOCUS_CONFIG, weights_name=FOCUS_WEIGHTS, what="FAME model"
+        )
         task, hidden = cfg.pop("task"), cfg.pop("hidden_size")
         cfg.pop("base_saved", None)
-        base = load_base(directory, {**cfg, "base_saved": (Path(directory) / "base").is_dir()},
-                         task, base_model, **load_kw)  # fmt: skip
+        base = load_base(
+            directory,
+            {**cfg, "base_saved": (Path(directory) / "base").is_dir()},
+            task,
+            base_model,
+            **load_kw,
+        )
         model = cls(base, FocusConfig(**cfg), frequent_ids=state.pop("frequent_ids"))
         if model.head.hidden_size != hidden:
             raise GencraftError(
@@ -472,10 +493,11 @@ class _LazyFocusProcessor(LogitsProcessor):
                 raise GencraftError(f"{rows} source rows cannot be split among {docs} documents")
             freq = self.model.frequent_ids
             self.vocabularies = [
-                focus_vocabulary(t, self.k, mode=self.mode, frequent_ids=freq,
-                                 generator=self.generator)
+                focus_vocabulary(
+                    t, self.k, mode=self.mode, frequent_ids=freq, generator=self.generator
+                )
                 for t in topic[:: rows // docs]
-            ]  # fmt: skip
+            ]
             self.inner = FocusLogitsProcessor(
                 self.vocabularies, always_allowed=self.model.special_ids()
             )

@@ -30,9 +30,11 @@ def frequent_token_ids(
 
 
 def topic_targets(
-    target_ids: torch.Tensor, vocab_size: int, pad_token_id: int | None,
+    target_ids: torch.Tensor,
+    vocab_size: int,
+    pad_token_id: int | None,
     frequent_ids: torch.Tensor | None = None,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """[B, V] float: 1 for tokens of the reference summary (Ŷ), minus F (Ŷ_c = Ŷ − F)."""
     if target_ids.dim() != 2:
         raise ValueError(f"target_ids must be [B, T], got shape {tuple(target_ids.shape)}")

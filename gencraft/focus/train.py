@@ -145,9 +145,11 @@ class FocusTrainer:
             ]
             freq = frequent_token_ids(corpus, config.frequent_size, exclude=special)
             fcfg = FocusConfig(
-                mle_weight=config.mle_weight, frequent=config.frequent,
-                freeze_base=config.freeze_base, base_name_or_path=base_name_or_path,
-            )  # fmt: skip
+                mle_weight=config.mle_weight,
+                frequent=config.frequent,
+                freeze_base=config.freeze_base,
+                base_name_or_path=base_name_or_path,
+            )
             self.model: nn.Module = FocusForConditionalGeneration(base, fcfg, frequent_ids=freq)
         else:
             self.model = base
@@ -181,8 +183,9 @@ class FocusTrainer:
     def _loss(self, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
         if self.cfg.precompute:
             feats, residual = batch
-            loss, mle, topic = head_losses(self.accelerator.unwrap_model(self.model), feats,
-                                           residual)  # fmt: skip
+            loss, mle, topic = head_losses(
+                self.accelerator.unwrap_model(self.model), feats, residual
+            )
             return loss, {"mle": mle.item(), "topic": topic.item()}
         out = self.model(**batch)
         parts = {"mle": (out.mle_loss if self.cfg.focus else out.loss).item()}
@@ -197,11 +200,14 @@ class FocusTrainer:
             if shuffle:
                 random.shuffle(order)
             bs = self.cfg.batch_size
-            return [([items[i] for i in order[j : j + bs]], residual)
-                    for j in range(0, len(order), bs)]  # fmt: skip
+            return [
+                ([items[i] for i in order[j : j + bs]], residual) for j in range(0, len(order), bs)
+            ]
         dev = self.accelerator.device
-        return [{k: v.to(dev) for k, v in collate(c, self.pad_id).items()}
-                for c in self._batches(rows, shuffle)]  # fmt: skip
+        return [
+            {k: v.to(dev) for k, v in collate(c, self.pad_id).items()}
+            for c in self._batches(rows, shuffle)
+        ]
 
     # ------------------------------------------------------------------ loop
     @torch.no_grad()
@@ -223,8 +229,9 @@ class FocusTrainer:
         if cfg.precompute:
             train_feats = self._features(self.train_rows, "base states (train)")
             valid_feats = self._features(self.valid_rows, "base states (valid)")
-        steps_per_epoch = math.ceil(math.ceil(len(self.train_rows) / cfg.batch_size)
-                                    / cfg.grad_accum)  # fmt: skip
+        steps_per_epoch = math.ceil(
+            math.ceil(len(self.train_rows) / cfg.batch_size) / cfg.grad_accum
+        )
         total = cfg.max_steps or steps_per_epoch * cfg.epochs
         from transformers import get_linear_schedule_with_warmup
 
@@ -253,16 +260,21 @@ class FocusTrainer:
                 if acc.sync_gradients:
                     self.step += 1
                     bar.update(1)
-                    bar.set_postfix(loss=f"{loss.item():.3f}", **{k: f"{v:.3f}"
-                                    for k, v in parts.items()})  # fmt: skip
+                    bar.set_postfix(
+                        loss=f"{loss.item():.3f}", **{k: f"{v:.3f}" for k, v in parts.items()}
+                    )
                 elapsed = self.train_time + time.perf_counter() - t0
                 if self.step >= total or (cfg.max_time and elapsed >= cfg.max_time):
                     done = True
                     break
             self.train_time += time.perf_counter() - t0
             val = self.validate(valid_feats) if self.valid_rows else {}
-            row = {"epoch": epoch + 1, "step": self.step, "train_time": self.train_time, **{
-                f"valid_{k}": v for k, v in val.items()}}  # fmt: skip
+            row = {
+                "epoch": epoch + 1,
+                "step": self.step,
+                "train_time": self.train_time,
+                **{f"valid_{k}": v for k, v in val.items()},
+            }
             self.history.append(row)
             if self.progress:
                 tqdm.write(f"epoch {epoch + 1}: {row}")
@@ -274,8 +286,12 @@ class FocusTrainer:
                 break
         bar.close()
         write_json(self.out / "history.json", self.history)
-        return {"steps": self.step, "train_time": self.train_time,
-                "trained_examples": self.trained_examples, "best_valid_loss": best}  # fmt: skip
+        return {
+            "steps": self.step,
+            "train_time": self.train_time,
+            "trained_examples": self.trained_examples,
+            "best_valid_loss": best,
+        }
 
     def save(self, directory: Path) -> None:
         if not self.accelerator.is_main_process:

@@ -46,8 +46,11 @@ def bertscore(
         model, num_layers = str(minilm_dir()), num_layers or 6
     # an empty side has no token to match: it scores 0 (bert-score's own handling of empty
     # strings calls a tokenizer method that transformers 5 removed)
-    keep = [i for i, (c, ref) in enumerate(zip(predictions, references, strict=True))
-            if c.strip() and ref.strip()]  # fmt: skip
+    keep = [
+        i
+        for i, (c, ref) in enumerate(zip(predictions, references, strict=True))
+        if c.strip() and ref.strip()
+    ]
     totals = {"p": 0.0, "r": 0.0, "f": 0.0}
     if keep:
         p, r, f = bert_score.score(

@@ -77,10 +77,13 @@ class EntailmentScorer:
         out: list[float] = []
         for i in range(0, len(premises), self.batch_size):
             enc = self.tokenizer(
-                list(premises[i : i + self.batch_size]), list(hypotheses[i : i + self.batch_size]),
-                truncation="only_first", max_length=self.max_length, padding=True,
+                list(premises[i : i + self.batch_size]),
+                list(hypotheses[i : i + self.batch_size]),
+                truncation="only_first",
+                max_length=self.max_length,
+                padding=True,
                 return_tensors="pt",
-            ).to(dev)  # fmt: skip
+            ).to(dev)
             probs = torch.softmax(self.model(**enc).logits.float(), dim=-1)
             out += probs[:, self.entailment_label].tolist()
         return out

@@ -24,9 +24,12 @@ def frequency_buckets(counts: list[int], n_buckets: int = 10) -> torch.Tensor:
 
 
 def bucket_gains(
-    nll_base: torch.Tensor, nll_pointer: torch.Tensor, targets: torch.Tensor,
-    buckets: torch.Tensor, n_buckets: int = 10,
-) -> list[dict[str, Any]]:  # fmt: skip
+    nll_base: torch.Tensor,
+    nll_pointer: torch.Tensor,
+    targets: torch.Tensor,
+    buckets: torch.Tensor,
+    n_buckets: int = 10,
+) -> list[dict[str, Any]]:
     """Per bucket: tokens, mean NLL of each model and the mean gain ``nll_base - nll_pointer``
     (log-perplexity, nats). All tensors are per scored token, of one shape."""
     b = buckets[targets.flatten()]
@@ -36,8 +39,9 @@ def bucket_gains(
         n = int(sel.sum())
         base = float(nll_base.flatten()[sel].double().mean()) if n else float("nan")
         ptr = float(nll_pointer.flatten()[sel].double().mean()) if n else float("nan")
-        rows.append({"bucket": i + 1, "tokens": n, "nll_lstm": base, "nll_pointer": ptr,
-                     "gain": base - ptr})  # fmt: skip
+        rows.append(
+            {"bucket": i + 1, "tokens": n, "nll_lstm": base, "nll_pointer": ptr, "gain": base - ptr}
+        )
     return rows
 
 
@@ -120,9 +124,12 @@ def passage_view(
         d = int(row.argmax())
         top.append((words[pos - d], d, float(row[d])))
     return PassageView(
-        inputs=words[s - length :], targets=corpus.vocab.decode(y[0].cpu()),
-        gate=out.gate[0].cpu(), attention=dist, top=top,
-    )  # fmt: skip
+        inputs=words[s - length :],
+        targets=corpus.vocab.decode(y[0].cpu()),
+        gate=out.gate[0].cpu(),
+        attention=dist,
+        top=top,
+    )
 
 
 def plot_passage(view: PassageView, path: str | Path, max_distance: int | None = None) -> Path:

@@ -171,8 +171,15 @@ class PointerSentinelHead(nn.Module):
             "query.bias": self.query.bias,
             "sentinel": self.sentinel,
         }
-        save_head(directory, config=cfg, tensors=tensors, base=self.base, save_base=save_base,
-                  config_name=HEAD_CONFIG, weights_name=HEAD_WEIGHTS)  # fmt: skip
+        save_head(
+            directory,
+            config=cfg,
+            tensors=tensors,
+            base=self.base,
+            save_base=save_base,
+            config_name=HEAD_CONFIG,
+            weights_name=HEAD_WEIGHTS,
+        )
 
     @classmethod
     def from_pretrained(
@@ -180,13 +187,16 @@ class PointerSentinelHead(nn.Module):
     ) -> PointerSentinelHead:
         """Load a saved head; the base comes from ``base_model``, else ``directory/base``, else
         :func:`gencraft.models.load_model` on the recorded name (``load_kw`` passed on)."""
-        cfg, state = read_head(directory, config_name=HEAD_CONFIG, weights_name=HEAD_WEIGHTS,
-                               what="pointer head")  # fmt: skip
+        cfg, state = read_head(
+            directory, config_name=HEAD_CONFIG, weights_name=HEAD_WEIGHTS, what="pointer head"
+        )
         base_model = load_base(directory, cfg, "causal-lm", base_model, **load_kw)
         head = cls(
-            base_model, cfg["window"], freeze_base=cfg["freeze_base"],
+            base_model,
+            cfg["window"],
+            freeze_base=cfg["freeze_base"],
             base_name_or_path=cfg["base_name_or_path"],
-        )  # fmt: skip
+        )
         if head.query.in_features != cfg["hidden_size"]:
             raise GencraftError(
                 f"the base model's hidden size {head.query.in_features} differs from the saved "

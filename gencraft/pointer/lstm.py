@@ -85,21 +85,36 @@ class PointerSentinelConfig:
 PRESETS: dict[str, dict[str, Any]] = {
     # The paper's medium model: 2 x 650, L = 100, 0.5 locked dropout and zoneout.
     "medium": dict(
-        hidden_size=650, num_layers=2, window=100, dropout=0.5, output_dropout=0.5,
-        zoneout_c=0.5, zoneout_h=0.5,
+        hidden_size=650,
+        num_layers=2,
+        window=100,
+        dropout=0.5,
+        output_dropout=0.5,
+        zoneout_c=0.5,
+        zoneout_h=0.5,
     ),
     # CPU-sized: 2 x 256, lighter regularisation for a ~20-minute budget, and no zoneout, so each
     # layer runs the fused LSTM kernel (about 3x faster on CPU than the zoneout step loop).
     "small": dict(
-        hidden_size=256, num_layers=2, window=100, dropout=0.25, output_dropout=0.25,
-        zoneout_c=0.0, zoneout_h=0.0,
+        hidden_size=256,
+        num_layers=2,
+        window=100,
+        dropout=0.25,
+        output_dropout=0.25,
+        zoneout_c=0.0,
+        zoneout_h=0.0,
     ),
     # For tests: seconds on one core.
     "tiny": dict(
-        hidden_size=32, num_layers=2, window=20, dropout=0.1, output_dropout=0.1,
-        zoneout_c=0.1, zoneout_h=0.1,
+        hidden_size=32,
+        num_layers=2,
+        window=20,
+        dropout=0.1,
+        output_dropout=0.1,
+        zoneout_c=0.1,
+        zoneout_h=0.1,
     ),
-}  # fmt: skip
+}
 
 
 @dataclass
@@ -139,10 +154,15 @@ class PointerSentinelLSTM(nn.Module):
         self.config = c = config
         self.embedding = nn.Embedding(c.vocab_size, c.emb_size)
         self.rnn = ZoneoutLSTM(
-            c.emb_size, c.hidden_size, c.num_layers, dropout=c.dropout,
-            zoneout_c=c.zoneout_c, zoneout_h=c.zoneout_h,
-            zoneout_mask=c.zoneout_mask, zoneout_eval=c.zoneout_eval,
-        )  # fmt: skip
+            c.emb_size,
+            c.hidden_size,
+            c.num_layers,
+            dropout=c.dropout,
+            zoneout_c=c.zoneout_c,
+            zoneout_h=c.zoneout_h,
+            zoneout_mask=c.zoneout_mask,
+            zoneout_eval=c.zoneout_eval,
+        )
         self.output_dropout = LockedDropout(c.output_dropout)
         self.decoder = nn.Linear(c.hidden_size, c.vocab_size)
         if c.tie_weights:
@@ -275,9 +295,12 @@ class PointerSentinelLSTM(nn.Module):
         )
 
     def full_log_probs(
-        self, logits: torch.Tensor, log_attn: torch.Tensor | None, gate: torch.Tensor | None,
+        self,
+        logits: torch.Tensor,
+        log_attn: torch.Tensor | None,
+        gate: torch.Tensor | None,
         state_ids: torch.Tensor,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """[B, T, V] mixture log-probabilities (eq. 6) from a forward pass run with
         ``return_logits`` and ``return_attention``; ``state_ids`` [B, S] as for the window."""
         if log_attn is None or gate is None:

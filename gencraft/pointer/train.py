@@ -70,8 +70,9 @@ class TrainConfig:
         if self.k1 is not None and not 1 <= self.k1 <= self.bptt:
             raise ValueError(f"k1 must lie in [1, bptt = {self.bptt}], got {self.k1}")
         if self.window_refresh not in ("regenerate", "stale"):
-            raise ValueError(f"window_refresh must be 'regenerate' or 'stale', got "
-                             f"{self.window_refresh!r}")  # fmt: skip
+            raise ValueError(
+                f"window_refresh must be 'regenerate' or 'stale', got {self.window_refresh!r}"
+            )
         if self.window_refresh == "stale" and self.k1 not in (None, self.bptt):
             raise ValueError("window_refresh='stale' needs k1 = k2 (= bptt)")
         if self.optimizer not in ("sgd", "adam"):
@@ -286,9 +287,14 @@ class Trainer:
         y = data[:, st.loss_start + 1 : st.end + 1]
         keep_in_grad = st.keep - (st.grad_start - st.start) if kept is None else None
         out = self.model(
-            x, y, state, memory=memory, memory_ids=memory_ids, masks=masks,
+            x,
+            y,
+            state,
+            memory=memory,
+            memory_ids=memory_ids,
+            masks=masks,
             keep_state_at=keep_in_grad,
-        )  # fmt: skip
+        )
         self.last_nll = out.nll.detach()  # [B, k1], for inspection
         loss = out.nll.mean()
         if out.pointer_nll is not None and cfg.pointer_loss_weight:
@@ -312,9 +318,13 @@ class Trainer:
     # -- evaluation, checkpoints ----------------------------------------------------------
     def validate(self, split: str = "valid") -> dict[str, Any]:
         return evaluate(
-            self.raw_model, self.corpus[split], batch_size=self.config.eval_batch_size,
-            bptt=self.config.bptt, progress=self.progress, desc=split,
-        )  # fmt: skip
+            self.raw_model,
+            self.corpus[split],
+            batch_size=self.config.eval_batch_size,
+            bptt=self.config.bptt,
+            progress=self.progress,
+            desc=split,
+        )
 
     def _set_lr(self, lr: float) -> None:
         for g in self.optimizer.param_groups:
@@ -364,8 +374,16 @@ class Trainer:
         st = load_torch(d / "trainer_state.pt")
         self.optimizer.load_state_dict(st["optimizer"])
         self.schedule.load_state_dict(st["schedule"])
-        for k in ("epoch", "step_in_epoch", "global_step", "train_time", "eval_time",
-                  "trained_tokens", "history", "done"):  # fmt: skip
+        for k in (
+            "epoch",
+            "step_in_epoch",
+            "global_step",
+            "train_time",
+            "eval_time",
+            "trained_tokens",
+            "history",
+            "done",
+        ):
             setattr(self, k, st[k])
         dev = self.accelerator.device
         self.carry = None if st["carry"] is None else tuple(t.to(dev) for t in st["carry"])
@@ -378,10 +396,14 @@ class Trainer:
         res = self.validate("valid")
         improved, decay, stop = self.schedule.step(res["nll"] / res["tokens"])
         row = {
-            "epoch": self.epoch, "step": self.global_step, "valid_ppl": res["ppl"],
-            "lr": self.lr, "train_time": self.train_time, "eval_time": self.eval_time,
+            "epoch": self.epoch,
+            "step": self.global_step,
+            "valid_ppl": res["ppl"],
+            "lr": self.lr,
+            "train_time": self.train_time,
+            "eval_time": self.eval_time,
             "train_tokens_per_s": self.trained_tokens / max(self.train_time, 1e-9),
-        }  # fmt: skip
+        }
         self.history.append(row)
         if improved and self.accelerator.is_main_process:
             self.raw_model.save_pretrained(self.output_dir / "best")
@@ -420,9 +442,12 @@ class Trainer:
         eval_every = cfg.eval_every or len(steps)
         while not self.done and self.epoch < cfg.max_epochs:
             bar = tqdm(
-                total=len(steps), initial=self.step_in_epoch, desc=f"epoch {self.epoch + 1}",
-                disable=not self.progress, unit="step",
-            )  # fmt: skip
+                total=len(steps),
+                initial=self.step_in_epoch,
+                desc=f"epoch {self.epoch + 1}",
+                disable=not self.progress,
+                unit="step",
+            )
             while self.step_in_epoch < len(steps):
                 if cfg.max_steps is not None and self.global_step >= cfg.max_steps:
                     bar.close()

@@ -117,8 +117,9 @@ def beam_search(
             f"force_length={force_length} needs 0 <= force_length < max_new_tokens "
             f"({max_new_tokens}): the EOS after the n tokens counts as a new token"
         )
-    stepper, eos = resolve(model, input_ids, eos_token_id, max_new_tokens=max_new_tokens,
-                           hidden=classifier is not None)  # fmt: skip
+    stepper, eos = resolve(
+        model, input_ids, eos_token_id, max_new_tokens=max_new_tokens, hidden=classifier is not None
+    )
     v = stepper.vocab_size
     if classifier is not None:
         k = v if k is None else k
@@ -126,15 +127,35 @@ def beam_search(
             raise GencraftError(f"k must be in [1, vocab size {v}], got {k}")
     elif k is not None and not 1 <= k <= v:
         raise GencraftError(f"k must be in [1, vocab size {v}], got {k}")
-    search = _BeamSearch(stepper, num_beams, max_new_tokens, classifier, k, alpha, eos,
-                         finished, force_length, forced_eos)  # fmt: skip
+    search = _BeamSearch(
+        stepper,
+        num_beams,
+        max_new_tokens,
+        classifier,
+        k,
+        alpha,
+        eos,
+        finished,
+        force_length,
+        forced_eos,
+    )
     return search.run()
 
 
 class _BeamSearch:
-    def __init__(self, stepper: Stepper, b: int, max_new: int, clf: AttributeScorer | None,
-                 k: int | None, alpha: float, eos: list[int], policy: str,
-                 force_length: int | None, forced_eos: str = "model") -> None:  # fmt: skip
+    def __init__(
+        self,
+        stepper: Stepper,
+        b: int,
+        max_new: int,
+        clf: AttributeScorer | None,
+        k: int | None,
+        alpha: float,
+        eos: list[int],
+        policy: str,
+        force_length: int | None,
+        forced_eos: str = "model",
+    ) -> None:
         self.s, self.b, self.max_new, self.clf = stepper, b, max_new, clf
         self.k, self.alpha, self.policy, self.force_length = k, alpha, policy, force_length
         self.forced_eos = forced_eos
@@ -172,8 +193,14 @@ class _BeamSearch:
             cond = (unc + clf_lp.to(unc)).masked_fill(dead, NEG)
             sel = (unc + self.alpha * clf_lp.to(unc)).masked_fill(dead, NEG)
         beam = torch.arange(b, device=dev)[:, None].expand_as(tok)
-        return sel.reshape(-1), unc.reshape(-1), cond.reshape(-1), beam.reshape(-1), \
-            tok.reshape(-1), cstate  # fmt: skip
+        return (
+            sel.reshape(-1),
+            unc.reshape(-1),
+            cond.reshape(-1),
+            beam.reshape(-1),
+            tok.reshape(-1),
+            cstate,
+        )
 
     def run(self) -> list[Hypothesis]:
         return self._aside() if self.policy == "aside" else self._on_beam()
@@ -241,8 +268,10 @@ class _BeamSearch:
             cache = self.s.reorder(cache, rows)
             out = self.s.step(new_tok, cache)
             logp, cache, hidden = out.log_probs, out.cache, out.hidden
-        return [Hypothesis(seq, sc, fin, key if self.clf is not None else None)
-                for key, sc, seq, fin in done]  # fmt: skip
+        return [
+            Hypothesis(seq, sc, fin, key if self.clf is not None else None)
+            for key, sc, seq, fin in done
+        ]
 
     # -- the thesis's Alg. 1 -----------------------------------------------------------------
     def _on_beam(self) -> list[Hypothesis]:
@@ -257,8 +286,9 @@ class _BeamSearch:
         scores[0] = 0.0
         eos = self.eos.to(dev)
         # per beam slot: tokens, complete?, frozen (selection, conditional) scores if complete
-        beams: list[dict[str, Any]] = [dict(tokens=[], done=False, eos=False, sel=0.0, cond=0.0)
-                                       for _ in range(b)]  # fmt: skip
+        beams: list[dict[str, Any]] = [
+            dict(tokens=[], done=False, eos=False, sel=0.0, cond=0.0) for _ in range(b)
+        ]
         for t in range(self.max_new):
             live = [i for i in range(b) if not beams[i]["done"]]
             logp = self._transform(logp, t)
@@ -268,11 +298,16 @@ class _BeamSearch:
             masked = sel.masked_fill(~keep, 2 * NEG)
             threshold = masked.topk(min(b, sel.numel())).values[-1]
             top = torch.nonzero(keep & (masked >= threshold)).flatten().tolist()
-            cands = [(float(sel[j]), float(unc[j]), float(cond[j]), int(beam[j]), int(tok[j]))
-                     for j in top]  # fmt: skip
+            cands = [
+                (float(sel[j]), float(unc[j]), float(cond[j]), int(beam[j]), int(tok[j]))
+                for j in top
+            ]
             # complete hypotheses compete with their frozen scores
-            cands += [(bm["sel"], float(scores[i]), bm["cond"], i, -1)
-                      for i, bm in enumerate(beams) if bm["done"]]  # fmt: skip
+            cands += [
+                (bm["sel"], float(scores[i]), bm["cond"], i, -1)
+                for i, bm in enumerate(beams)
+                if bm["done"]
+            ]
             cands.sort(key=lambda c: -c[0])  # stable: earlier (live, lower index) first on ties
             chosen = [c for c in cands if c[0] > NEG / 2][:b] or cands[:b]
             new_beams, rows, new_tok, new_scores = [], [], [], []
@@ -311,6 +346,9 @@ class _BeamSearch:
             # a forced length is satisfied by construction: P(a | x) = 1, rank by S alone
             key=lambda bm: -(final[id(bm)] if self.force_length is not None else bm["cond"]),
         )
-        return [Hypothesis(bm["tokens"], final[id(bm)], bm["eos"],
-                           bm["cond"] if self.clf is not None else None)
-                for bm in ranked]  # fmt: skip
+        return [
+            Hypothesis(
+                bm["tokens"], final[id(bm)], bm["eos"], bm["cond"] if self.clf is not None else None
+            )
+            for bm in ranked
+        ]

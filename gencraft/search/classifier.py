@@ -153,16 +153,20 @@ class AttributeClassifier(nn.Module):
         if c.d_clf % c.num_heads:
             raise GencraftError(f"d_clf={c.d_clf} must be divisible by num_heads={c.num_heads}")
         self.in_proj = nn.Linear(c.num_layers * c.hidden_size, c.d_clf)
-        layer = nn.TransformerEncoderLayer(c.d_clf, c.num_heads, 4 * c.d_clf, c.dropout,
-                                           batch_first=True, norm_first=True)  # fmt: skip
-        self.transformer = nn.TransformerEncoder(layer, c.transformer_layers,
-                                                 enable_nested_tensor=False)  # fmt: skip
+        layer = nn.TransformerEncoderLayer(
+            c.d_clf, c.num_heads, 4 * c.d_clf, c.dropout, batch_first=True, norm_first=True
+        )
+        self.transformer = nn.TransformerEncoder(
+            layer, c.transformer_layers, enable_nested_tensor=False
+        )
         self.out_proj = nn.Linear(c.d_clf, c.d_out)
         self.mlp = nn.Sequential(
-            nn.Linear(c.d_out + c.embed_size, c.mlp_hidden), nn.ReLU(),
-            nn.Linear(c.mlp_hidden, c.mlp_hidden), nn.ReLU(),
+            nn.Linear(c.d_out + c.embed_size, c.mlp_hidden),
+            nn.ReLU(),
+            nn.Linear(c.mlp_hidden, c.mlp_hidden),
+            nn.ReLU(),
             nn.Linear(c.mlp_hidden, c.num_classes),
-        )  # fmt: skip
+        )
         self._embedding: list[nn.Embedding] = []  # not a submodule: not saved, not trained
         self.target_class: Any = 0
 
@@ -196,13 +200,15 @@ class AttributeClassifier(nn.Module):
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         if not self._embedding:
-            raise GencraftError("call classifier.bind(model) first (it reads the model's "
-                                "input embeddings)")  # fmt: skip
+            raise GencraftError(
+                "call classifier.bind(model) first (it reads the model's input embeddings)"
+            )
         with torch.no_grad():
             return self._embedding[0](tokens).float()
 
-    def forward(self, hidden: torch.Tensor, next_tokens: torch.Tensor,
-                pad_mask: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def forward(
+        self, hidden: torch.Tensor, next_tokens: torch.Tensor, pad_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         b, t, m, h = hidden.shape
         if (m, h) != (self.config.num_layers, self.config.hidden_size):
             raise GencraftError(
@@ -217,8 +223,9 @@ class AttributeClassifier(nn.Module):
         dev = self.in_proj.weight.device
         return {"h_in": torch.zeros(n, 0, self.config.d_clf, device=dev), "t": 0}
 
-    def score(self, state: dict[str, Any], hidden: torch.Tensor,
-              candidates: torch.Tensor) -> tuple[torch.Tensor, dict[str, Any]]:  # fmt: skip
+    def score(
+        self, state: dict[str, Any], hidden: torch.Tensor, candidates: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
         """log P(target class | x_{1:t}, candidate) [N, k]; the state gains position t."""
         n, m, h = hidden.shape
         with torch.no_grad():
@@ -239,8 +246,9 @@ class AttributeClassifier(nn.Module):
         """Target "the output has exactly n tokens before EOS": at step t the class of the
         remaining length n + 1 - (t + 1) (EOS included)."""
         if self.config.attribute != "length":
-            raise GencraftError(f"for_length needs a length classifier, this one predicts "
-                                f"{self.config.attribute!r}")  # fmt: skip
+            raise GencraftError(
+                f"for_length needs a length classifier, this one predicts {self.config.attribute!r}"
+            )
         self.target_class = lambda t: length_bucket(max(n - t, 0))
         return self
 

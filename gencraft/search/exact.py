@@ -116,8 +116,7 @@ def exact_mode(
     if initial is not None:
         initial = [int(t) for t in initial]
         bad = [t for t in initial if t in eos or not 0 <= t < stepper.vocab_size]
-        if bad or len(initial) > max_new_tokens or (length is not None and
-                                                      len(initial) != length):  # fmt: skip
+        if bad or len(initial) > max_new_tokens or (length is not None and len(initial) != length):
             raise GencraftError(
                 f"initial must be at most max_new_tokens={max_new_tokens} tokens (exactly "
                 f"length={length} with length), inside the vocabulary and without EOS"
@@ -126,8 +125,14 @@ def exact_mode(
 
 
 class _DFS:
-    def __init__(self, stepper: Stepper, eos: list[int], max_new: int, length: int | None,
-                 max_nodes: int | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        stepper: Stepper,
+        eos: list[int],
+        max_new: int,
+        length: int | None,
+        max_nodes: int | None,
+    ) -> None:
         self.s, self.eos, self.max_new = stepper, eos, max_new
         self.length, self.max_nodes = length, max_nodes
         self.eos_set = set(eos)
@@ -161,13 +166,19 @@ class _DFS:
             self._visit([], 0.0, out.log_probs[0].double(), out.cache, [root_kv], _nbytes(root_kv))
         except _Budget:
             exact = False
-        return ModeResult(self.best_tokens, self.best, exact, self.nodes,
-                          time.perf_counter() - t0, self.peak)  # fmt: skip
+        return ModeResult(
+            self.best_tokens, self.best, exact, self.nodes, time.perf_counter() - t0, self.peak
+        )
 
     def _visit(
-        self, prefix: list[int], score: float, logp: torch.Tensor, cache: Any,
-        path: list[list[tuple[torch.Tensor, torch.Tensor]]], path_bytes: int,
-    ) -> None:  # fmt: skip
+        self,
+        prefix: list[int],
+        score: float,
+        logp: torch.Tensor,
+        cache: Any,
+        path: list[list[tuple[torch.Tensor, torch.Tensor]]],
+        path_bytes: int,
+    ) -> None:
         """``logp`` [V] float64: next-token log-probs after ``prefix``; ``cache``: the full
         cache of ``prefix``, owned by this call; ``path``: the KV slices from the root (prompt
         first), ``path_bytes`` their size."""
@@ -201,8 +212,14 @@ class _DFS:
             self.nodes += 1
             expanded += 1
             kv = _slice_last(child_cache)
-            self._visit([*prefix, w], child_score, child_lp, child_cache, [*path, kv],
-                        path_bytes + _nbytes(kv))  # fmt: skip
+            self._visit(
+                [*prefix, w],
+                child_score,
+                child_lp,
+                child_cache,
+                [*path, kv],
+                path_bytes + _nbytes(kv),
+            )
             del child_cache
         if kept is not None:
             self.kept -= path_bytes

@@ -19,9 +19,13 @@ INSTRUCTIONS = {"xsum": "Summarize in one sentence:", "e2e": "Describe this rest
 
 
 def instruction_texts(
-    kind: str, n: int, data_dir: str | os.PathLike | None = None, *, split: str = "test",
+    kind: str,
+    n: int,
+    data_dir: str | os.PathLike | None = None,
+    *,
+    split: str = "test",
     max_source_words: int = 200,
-) -> list[str]:  # fmt: skip
+) -> list[str]:
     """The first ``n`` instructions of ``kind`` (``xsum`` or ``e2e``) on ``split``."""
     if kind == "xsum":
         from gencraft.data import load_summarization

@@ -78,9 +78,13 @@ class HFStepper:
     """
 
     def __init__(
-        self, model: nn.Module, input_ids: torch.Tensor, *, max_new_tokens: int,
+        self,
+        model: nn.Module,
+        input_ids: torch.Tensor,
+        *,
+        max_new_tokens: int,
         hidden: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         config = getattr(model, "config", None)
         if config is None or not hasattr(model, "get_output_embeddings"):
             raise GencraftError(
@@ -116,8 +120,12 @@ class HFStepper:
 
     def _forward(self, tokens: torch.Tensor, cache: Any) -> StepOutput:
         n = tokens.shape[0]
-        kw: dict[str, Any] = dict(past_key_values=cache, use_cache=True, return_dict=True,
-                                  output_hidden_states=self.hidden)  # fmt: skip
+        kw: dict[str, Any] = dict(
+            past_key_values=cache,
+            use_cache=True,
+            return_dict=True,
+            output_hidden_states=self.hidden,
+        )
         if self.is_ed:
             from transformers.modeling_outputs import BaseModelOutput
 
@@ -159,16 +167,19 @@ class HFStepper:
 
 
 def resolve(
-    model: nn.Module | Stepper, input_ids: torch.Tensor | None,
-    eos_token_id: int | list[int] | None, *, max_new_tokens: int, hidden: bool = False,
-) -> tuple[Stepper, list[int]]:  # fmt: skip
+    model: nn.Module | Stepper,
+    input_ids: torch.Tensor | None,
+    eos_token_id: int | list[int] | None,
+    *,
+    max_new_tokens: int,
+    hidden: bool = False,
+) -> tuple[Stepper, list[int]]:
     """The ``Stepper`` and EOS ids for a search: an HF model is wrapped (its EOS ids are the
     default); a ``Stepper`` is used as is and needs ``eos_token_id``. Ids are range-checked."""
     if isinstance(model, nn.Module):
         if input_ids is None:
             raise GencraftError("input_ids is required with a model")
-        stepper: Stepper = HFStepper(model, input_ids, max_new_tokens=max_new_tokens,
-                                     hidden=hidden)  # fmt: skip
+        stepper: Stepper = HFStepper(model, input_ids, max_new_tokens=max_new_tokens, hidden=hidden)
         eos = eos_ids(model, eos_token_id)
     else:
         stepper = model

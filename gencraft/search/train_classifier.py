@@ -82,11 +82,20 @@ def sample_training_data(
         ids = ids.to(dev)
         with torch.no_grad():
             # plain ancestral sampling: no logits processors beyond the model's own forced ids
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True,
-                                 top_k=0, top_p=1.0, temperature=1.0, repetition_penalty=1.0,
-                                 no_repeat_ngram_size=0, min_length=0,
-                                 num_return_sequences=samples_per_prompt,
-                                 max_new_tokens=max_new_tokens, pad_token_id=pad)  # fmt: skip
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                top_k=0,
+                top_p=1.0,
+                temperature=1.0,
+                repetition_penalty=1.0,
+                no_repeat_ngram_size=0,
+                min_length=0,
+                num_return_sequences=samples_per_prompt,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=pad,
+            )
         # the decoder input before the first sampled token: the prompt, or the start token
         p = 1 if ed else ids.shape[1]
         for seq in out:
@@ -99,9 +108,12 @@ def sample_training_data(
             full = torch.cat([seq[:p], torch.tensor(gen[:-1], device=dev, dtype=torch.long)])
             with torch.no_grad():
                 if ed:
-                    hs = model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                               decoder_input_ids=full[None],
-                               output_hidden_states=True).decoder_hidden_states  # fmt: skip
+                    hs = model(
+                        input_ids=ids,
+                        attention_mask=torch.ones_like(ids),
+                        decoder_input_ids=full[None],
+                        output_hidden_states=True,
+                    ).decoder_hidden_states
                 else:
                     hs = model(full[None], output_hidden_states=True).hidden_states
             states = torch.stack([h[0, p - 1 :] for h in hs], dim=1).half().cpu()  # [T, M+1, H]
@@ -111,11 +123,16 @@ def sample_training_data(
                 text = tokenizer.decode([t for t in gen if t not in eos], skip_special_tokens=True)
                 ptext = prompt_texts[i] if prompt_texts is not None else tokenizer.decode(ids[0])
                 labels = [int(labeler(text, ptext, finished))] * len(gen)
-            rows.append({"hidden": states, "tokens": torch.tensor(gen),
-                         "labels": torch.tensor(labels), "prompt_index": torch.tensor(i),
-                         "finished": torch.tensor(finished),
-                         "censored": torch.tensor(attribute == "length" and censored
-                                                  and not finished)})  # fmt: skip
+            rows.append(
+                {
+                    "hidden": states,
+                    "tokens": torch.tensor(gen),
+                    "labels": torch.tensor(labels),
+                    "prompt_index": torch.tensor(i),
+                    "finished": torch.tensor(finished),
+                    "censored": torch.tensor(attribute == "length" and censored and not finished),
+                }
+            )
     return rows
 
 
@@ -131,11 +148,13 @@ def relabel_degenerate(
     eos = set(eos_token_ids)
     out = []
     for r in rows:
-        text = tokenizer.decode([t for t in r["tokens"].tolist() if t not in eos],
-                                skip_special_tokens=True)  # fmt: skip
+        text = tokenizer.decode(
+            [t for t in r["tokens"].tolist() if t not in eos], skip_special_tokens=True
+        )
         bad = labeler(text, prompt_texts[int(r["prompt_index"])], bool(r["finished"]))
-        out.append({**r, "labels": torch.full_like(r["tokens"], int(bad)),
-                    "censored": torch.tensor(False)})  # fmt: skip
+        out.append(
+            {**r, "labels": torch.full_like(r["tokens"], int(bad)), "censored": torch.tensor(False)}
+        )
     return out
 
 
@@ -250,8 +269,9 @@ def train_classifier(
         history.append({"epoch": epoch, "train_loss": tr, "valid_loss": va})
         if va < best or math.isnan(best):
             best = va
-            best_state = {k: v.detach().clone()
-                          for k, v in acc.unwrap_model(clf).state_dict().items()}  # fmt: skip
+            best_state = {
+                k: v.detach().clone() for k, v in acc.unwrap_model(clf).state_dict().items()
+            }
         if output_dir is not None and acc.is_main_process:  # a checkpoint per epoch
             acc.unwrap_model(clf).save_pretrained(Path(output_dir) / "last")
             (Path(output_dir) / "history.json").write_text(json.dumps(history, indent=2))

@@ -1,0 +1,518 @@
+"""gencraft's one attention function, with per-module plug-ins (no forked model files).
+
+``transformers`` models look their attention function up by name in ``AttentionInterface``
+and their mask builder in ``AttentionMaskInterface``. This module registers **one** name,
+``"gencraft"``, in both:
+
+* the mask function hands each request to the mask builder of the implementation the model
+  had before (``sdpa`` or ``eager``...), so the model keeps the masks it always built;
+* the attention function looks at the plug-ins attached to the calling module. With none, it
+  calls the model's previous implementation unchanged (outputs are bit-identical). A plug-in
+  can
+
+  - **observe** the softmax probabilities [B, n, T, S] of the unmodified attention (FAME
+    reads its attention this way; outputs stay those of the previous implementation);
+  - **extend** the keys/values with extra columns placed before the real ones, each with its
+    own mask columns (prefix keys/values; an extra key/value slot such as recurrence's
+    h_prev);
+  - **normalize**: replace the softmax over keys (sparse normalisers).
+
+  Extending or normalising runs gencraft's eager computation (q kᵀ · scaling + position bias
+  + mask, normaliser, dropout, · v), with GQA handled by repeating key/value heads.
+
+Plug-ins attach to modules chosen by kind (self / cross attention), stack (encoder /
+decoder) and layer index (:func:`attach`). State that changes per call (segment ids, a record
+store...) travels through :func:`attention_context`, not through ``generate()`` kwargs.
+
+Example::
+
+    model, _ = load_model("tiny-llama")
+    store = Observer()
+    handle = attach(model, store, layers=[-1])     # the last layer's self-attention
+    model(ids)                                     # store.probs: [[B, n, T, S]]
+    handle.remove()
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from gencraft.errors import GencraftError
+
+IMPL = "gencraft"
+_PLUGINS = "_gencraft_attention_plugins"
+_SITE = "_gencraft_attention_site"
+ORIGINAL = "_gencraft_original_attention"
+# implementations whose masks gencraft's eager computation can read (bool or additive float)
+READABLE = ("sdpa", "eager")
+
+# qualified-name suffixes of attention modules, per family (Llama/BART/GPT-2/T5/BERT)
+CROSS_SUFFIXES = ("encoder_attn", "EncDecAttention", "crossattention.self")
+SELF_SUFFIXES = ("self_attn", "attn", "attention.self", "SelfAttention")
+
+
+# ------------------------------------------------------------------------------ sites
+@dataclass(frozen=True)
+class AttentionSite:
+    """One attention module of a model: ``kind`` self/cross, ``stack`` encoder/decoder (a
+    causal LM's layers are ``"decoder"``), ``layer`` its index within the stack."""
+
+    name: str
+    kind: Literal["self", "cross"]
+    stack: Literal["encoder", "decoder"]
+    layer: int
+
+
+def _matches(name: str, suffixes: Sequence[str]) -> bool:
+    last = name.split(".")[-1]
+    return last in suffixes or any(name.endswith("." + s) for s in suffixes if "." in s)
+
+
+def attention_sites(model: nn.Module) -> list[tuple[AttentionSite, nn.Module]]:
+    """Every attention module of a Hugging Face model, in forward order within each stack.
+    Raises for an architecture whose attention modules are not named like any we know."""
+    is_ed = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
+    encoder = model.get_encoder() if is_ed and hasattr(model, "get_encoder") else None
+    enc_ids = {id(m) for m in encoder.modules()} if encoder is not None else set()
+    found: list[tuple[AttentionSite, nn.Module]] = []
+    counters: dict[tuple[str, str], int] = {}
+    for name, module in model.named_modules():
+        if _matches(name, CROSS_SUFFIXES):
+            kind = "cross"
+        elif _matches(name, SELF_SUFFIXES):
+            kind = "self"
+        else:
+            continue
+        if any(name.startswith(n + ".") for n, _ in ((s.name, m) for s, m in found)):
+            continue  # a submodule of an attention module already found
+        stack = "encoder" if id(module) in enc_ids else "decoder"
+        layer = counters.get((stack, kind), 0)
+        counters[(stack, kind)] = layer + 1
+        found.append((AttentionSite(name, kind, stack, layer), module))
+    if not found:
+        raise GencraftError(
+            f"unsupported architecture {type(model).__name__}: no attention module named like "
+            f"{', '.join(SELF_SUFFIXES + CROSS_SUFFIXES)}"
+        )
+    return found
+
+
+def select_sites(
+    model: nn.Module,
+    *,
+    kind: Literal["self", "cross", "any"] = "self",
+    stack: Literal["encoder", "decoder", "any"] = "any",
+    layers: Sequence[int] | Callable[[int, int], bool] | None = None,
+) -> list[tuple[AttentionSite, nn.Module]]:
+    """The attention sites of ``model`` with the given kind and stack; ``layers``: indices
+    within the stack (negative from the end), or ``f(layer, num_layers) -> bool``."""
+    sites = [
+        (s, m)
+        for s, m in attention_sites(model)
+        if kind in ("any", s.kind) and stack in ("any", s.stack)
+    ]
+    if layers is None:
+        return sites
+    counts: dict[tuple[str, str], int] = {}
+    for s, _ in sites:
+        counts[(s.stack, s.kind)] = counts.get((s.stack, s.kind), 0) + 1
+    chosen = []
+    for s, m in sites:
+        n = counts[(s.stack, s.kind)]
+        if callable(layers):
+            keep = layers(s.layer, n)
+        else:
+            bad = [i for i in layers if not -n <= i < n]
+            if bad:
+                raise GencraftError(f"layer indices {bad} out of range for {n} {s.kind} layers")
+            keep = s.layer in {i % n for i in layers}
+        if keep:
+            chosen.append((s, m))
+    return chosen
+
+
+# ------------------------------------------------------------------------------ context
+_CONTEXT: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "gencraft_attention_context", default=None
+)
+
+
+@contextmanager
+def attention_context(**values: Any) -> Iterator[dict[str, Any]]:
+    """Per-call state for plug-ins (e.g. ``segment_ids``), visible inside the block through
+    :func:`current_context`; nested blocks add to (and override) the outer ones."""
+    token = _CONTEXT.set({**(_CONTEXT.get() or {}), **values})
+    try:
+        yield _CONTEXT.get()
+    finally:
+        _CONTEXT.reset(token)
+
+
+def current_context() -> dict[str, Any]:
+    """The values of the enclosing :func:`attention_context` blocks ({} outside any)."""
+    return _CONTEXT.get() or {}
+
+
+# ------------------------------------------------------------------------------ plug-ins
+@dataclass
+class AttentionCall:
+    """What a plug-in sees of one attention call. ``query`` [B, n, T, d], ``key``/``value``
+    [B, n_kv, S, d] (after the module's cache update and rotary embedding), ``mask`` the
+    model's own mask (bool [B, 1, T, S], additive float, or None with ``is_causal``)."""
+
+    module: nn.Module
+    site: AttentionSite
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    mask: torch.Tensor | None
+    kwargs: dict[str, Any]
+
+
+@dataclass
+class ExtraKeyValues:
+    """Key/value columns a plug-in adds before the real keys: ``key``/``value``
+    [B, n_kv, P, d]; ``allowed`` bool [B, T, P] or [B, 1|n, T, P] (None: every query sees
+    every column)."""
+
+    key: torch.Tensor
+    value: torch.Tensor
+    allowed: torch.Tensor | None = None
+
+
+class AttentionPlugin:
+    """Base class of plug-ins; override what the plug-in does. The dispatcher calls
+    ``extend`` (extra key/value columns), then ``normalize`` (at most one plug-in per module
+    may define it), then ``observe`` on the probabilities."""
+
+    #: observe the probabilities of the unmodified attention without changing outputs
+    observes: bool = False
+    #: this plug-in defines ``normalize``
+    normalizes: bool = False
+
+    def active(self, call: AttentionCall) -> bool:
+        """Whether the plug-in acts on this call (default: always)."""
+        return True
+
+    def extend(self, call: AttentionCall) -> ExtraKeyValues | None:
+        return None
+
+    def normalize(
+        self, scores: torch.Tensor, allowed: torch.Tensor, call: AttentionCall
+    ) -> torch.Tensor:
+        """``scores`` float32 [B, n, T, S] with disallowed entries at the dtype's minimum,
+        ``allowed`` bool broadcastable to it -> probabilities [B, n, T, S]."""
+        raise NotImplementedError
+
+    def observe(self, probs: torch.Tensor, call: AttentionCall) -> None:
+        pass
+
+
+@dataclass
+class Observer(AttentionPlugin):
+    """Keeps the probabilities [B, n, T, S] (float32) of every call in ``probs``."""
+
+    probs: list[torch.Tensor] = field(default_factory=list)
+    observes = True
+
+    def observe(self, probs: torch.Tensor, call: AttentionCall) -> None:
+        self.probs.append(probs)
+
+
+@dataclass
+class Normalizer(AttentionPlugin):
+    """A normaliser over keys given as a function ``fn(scores, allowed) -> probs`` (see
+    :meth:`AttentionPlugin.normalize`)."""
+
+    fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = None  # type: ignore[assignment]
+    normalizes = True
+
+    def normalize(self, scores, allowed, call):
+        return self.fn(scores, allowed)
+
+
+@dataclass
+class StaticKeyValues(AttentionPlugin):
+    """The same extra columns at every call: ``key``/``value`` [1 or B, n_kv, P, d] (expanded
+    over the batch), ``allowed`` as in :class:`ExtraKeyValues`."""
+
+    key: torch.Tensor = None  # type: ignore[assignment]
+    value: torch.Tensor = None  # type: ignore[assignment]
+    allowed: torch.Tensor | None = None
+
+    def extend(self, call: AttentionCall) -> ExtraKeyValues:
+        b = call.query.shape[0]
+        k = self.key.expand(b, *self.key.shape[1:]) if self.key.shape[0] == 1 else self.key
+        v = self.value.expand(b, *self.value.shape[1:]) if self.value.shape[0] == 1 else self.value
+        return ExtraKeyValues(k.to(call.key.dtype), v.to(call.value.dtype), self.allowed)
+
+
+class PluginHandle:
+    """Returned by :func:`attach`; ``remove()`` detaches the plug-in again."""
+
+    def __init__(self, plugin: AttentionPlugin, modules: list[nn.Module]) -> None:
+        self.plugin, self.modules = plugin, modules
+
+    def remove(self) -> None:
+        for m in self.modules:
+            plugins = getattr(m, _PLUGINS, [])
+            if self.plugin in plugins:
+                plugins.remove(self.plugin)
+
+    def __enter__(self) -> PluginHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+
+# ------------------------------------------------------------------------------ install
+def _configs(model: nn.Module) -> list[Any]:
+    seen: dict[int, Any] = {}
+    for m in model.modules():
+        cfg = getattr(m, "config", None)
+        if cfg is not None and hasattr(cfg, "_attn_implementation_internal"):
+            seen.setdefault(id(cfg), cfg)
+    return list(seen.values())
+
+
+def install(model: nn.Module) -> list[tuple[AttentionSite, nn.Module]]:
+    """Route ``model``'s attention through gencraft's function (idempotent). Its previous
+    implementation is kept per config and used whenever no plug-in changes the call."""
+    for cfg in _configs(model):
+        impl = getattr(cfg, "_attn_implementation", None) or "eager"
+        if impl != IMPL:
+            if impl != "eager" and impl not in ALL_ATTENTION_FUNCTIONS:
+                raise GencraftError(f"unknown attention implementation {impl!r}")
+            setattr(cfg, ORIGINAL, impl)
+    sites = attention_sites(model)
+    for site, module in sites:
+        cfg = getattr(module, "config", None)
+        original = getattr(cfg, ORIGINAL, None) or getattr(module, ORIGINAL, None) or "eager"
+        setattr(module, ORIGINAL, original)
+        setattr(module, _SITE, site)
+        if not hasattr(module, _PLUGINS):
+            setattr(module, _PLUGINS, [])
+    for cfg in _configs(model):
+        cfg._attn_implementation = IMPL
+    return sites
+
+
+def attach(
+    model: nn.Module,
+    plugin: AttentionPlugin,
+    *,
+    kind: Literal["self", "cross", "any"] = "self",
+    stack: Literal["encoder", "decoder", "any"] = "any",
+    layers: Sequence[int] | Callable[[int, int], bool] | None = None,
+    modules: Sequence[nn.Module] | None = None,
+) -> PluginHandle:
+    """Attach ``plugin`` to the attention modules chosen by ``kind``/``stack``/``layers``
+    (see :func:`select_sites`) or given as ``modules``; installs the dispatcher if needed."""
+    install(model)
+    if modules is None:
+        modules = [m for _, m in select_sites(model, kind=kind, stack=stack, layers=layers)]
+    modules = list(modules)
+    if not modules:
+        raise GencraftError(f"no {kind}-attention module in the {stack} stack matches {layers}")
+    for m in modules:
+        if not hasattr(m, _SITE):
+            raise GencraftError(f"{type(m).__name__} is not an attention module of this model")
+        plugins = getattr(m, _PLUGINS)
+        if plugin.normalizes and any(p.normalizes for p in plugins):
+            raise GencraftError(f"{getattr(m, _SITE).name} already has a normaliser")
+        plugins.append(plugin)
+    return PluginHandle(plugin, modules)
+
+
+def plugins_of(module: nn.Module) -> list[AttentionPlugin]:
+    return list(getattr(module, _PLUGINS, []))
+
+
+def original_implementation(module: nn.Module) -> str:
+    """The implementation ``module`` used before :func:`install` (``sdpa``, ``eager``...)."""
+    return getattr(module, ORIGINAL, "eager")
+
+
+# ------------------------------------------------------------------------------ computation
+def _model_eager(module: nn.Module) -> Callable:
+    """The model file's own ``eager_attention_forward`` (exact eager semantics: T5's position
+    bias, GPT-2's scaling...), else gencraft's."""
+    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    return fn if fn is not None else _eager_forward
+
+
+def _eager_forward(module, query, key, value, attention_mask, **kwargs):
+    probs = _probs(module, query, key, attention_mask, kwargs, None, None)
+    return _weighted(module, probs, value, kwargs), probs
+
+
+def _original_fn(module: nn.Module) -> Callable:
+    impl = original_implementation(module)
+    return _model_eager(module) if impl == "eager" else ALL_ATTENTION_FUNCTIONS[impl]
+
+
+def additive_mask(
+    mask: torch.Tensor | None, t: int, s: int, causal: bool, device: torch.device
+) -> torch.Tensor | None:
+    """The model's mask as bool "allowed" [B|1, 1|n, T, S] (None = all allowed): a bool mask as
+    is, an additive one as ``> min / 2``, None with ``causal`` as the causal pattern in which
+    query i (of T) is at position S − T + i."""
+    if mask is not None:
+        m = mask[..., -s:] if mask.shape[-1] > s else mask
+        return m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min / 2
+    if causal and t > 1:
+        q_pos = torch.arange(t, device=device).unsqueeze(1) + (s - t)
+        return (torch.arange(s, device=device) <= q_pos)[None, None]
+    return None
+
+
+def _is_causal(module: nn.Module, kwargs: dict[str, Any]) -> bool:
+    c = kwargs.get("is_causal")
+    return bool(c if c is not None else getattr(module, "is_causal", False))
+
+
+def _probs(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    mask: torch.Tensor | None,
+    kwargs: dict[str, Any],
+    normalizer: AttentionPlugin | None,
+    call: AttentionCall | None,
+    extra_allowed: torch.Tensor | None = None,
+    n_extra: int = 0,
+) -> torch.Tensor:
+    """normalize(q kᵀ · scaling + position_bias, allowed) in float32 [B, n, T, S]."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:
+        key = repeat_kv(key, groups)
+    scale = kwargs.get("scaling")
+    scale = scale if scale is not None else query.shape[-1] ** -0.5
+    scores = torch.matmul(query.float(), key.float().transpose(2, 3)) * scale
+    t, s = scores.shape[-2:]
+    bias = kwargs.get("position_bias")
+    if bias is not None:  # T5: covers the real keys only; extra columns get no bias
+        bias = bias.float()[..., -(s - n_extra) :]
+        scores = torch.cat([scores[..., :n_extra], scores[..., n_extra:] + bias], dim=-1)
+    allowed = additive_mask(mask, t, s - n_extra, _is_causal(module, kwargs), scores.device)
+    if n_extra:
+        real = (
+            allowed
+            if allowed is not None
+            else torch.ones(1, 1, t, s - n_extra, dtype=torch.bool, device=scores.device)
+        )
+        extra = (
+            extra_allowed
+            if extra_allowed is not None
+            else torch.ones(1, 1, t, n_extra, dtype=torch.bool, device=scores.device)
+        )
+        if extra.dim() == 3:
+            extra = extra[:, None]
+        shape = (max(real.shape[0], extra.shape[0]), max(real.shape[1], extra.shape[1]), t)
+        allowed = torch.cat([extra.expand(*shape, n_extra), real.expand(*shape, s - n_extra)], -1)
+    neg = torch.finfo(scores.dtype).min
+    if allowed is not None:
+        # a finite fill: a fully masked row (left padding) stays NaN-free, as in eager
+        scores = scores.masked_fill(~allowed, neg)
+    else:
+        allowed = torch.ones(1, 1, t, s, dtype=torch.bool, device=scores.device)
+    if normalizer is not None:
+        return normalizer.normalize(scores, allowed, call)
+    return torch.softmax(scores, dim=-1)
+
+
+def _weighted(
+    module: nn.Module, probs: torch.Tensor, value: torch.Tensor, kwargs: dict[str, Any]
+) -> torch.Tensor:
+    """dropout(probs) · v -> [B, T, n, d] (the layout every implementation returns)."""
+    p = nn.functional.dropout(probs, p=kwargs.get("dropout", 0.0), training=module.training)
+    groups = p.shape[1] // value.shape[1]
+    v = repeat_kv(value, groups) if groups > 1 else value
+    return torch.matmul(p.to(v.dtype), v).transpose(1, 2).contiguous()
+
+
+def gencraft_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The registered attention function: the previous implementation, or gencraft's eager
+    computation when an attached plug-in extends keys/values or normalises."""
+    plugins = getattr(module, _PLUGINS, None)
+    if not plugins:
+        return _original_fn(module)(module, query, key, value, attention_mask, **kwargs)
+    call = AttentionCall(module, getattr(module, _SITE), query, key, value, attention_mask, kwargs)
+    live = [p for p in plugins if p.active(call)]
+    if not live:
+        return _original_fn(module)(module, query, key, value, attention_mask, **kwargs)
+    original = original_implementation(module)
+    if original not in READABLE:
+        raise GencraftError(
+            f"attention implementation {original!r} cannot be read or changed by gencraft's "
+            "plug-ins; load the model with attn_implementation='sdpa' or 'eager'"
+        )
+    observers = [p for p in live if p.observes]
+    if observers:
+        probs = _probs(module, query, key, attention_mask, kwargs, None, call)
+        for p in observers:
+            p.observe(probs, call)
+    extras = [e for e in (p.extend(call) for p in live) if e is not None]
+    normalizers = [p for p in live if p.normalizes]
+    if not extras and not normalizers:
+        return _original_fn(module)(module, query, key, value, attention_mask, **kwargs)
+    n_extra = sum(e.key.shape[-2] for e in extras)
+    extra_allowed = None
+    if extras:
+        t = query.shape[2]
+        parts = []
+        for e in extras:
+            a = e.allowed
+            if a is None:
+                a = torch.ones(1, t, e.key.shape[-2], dtype=torch.bool, device=query.device)
+            parts.append(a[:, None] if a.dim() == 3 else a)
+        if len(parts) > 1:
+            b = max(p.shape[0] for p in parts)
+            n = max(p.shape[1] for p in parts)
+            parts = [p.expand(b, n, *p.shape[2:]) for p in parts]
+        extra_allowed = torch.cat(parts, dim=-1)
+        key = torch.cat([*(e.key for e in extras), key], dim=-2)
+        value = torch.cat([*(e.value for e in extras), value], dim=-2)
+    probs = _probs(
+        module,
+        query,
+        key,
+        attention_mask,
+        kwargs,
+        normalizers[0] if normalizers else None,
+        call,
+        extra_allowed,
+        n_extra,
+    )
+    return _weighted(module, probs, value, kwargs), probs
+
+
+def _mask(*args: Any, config: Any = None, **kwargs: Any) -> Any:
+    """The mask of the model's previous implementation (recorded on its config)."""
+    original = getattr(config, ORIGINAL, None) or "sdpa"
+    return ALL_MASK_ATTENTION_FUNCTIONS[original](*args, config=config, **kwargs)
+
+
+# registered once, for every model and method
+AttentionInterface.register(IMPL, gencraft_attention)
+AttentionMaskInterface.register(IMPL, _mask)
