@@ -227,8 +227,11 @@ def test_cli_train_classifier(tmp_path, capsys):
     length = [a if a != "degenerate" else "length" for a in args]
     assert main(length) == 2  # tiny-llama never ends within 4 tokens: no length is known
     assert "no sample ended" in capsys.readouterr().err
-    assert main([*length, "--censored"]) == 0  # lower bounds only
-    history = json.loads((out / "history.json").read_text())["history"]
+    # the output holds the degenerate classifier: another run there is refused, not mixed in
+    assert main([*length, "--censored"]) == 2
+    assert "other settings" in capsys.readouterr().err
+    assert main([*length, "--censored", "--restart"]) == 0  # lower bounds only
+    history = json.loads((out / "history.json").read_text())
     assert all(h["valid_loss"] == h["valid_loss"] for h in history)  # no NaN
 
 

@@ -37,7 +37,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     trainer = FocusTrainer(
         base, tok, train, valid, cfg, out, base_name_or_path=args.model, progress=not args.quiet
     )
-    result = trainer.train()
+    result = trainer.train(restart=args.restart)
     print(json.dumps(result, indent=2))
 
 
@@ -145,7 +145,8 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     )
     t.add_argument("--max-train", type=int, default=None, help="use the first N train docs")
     t.add_argument("--max-valid", type=int, default=None)
-    t.add_argument("--output", default=None)
+    t.add_argument("--output", default=None, help="output directory (a re-run resumes it)")
+    t.add_argument("--restart", action="store_true", help="discard a run already in --output")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--quiet", action="store_true")
     add_data_dir(t)

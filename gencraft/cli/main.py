@@ -207,9 +207,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from gencraft.training import Interrupted
+
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
+    except Interrupted as err:  # Ctrl-C during training: saved, one line, no traceback
+        print(f"gencraft: {err}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("gencraft: stopped (Ctrl-C)", file=sys.stderr)
+        return 130
     except (GencraftError, ValueError) as err:
         print(f"gencraft: error: {err}", file=sys.stderr)
         return 2

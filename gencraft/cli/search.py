@@ -115,7 +115,7 @@ def cmd_train_classifier(args: argparse.Namespace) -> None:
         batch_size=args.batch_size,
         seed=args.seed,
     )
-    result = train_classifier(clf, rows, cfg, out)
+    result = train_classifier(clf, rows, cfg, out, restart=args.restart)
     print(json.dumps({k: v for k, v in result.items() if k != "history"}, indent=2))
 
 
@@ -177,5 +177,6 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default=None)
     t.add_argument("--output", default=None)
+    t.add_argument("--restart", action="store_true", help="discard a run already in --output")
     add_data_dir(t)
     t.set_defaults(func=cmd_train_classifier)

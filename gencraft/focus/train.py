@@ -7,16 +7,14 @@
   it runs once per example and epochs train the head on stored states
   (:mod:`gencraft.focus.features`), which is what makes CPU training practical.
 
-Each epoch ends with the validation loss; ``best/`` keeps the lowest, ``last/`` the latest,
-``history.json`` the curve. Both are loadable with :func:`load_summarizer`.
+Training runs through :func:`gencraft.training.fit`: each epoch ends with the validation loss;
+``best/`` keeps the lowest, ``last/`` the latest, ``history.json`` the curve (both loadable
+with :func:`load_summarizer`); ``checkpoint/`` makes the run resumable (Ctrl-C saves; a re-run
+continues or says why not).
 """
 
 from __future__ import annotations
 
-import math
-import random
-import shutil
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,7 +30,7 @@ from gencraft.focus.data import SummaryEncoder, collate
 from gencraft.focus.features import HeadFeatures, collect_features, head_losses
 from gencraft.focus.model import FOCUS_CONFIG, FocusConfig, FocusForConditionalGeneration
 from gencraft.focus.topic import frequent_token_ids
-from gencraft.training import write_json
+from gencraft.training import FitConfig, fit, make_accelerator, save_directory, write_json
 
 
 @dataclass
@@ -76,6 +74,10 @@ class FocusTrainConfig:
             raise GencraftError("precompute needs a frozen base (freeze_base=True)")
         if self.precompute is None:
             self.precompute = self.freeze_base
+        if self.max_time is not None and not self.max_time > 0:
+            raise GencraftError(f"max_time must be > 0 seconds (or unset), got {self.max_time}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise GencraftError(f"max_steps must be >= 1 (or unset), got {self.max_steps}")
 
 
 def load_summarizer(
@@ -124,15 +126,13 @@ class FocusTrainer:
         base_name_or_path: str | None = None,
         progress: bool = True,
     ) -> None:
-        from accelerate import Accelerator
-
         if not train:
             raise GencraftError("no training examples")
         self.cfg, self.tok, self.progress = config, tokenizer, progress
         self.out = Path(output_dir)
-        self.accelerator = Accelerator(gradient_accumulation_steps=config.grad_accum)
+        self.accelerator = make_accelerator(gradient_accumulation_steps=config.grad_accum)
+        self.base_name_or_path = base_name_or_path
         torch.manual_seed(config.seed)
-        random.seed(config.seed)
         is_ed = bool(base.config.is_encoder_decoder)
         self.encoder = SummaryEncoder(tokenizer, is_ed, config.max_source, config.max_target)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -161,144 +161,106 @@ class FocusTrainer:
         self.trained_examples = 0
 
     # ------------------------------------------------------------------ batches
-    def _batches(self, rows: list, shuffle: bool) -> list[list]:
-        order = list(range(len(rows)))
-        if shuffle:
-            random.shuffle(order)
-        bs = self.cfg.batch_size
-        return [[rows[i] for i in order[j : j + bs]] for j in range(0, len(order), bs)]
-
     def _features(self, rows: list, desc: str) -> tuple[list[HeadFeatures], torch.Tensor]:
         feats: list[HeadFeatures] = []
         residual = None
-        model = self.accelerator.unwrap_model(self.model)
-        dev = self.accelerator.device
-        for chunk in tqdm(self._batches(rows, False), desc=desc, disable=not self.progress):
+        dev = next(self.model.parameters()).device
+        bs = self.cfg.batch_size
+        chunks = [rows[j : j + bs] for j in range(0, len(rows), bs)]
+        for chunk in tqdm(chunks, desc=desc, disable=not self.progress):
             batch = {k: v.to(dev) for k, v in collate(chunk, self.pad_id).items()}
-            f, r = collect_features(model, batch)
+            f, r = collect_features(self.model, batch)
             feats += f
             residual = r if residual is None else residual
         return feats, residual
 
-    def _loss(self, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    def _loss(self, model: nn.Module, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
         if self.cfg.precompute:
             feats, residual = batch
-            loss, mle, topic = head_losses(
-                self.accelerator.unwrap_model(self.model), feats, residual
-            )
+            loss, mle, topic = head_losses(_unwrap(model), feats, residual)
             return loss, {"mle": mle.item(), "topic": topic.item()}
-        out = self.model(**batch)
+        out = model(**batch)
         parts = {"mle": (out.mle_loss if self.cfg.focus else out.loss).item()}
         if self.cfg.focus:
             parts["topic"] = out.topic_loss.item()
         return out.loss, parts
 
-    def _prepare(self, rows: list, shuffle: bool, feats: Any = None) -> list:
-        if self.cfg.precompute:
-            items, residual = feats
-            order = list(range(len(items)))
-            if shuffle:
-                random.shuffle(order)
-            bs = self.cfg.batch_size
-            return [
-                ([items[i] for i in order[j : j + bs]], residual) for j in range(0, len(order), bs)
-            ]
-        dev = self.accelerator.device
-        return [
-            {k: v.to(dev) for k, v in collate(c, self.pad_id).items()}
-            for c in self._batches(rows, shuffle)
-        ]
-
     # ------------------------------------------------------------------ loop
-    @torch.no_grad()
-    def validate(self, valid_feats: Any = None) -> dict[str, float]:
-        self.model.eval()
-        sums: dict[str, float] = {}
-        n = 0
-        for batch in self._prepare(self.valid_rows, False, valid_feats):
-            loss, parts = self._loss(batch)
-            for k, v in {"loss": loss.item(), **parts}.items():
-                sums[k] = sums.get(k, 0.0) + v
-            n += 1
-        self.model.train()
-        return {k: v / max(n, 1) for k, v in sums.items()}
-
-    def train(self) -> dict[str, Any]:
-        cfg, acc = self.cfg, self.accelerator
-        train_feats = valid_feats = None
+    def train(self, *, resume: bool = True, restart: bool = False) -> dict[str, Any]:
+        """Train through :func:`gencraft.training.fit` (resumable: a re-run continues from
+        ``output_dir/checkpoint``; Ctrl-C saves and raises
+        :class:`~gencraft.training.Interrupted`)."""
+        cfg = self.cfg
         if cfg.precompute:
-            train_feats = self._features(self.train_rows, "base states (train)")
-            valid_feats = self._features(self.valid_rows, "base states (valid)")
-        steps_per_epoch = math.ceil(
-            math.ceil(len(self.train_rows) / cfg.batch_size) / cfg.grad_accum
+            train_feats, residual = self._features(self.train_rows, "base states (train)")
+            valid_feats = (
+                self._features(self.valid_rows, "base states (valid)")[0] if self.valid_rows else []
+            )
+            train_items, valid_items = train_feats, valid_feats
+
+            def collate_fn(items: list) -> Any:
+                return items, residual
+
+            self.model.base.eval()  # frozen base: no dropout in the features
+        else:
+            train_items, valid_items = self.train_rows, self.valid_rows
+            pad = self.pad_id
+
+            def collate_fn(items: list) -> Any:
+                return collate(items, pad)
+
+        fit_cfg = FitConfig(
+            epochs=cfg.epochs,
+            max_steps=cfg.max_steps,
+            max_time=cfg.max_time,
+            batch_size=cfg.batch_size,
+            grad_accum=cfg.grad_accum,
+            clip=cfg.clip,
+            warmup=cfg.warmup,
+            seed=cfg.seed,
         )
-        total = cfg.max_steps or steps_per_epoch * cfg.epochs
-        from transformers import get_linear_schedule_with_warmup
-
-        sched = get_linear_schedule_with_warmup(self.optimizer, int(cfg.warmup * total), total)
-        self.model, self.optimizer, sched = acc.prepare(self.model, self.optimizer, sched)
-        self.model.train()
-        if cfg.precompute:
-            acc.unwrap_model(self.model).base.eval()  # frozen base: no dropout in features
-        best = math.inf
-        done = False
-        bar = tqdm(total=total, desc="train", disable=not self.progress)
-        for epoch in range(cfg.epochs):
-            t0 = time.perf_counter()
-            for batch in self._prepare(self.train_rows, True, train_feats):
-                with acc.accumulate(self.model):
-                    loss, parts = self._loss(batch)
-                    acc.backward(loss)
-                    if acc.sync_gradients:
-                        acc.clip_grad_norm_(self.model.parameters(), cfg.clip)
-                    self.optimizer.step()
-                    sched.step()
-                    self.optimizer.zero_grad()
-                self.trained_examples += (
-                    len(batch[0]) if cfg.precompute else len(batch["input_ids"])
-                )
-                if acc.sync_gradients:
-                    self.step += 1
-                    bar.update(1)
-                    bar.set_postfix(
-                        loss=f"{loss.item():.3f}", **{k: f"{v:.3f}" for k, v in parts.items()}
-                    )
-                elapsed = self.train_time + time.perf_counter() - t0
-                if self.step >= total or (cfg.max_time and elapsed >= cfg.max_time):
-                    done = True
-                    break
-            self.train_time += time.perf_counter() - t0
-            val = self.validate(valid_feats) if self.valid_rows else {}
-            row = {
-                "epoch": epoch + 1,
-                "step": self.step,
-                "train_time": self.train_time,
-                **{f"valid_{k}": v for k, v in val.items()},
-            }
-            self.history.append(row)
-            if self.progress:
-                tqdm.write(f"epoch {epoch + 1}: {row}")
-            self.save(self.out / "last")
-            if val.get("loss", -math.inf) < best or not self.valid_rows:
-                best = val.get("loss", best)
-                self.save(self.out / "best")
-            if done:
-                break
-        bar.close()
-        write_json(self.out / "history.json", self.history)
+        settings = {
+            "train_config": asdict(cfg),
+            "base": self.base_name_or_path,
+            "train_examples": len(self.train_rows),
+        }
+        result = fit(
+            self.model,
+            self.optimizer,
+            train_items,
+            loss_fn=self._loss,
+            config=fit_cfg,
+            output_dir=self.out,
+            valid=valid_items or None,
+            collate_fn=collate_fn,
+            save_fn=self._save,
+            settings=settings,
+            accelerator=self.accelerator,
+            resume=resume,
+            restart=restart,
+            progress=self.progress,
+        )
+        self.history = result.history
+        self.step, self.train_time = result.steps, result.train_time
+        self.trained_examples = result.trained_examples
         return {
-            "steps": self.step,
-            "train_time": self.train_time,
-            "trained_examples": self.trained_examples,
-            "best_valid_loss": best,
+            "steps": result.steps,
+            "train_time": result.train_time,
+            "trained_examples": result.trained_examples,
+            "best_valid_loss": result.best,
+            "stopped": result.stopped,
         }
 
-    def save(self, directory: Path) -> None:
-        if not self.accelerator.is_main_process:
-            return
-        model = self.accelerator.unwrap_model(self.model)
-        if directory.exists():  # never mix a FAME save with a plain one
-            shutil.rmtree(directory)
+    def _save(self, model: nn.Module, directory: Path) -> None:
         model.save_pretrained(directory)
         self.tok.save_pretrained(directory)
         write_json(directory / "train_config.json", asdict(self.cfg))
+
+    def save(self, directory: Path) -> None:
+        """Write the model, tokenizer and training settings to ``directory`` (replacing it)."""
+        if self.accelerator.is_main_process:
+            save_directory(lambda d: self._save(_unwrap(self.model), d), directory)
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return getattr(model, "module", model)

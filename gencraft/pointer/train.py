@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -30,10 +29,14 @@ from gencraft.errors import GencraftError
 from gencraft.pointer.lstm import PointerSentinelLSTM
 from gencraft.training import (
     PlateauSchedule,
+    Step,
     atomic_torch_save,
+    batchify,
     load_torch,
+    make_accelerator,
     rng_state,
     set_rng_state,
+    tbptt_schedule,
     write_json,
 )
 
@@ -90,51 +93,6 @@ class TrainConfig:
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
-
-
-@dataclass(frozen=True)
-class Step:
-    """One truncated-BPTT step over stream positions (inputs; target = next position).
-
-    ``[start, grad_start)`` re-run without gradient (window regeneration),
-    ``[grad_start, end)`` backpropagated, ``[loss_start, end)`` scored,
-    ``keep``: carry the state after ``start + keep`` positions to the next step.
-    """
-
-    start: int
-    grad_start: int
-    loss_start: int
-    end: int
-    keep: int
-
-
-def tbptt_schedule(n: int, k1: int, k2: int, prefix: int) -> Iterator[Step]:
-    """Steps covering inputs ``0 .. n - 1`` (n = stream length - 1). ``prefix``: how many states
-    before a scored position its window reaches (L - 1 for the pointer with regeneration, else
-    0); those outside the backpropagated span are re-run without gradient."""
-
-    def span(t: int) -> tuple[int, int, int]:
-        end = min(t + k1, n)
-        grad_start = max(0, end - k2)
-        start = min(grad_start, max(0, t - prefix))
-        return start, grad_start, end
-
-    t = 0
-    while t < n:
-        start, grad_start, end = span(t)
-        nxt = span(end)[0] if end < n else end
-        yield Step(start, grad_start, t, end, nxt - start)
-        t = end
-
-
-def batchify(ids: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """[N] -> [B, N // B]: B contiguous streams (the tail that does not fill a row is dropped)."""
-    n = ids.numel() // batch_size
-    if n < 2:
-        raise GencraftError(
-            f"{ids.numel()} tokens are too few for {batch_size} streams of at least 2 tokens"
-        )
-    return ids[: n * batch_size].view(batch_size, n)
 
 
 def _detach(state: Any) -> Any:
@@ -210,8 +168,6 @@ class Trainer:
         progress: bool = True,
         accelerator: Any = None,
     ) -> None:
-        from accelerate import Accelerator
-
         if len(corpus.vocab) != model.config.vocab_size:
             raise GencraftError(
                 f"vocabulary mismatch: the model has {model.config.vocab_size} words, corpus "
@@ -222,7 +178,7 @@ class Trainer:
                 raise GencraftError(f"corpus {corpus.name!r} has no {split!r} split loaded")
         self.config, self.corpus, self.progress = config, corpus, progress
         self.output_dir = Path(output_dir)
-        self.accelerator = accelerator or Accelerator()
+        self.accelerator = accelerator or make_accelerator()
         acc = self.accelerator
         if config.batch_size % acc.num_processes:
             raise GencraftError(

@@ -12,8 +12,6 @@ have no known length and are ignored by default (the thesis's samples all ended)
 
 from __future__ import annotations
 
-import json
-import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -35,6 +33,7 @@ from gencraft.search.classifier import (
     state_dims,
 )
 from gencraft.search.stepper import eos_ids
+from gencraft.training import write_json
 
 
 @dataclass
@@ -176,30 +175,43 @@ def classifier_for(
     return AttributeClassifier(c).bind(model)
 
 
-def _batches(rows: list[dict], size: int, shuffle: bool, rng: random.Random):
-    order = list(range(len(rows)))
-    if shuffle:
-        rng.shuffle(order)
-    for s in range(0, len(order), size):
-        chunk = [rows[i] for i in order[s : s + size]]
-        t = max(r["tokens"].shape[0] for r in chunk)
-        b = len(chunk)
-        m, h = chunk[0]["hidden"].shape[1:]
-        hidden = torch.zeros(b, t, m, h, dtype=torch.float16)
-        tokens = torch.zeros(b, t, dtype=torch.long)
-        labels = torch.full((b, t), -100, dtype=torch.long)
-        pad = torch.ones(b, t, dtype=torch.bool)
-        censored = torch.zeros(b, t, dtype=torch.bool)
-        for j, r in enumerate(chunk):
-            n = r["tokens"].shape[0]
-            hidden[j, :n], tokens[j, :n], labels[j, :n], pad[j, :n] = (
-                r["hidden"],
-                r["tokens"],
-                r["labels"],
-                False,
-            )
-            censored[j, :n] = bool(r.get("censored", False))
-        yield hidden, tokens, labels, pad, censored
+def collate_rows(chunk: list[dict]) -> tuple[torch.Tensor, ...]:
+    """Pad a list of sampled sequences: (hidden [B, T, M+1, H] float16, tokens [B, T],
+    labels [B, T] (-100 = ignored), pad [B, T] bool, censored [B, T] bool)."""
+    t = max(r["tokens"].shape[0] for r in chunk)
+    b = len(chunk)
+    m, h = chunk[0]["hidden"].shape[1:]
+    hidden = torch.zeros(b, t, m, h, dtype=torch.float16)
+    tokens = torch.zeros(b, t, dtype=torch.long)
+    labels = torch.full((b, t), -100, dtype=torch.long)
+    pad = torch.ones(b, t, dtype=torch.bool)
+    censored = torch.zeros(b, t, dtype=torch.bool)
+    for j, r in enumerate(chunk):
+        n = r["tokens"].shape[0]
+        hidden[j, :n], tokens[j, :n], labels[j, :n] = r["hidden"], r["tokens"], r["labels"]
+        pad[j, :n] = False
+        censored[j, :n] = bool(r.get("censored", False))
+    return hidden, tokens, labels, pad, censored
+
+
+def _nll(clf: nn.Module, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    hidden, tokens, labels, pad, censored = batch
+    logits = clf(hidden, tokens, pad)
+    return censored_nll(logits, labels, censored)
+
+
+def _loss(clf: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    total, count = _nll(clf, batch)
+    return total / count.clamp_min(1)
+
+
+def _valid_loss(clf: nn.Module, loader: Any) -> dict[str, float]:
+    """The per-position mean NLL over the whole validation set."""
+    total, count = 0.0, 0
+    for batch in loader:
+        t, n = _nll(clf, batch)
+        total, count = total + float(t), count + int(n)
+    return {"loss": total / max(count, 1)}
 
 
 def train_classifier(
@@ -209,13 +221,19 @@ def train_classifier(
     output_dir: str | Path | None = None,
     *,
     progress: bool = True,
+    resume: bool = True,
+    restart: bool = False,
 ) -> dict[str, Any]:
     """Per-position cross-entropy over the classes (ignoring -100; the censored likelihood
-    for rows flagged ``censored``), Adam; keeps the weights of
-    the best validation loss (saved under ``output_dir``/best; ``last/`` and the history are
-    written after every epoch)."""
-    from accelerate import Accelerator
+    for rows flagged ``censored``), Adam, through :func:`gencraft.training.fit` (one
+    validation per epoch; resumable). Ends with the weights of the best validation loss
+    (``output_dir/best``; ``last/``, ``checkpoint/`` and ``history.json`` beside it)."""
+    import tempfile
 
+    from gencraft.training import FitConfig, fit
+
+    if config.epochs < 1:
+        raise GencraftError(f"epochs must be >= 1, got {config.epochs}")
     if len(rows) < 2:
         raise GencraftError(f"need at least 2 training sequences, got {len(rows)}")
     if all(bool((r["labels"] == -100).all()) for r in rows):
@@ -224,69 +242,63 @@ def train_classifier(
             "is known; sample with a larger max_new_tokens"
         )
     rng = random.Random(config.seed)
-    torch.manual_seed(config.seed)
     order = list(range(len(rows)))
     rng.shuffle(order)
     n_valid = max(1, int(len(rows) * config.valid_fraction))
     valid = [rows[i] for i in order[:n_valid]]
     train = [rows[i] for i in order[n_valid:]]
-    acc = Accelerator()
+    torch.manual_seed(config.seed)
+    clf.eval()
+    with torch.no_grad():
+        initial = _valid_loss(clf, [collate_rows(valid[i : i + 8]) for i in range(0, n_valid, 8)])
     opt = torch.optim.Adam(clf.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    clf, opt = acc.prepare(clf, opt)
-    dev = acc.device
-
-    def run(data: list[dict], training: bool) -> float:
-        clf.train(training)
-        total, count = 0.0, 0
-        bar = tqdm(
-            list(_batches(data, config.batch_size, training, rng)),
-            desc="train" if training else "valid",
-            disable=not progress,
-            leave=False,
+    fit_cfg = FitConfig(
+        epochs=config.epochs,
+        batch_size=config.batch_size,
+        clip=None,
+        decay="constant",
+        seed=config.seed,
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(output_dir) if output_dir is not None else Path(tmp)
+        fitted = fit(
+            clf,
+            opt,
+            train,
+            loss_fn=_loss,
+            config=fit_cfg,
+            output_dir=out,
+            valid=valid,
+            collate_fn=collate_rows,
+            evaluate_fn=_valid_loss,
+            save_fn=lambda m, d: m.save_pretrained(d),
+            settings={
+                "train_config": asdict(config),
+                "sequences": len(rows),
+                "classifier": asdict(clf.config),
+            },
+            resume=resume,
+            restart=restart,
+            progress=progress,
         )
-        for batch in bar:
-            hidden, tokens, labels, pad, censored = (x.to(dev) for x in batch)
-            with torch.set_grad_enabled(training):
-                logits = clf(hidden, tokens, pad)
-                total_nll, count_t = censored_nll(logits, labels, censored)
-                n = int(count_t)
-                loss = total_nll / max(n, 1)
-            if training and n:
-                opt.zero_grad()
-                acc.backward(loss)
-                opt.step()
-            if n:
-                total += loss.item() * n
-                count += n
-        return total / max(count, 1)
-
-    history = [{"epoch": 0, "valid_loss": run(valid, False)}]
-    best = history[0]["valid_loss"]
-    best_state = {k: v.detach().clone() for k, v in acc.unwrap_model(clf).state_dict().items()}
-    for epoch in tqdm(range(1, config.epochs + 1), desc="epochs", disable=not progress):
-        tr = run(train, True)
-        va = run(valid, False)
-        history.append({"epoch": epoch, "train_loss": tr, "valid_loss": va})
-        if va < best or math.isnan(best):
-            best = va
-            best_state = {
-                k: v.detach().clone() for k, v in acc.unwrap_model(clf).state_dict().items()
-            }
-        if output_dir is not None and acc.is_main_process:  # a checkpoint per epoch
-            acc.unwrap_model(clf).save_pretrained(Path(output_dir) / "last")
-            (Path(output_dir) / "history.json").write_text(json.dumps(history, indent=2))
-    model = acc.unwrap_model(clf)
-    model.load_state_dict(best_state)
-    model.eval()
+        best = AttributeClassifier.from_pretrained(out / "best")
+        clf.load_state_dict(best.state_dict())
+    clf.eval()
+    history = [{"epoch": 0, "valid_loss": initial["loss"]}] + [
+        {
+            "epoch": int(h["epoch"]),
+            "train_loss": h.get("train_loss"),
+            "valid_loss": h["valid_loss"],
+        }
+        for h in fitted.history
+    ]
     result = {
         "config": asdict(config),
         "train_sequences": len(train),
         "valid_sequences": len(valid),
-        "best_valid_loss": best,
+        "best_valid_loss": fitted.best,
         "history": history,
     }
     if output_dir is not None:
-        out = Path(output_dir)
-        model.save_pretrained(out / "best")
-        (out / "history.json").write_text(json.dumps(result, indent=2))
+        write_json(Path(output_dir) / "result.json", result)
     return result

@@ -1,0 +1,190 @@
+"""Checkpoints every gencraft trainer shares: one atomic file per run, resume-or-say-why, and
+Ctrl-C that saves instead of losing work.
+
+The rule, for every trainer (``fit`` and the pointer's TBPTT trainer):
+
+* a run writes ``OUTPUT/checkpoint/state.pt`` periodically (every ``save_every`` seconds), at
+  every evaluation, at the end, and when interrupted; it holds the trainable weights, the
+  optimizer and schedule state, the RNG states, the position in the data and the history;
+* re-running the same command resumes from it. A finished run whose budget
+  (``--max-steps``, ``--max-time``, ``--epochs``) is raised continues; one whose budget is
+  unchanged says so and does nothing; one started with different settings is refused with
+  the differing settings named (``--restart`` starts over);
+* an output directory holding results but no checkpoint is never silently overwritten;
+* Ctrl-C finishes the current step, saves, prints one line naming the checkpoint and the
+  command that resumes, and ends without a traceback (:class:`Interrupted`). A second Ctrl-C
+  stops at once.
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gencraft.errors import GencraftError
+from gencraft.training.state import atomic_torch_save
+
+CHECKPOINT_DIR = "checkpoint"
+STATE_FILE = "state.pt"
+
+
+class Interrupted(GencraftError):
+    """Training was stopped by Ctrl-C after saving a checkpoint; the message says where and
+    how to resume."""
+
+    def __init__(self, checkpoint: Path, command: str | None) -> None:
+        self.checkpoint = checkpoint
+        self.command = command
+        how = f"; resume with: {command}" if command else "; run the same call again to resume"
+        super().__init__(f"interrupted: saved {checkpoint}{how}")
+
+
+def resume_command() -> str | None:
+    """The command line of this process, as a user would retype it (None outside a CLI)."""
+    if not sys.argv or not sys.argv[0]:
+        return None
+    prog = Path(sys.argv[0]).name
+    if prog in ("-c", "pytest", "__main__.py") or prog.startswith("pytest"):
+        return None
+    args = [a for a in sys.argv[1:] if a != "--restart"]
+    return " ".join(shlex.quote(a) for a in ["gencraft" if prog == "gencraft" else prog, *args])
+
+
+class InterruptGuard:
+    """Turns the first SIGINT (Ctrl-C) into a flag the training loop checks between steps;
+    a second SIGINT raises ``KeyboardInterrupt`` as usual. A no-op outside the main thread."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\ngencraft: stopping after this step (Ctrl-C again to stop now)", file=sys.stderr)
+
+    def __enter__(self) -> InterruptGuard:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters that train (``requires_grad``), detached on the CPU: what a checkpoint
+    must keep; a frozen base is rebuilt from its name."""
+    return {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor], where: Path):
+    params = dict(model.named_parameters())
+    missing = sorted(set(state) - set(params))
+    if missing:
+        raise GencraftError(
+            f"{where} holds weights this model does not have ({', '.join(missing[:3])}...); "
+            "use --restart or another --output"
+        )
+    with torch.no_grad():
+        for name, value in state.items():
+            params[name].copy_(value.to(params[name].device))
+
+
+def _differences(saved: dict[str, Any], now: dict[str, Any], ignore: set[str]) -> list[str]:
+    keys = sorted((set(saved) | set(now)) - ignore)
+    return [f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in keys if saved.get(k) != now.get(k)]
+
+
+class RunCheckpoint:
+    """``OUTPUT/checkpoint/state.pt`` of one training run.
+
+    Args:
+        output_dir: the run's output directory.
+        settings: what defines the run (method and training settings, JSON-like); a
+            checkpoint written with other settings is refused.
+        budget_keys: settings that may change between a run and its continuation
+            (``max_steps``, ``max_time``, ``epochs``...).
+    """
+
+    def __init__(
+        self,
+        output_dir: str | Path,
+        settings: dict[str, Any],
+        budget_keys: tuple[str, ...] = ("max_steps", "max_time", "epochs", "max_epochs"),
+    ) -> None:
+        self.output_dir = Path(output_dir)
+        self.directory = self.output_dir / CHECKPOINT_DIR
+        self.path = self.directory / STATE_FILE
+        self.settings = settings
+        self.budget_keys = set(budget_keys)
+
+    def exists(self) -> bool:
+        return self.path.is_file()
+
+    def save(self, payload: dict[str, Any]) -> None:
+        atomic_torch_save({**payload, "settings": self.settings}, self.path)
+
+    def load(self) -> dict[str, Any]:
+        """The saved payload; a clear error naming the file when it is damaged or was written
+        by a run with other settings."""
+        try:
+            payload = torch.load(self.path, map_location="cpu", weights_only=False)
+        except Exception as err:  # truncated or foreign file: name it
+            raise GencraftError(
+                f"checkpoint file {self.path} cannot be read ({type(err).__name__}: {err}); "
+                "delete it or pass --restart"
+            ) from None
+        if not isinstance(payload, dict) or "settings" not in payload:
+            raise GencraftError(f"{self.path} is not a gencraft checkpoint; pass --restart")
+        diff = _differences(payload["settings"], self.settings, self.budget_keys)
+        if diff:
+            raise GencraftError(
+                f"{self.output_dir} holds a run with other settings ({'; '.join(diff)}); "
+                "re-run with the same settings to resume, or pass --restart or another --output"
+            )
+        return payload
+
+    def check_fresh_output(self, result_names: tuple[str, ...] = ("best", "last")) -> None:
+        """Refuse to train over results that have no checkpoint to resume from."""
+        if self.exists():
+            return
+        found = [n for n in result_names if (self.output_dir / n).exists()]
+        if found:
+            raise GencraftError(
+                f"{self.output_dir} already holds {', '.join(found)}/ but no {CHECKPOINT_DIR}/ "
+                "to resume from; pass --restart to overwrite it, or another --output"
+            )
+
+    def clear(self, result_names: tuple[str, ...] = ("best", "last")) -> None:
+        """``--restart``: remove the checkpoint and earlier results."""
+        for name in (CHECKPOINT_DIR, *result_names):
+            shutil.rmtree(self.output_dir / name, ignore_errors=True)
+        (self.output_dir / "history.json").unlink(missing_ok=True)
+
+
+def save_directory(save: Any, directory: str | Path) -> Path:
+    """Run ``save(tmp_dir)`` and move the result to ``directory``, so that ``directory`` always
+    holds one complete save (never a half-written or mixed one)."""
+    directory = Path(directory)
+    tmp = directory.with_name(directory.name + ".tmp")
+    old = directory.with_name(directory.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save(tmp)
+    if directory.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        directory.rename(old)
+    tmp.rename(directory)
+    shutil.rmtree(old, ignore_errors=True)
+    return directory

@@ -1,0 +1,470 @@
+"""``fit``: the one training loop of gencraft, on ``accelerate``.
+
+A method supplies a model, an optimizer, a dataset and ``loss_fn(model, batch)``; ``fit``
+does the rest the same way for every method:
+
+* a ``DataLoader`` passed through ``accelerate.prepare`` (batches are sharded across
+  processes under ``accelerate launch``; the shuffle order depends only on the seed and the
+  epoch, so every process agrees and a resumed run sees the same batches);
+* gradient accumulation, clipping, warm-up and decay of the learning rate;
+* validation every ``eval_every`` steps or each epoch; ``best/`` (by ``metric``), ``last/`` and
+  ``history.json`` written atomically by the main process;
+* budgets ``max_steps`` (optimizer steps), ``max_time`` (seconds of training, evaluation
+  excluded) and ``epochs``, meaning the same for every trainer;
+* checkpoints and resumption by the rule of :mod:`gencraft.training.checkpoint`: Ctrl-C
+  saves, a re-run resumes or says why not, and the resumed run ends with the same weights
+  as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Sampler
+from tqdm.auto import tqdm
+
+from gencraft.errors import GencraftError
+from gencraft.training.checkpoint import (
+    Interrupted,
+    InterruptGuard,
+    RunCheckpoint,
+    load_trainable_state,
+    resume_command,
+    save_directory,
+    trainable_state,
+)
+from gencraft.training.schedules import warmup_schedule
+from gencraft.training.state import rng_state, set_rng_state, write_json
+
+
+@dataclass
+class FitConfig:
+    """Settings of :func:`fit` (each field is also a CLI flag of every trainer)."""
+
+    epochs: int = field(default=1, metadata={"help": "passes over the training data"})
+    max_steps: int | None = field(
+        default=None, metadata={"help": "stop after this many optimizer steps"}
+    )
+    max_time: float | None = field(
+        default=None, metadata={"help": "stop after this many seconds of training"}
+    )
+    batch_size: int = field(default=8, metadata={"help": "examples per batch and process"})
+    eval_batch_size: int | None = field(
+        default=None, metadata={"help": "validation batch size (default: batch_size)"}
+    )
+    grad_accum: int = field(default=1, metadata={"help": "batches per optimizer step"})
+    clip: float | None = field(
+        default=1.0, metadata={"help": "global gradient-norm clip (none: no clipping)"}
+    )
+    warmup: float = field(
+        default=0.0, metadata={"help": "warm-up steps (a value below 1: fraction of all steps)"}
+    )
+    decay: Literal["linear", "constant", "cosine"] = field(
+        default="linear", metadata={"help": "learning-rate decay after warm-up"}
+    )
+    eval_every: int | None = field(
+        default=None, metadata={"help": "validate every N steps (default: each epoch)"}
+    )
+    save_every: float = field(
+        default=300.0, metadata={"help": "seconds between periodic checkpoints"}
+    )
+    metric: str = field(default="loss", metadata={"help": "validation value that picks best/"})
+    mode: Literal["min", "max"] = field(default="min", metadata={"help": "min or max of metric"})
+    seed: int = field(default=0, metadata={"help": "seed of the shuffle order and of torch"})
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size", "grad_accum"):
+            if getattr(self, name) < 1:
+                raise GencraftError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_steps", "eval_every", "eval_batch_size"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise GencraftError(f"{name} must be >= 1 (or unset), got {v}")
+        if self.max_time is not None and not self.max_time > 0:
+            raise GencraftError(f"max_time must be > 0 seconds (or unset), got {self.max_time}")
+        if self.clip is not None and not self.clip > 0:
+            raise GencraftError(f"clip must be > 0 (or unset), got {self.clip}")
+        if self.warmup < 0:
+            raise GencraftError(f"warmup must be >= 0, got {self.warmup}")
+        if self.save_every <= 0:
+            raise GencraftError(f"save_every must be > 0 seconds, got {self.save_every}")
+        if self.mode not in ("min", "max"):
+            raise GencraftError(f"mode must be 'min' or 'max', got {self.mode!r}")
+
+
+def make_accelerator(**kwargs: Any) -> Any:
+    """An ``accelerate.Accelerator`` for gencraft's trainers. On a machine without CUDA it is
+    made with ``cpu=True``, which is what lets ``accelerate launch --multi_gpu
+    --num_processes N`` (torchrun underneath) run N CPU processes with the gloo backend."""
+    from accelerate import Accelerator
+
+    return Accelerator(cpu=not torch.cuda.is_available(), **kwargs)
+
+
+@dataclass
+class FitResult:
+    """``stopped``: which budget ended the run (``epochs``, ``max_steps``, ``max_time``);
+    ``history``: one row per evaluation; ``best``: the best value of the metric."""
+
+    steps: int
+    epochs_done: float
+    train_time: float
+    best: float | None
+    stopped: str
+    history: list[dict[str, Any]]
+    trained_examples: int = 0
+    resumed: bool = False
+
+
+class EpochSampler(Sampler[int]):
+    """A shuffle that depends only on ``seed`` and the epoch (``set_epoch``): identical on
+    every process and across an interrupt."""
+
+    def __init__(self, n: int, seed: int, shuffle: bool = True) -> None:
+        self.n, self.seed, self.shuffle, self.epoch = n, seed, shuffle, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        if not self.shuffle:
+            return iter(range(self.n))
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return iter(torch.randperm(self.n, generator=g).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+@dataclass
+class _State:
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0
+    train_time: float = 0.0
+    trained_examples: int = 0
+    best: float | None = None
+    last_eval_step: int = -1
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+LossFn = Callable[[nn.Module, Any], "torch.Tensor | tuple[torch.Tensor, dict[str, float]]"]
+
+
+def _split(out: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    if isinstance(out, tuple):
+        return out[0], dict(out[1])
+    return out, {}
+
+
+def _batch_size(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, dict):
+        return _batch_size(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)) and batch:
+        first = batch[0]
+        return (
+            len(batch) if not isinstance(first, (torch.Tensor, list, dict)) else _batch_size(first)
+        )
+    return 1
+
+
+def fit(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    train: Sequence[Any],
+    *,
+    loss_fn: LossFn,
+    config: FitConfig,
+    output_dir: str | Path | None = None,
+    valid: Sequence[Any] | None = None,
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    evaluate_fn: Callable[[nn.Module, Any], dict[str, float]] | None = None,
+    save_fn: Callable[[nn.Module, Path], None] | None = None,
+    settings: dict[str, Any] | None = None,
+    accelerator: Any = None,
+    resume: bool = True,
+    restart: bool = False,
+    progress: bool = True,
+    on_step: Callable[[int, Any], None] | None = None,
+) -> FitResult:
+    """Train ``model`` on ``train`` with ``loss_fn(model, batch) -> loss`` (or ``(loss,
+    {name: float})``), batches made by ``collate_fn`` from lists of ``train`` items.
+
+    Args:
+        valid: validation items; evaluated with ``evaluate_fn(model, loader) -> {name: value}``
+            (default: the mean of ``loss_fn``'s loss and parts over the batches).
+        save_fn: ``save_fn(model, directory)`` writes a loadable model (``best/``, ``last/``);
+            default: nothing but the checkpoint.
+        settings: what defines the run, compared on resume (the config is added).
+        resume / restart: continue from ``output_dir/checkpoint`` / start over (removing it).
+        on_step: called after every optimizer step with ``(step, batch)``.
+    Returns a :class:`FitResult`. Raises :class:`Interrupted` after saving on Ctrl-C.
+    """
+    cfg = config
+    if len(train) == 0:
+        raise GencraftError("no training examples")
+    acc = accelerator or make_accelerator(gradient_accumulation_steps=cfg.grad_accum)
+    out = Path(output_dir) if output_dir is not None else None
+    fit_settings = {k: v for k, v in asdict(cfg).items() if k not in ("save_every",)}
+    ckpt = RunCheckpoint(out, {**(settings or {}), **fit_settings}) if out is not None else None
+    if ckpt is not None and acc.is_main_process:
+        if restart:
+            ckpt.clear()
+        elif not resume or not ckpt.exists():
+            ckpt.check_fresh_output()
+    acc.wait_for_everyone()
+
+    torch.manual_seed(cfg.seed)
+    sampler = EpochSampler(len(train), cfg.seed)
+    # the loader's own generator: iterating it never draws from torch's global RNG
+    loader = DataLoader(
+        train,
+        batch_size=cfg.batch_size,
+        sampler=sampler,
+        collate_fn=collate_fn,
+        generator=torch.Generator().manual_seed(cfg.seed),
+    )
+    valid_loader = None
+    if valid:
+        valid_loader = DataLoader(
+            valid, batch_size=cfg.eval_batch_size or cfg.batch_size, collate_fn=collate_fn
+        )
+    model, optimizer, loader = acc.prepare(model, optimizer, loader)
+    if valid_loader is not None:
+        valid_loader = acc.prepare(valid_loader)
+    steps_per_epoch = max(1, math.ceil(len(loader) / cfg.grad_accum))
+    total = cfg.max_steps or steps_per_epoch * cfg.epochs
+    # stepped by hand once per optimizer step (accelerate would step it once per process)
+    scheduler = warmup_schedule(optimizer, total, cfg.warmup, cfg.decay)
+    raw = acc.unwrap_model(model)
+
+    st = _State()
+    pending_rng = None
+    resumed = False
+    if ckpt is not None and resume and not restart and ckpt.exists():
+        payload = ckpt.load()
+        load_trainable_state(raw, payload["model"], ckpt.path)
+        optimizer.load_state_dict(payload["optimizer"])
+        scheduler.load_state_dict(payload["scheduler"])
+        st = _State(**payload["state"])
+        pending_rng = payload["rng"]
+        resumed = True
+
+    def budget_left() -> str | None:
+        if cfg.max_steps is not None and st.step >= cfg.max_steps:
+            return "max_steps"
+        if cfg.max_time is not None and st.train_time >= cfg.max_time:
+            return "max_time"
+        if st.epoch >= cfg.epochs:
+            return "epochs"
+        return None
+
+    def save_checkpoint() -> None:
+        if ckpt is None:
+            return
+        if acc.is_main_process:
+            ckpt.save(
+                {
+                    "model": trainable_state(raw),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "state": asdict(st),
+                    "rng": rng_state(),
+                }
+            )
+        acc.wait_for_everyone()
+
+    def save_model(name: str) -> None:
+        if out is None or save_fn is None:
+            return
+        if acc.is_main_process:
+            save_directory(lambda d: save_fn(raw, d), out / name)
+        acc.wait_for_everyone()
+
+    def evaluate(train_loss: float | None) -> None:
+        row: dict[str, Any] = {
+            "step": st.step,
+            "epoch": round(st.epoch + st.batch_in_epoch / max(1, len(loader)), 4),
+            "train_time": round(st.train_time, 3),
+        }
+        if train_loss is not None:
+            row["train_loss"] = train_loss
+        value = None
+        if valid_loader is not None:
+            model.eval()
+            with torch.no_grad():
+                metrics = (evaluate_fn or _mean_loss(loss_fn, acc))(model, valid_loader)
+            model.train()
+            row.update({f"valid_{k}": v for k, v in metrics.items()})
+            if cfg.metric not in metrics:
+                raise GencraftError(
+                    f"validation gave {sorted(metrics)}, not the metric {cfg.metric!r}"
+                )
+            value = float(metrics[cfg.metric])
+        better = value is None or (
+            st.best is None
+            or (value < st.best if cfg.mode == "min" else value > st.best)
+            or math.isnan(st.best)
+        )
+        if better:
+            st.best = value
+            save_model("best")
+        row["best"] = better
+        st.history.append(row)
+        st.last_eval_step = st.step
+        if out is not None and acc.is_main_process:
+            write_json(out / "history.json", st.history)
+        if progress and acc.is_main_process:
+            shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}
+            tqdm.write(f"eval: {shown}")
+
+    stopped = budget_left()
+    if stopped is not None and resumed:
+        if acc.is_main_process:
+            print(
+                f"{out} already finished ({stopped}: step {st.step}, {st.train_time:.0f} s, "
+                f"epoch {st.epoch}); raise --max-steps/--max-time/--epochs to continue, or "
+                "pass --restart"
+            )
+        return FitResult(
+            st.step,
+            st.epoch,
+            st.train_time,
+            st.best,
+            stopped,
+            st.history,
+            st.trained_examples,
+            True,
+        )
+
+    model.train()
+    bar = tqdm(total=total, initial=st.step, desc="train", disable=not progress, unit="step")
+    running, running_n = 0.0, 0
+    last_save = time.perf_counter()
+    interrupted = False
+    with InterruptGuard() as guard:
+        while stopped is None:
+            batches = (
+                acc.skip_first_batches(loader, st.batch_in_epoch) if st.batch_in_epoch else loader
+            )
+            # accelerate's loaders set the sampler's epoch from their own counter when iterated
+            if hasattr(batches, "set_epoch"):
+                batches.set_epoch(st.epoch)
+            sampler.set_epoch(st.epoch)
+            for batch in batches:
+                if pending_rng is not None:
+                    # restored once the loader has drawn whatever it draws when it starts
+                    # (as it did before the interrupted run saved this state)
+                    set_rng_state(pending_rng)
+                    pending_rng = None
+                t0 = time.perf_counter()
+                with acc.accumulate(model):
+                    loss, parts = _split(loss_fn(model, batch))
+                    acc.backward(loss)
+                    if acc.sync_gradients and cfg.clip:
+                        acc.clip_grad_norm_(model.parameters(), cfg.clip)
+                    optimizer.step()
+                    optimizer.zero_grad()
+                st.batch_in_epoch += 1
+                st.trained_examples += _batch_size(batch) * acc.num_processes
+                running += float(loss.detach())
+                running_n += 1
+                st.train_time += time.perf_counter() - t0
+                if not acc.sync_gradients:
+                    continue
+                scheduler.step()
+                st.step += 1
+                if not math.isfinite(float(loss.detach())):
+                    raise GencraftError(
+                        f"training loss became {float(loss)} at step {st.step}; lower the "
+                        "learning rate"
+                    )
+                if on_step is not None:
+                    on_step(st.step, batch)
+                bar.update(1)
+                bar.set_postfix(
+                    loss=f"{running / running_n:.4f}", **{k: f"{v:.3f}" for k, v in parts.items()}
+                )
+                if cfg.eval_every and st.step % cfg.eval_every == 0:
+                    evaluate(running / running_n)
+                    running, running_n = 0.0, 0
+                    save_checkpoint()
+                    last_save = time.perf_counter()
+                flags = _agree(
+                    acc, [guard.requested, time.perf_counter() - last_save > cfg.save_every]
+                )
+                stopped = budget_left() if st.batch_in_epoch < len(loader) else None
+                if flags[0]:
+                    interrupted = True
+                    break
+                if stopped is not None:
+                    break
+                if flags[1]:
+                    save_checkpoint()
+                    last_save = time.perf_counter()
+            if interrupted:
+                break
+            if st.batch_in_epoch >= len(loader):  # the epoch is complete
+                st.epoch += 1
+                st.batch_in_epoch = 0
+                if not cfg.eval_every:
+                    evaluate(running / running_n if running_n else None)
+                    running, running_n = 0.0, 0
+                save_checkpoint()
+                last_save = time.perf_counter()
+                stopped = budget_left()
+        bar.close()
+        if interrupted:
+            save_checkpoint()
+            raise Interrupted(ckpt.directory if ckpt else Path("."), resume_command())
+    if st.last_eval_step != st.step or not st.history:
+        evaluate(running / running_n if running_n else None)
+    save_model("last")
+    save_checkpoint()
+    return FitResult(
+        st.step,
+        st.epoch + st.batch_in_epoch / max(1, len(loader)),
+        st.train_time,
+        st.best,
+        stopped,
+        st.history,
+        st.trained_examples,
+        resumed,
+    )
+
+
+def _agree(acc: Any, flags: list[bool]) -> list[bool]:
+    """Flags that every process must act on together (any process raising one)."""
+    if acc.num_processes == 1:
+        return flags
+    t = torch.tensor([float(f) for f in flags], device=acc.device)
+    return [bool(v > 0) for v in acc.reduce(t, reduction="sum").tolist()]
+
+
+def _mean_loss(loss_fn: LossFn, acc: Any) -> Callable[[nn.Module, Any], dict[str, float]]:
+    """Validation by default: the mean over batches of the loss and its parts (all processes)."""
+
+    def run(model: nn.Module, loader: Any) -> dict[str, float]:
+        sums: dict[str, float] = {}
+        n = 0
+        for batch in loader:
+            loss, parts = _split(loss_fn(model, batch))
+            for k, v in {"loss": float(loss), **parts}.items():
+                sums[k] = sums.get(k, 0.0) + float(v)
+            n += 1
+        keys = sorted(sums)
+        t = torch.tensor([sums[k] for k in keys] + [float(n)], device=acc.device)
+        if acc.num_processes > 1:
+            t = acc.reduce(t, reduction="sum")
+        return {k: float(v) / max(float(t[-1]), 1.0) for k, v in zip(keys, t[:-1], strict=True)}
+
+    return run

@@ -1,0 +1,224 @@
+"""The shared training loop: interrupt and resume give the same weights as one run, budgets,
+refusals, and real multi-process sharding under ``accelerate launch``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from gencraft.errors import GencraftError
+from gencraft.training import FitConfig, Interrupted, fit, warmup_schedule
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Tiny(nn.Module):
+    """A regression model with dropout, so that resumption must restore the RNG too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 16), nn.Dropout(0.3), nn.ReLU(), nn.Linear(16, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).squeeze(-1)
+
+
+def _data(n: int = 24) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 4, generator=g)
+    y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0])
+    return list(zip(x, y, strict=True))
+
+
+def _loss(model: nn.Module, batch) -> torch.Tensor:
+    x, y = batch
+    return ((model(x) - y) ** 2).mean()
+
+
+def _run(tmp: Path, *, stop_at: int | None = None, **over) -> tuple[nn.Module, object]:
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    cfg = FitConfig(
+        **{"epochs": 3, "batch_size": 4, "grad_accum": 2, "warmup": 0.2, "eval_every": 2, **over}
+    )
+
+    def on_step(step: int, batch) -> None:
+        if step == stop_at:
+            os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, handled between steps
+
+    result = fit(
+        model,
+        opt,
+        _data(),
+        loss_fn=_loss,
+        config=cfg,
+        output_dir=tmp,
+        valid=_data(8),
+        save_fn=lambda m, d: torch.save(m.state_dict(), d / "model.pt"),
+        progress=False,
+        on_step=on_step,
+    )
+    return model, result
+
+
+def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path):
+    ref, ref_result = _run(tmp_path / "ref")
+    assert ref_result.steps == 9 and ref_result.stopped == "epochs"  # 3 epochs x 6 batches / 2
+    with pytest.raises(Interrupted, match=r"interrupted: saved .*checkpoint"):
+        _run(tmp_path / "run", stop_at=4)
+    state = torch.load(tmp_path / "run" / "checkpoint" / "state.pt", weights_only=False)
+    assert state["state"]["step"] == 4 and state["state"]["batch_in_epoch"] == 2
+    resumed, result = _run(tmp_path / "run")
+    assert result.resumed and result.steps == 9
+    for a, b in zip(ref.parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(a, b)
+    # the history is the uninterrupted one
+    h_ref = json.loads((tmp_path / "ref" / "history.json").read_text())
+    h_run = json.loads((tmp_path / "run" / "history.json").read_text())
+    strip = [{k: v for k, v in r.items() if k != "train_time"} for r in h_ref]
+    assert strip == [{k: v for k, v in r.items() if k != "train_time"} for r in h_run]
+    assert (tmp_path / "run" / "best" / "model.pt").is_file()
+    assert (tmp_path / "run" / "last" / "model.pt").is_file()
+
+
+def test_a_finished_run_says_so_and_a_larger_budget_continues(tmp_path, capsys):
+    _, first = _run(tmp_path, max_steps=3)
+    assert first.steps == 3 and first.stopped == "max_steps"
+    before = torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=False)["model"]
+    _, again = _run(tmp_path, max_steps=3)
+    assert again.steps == 3 and "already finished" in capsys.readouterr().out
+    after = torch.load(tmp_path / "checkpoint" / "state.pt", weights_only=False)["model"]
+    assert all(torch.equal(before[k], after[k]) for k in before)  # nothing trained
+    _, more = _run(tmp_path, max_steps=5)
+    assert more.resumed and more.steps == 5 and more.stopped == "max_steps"
+    history = json.loads((tmp_path / "history.json").read_text())
+    assert [r["step"] for r in history] == [2, 3, 4, 5]
+
+
+def test_refusals_and_validation(tmp_path):
+    _run(tmp_path, max_steps=2)
+    with pytest.raises(GencraftError, match=r"other settings.*batch_size 4 -> 2"):
+        _run(tmp_path, max_steps=2, batch_size=2)
+    (tmp_path / "checkpoint" / "state.pt").write_bytes(b"truncated")
+    with pytest.raises(GencraftError, match=r"checkpoint file .*state\.pt cannot be read"):
+        _run(tmp_path, max_steps=2)
+    (tmp_path / "checkpoint" / "state.pt").unlink()
+    with pytest.raises(GencraftError, match="already holds best, last"):
+        _run(tmp_path, max_steps=2)
+    for bad, match in (
+        (dict(max_time=0), "max_time must be > 0"),
+        (dict(max_steps=0), "max_steps must be >= 1"),
+        (dict(epochs=0), "epochs must be >= 1"),
+    ):
+        with pytest.raises(GencraftError, match=match):
+            FitConfig(**bad)
+
+
+def test_warmup_schedule_matches_transformers():
+    from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
+
+    for ours, theirs in (
+        ("linear", get_linear_schedule_with_warmup),
+        ("cosine", get_cosine_schedule_with_warmup),
+    ):
+        p = nn.Parameter(torch.zeros(1))
+        a = torch.optim.SGD([p], lr=1.0)
+        b = torch.optim.SGD([p], lr=1.0)
+        s1, s2 = warmup_schedule(a, 20, 0.25, ours), theirs(b, 5, 20)
+        for _ in range(21):  # up to the end of the schedule
+            assert abs(a.param_groups[0]["lr"] - b.param_groups[0]["lr"]) < 1e-9
+            a.step(), b.step(), s1.step(), s2.step()
+
+
+def test_focus_trainer_resumes_after_an_interrupt(tmp_path, monkeypatch):
+    from gencraft.data.summarization import SummarizationExample
+    from gencraft.focus.train import FocusTrainConfig, FocusTrainer
+    from gencraft.models import load_model
+
+    data = [
+        SummarizationExample(f"d{i}", f"doc {i} about rivers and rain {i}", f"rain {i}")
+        for i in range(8)
+    ]
+
+    def run(out: Path, stop: bool):
+        base, tok = load_model("tiny-bart", seed=0)
+        cfg = FocusTrainConfig(epochs=2, batch_size=2, frequent_size=3, lr=3e-3, max_source=32)
+        trainer = FocusTrainer(base, tok, data, data[:2], cfg, out, progress=False)
+        if stop:  # Ctrl-C during the third batch (of four per epoch)
+            loss, calls = trainer._loss, []
+
+            def interrupting(model, batch):
+                calls.append(1)
+                if len(calls) == 3:
+                    os.kill(os.getpid(), signal.SIGINT)
+                return loss(model, batch)
+
+            trainer._loss = interrupting
+        trainer.train()
+        return trainer.model
+
+    ref = run(tmp_path / "ref", False)
+    with pytest.raises(Interrupted):
+        run(tmp_path / "run", True)
+    resumed = run(tmp_path / "run", False)
+    for (n, a), b in zip(ref.named_parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(a, b), n
+
+
+MULTI = """
+import json, os, sys, torch
+from torch import nn
+from gencraft.training import FitConfig, fit
+from gencraft.training import make_accelerator
+
+acc = make_accelerator()  # what every gencraft trainer uses
+torch.manual_seed(0)
+model = nn.Linear(3, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+data = [(torch.tensor([float(i), 1.0, -1.0]), torch.tensor(float(i % 3)), i) for i in range(16)]
+seen = []
+
+def collate(items):
+    return (torch.stack([a for a, _, _ in items]), torch.stack([b for _, b, _ in items]),
+            torch.tensor([i for _, _, i in items]))
+
+def loss_fn(m, batch):
+    x, y, idx = batch
+    seen.append(idx.tolist())
+    return ((m(x).squeeze(-1) - y) ** 2).mean()
+
+fit(model, opt, data, loss_fn=loss_fn, config=FitConfig(epochs=1, batch_size=2, clip=None),
+    collate_fn=collate, accelerator=acc, progress=False)
+out = {"seen": seen, "weights": [p.tolist() for p in acc.unwrap_model(model).parameters()]}
+with open(os.path.join(sys.argv[1], f"rank{acc.process_index}.json"), "w") as f:
+    json.dump(out, f)
+"""
+
+
+def test_two_processes_see_disjoint_batches_and_end_with_identical_weights(tmp_path):
+    script = tmp_path / "multi.py"
+    script.write_text(MULTI)
+    launcher = Path(sys.executable).with_name("accelerate")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # the README's multi-process command; on a machine without CUDA, gencraft's accelerator runs
+    # the processes on the CPU (gloo)
+    cmd = [str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
+    cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r0 = json.loads((tmp_path / "rank0.json").read_text())
+    r1 = json.loads((tmp_path / "rank1.json").read_text())
+    s0 = {i for b in r0["seen"] for i in b}
+    s1 = {i for b in r1["seen"] for i in b}
+    assert s0.isdisjoint(s1) and s0 | s1 == set(range(16))
+    assert len(r0["seen"]) == len(r1["seen"]) == 4
+    assert r0["weights"] == r1["weights"]
