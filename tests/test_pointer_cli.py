@@ -148,3 +148,61 @@ def test_frequency_buckets_and_gains_by_hand():
     )
     assert rows[0]["tokens"] == 2 and rows[0]["gain"] == pytest.approx(2.0)
     assert rows[4]["gain"] == pytest.approx(2.0) and rows[1]["tokens"] == 0
+
+
+def _train(data, out, *extra):
+    return main(
+        ["pointer", "train", *TRAIN, "--lr", "1", "--data-dir", str(data), "--output", str(out)]
+        + list(extra)
+    )
+
+
+def test_max_steps_below_an_epoch_still_saves_best_and_reruns_say_so(
+    synthetic_lm_dir, tmp_path, capsys
+):
+    out = tmp_path / "run"
+    assert _train(synthetic_lm_dir, out, "--max-steps", "2") == 0  # no evaluation was due
+    assert (out / "best" / "model.safetensors").is_file()
+    capsys.readouterr()
+    assert _train(synthetic_lm_dir, out, "--max-steps", "2") == 0
+    assert "already finished (max_steps at step 2" in capsys.readouterr().out
+    assert _train(synthetic_lm_dir, out, "--max-steps", "4") == 0  # a larger budget continues
+    assert json.loads((out / "results.json").read_text())["steps"] == 4
+    assert _train(synthetic_lm_dir, out, "--max-steps", "4", "--bptt", "5") == 2
+    assert "other settings (bptt 10 -> 5" in capsys.readouterr().err
+    assert _train(synthetic_lm_dir, out, "--max-time", "0") == 2
+    assert "max_time must be > 0" in capsys.readouterr().err
+
+
+def test_ctrl_c_saves_and_the_resumed_run_ends_with_the_uninterrupted_weights(
+    synthetic_lm_dir, tmp_path, capsys, monkeypatch
+):
+    import os
+    import signal
+
+    from gencraft.pointer import PointerSentinelLSTM, PointerTrainer
+
+    assert _train(synthetic_lm_dir, tmp_path / "ref", "--max-steps", "8", "--eval-every", "3") == 0
+    step = PointerTrainer.train_step
+    calls = []
+
+    def interrupted_step(self, st):
+        calls.append(1)
+        if len(calls) == 5:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of step 5
+        return step(self, st)
+
+    monkeypatch.setattr(PointerTrainer, "train_step", interrupted_step)
+    run = tmp_path / "run"
+    assert _train(synthetic_lm_dir, run, "--max-steps", "8", "--eval-every", "3") == 130
+    err = capsys.readouterr().err
+    assert f"gencraft: interrupted: saved {run / 'checkpoint'}" in err
+    assert "Traceback" not in err
+    monkeypatch.setattr(PointerTrainer, "train_step", step)
+    assert _train(synthetic_lm_dir, run, "--max-steps", "8", "--eval-every", "3") == 0
+    a = PointerSentinelLSTM.from_pretrained(tmp_path / "ref" / "best").state_dict()
+    b = PointerSentinelLSTM.from_pretrained(run / "best").state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ref_hist = json.loads((tmp_path / "ref" / "history.json").read_text())
+    run_hist = json.loads((run / "history.json").read_text())
+    assert [h["valid_ppl"] for h in ref_hist] == [h["valid_ppl"] for h in run_hist]

@@ -46,7 +46,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     n_ptr = model.num_pointer_parameters()
     print(f"{kind} ({args.preset}): {n_params:,} parameters ({n_ptr:,} in the pointer) -> {out}")
     trainer = Trainer(model, corpus, cfg, out, progress=not args.quiet)
-    trainer.train(resume=not args.restart)
+    trainer.train(restart=args.restart)
     best = PointerSentinelLSTM.from_pretrained(out / "best", device=trainer.accelerator.device)
     result = {
         "parameters": n_params,

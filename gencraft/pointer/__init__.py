@@ -3,7 +3,7 @@
 * :func:`pointer_sentinel_log_probs` — the mixture (eqs. 2-8) on tensors.
 * :class:`PointerSentinelLSTM` — the paper's model (zoneout LSTM + sentinel pointer).
 * :class:`PointerSentinelHead` — the same mixture on top of any Hugging Face causal LM.
-* :class:`Trainer`, :func:`evaluate` — the paper's training recipe through ``accelerate``.
+* :class:`PointerTrainer` (old name: ``Trainer``), :func:`evaluate` — the paper's training recipe through ``accelerate``.
 """
 
 from gencraft.pointer.head import PointerSentinelHead
@@ -16,7 +16,7 @@ from gencraft.pointer.mixture import (
     sequence_pointer_attention,
 )
 from gencraft.pointer.rnn import LockedDropout, ZoneoutLSTM
-from gencraft.pointer.train import TrainConfig, Trainer, evaluate, tbptt_schedule
+from gencraft.pointer.train import PointerTrainer, TrainConfig, Trainer, evaluate, tbptt_schedule
 
 __all__ = [
     "PRESETS",
@@ -25,6 +25,7 @@ __all__ = [
     "PointerSentinelHead",
     "PointerSentinelLSTM",
     "TrainConfig",
+    "PointerTrainer",
     "Trainer",
     "ZoneoutLSTM",
     "evaluate",

@@ -28,17 +28,21 @@ from gencraft.data.lm import LMCorpus
 from gencraft.errors import GencraftError
 from gencraft.pointer.lstm import PointerSentinelLSTM
 from gencraft.training import (
+    Interrupted,
+    InterruptGuard,
     PlateauSchedule,
+    RunCheckpoint,
     Step,
-    atomic_torch_save,
     batchify,
-    load_torch,
     make_accelerator,
+    resume_command,
     rng_state,
+    save_directory,
     set_rng_state,
     tbptt_schedule,
     write_json,
 )
+from gencraft.training.checkpoint import CHECKPOINT_DIR
 
 
 @dataclass
@@ -64,6 +68,7 @@ class TrainConfig:
     eval_batch_size: int = 10
     pointer_loss_weight: float = 0.0  # weight of eq. 9 added to the mixture cross-entropy
     save_every: int | None = None  # steps between resumable checkpoints (and at every eval)
+    checkpoint_every: float = 300.0  # seconds between resumable checkpoints
     revert_on_worse: bool = False  # reload the best weights (fresh optimizer state) on decay
     seed: int = 0
 
@@ -80,6 +85,12 @@ class TrainConfig:
             raise ValueError("window_refresh='stale' needs k1 = k2 (= bptt)")
         if self.optimizer not in ("sgd", "adam"):
             raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
+        if self.max_time is not None and not self.max_time > 0:
+            raise ValueError(f"max_time must be > 0 seconds (or unset), got {self.max_time}")
+        for name in ("max_steps", "max_epochs", "eval_every", "save_every"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ValueError(f"{name} must be >= 1 (or unset), got {v}")
 
     @property
     def k2(self) -> int:
@@ -153,7 +164,17 @@ def evaluate(
     return result
 
 
-class Trainer:
+BUDGET_KEYS = (
+    "max_steps",
+    "max_time",
+    "max_epochs",
+    "eval_every",
+    "save_every",
+    "checkpoint_every",
+)
+
+
+class PointerTrainer:
     """Trains a :class:`PointerSentinelLSTM` on ``corpus`` and writes to ``output_dir``:
     ``checkpoint/`` (resumable), ``best/`` (best validation model, ``from_pretrained``-able),
     ``history.json`` and ``train_config.json``."""
@@ -207,7 +228,8 @@ class Trainer:
         self.carry: Any = None  # LSTM state at the next step's start
         self.memory: Any = None  # (outputs, ids) for window_refresh="stale"
         self.history: list[dict[str, Any]] = []
-        self.done = False
+        self.early_stopped = False
+        self.last_eval_step = -1
 
     @property
     def raw_model(self) -> PointerSentinelLSTM:
@@ -290,13 +312,18 @@ class Trainer:
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
+    def _checkpoint(self) -> RunCheckpoint:
+        settings = {"model_config": self.raw_model.config.to_dict(), **asdict(self.config)}
+        return RunCheckpoint(self.output_dir, settings, budget_keys=BUDGET_KEYS)
+
     def save_checkpoint(self) -> None:
+        """Write ``output_dir/checkpoint/state.pt`` (atomically) with everything a resumed run
+        needs: weights, optimizer, schedule, position, carried state, history, RNG."""
         if not self.accelerator.is_main_process:
             return
-        d = self.output_dir / "checkpoint"
-        self.raw_model.save_pretrained(d)
-        atomic_torch_save(
+        self._checkpoint().save(
             {
+                "model": self.raw_model.state_dict(),
                 "optimizer": self.optimizer.state_dict(),
                 "schedule": self.schedule.state_dict(),
                 "epoch": self.epoch,
@@ -308,26 +335,25 @@ class Trainer:
                 "carry": self.carry,
                 "memory": self.memory,
                 "history": self.history,
-                "done": self.done,
+                "early_stopped": self.early_stopped,
+                "last_eval_step": self.last_eval_step,
                 "rng": rng_state(),
-                "train_config": asdict(self.config),
-            },
-            d / "trainer_state.pt",
+            }
         )
 
     def load_checkpoint(self, directory: str | Path | None = None) -> bool:
-        """Resume from ``directory`` (default ``output_dir/checkpoint``); False if none."""
-        d = Path(directory) if directory else self.output_dir / "checkpoint"
-        if not (d / "trainer_state.pt").is_file():
-            return False
-        saved = PointerSentinelLSTM.from_pretrained(d)
-        if saved.config.to_dict() != self.raw_model.config.to_dict():
-            raise GencraftError(
-                f"checkpoint {d} was trained with a different model config; use another "
-                "output directory or the same options"
+        """Resume from the run in ``directory`` (default ``output_dir``); False if it has no
+        checkpoint. Raises, naming the file or the differing settings, when it cannot."""
+        ckpt = self._checkpoint()
+        if directory is not None:
+            d = Path(directory)
+            ckpt = RunCheckpoint(
+                d.parent if d.name == CHECKPOINT_DIR else d, ckpt.settings, budget_keys=BUDGET_KEYS
             )
-        self.raw_model.load_state_dict(saved.state_dict())
-        st = load_torch(d / "trainer_state.pt")
+        if not ckpt.exists():
+            return False
+        st = ckpt.load()
+        self.raw_model.load_state_dict(st["model"])
         self.optimizer.load_state_dict(st["optimizer"])
         self.schedule.load_state_dict(st["schedule"])
         for k in (
@@ -338,7 +364,8 @@ class Trainer:
             "eval_time",
             "trained_tokens",
             "history",
-            "done",
+            "early_stopped",
+            "last_eval_step",
         ):
             setattr(self, k, st[k])
         dev = self.accelerator.device
@@ -361,8 +388,9 @@ class Trainer:
             "train_tokens_per_s": self.trained_tokens / max(self.train_time, 1e-9),
         }
         self.history.append(row)
+        self.last_eval_step = self.global_step
         if improved and self.accelerator.is_main_process:
-            self.raw_model.save_pretrained(self.output_dir / "best")
+            save_directory(self.raw_model.save_pretrained, self.output_dir / "best")
         if decay:
             self._set_lr(self.lr * self.config.lr_decay)
             if self.config.revert_on_worse and not improved:
@@ -386,56 +414,106 @@ class Trainer:
         row["reverted_to_best"] = True
 
     # -- the loop -------------------------------------------------------------------------
-    def train(self, resume: bool = True) -> list[dict[str, Any]]:
+    def budget_left(self) -> str | None:
+        """Which budget has run out (``max_steps``, ``max_time``, ``max_epochs``, or
+        ``early_stop`` by the plateau rule), or None."""
         cfg = self.config
+        if self.early_stopped:
+            return "early_stop"
+        if cfg.max_steps is not None and self.global_step >= cfg.max_steps:
+            return "max_steps"
+        if cfg.max_time is not None and self.train_time + self.eval_time >= cfg.max_time:
+            return "max_time"
+        if self.epoch >= cfg.max_epochs:
+            return "max_epochs"
+        return None
+
+    def train(self, resume: bool = True, restart: bool = False) -> list[dict[str, Any]]:
+        """Train until a budget runs out or validation stops improving; returns the history.
+        A re-run resumes (``resume=False`` or ``restart=True`` starts over); Ctrl-C saves a
+        checkpoint and raises :class:`~gencraft.training.Interrupted`."""
+        cfg = self.config
+        ckpt = self._checkpoint()
         if self.accelerator.is_main_process:
+            if restart or not resume:
+                ckpt.clear()
+            elif not ckpt.exists():
+                ckpt.check_fresh_output()
             write_json(self.output_dir / "train_config.json", asdict(cfg))
-        if resume:
-            self.load_checkpoint()
-        else:
+        self.accelerator.wait_for_everyone()
+        resumed = resume and not restart and self.load_checkpoint()
+        if not resumed:
             torch.manual_seed(cfg.seed)
+        stopped = self.budget_left()
+        if resumed and stopped is not None:
+            if self.accelerator.is_main_process:
+                print(
+                    f"{self.output_dir} already finished ({stopped} at step {self.global_step}, "
+                    f"{self.train_time + self.eval_time:.0f} s); "
+                    + (
+                        "validation stopped improving; pass --restart to train again"
+                        if stopped == "early_stop"
+                        else "raise --max-steps/--max-time/--max-epochs to continue, or pass "
+                        "--restart"
+                    )
+                )
+            return self.history
         steps = self.steps()
         eval_every = cfg.eval_every or len(steps)
-        while not self.done and self.epoch < cfg.max_epochs:
-            bar = tqdm(
-                total=len(steps),
-                initial=self.step_in_epoch,
-                desc=f"epoch {self.epoch + 1}",
-                disable=not self.progress,
-                unit="step",
-            )
-            while self.step_in_epoch < len(steps):
-                if cfg.max_steps is not None and self.global_step >= cfg.max_steps:
-                    bar.close()
-                    return self.history
-                t0 = time.perf_counter()
-                loss = self.train_step(steps[self.step_in_epoch])
-                if not math.isfinite(loss):
-                    raise GencraftError(
-                        f"training loss became {loss} at step {self.global_step}; lower the "
-                        "learning rate or the clipping threshold"
-                    )
-                self.train_time += time.perf_counter() - t0
-                self.step_in_epoch += 1
-                self.global_step += 1
-                bar.update(1)
-                bar.set_postfix(ppl=f"{math.exp(min(loss, 50)):.1f}", lr=f"{self.lr:g}")
-                elapsed = self.train_time + self.eval_time
-                out_of_time = cfg.max_time is not None and elapsed >= cfg.max_time
-                if self.step_in_epoch == len(steps):
-                    self.epoch += 1
-                    self.step_in_epoch = 0
-                    self.carry = self.memory = None
-                if self.global_step % eval_every == 0 or self.step_in_epoch == 0 or out_of_time:
-                    t1 = time.perf_counter()
-                    self.done = self._evaluate_and_schedule() or out_of_time
-                    self.eval_time += time.perf_counter() - t1
-                    self.save_checkpoint()
-                    if self.done or self.step_in_epoch == 0:
+        last_save = time.perf_counter()
+        with InterruptGuard() as guard:
+            while self.budget_left() is None:
+                bar = tqdm(
+                    total=len(steps),
+                    initial=self.step_in_epoch,
+                    desc=f"epoch {self.epoch + 1}",
+                    disable=not self.progress,
+                    unit="step",
+                )
+                while self.step_in_epoch < len(steps) and self.budget_left() is None:
+                    t0 = time.perf_counter()
+                    loss = self.train_step(steps[self.step_in_epoch])
+                    if not math.isfinite(loss):
+                        raise GencraftError(
+                            f"training loss became {loss} at step {self.global_step}; lower the "
+                            "learning rate or the clipping threshold"
+                        )
+                    self.train_time += time.perf_counter() - t0
+                    self.step_in_epoch += 1
+                    self.global_step += 1
+                    bar.update(1)
+                    bar.set_postfix(ppl=f"{math.exp(min(loss, 50)):.1f}", lr=f"{self.lr:g}")
+                    if self.step_in_epoch == len(steps):
+                        self.epoch += 1
+                        self.step_in_epoch = 0
+                        self.carry = self.memory = None
+                    at_eval = self.global_step % eval_every == 0 or self.step_in_epoch == 0
+                    if at_eval or self.budget_left() is not None:
+                        self._timed_eval()
+                        self.save_checkpoint()
+                        last_save = time.perf_counter()
+                    elif (cfg.save_every and self.global_step % cfg.save_every == 0) or (
+                        time.perf_counter() - last_save > cfg.checkpoint_every
+                    ):
+                        self.save_checkpoint()
+                        last_save = time.perf_counter()
+                    if guard.requested:
+                        bar.close()
+                        self.save_checkpoint()
+                        raise Interrupted(self.output_dir / CHECKPOINT_DIR, resume_command())
+                    if self.step_in_epoch == 0:
                         break
-                elif cfg.save_every and self.global_step % cfg.save_every == 0:
-                    self.save_checkpoint()
-            bar.close()
-        self.done = True
+                bar.close()
+        if self.last_eval_step != self.global_step:  # best/ always exists at the end
+            self._timed_eval()
         self.save_checkpoint()
         return self.history
+
+    def _timed_eval(self) -> None:
+        t1 = time.perf_counter()
+        self.early_stopped = self._evaluate_and_schedule() or self.early_stopped
+        self.eval_time += time.perf_counter() - t1
+
+
+#: the pointer trainer under its old name
+Trainer = PointerTrainer

@@ -9,8 +9,9 @@ does the rest the same way for every method:
 * gradient accumulation, clipping, warm-up and decay of the learning rate;
 * validation every ``eval_every`` steps or each epoch; ``best/`` (by ``metric``), ``last/`` and
   ``history.json`` written atomically by the main process;
-* budgets ``max_steps`` (optimizer steps), ``max_time`` (seconds of training, evaluation
-  excluded) and ``epochs``, meaning the same for every trainer;
+* budgets ``max_steps`` (optimizer steps), ``max_time`` (seconds of training and validation
+  together; time between an interrupt and its resumption does not count) and ``epochs``,
+  meaning the same for every trainer;
 * checkpoints and resumption by the rule of :mod:`gencraft.training.checkpoint`: Ctrl-C
   saves, a re-run resumes or says why not, and the resumed run ends with the same weights
   as an uninterrupted one.
@@ -53,7 +54,8 @@ class FitConfig:
         default=None, metadata={"help": "stop after this many optimizer steps"}
     )
     max_time: float | None = field(
-        default=None, metadata={"help": "stop after this many seconds of training"}
+        default=None,
+        metadata={"help": "stop after this many seconds of training and validation"},
     )
     batch_size: int = field(default=8, metadata={"help": "examples per batch and process"})
     eval_batch_size: int | None = field(
@@ -149,6 +151,7 @@ class _State:
     epoch: int = 0
     batch_in_epoch: int = 0
     train_time: float = 0.0
+    eval_time: float = 0.0
     trained_examples: int = 0
     best: float | None = None
     last_eval_step: int = -1
@@ -262,7 +265,7 @@ def fit(
     def budget_left() -> str | None:
         if cfg.max_steps is not None and st.step >= cfg.max_steps:
             return "max_steps"
-        if cfg.max_time is not None and st.train_time >= cfg.max_time:
+        if cfg.max_time is not None and st.train_time + st.eval_time >= cfg.max_time:
             return "max_time"
         if st.epoch >= cfg.epochs:
             return "epochs"
@@ -300,10 +303,12 @@ def fit(
             row["train_loss"] = train_loss
         value = None
         if valid_loader is not None:
+            t0 = time.perf_counter()
             model.eval()
             with torch.no_grad():
                 metrics = (evaluate_fn or _mean_loss(loss_fn, acc))(model, valid_loader)
             model.train()
+            st.eval_time += time.perf_counter() - t0
             row.update({f"valid_{k}": v for k, v in metrics.items()})
             if cfg.metric not in metrics:
                 raise GencraftError(
