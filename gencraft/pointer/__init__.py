@@ -3,7 +3,8 @@
 * :func:`pointer_sentinel_log_probs` — the mixture (eqs. 2-8) on tensors.
 * :class:`PointerSentinelLSTM` — the paper's model (zoneout LSTM + sentinel pointer).
 * :class:`PointerSentinelHead` — the same mixture on top of any Hugging Face causal LM.
-* :class:`PointerTrainer` (old name: ``Trainer``), :func:`evaluate` — the paper's training recipe through ``accelerate``.
+* :class:`PointerTrainer` (old name: ``Trainer``), :func:`evaluate` — the paper's training
+  recipe through ``accelerate``.
 """
 
 from gencraft.pointer.head import PointerSentinelHead
@@ -24,8 +25,8 @@ __all__ = [
     "PointerSentinelConfig",
     "PointerSentinelHead",
     "PointerSentinelLSTM",
-    "TrainConfig",
     "PointerTrainer",
+    "TrainConfig",
     "Trainer",
     "ZoneoutLSTM",
     "evaluate",
