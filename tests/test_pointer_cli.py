@@ -151,10 +151,8 @@ def test_frequency_buckets_and_gains_by_hand():
 
 
 def _train(data, out, *extra):
-    return main(
-        ["pointer", "train", *TRAIN, "--lr", "1", "--data-dir", str(data), "--output", str(out)]
-        + list(extra)
-    )
+    args = ["pointer", "train", *TRAIN, "--lr", "1", "--data-dir", str(data), "--output", str(out)]
+    return main([*args, *extra])
 
 
 def test_max_steps_below_an_epoch_still_saves_best_and_reruns_say_so(
