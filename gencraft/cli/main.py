@@ -196,6 +196,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_search_parser(sub, _add_data_dir)
 
+    from gencraft.cli.reproduce import add_parser as add_reproduce_parser
+
+    add_reproduce_parser(sub, _add_data_dir)
+
     p = sub.add_parser("demo", help="the offline end-to-end demo (SmolLM2-135M)")
     p.add_argument(
         "--ppl-tokens", type=int, default=8000, help="WikiText-2 test words to score (default 8000)"
@@ -209,9 +213,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from gencraft.training import Interrupted
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "takes_extra", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        args.func(args)
+        if getattr(args, "takes_extra", False):
+            args.func(args, extra)
+        else:
+            args.func(args)
     except Interrupted as err:  # Ctrl-C during training: saved, one line, no traceback
         print(f"gencraft: {err}", file=sys.stderr)
         return 130

@@ -1,0 +1,111 @@
+"""``gencraft reproduce NAME``: run a named experiment of docs/results.md into a report."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from gencraft.errors import GencraftError
+
+
+def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
+    from gencraft.cli.evaluate import format_table
+    from gencraft.experiments import experiments, get_experiment, reproduce
+
+    if args.list or not args.name:
+        rows = [
+            {
+                "name": e.name,
+                "scales": ",".join(e.scales),
+                "CPU min (2 cores)": e.cpu_minutes,
+                "what": e.title,
+            }
+            for e in experiments().values()
+        ]
+        print(format_table(rows))
+        if not args.list:
+            print("\ngencraft reproduce NAME [--scale cpu|gpu|tiny] [--output DIR] [--FIELD V]")
+        return
+    exp = get_experiment(args.name)
+    overrides = _overrides(exp.settings, extra, args.name)
+    report = reproduce(
+        args.name, scale=args.scale, output=args.output, overrides=overrides, restart=args.restart
+    )
+    print(report.read_text())
+    print(f"wrote {report}")
+
+
+def _overrides(settings: type, extra: list[str], name: str) -> dict[str, Any]:
+    """Settings given as ``--field value`` after the experiment's name."""
+    import dataclasses
+
+    from gencraft.cli.flags import add_dataclass_arguments
+
+    parser = argparse.ArgumentParser(prog=f"gencraft reproduce {name}", add_help=False)
+    add_dataclass_arguments(
+        parser, settings, defaults={f.name: None for f in dataclasses.fields(settings)}
+    )
+    try:
+        known, unknown = parser.parse_known_args(extra)
+    except SystemExit:
+        raise GencraftError(f"bad settings for {name}: {' '.join(extra)}") from None
+    if unknown:
+        names = ", ".join("--" + f.name.replace("_", "-") for f in dataclasses.fields(settings))
+        raise GencraftError(f"{name} has no setting {unknown[0]}; its settings: {names}")
+    out = {}
+    for k, v in vars(known).items():
+        if v is not None:
+            out[k] = tuple(v) if isinstance(v, list) else v
+    return out
+
+
+def add_parser(sub: Any, add_data_dir: Any) -> None:
+    p = sub.add_parser(
+        "reproduce",
+        help="run a named experiment of docs/results.md and write its report",
+        description="Run a named experiment (`--list` shows them) into OUTPUT/report.md with "
+        "its tables and PNG plots; re-running resumes. Settings of the experiment can follow "
+        "as --field value (e.g. --model tiny-llama).",
+    )
+    p.add_argument("name", nargs="?", help="the experiment (see --list)")
+    p.add_argument("--list", action="store_true", help="list the experiments")
+    p.add_argument("--scale", choices=("tiny", "cpu", "gpu"), default="cpu")
+    p.add_argument("--output", default=None, help="default outputs/reproduce/NAME-SCALE")
+    p.add_argument("--restart", action="store_true", help="discard an earlier run in --output")
+    p.set_defaults(func=cmd_reproduce, takes_extra=True)
+
+
+def benchmark_main(doc: str, commands: dict[str, str], argv: list[str] | None = None) -> None:
+    """The thin ``benchmarks/*.py`` scripts: ``python benchmarks/X.py COMMAND [--field V]``
+    runs experiment ``commands[COMMAND]`` (flags generated from its settings) and prints the
+    report. The experiments themselves live in the library (``gencraft reproduce``)."""
+    import sys
+
+    import torch
+
+    from gencraft.cli.flags import add_dataclass_arguments, dataclass_from_args
+    from gencraft.experiments import get_experiment, reproduce
+
+    ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    for command, name in commands.items():
+        exp = get_experiment(name)
+        p = sub.add_parser(command, help=f"{name}: {exp.title}")
+        add_dataclass_arguments(p, exp.settings, defaults=exp.scales["cpu"])
+        p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+        p.add_argument("--output", default=None, help="default outputs/reproduce/NAME-cpu")
+        p.add_argument("--restart", action="store_true")
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    name = commands[args.command]
+    try:
+        settings = dataclass_from_args(get_experiment(name).settings, args)
+        values = {k: getattr(settings, k) for k in vars(args) if hasattr(settings, k)}
+        report = reproduce(
+            name, scale="cpu", output=args.output, overrides=values, restart=args.restart
+        )
+    except GencraftError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(report.read_text())

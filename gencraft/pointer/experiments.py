@@ -1,0 +1,181 @@
+"""The pointer experiment of docs/results.md, runnable with ``gencraft reproduce``:
+
+``pointer-vs-lstm``: a plain LSTM and a pointer sentinel-LSTM of the same size, under the same
+time budget. Training throughput is measured interleaved in this run (plain and pointer steps
+alternate, so machine load hits both alike); each model then trains for ``minutes`` of wall
+time (training + validation); the best checkpoint's validation/test perplexity is measured
+with ``eval_batch_size`` streams (paper: 1). Also the frequency-bucket gains (Fig. 4 style) and
+a passage's gate/attention view as PNGs. Each model is one unit; a model's training resumes
+from its own checkpoint when the run is stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from gencraft.experiments import ExperimentRun, register, settings_field
+from gencraft.pointer.lstm import PointerSentinelLSTM
+from gencraft.pointer.train import PointerTrainer, TrainConfig, evaluate
+
+
+@dataclass
+class PointerSettings:
+    corpus: str = settings_field("ptb", "ptb or wikitext-2")
+    preset: str = settings_field("small", "model preset (small, medium, tiny)")
+    minutes: float = settings_field(20.0, "training budget per model (wall time)")
+    evals: int = settings_field(8, "validations within the budget")
+    throughput_rounds: int = settings_field(3, "interleaved throughput rounds")
+    throughput_steps: int = settings_field(8, "steps per throughput round")
+    optimizer: str = settings_field("adam", "adam or sgd")
+    lr: float = settings_field(3e-3, "learning rate")
+    batch_size: int = settings_field(8, "streams per step (paper: 32)")
+    k1: int | None = settings_field(None, "tokens per TBPTT step (None: k2; paper: 1)")
+    revert: bool = settings_field(True, "reload the best weights on a worse validation")
+    eval_batch_size: int = settings_field(1, "streams for the final perplexities (paper: 1)")
+    seed: int = settings_field(0, "seed")
+    data_dir: str | None = settings_field(None, "datasets directory")
+
+
+def build(preset: str, vocab: int, pointer: bool, seed: int) -> PointerSentinelLSTM:
+    torch.manual_seed(seed)  # same init for the shared parameters (the pointer's come last)
+    return PointerSentinelLSTM.from_preset(preset, vocab, pointer=pointer)
+
+
+def throughput(corpus, preset: str, cfg: TrainConfig, rounds: int, steps: int, tmp) -> dict:
+    """Tokens/s of each model's training steps, interleaved: ``rounds`` x ``steps`` each."""
+    trainers = {}
+    for name, ptr in (("lstm", False), ("pointer", True)):
+        m = build(preset, len(corpus.vocab), ptr, cfg.seed)
+        trainers[name] = PointerTrainer(m, corpus, cfg, tmp / name, progress=False)
+    schedule = {k: t.steps() for k, t in trainers.items()}
+    for k, t in trainers.items():  # warm-up
+        for st in schedule[k][:2]:
+            t.train_step(st)
+    secs = {k: 0.0 for k in trainers}
+    toks = {k: 0 for k in trainers}
+    for r in range(rounds):
+        for k, t in trainers.items():
+            before = t.trained_tokens
+            t0 = time.perf_counter()
+            for st in schedule[k][2 + r * steps : 2 + (r + 1) * steps]:
+                t.train_step(st)
+            secs[k] += time.perf_counter() - t0
+            toks[k] += t.trained_tokens - before
+    tps = {k: toks[k] / secs[k] for k in trainers}
+    return {
+        "lstm_tokens_per_s": tps["lstm"],
+        "pointer_tokens_per_s": tps["pointer"],
+        "ratio": tps["pointer"] / tps["lstm"],
+        "step_seconds": {k: secs[k] / (rounds * steps) for k in secs},
+    }
+
+
+@register(
+    "pointer-vs-lstm",
+    title="pointer sentinel-LSTM vs LSTM under one time budget",
+    settings=PointerSettings,
+    scales={
+        "tiny": {
+            "preset": "tiny",
+            "minutes": 0.05,
+            "evals": 2,
+            "throughput_rounds": 1,
+            "throughput_steps": 2,
+            "batch_size": 4,
+        },
+        "cpu": {},
+        "gpu": {"minutes": 3.0, "batch_size": 32},
+    },
+    cpu_minutes=42,
+)
+def pointer_vs_lstm(s: PointerSettings, run: ExperimentRun) -> None:
+    """Plain LSTM vs pointer sentinel-LSTM of the same size, same time budget."""
+    from gencraft.data import load_lm_corpus
+    from gencraft.pointer.analysis import (
+        bucket_gains,
+        frequency_buckets,
+        passage_view,
+        plot_bucket_gains,
+        plot_passage,
+    )
+
+    corpus = load_lm_corpus(s.corpus, s.data_dir)
+    base_cfg = TrainConfig(
+        seed=s.seed, optimizer=s.optimizer, lr=s.lr, batch_size=s.batch_size, k1=s.k1
+    )
+    tp = run.unit(
+        "throughput",
+        lambda: throughput(
+            corpus,
+            s.preset,
+            base_cfg,
+            s.throughput_rounds,
+            s.throughput_steps,
+            run.directory / "throughput",
+        ),
+    )
+    budget = s.minutes * 60
+    rows, tests = {}, {}
+    for name, ptr in (("lstm", False), ("pointer", True)):
+        out = run.directory / name
+
+        def train(name=name, ptr=ptr, out=out) -> dict:
+            step_s = tp["step_seconds"][name]
+            eval_every = max(1, int(budget / step_s / s.evals))
+            cfg = TrainConfig(
+                seed=s.seed,
+                optimizer=s.optimizer,
+                lr=s.lr,
+                max_time=budget,
+                eval_every=eval_every,
+                batch_size=s.batch_size,
+                k1=s.k1,
+                revert_on_worse=s.revert,
+            )
+            model = build(s.preset, len(corpus.vocab), ptr, s.seed)
+            tr = PointerTrainer(model, corpus, cfg, out, progress=True)
+            tr.train()
+            best = PointerSentinelLSTM.from_pretrained(out / "best").to(tr.accelerator.device)
+            row = {
+                "parameters": sum(p.numel() for p in best.parameters()),
+                "train tokens": tr.trained_tokens,
+                "train tokens/s": tr.trained_tokens / tr.train_time,
+            }
+            for split in ("valid", "test"):
+                r = evaluate(best, corpus[split], batch_size=s.eval_batch_size, desc=split)
+                row[f"{split} ppl"] = r["ppl"]
+            return row
+
+        rows[name] = run.unit(f"train {name}", train)
+        best = PointerSentinelLSTM.from_pretrained(out / "best")
+        tests[name] = (best, evaluate(best, corpus["test"], batch_size=1, return_details=True))
+    run.text(
+        f"{s.corpus}, preset {s.preset}, batch {s.batch_size}, {s.minutes:g} min per model; "
+        f"interleaved throughput ratio pointer / LSTM {tp['ratio']:.3f}."
+    )
+    run.table(
+        [
+            {"model": "LSTM (same size and regularisation)", **rows["lstm"]},
+            {"model": "pointer sentinel-LSTM", **rows["pointer"]},
+        ]
+    )
+    (_, lstm_test), (ptr_model, ptr_test) = tests["lstm"], tests["pointer"]
+    buckets = bucket_gains(
+        lstm_test["token_nll"],
+        ptr_test["token_nll"],
+        lstm_test["targets"],
+        frequency_buckets(corpus.vocab.counts),
+    )
+    run.text("Gain of the pointer model by word-frequency bucket (test, one stream):")
+    run.table(buckets)
+    plot_bucket_gains(
+        buckets,
+        run.plot_path("frequency_gain.png", "gain by frequency bucket"),
+        f"{s.corpus} test, {s.preset} preset, {s.minutes:g} min each",
+    )
+    start = min(1000, max(0, corpus["test"].numel() - 41))
+    view = passage_view(ptr_model, corpus, "test", start, 40)
+    plot_passage(view, run.plot_path("passage.png", "gate and pointer attention on a passage"))

@@ -1,0 +1,591 @@
+"""The search experiments of docs/results.md, runnable with ``gencraft reproduce``:
+
+* ``search-speed``: gencraft's ``beam_search`` against ``generate(num_beams=B,
+  do_sample=False, length_penalty=0.0, early_stopping=True)`` on the same prompts, in
+  interleaved rounds (machine load hits both alike); outputs are checked identical each round;
+* ``search-memory``: the key/value bytes exact search holds on its first (greedy) path of
+  depth d, against a full cache at every node (the O(d²) scheme the thesis's §6.2 avoids);
+* ``search-empty``: the exact mode (DFS, ``max_nodes`` per prompt) of "Summarize in one
+  sentence:" + an XSum document cut to each length, and of E2E MRs: how often the best output
+  found is empty, by prompt length (thesis §6.5 analogue). One unit per prompt: a stopped run
+  goes on where it stopped.
+
+* ``search-conditional``: attribute classifiers trained on the model's own samples (§7.4.3),
+  then beam vs conditional beam search: (a) the rate of degenerate outputs, (b) length control:
+  both searches forced to n tokens, which finds the higher log-likelihood.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import median
+
+import torch
+from tqdm.auto import tqdm
+
+from gencraft.experiments import ExperimentRun, machine, register, settings_field
+from gencraft.models import load_model
+from gencraft.search.beam import beam_search
+from gencraft.search.exact import exact_mode
+from gencraft.search.prompts import encode_prompt, instruction_texts
+
+TINY = {"model": "tiny-llama"}
+
+
+@dataclass
+class SpeedSettings:
+    model: str = settings_field("smollm2-135m", "model name or path")
+    prompts: int = settings_field(8, "instruction prompts (half E2E, half XSum)")
+    beams: int = settings_field(4, "beam size")
+    new_tokens: int = settings_field(32, "max_new_tokens")
+    rounds: int = settings_field(3, "interleaved timing rounds")
+    data_dir: str | None = settings_field(None, "datasets directory")
+
+
+def _prompts(tok, n: int, data_dir: str | None, xsum_words: int = 60) -> list[torch.Tensor]:
+    texts = instruction_texts("e2e", n // 2, data_dir) + instruction_texts(
+        "xsum", n - n // 2, data_dir, max_source_words=xsum_words
+    )
+    return [encode_prompt(tok, t) for t in texts]
+
+
+@register(
+    "search-speed",
+    title="beam search against generate (speed, identical outputs)",
+    settings=SpeedSettings,
+    scales={"tiny": {**TINY, "prompts": 2, "rounds": 1, "new_tokens": 8}, "cpu": {}, "gpu": {}},
+    cpu_minutes=3,
+)
+def speed(s: SpeedSettings, run: ExperimentRun) -> None:
+    """gencraft's beam_search vs generate on the same prompts."""
+    model, tok = load_model(s.model)
+    prompts = _prompts(tok, s.prompts, s.data_dir)
+    eos = model.generation_config.eos_token_id
+    eos = eos if isinstance(eos, int) else eos[0]
+
+    def ours():
+        return [
+            beam_search(model, p, num_beams=s.beams, max_new_tokens=s.new_tokens) for p in prompts
+        ]
+
+    def theirs():
+        with torch.no_grad():
+            return [
+                model.generate(
+                    p,
+                    attention_mask=torch.ones_like(p),
+                    num_beams=s.beams,
+                    do_sample=False,
+                    length_penalty=0.0,
+                    early_stopping=True,
+                    max_new_tokens=s.new_tokens,
+                    pad_token_id=eos,
+                )
+                for p in prompts
+            ]
+
+    def same(hyps, outs) -> bool:
+        for h, o, p in zip(hyps, outs, prompts, strict=True):
+            want = o[0, p.shape[1] :].tolist()
+            got = h[0].tokens + ([eos] if h[0].finished else [])
+            if want[: len(got)] != got:
+                return False
+        return True
+
+    ours(), theirs()  # warm-up
+    rounds = []
+    for i in tqdm(range(s.rounds), desc="rounds"):
+
+        def one_round():
+            t0 = time.perf_counter()
+            h = ours()
+            t1 = time.perf_counter()
+            o = theirs()
+            t2 = time.perf_counter()
+            return {"gencraft": t1 - t0, "generate": t2 - t1, "identical": same(h, o)}
+
+        rounds.append(run.unit(f"round {i}", one_round))
+    g = median(r["gencraft"] for r in rounds)
+    b = median(r["generate"] for r in rounds)
+    run.text(
+        f"{s.model}, {len(prompts)} prompts, beam {s.beams}, up to {s.new_tokens} new tokens; "
+        "median over interleaved rounds."
+    )
+    run.table(
+        [
+            {
+                "gencraft s": g,
+                "generate s": b,
+                "ratio": g / b,
+                "identical outputs": all(r["identical"] for r in rounds),
+            }
+        ]
+    )
+
+
+@dataclass
+class MemorySettings:
+    model: str = settings_field("smollm2-135m", "model name or path")
+    depths: tuple[int, ...] = settings_field((16, 64, 256), "path depths d")
+    data_dir: str | None = settings_field(None, "datasets directory")
+
+
+@register(
+    "search-memory",
+    title="exact-search key/value memory on a greedy path (linear, not quadratic)",
+    settings=MemorySettings,
+    scales={"tiny": {**TINY, "depths": (4, 8, 16)}, "cpu": {}, "gpu": {}},
+    cpu_minutes=2,
+)
+def memory(s: MemorySettings, run: ExperimentRun) -> None:
+    """Peak key/value bytes of exact search against a full cache per node."""
+    model, tok = load_model(s.model)
+    prompt = encode_prompt(tok, instruction_texts("e2e", 1, s.data_dir)[0])
+    cfg = model.config
+    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    per_pos = 2 * cfg.num_hidden_layers * heads * (cfg.hidden_size // cfg.num_attention_heads)
+    per_pos *= next(model.parameters()).element_size()
+    rows = []
+    for d in tqdm(s.depths, desc="depths"):
+
+        def one(d=d):
+            r = exact_mode(model, prompt, max_new_tokens=d, length=d, max_nodes=d + 1)
+            p = prompt.shape[1]
+            naive = sum((p + i) * per_pos for i in range(d + 1))
+            return {
+                "depth": d,
+                "prompt tokens": p,
+                "peak KV bytes": r.peak_kv_bytes,
+                "full cache per node": naive,
+                "ratio to naive": r.peak_kv_bytes / naive,
+                "bytes per position": r.peak_kv_bytes / (p + d),
+            }
+
+        rows.append(run.unit(f"depth {d}", one))
+    run.text(f"{s.model}: length-conditional search stopped after d + 1 nodes (its greedy path).")
+    run.table(rows)
+
+
+@dataclass
+class EmptySettings:
+    model: str = settings_field("smollm2-135m", "model name or path")
+    prompts: int = settings_field(40, "XSum prompts per document length")
+    words: tuple[int, ...] = settings_field((25, 50, 100, 200), "XSum document cut (words)")
+    e2e_prompts: int = settings_field(80, "E2E prompts (0: none)")
+    max_nodes: int = settings_field(200, "DFS node budget per prompt")
+    max_new_tokens: int = settings_field(48, "longest output considered")
+    data_dir: str | None = settings_field(None, "datasets directory")
+
+
+@register(
+    "search-empty",
+    title="empty modes by prompt length (exact search, thesis §6.5 analogue)",
+    settings=EmptySettings,
+    scales={
+        "tiny": {
+            **TINY,
+            "prompts": 2,
+            "words": (10, 20),
+            "e2e_prompts": 2,
+            "max_nodes": 20,
+            "max_new_tokens": 6,
+        },
+        "cpu": {},
+        "gpu": {"max_nodes": 2000},
+    },
+    cpu_minutes=75,
+)
+def empty(s: EmptySettings, run: ExperimentRun) -> None:
+    """How often the best output exact search finds is empty."""
+    model, tok = load_model(s.model)
+    sets = {
+        f"xsum, {w} words": instruction_texts("xsum", s.prompts, s.data_dir, max_source_words=w)
+        for w in s.words
+    }
+    if s.e2e_prompts:
+        sets["e2e MR"] = instruction_texts("e2e", s.e2e_prompts, s.data_dir)
+    summary = []
+    for name, texts in sets.items():
+        rows = []
+        for i, t in enumerate(tqdm(texts, desc=name)):
+
+            def one(t=t):
+                ids = encode_prompt(tok, t)
+                r = exact_mode(model, ids, max_new_tokens=s.max_new_tokens, max_nodes=s.max_nodes)
+                return {
+                    "prompt_tokens": ids.shape[1],
+                    "empty": not r.tokens,
+                    "exact": r.exact,
+                    "log_prob": r.log_prob,
+                    "nodes": r.nodes,
+                    "mode": tok.decode(r.tokens),
+                }
+
+            rows.append(run.unit(f"{name} #{i}", one))
+        n = len(rows)
+        summary.append(
+            {
+                "prompts": name,
+                "n": n,
+                "mean prompt tokens": sum(r["prompt_tokens"] for r in rows) / n,
+                "empty mode %": 100 * sum(r["empty"] for r in rows) / n,
+                "of which proven %": 100 * sum(r["empty"] and r["exact"] for r in rows) / n,
+                "proven exact %": 100 * sum(r["exact"] for r in rows) / n,
+                "mean nodes": sum(r["nodes"] for r in rows) / n,
+            }
+        )
+    run.text(
+        f"{s.model}: DFS with at most {s.max_nodes} nodes and outputs up to "
+        f"{s.max_new_tokens} tokens. 'empty mode' is an upper bound unless proven."
+    )
+    run.table(summary)
+    _plot_empty(summary, run.plot_path("empty_by_length.png", "empty modes by prompt length"))
+
+
+def _plot_empty(summary: list[dict], path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xsum = [r for r in summary if r["prompts"].startswith("xsum")]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(
+        [r["mean prompt tokens"] for r in xsum],
+        [r["empty mode %"] for r in xsum],
+        marker="o",
+        label="XSum prompts",
+    )
+    for r in summary:
+        if r["prompts"] == "e2e MR":
+            ax.scatter([r["mean prompt tokens"]], [r["empty mode %"]], color="C1", label="E2E")
+    ax.set_xlabel("mean prompt length (tokens)")
+    ax.set_ylabel("best output found is empty (%)")
+    ax.set_ylim(0, 100)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+@dataclass
+class ConditionalSettings:
+    model: str = settings_field("smollm2-135m", "model name or path")
+    train_prompts: int = settings_field(120, "classifier training prompts (half E2E, half XSum)")
+    samples_per_prompt: int = settings_field(6, "samples of the model per training prompt")
+    sample_tokens: int = settings_field(64, "max_new_tokens of the samples")
+    epochs: int = settings_field(8, "classifier epochs")
+    censored: bool = settings_field(True, "length: lower-bound labels for cut samples")
+    samples: str | None = settings_field(None, ".pt file: load the samples from it, or save")
+    test_prompts: int = settings_field(80, "test prompts of the degenerate study")
+    length_prompts: int | None = settings_field(24, "test prompts of the length study")
+    beams: tuple[int, ...] = settings_field((5, 20), "beam sizes")
+    k: int = settings_field(100, "candidates scored by the classifier per step")
+    ratios: tuple[float, ...] = settings_field((0.8, 1.0, 1.2), "length / reference length")
+    max_new_tokens: int = settings_field(64, "longest output")
+    max_source_words: int = settings_field(100, "XSum document cut (words)")
+    forced_eos: str = settings_field("free", "length study: forced EOS scored 'model' or 'free'")
+    studies: tuple[str, ...] = settings_field(("degenerate", "length"), "which studies")
+    classifiers: str | None = settings_field(None, "a previous run's folder: reuse its classifiers")
+    data_dir: str | None = settings_field(None, "datasets directory")
+    work_dir: str | None = settings_field(None, "working folder (default: the run's)")
+
+
+@register(
+    "search-conditional",
+    title="beam vs conditional beam search: degenerate rate and length control",
+    settings=ConditionalSettings,
+    scales={
+        "tiny": {
+            "model": "tiny-llama",
+            "train_prompts": 4,
+            "samples_per_prompt": 2,
+            "sample_tokens": 8,
+            "epochs": 1,
+            "test_prompts": 2,
+            "length_prompts": 2,
+            "beams": (2,),
+            "k": 5,
+            "max_new_tokens": 6,
+            "max_source_words": 20,
+        },
+        "cpu": {},
+        "gpu": {"train_prompts": 2000, "samples_per_prompt": 16},
+    },
+    cpu_minutes=480,
+)
+def search_conditional(s: ConditionalSettings, run: ExperimentRun) -> None:
+    """Conditional beam search with attribute classifiers trained on the model's samples."""
+    if s.work_dir is None:
+        s.work_dir = str(run.directory)
+    result = run.unit("conditional", lambda: conditional_study(s))
+    md = (
+        (Path(s.work_dir) / "conditional.md").read_text()
+        if (Path(s.work_dir) / "conditional.md").is_file()
+        else ""
+    )
+    run.text(md or json.dumps({k: v for k, v in result.items() if k in ("degenerate",)}))
+    if (Path(s.work_dir) / "length_control.png").is_file():
+        run.plot_path("length_control.png", "length control")
+
+
+def conditional_study(args) -> dict:
+    """Beam vs conditional beam search: degenerate rate, and length-controlled generation."""
+    from gencraft.search.stepper import eos_ids
+    from gencraft.search.train_classifier import (
+        ClassifierTrainConfig,
+        classifier_for,
+        relabel_degenerate,
+        sample_training_data,
+        train_classifier,
+    )
+
+    model, tok = load_model(args.model)
+    eos = eos_ids(model, None)
+    out_dir = Path(args.work_dir)
+    if args.classifiers:  # reuse trained classifiers: skip sampling and training
+        from gencraft.search.classifier import AttributeClassifier
+
+        clfs = {
+            a: AttributeClassifier.from_pretrained(
+                Path(args.classifiers, f"clf-{a}", "best"), model
+            )
+            for a in args.studies
+        }
+        result: dict = {"model": args.model, **machine(), "classifiers": args.classifiers}
+        return _conditional_eval(args, model, tok, clfs, result, out_dir)
+    half = args.train_prompts // 2
+    train_texts = instruction_texts("e2e", half, args.data_dir, split="train") + instruction_texts(
+        "xsum",
+        args.train_prompts - half,
+        args.data_dir,
+        split="train",
+        max_source_words=args.max_source_words,
+    )
+    samples = Path(args.samples) if args.samples else None
+    if samples is not None and samples.is_file():  # reuse a previous run's samples
+        rows = torch.load(samples)
+        if not args.censored:  # cut samples carry no length labels then
+            rows = [
+                {**r, "labels": torch.full_like(r["labels"], -100), "censored": torch.tensor(False)}
+                if bool(r["censored"])
+                else r
+                for r in rows
+            ]
+    else:
+        rows = sample_training_data(
+            model,
+            tok,
+            [encode_prompt(tok, t) for t in train_texts],
+            attribute="length",
+            samples_per_prompt=args.samples_per_prompt,
+            max_new_tokens=args.sample_tokens,
+            prompt_texts=train_texts,
+            censored=args.censored,
+            seed=0,
+        )
+        if samples is not None:
+            torch.save(rows, samples)
+    result: dict = {
+        "model": args.model,
+        **machine(),
+        "train_prompts": len(train_texts),
+        "censored_length_labels": any(bool(r["censored"]) for r in rows),
+        "samples": len(rows),
+        "finished_samples": sum(bool(r["finished"]) for r in rows),
+    }
+    cfg = ClassifierTrainConfig(epochs=args.epochs)
+    clfs = {}
+    for attr in args.studies:
+        data = rows if attr == "length" else relabel_degenerate(rows, tok, train_texts, eos)
+        clf = classifier_for(model, attr)
+        result[f"{attr}_classifier"] = {
+            k: v
+            for k, v in train_classifier(clf, data, cfg, out_dir / f"clf-{attr}").items()
+            if k != "config"
+        }
+        if attr == "degenerate":
+            result["degenerate_training_rate"] = sum(int(r["labels"][0]) for r in data) / len(data)
+        clfs[attr] = clf.eval()
+        (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
+    return _conditional_eval(args, model, tok, clfs, result, out_dir)
+
+
+def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path) -> dict:
+    from gencraft.search.prompts import instruction_references
+
+    def prompts(total: int) -> list[tuple[str, str]]:
+        half = total // 2
+        return [
+            (t, r)
+            for kind, n in (("e2e", half), ("xsum", total - half))
+            for t, r in zip(
+                instruction_texts(kind, n, args.data_dir, max_source_words=args.max_source_words),
+                instruction_references(kind, n, args.data_dir),
+                strict=True,
+            )
+        ]
+
+    tests = prompts(args.test_prompts)
+    if "degenerate" in args.studies:
+        _degenerate_study(args, model, tok, clfs["degenerate"], tests, result, out_dir)
+    if "length" in args.studies:
+        _length_study(args, model, tok, clfs["length"], prompts, result, out_dir)
+    (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
+    md = []
+    if "degenerate" in result:
+        md += [
+            f"Degenerate outputs (beam {args.beams[0]}, {len(tests)} test prompts): beam "
+            f"{100 * result['degenerate']['beam_rate']:.0f}%, conditional beam "
+            f"{100 * result['degenerate']['conditional_rate']:.0f}%",
+            "",
+        ]
+    if "summary" in result.get("length", {}):
+        md += [
+            f"Length control ({result['length']['prompts']} test prompts):",
+            "",
+            "| beams | length / reference | conditional higher | beam higher | tie |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        md += [
+            f"| {r['beams']} | {r['ratio']:.1f} | {100 * r['conditional_higher']:.0f}% | "
+            f"{100 * r['beam_higher']:.0f}% | {100 * r['tie']:.0f}% |"
+            for r in result["length"]["summary"]
+        ]
+    (out_dir / "conditional.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return result
+
+
+def _degenerate_study(args, model, tok, clf, tests, result: dict, out_dir: Path) -> None:
+    """(a) degenerate rate: beam vs conditional beam towards "not degenerate" (class 0)."""
+    from gencraft.search.classifier import degenerate
+
+    clf.target_class = 0
+    rates = {"beam": 0, "conditional": 0}
+    examples = []
+    for text, _ in tqdm(tests, desc="degenerate"):
+        ids = encode_prompt(tok, text)
+        row = {}
+        for name, kw in (
+            ("beam", {}),
+            ("conditional", dict(classifier=clf, k=args.k, finished="on_beam")),
+        ):
+            h = beam_search(
+                model, ids, num_beams=args.beams[0], max_new_tokens=args.max_new_tokens, **kw
+            )[0]
+            out_text = tok.decode(h.tokens, skip_special_tokens=True)
+            bad = degenerate(out_text, text, h.finished)
+            rates[name] += bad
+            row[name] = {"text": out_text, "degenerate": bad, "log_prob": h.score}
+        examples.append(row)
+        result["degenerate"] = {"prompts_done": len(examples), **rates}
+        (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
+    result["degenerate"] = {
+        "beam_size": args.beams[0],
+        "k": args.k,
+        "prompts": len(tests),
+        "beam_rate": rates["beam"] / len(tests),
+        "conditional_rate": rates["conditional"] / len(tests),
+        "examples": examples,
+    }
+    (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
+
+
+def _length_study(args, model, tok, clf, prompts, result: dict, out_dir: Path) -> None:
+    """(b) length control: both forced to n tokens; who finds the higher log-likelihood?"""
+    length_rows: list[dict] = []
+    length_tests = prompts(args.length_prompts or args.test_prompts)
+    for text, ref in tqdm(length_tests, desc="length"):
+        ids = encode_prompt(tok, text)
+        ref_len = len(tok(ref, add_special_tokens=False)["input_ids"])
+        for ratio in args.ratios:
+            n = max(1, round(ratio * ref_len))
+            for b in args.beams:
+                plain = beam_search(
+                    model,
+                    ids,
+                    num_beams=b,
+                    max_new_tokens=n + 1,
+                    force_length=n,
+                    forced_eos=args.forced_eos,
+                )[0]
+                cond = beam_search(
+                    model,
+                    ids,
+                    num_beams=b,
+                    max_new_tokens=n + 1,
+                    force_length=n,
+                    forced_eos=args.forced_eos,
+                    classifier=clf.for_length(n),
+                    k=args.k,
+                    finished="on_beam",
+                )[0]
+                length_rows.append(
+                    {
+                        "ratio": ratio,
+                        "beams": b,
+                        "length": n,
+                        "beam_log_prob": plain.score,
+                        "cond_log_prob": cond.score,
+                        "beam_text": tok.decode(plain.tokens),
+                        "cond_text": tok.decode(cond.tokens),
+                    }
+                )
+        result["length"] = {"k": args.k, "rows": length_rows}
+        (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
+    summary = []
+    for b in args.beams:
+        for ratio in args.ratios:
+            sel = [r for r in length_rows if r["beams"] == b and r["ratio"] == ratio]
+            wins = sum(r["cond_log_prob"] > r["beam_log_prob"] + 1e-4 for r in sel)
+            losses = sum(r["cond_log_prob"] < r["beam_log_prob"] - 1e-4 for r in sel)
+            summary.append(
+                {
+                    "beams": b,
+                    "ratio": ratio,
+                    "n": len(sel),
+                    "conditional_higher": wins / len(sel),
+                    "beam_higher": losses / len(sel),
+                    "tie": (len(sel) - wins - losses) / len(sel),
+                }
+            )
+    result["length"] = {
+        "k": args.k,
+        "forced_eos": args.forced_eos,
+        "prompts": len(length_tests),
+        "summary": summary,
+        "rows": length_rows,
+    }
+    (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
+    _plot_length(summary, out_dir / "length_control.png", args.model)
+
+
+def _plot_length(summary: list[dict], path: Path, model: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    labels = [f"B={r['beams']}\n{r['ratio']:.1f}x" for r in summary]
+    xs = range(len(summary))
+    ax.bar(
+        [x - 0.2 for x in xs],
+        [100 * r["conditional_higher"] for r in summary],
+        0.4,
+        label="conditional beam higher",
+    )
+    ax.bar(
+        [x + 0.2 for x in xs], [100 * r["beam_higher"] for r in summary], 0.4, label="beam higher"
+    )
+    ax.set_xticks(list(xs), labels, fontsize=7)
+    ax.set_ylabel("% of prompts")
+    ax.legend(fontsize=8)
+    ax.set_title(f"{model}: higher log-likelihood at the forced length", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
