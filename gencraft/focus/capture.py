@@ -7,6 +7,8 @@ mask), float32); the model's outputs stay those of its own implementation.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -42,15 +44,15 @@ def find_attention_module(model: nn.Module, kind: str) -> tuple[str, nn.Module]:
     return site.name, module
 
 
-def install_capture(model: nn.Module, module: nn.Module) -> list[torch.Tensor]:
+def install_capture(model: nn.Module, module: nn.Module) -> tuple[list[torch.Tensor], Any]:
     """Attach a :class:`FocusCapture` to ``module`` of ``model``; return the list into which
-    it appends its probabilities at each call."""
+    it appends its probabilities at each call, and the handle that detaches it."""
     capture = FocusCapture()
-    attach(model, capture, modules=[module])
+    handle = attach(model, capture, modules=[module])
     impl = original_implementation(module)
     if impl not in READABLE:
         raise GencraftError(
             f"attention implementation {impl!r} cannot be read by FAME; load the model "
             "with attn_implementation='sdpa' or 'eager'"
         )
-    return capture.probs
+    return capture.probs, handle

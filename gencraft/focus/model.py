@@ -36,6 +36,7 @@ from gencraft.focus.topic import topic_loss
 from gencraft.models.heads import load_base, read_head, save_head
 
 FOCUS_CONFIG = "focus_config.json"
+_WRAPPED = "_gencraft_focus_wrapped"
 FOCUS_WEIGHTS = "focus_head.safetensors"
 
 
@@ -152,9 +153,15 @@ class FocusForConditionalGeneration(nn.Module):
             int(self.frequent_ids.min()) >= 0 and int(self.frequent_ids.max()) < v
         ):
             raise GencraftError(f"frequent_ids must lie in [0, |V| = {v})")
+        if getattr(base, _WRAPPED, None) is not None:
+            raise GencraftError(
+                "this base model is already wrapped by a FocusForConditionalGeneration; call "
+                "remove() on that wrapper first (or load a fresh base)"
+            )
         if self.config.freeze_base:
             base.requires_grad_(False)
-        self._store = install_capture(base, attention)
+        self._store, self._capture_handle = install_capture(base, attention)
+        setattr(base, _WRAPPED, True)
         self._source: _Source | None = None
         self._pending_mask: torch.Tensor | None = None  # [B, S] source mask of the next forward
         self._source_len: int | None = None  # causal LM: prompt length during generate
@@ -179,6 +186,16 @@ class FocusForConditionalGeneration(nn.Module):
                 )
             self._hooks.append(body.register_forward_hook(self._after_body))
         self._hooks.append(out.register_forward_pre_hook(self._before_output_embedding))
+
+    def remove(self) -> nn.Module:
+        """Detach FAME from the base (hooks and attention plug-in); returns the plain base."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._capture_handle.remove()
+        if hasattr(self.base, _WRAPPED):
+            delattr(self.base, _WRAPPED)
+        return self.base
 
     # ---------------------------------------------------------------- hooks
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -260,6 +277,10 @@ class FocusForConditionalGeneration(nn.Module):
         y = args[0]  # [B, T', h]
         a = self.head.reduce_heads(self._store[-1])[:, -y.shape[1] :]  # [B, T', S_all]
         src = self._source
+        if src.g.shape[0] == 1 and a.shape[0] > 1:  # one document, several hypotheses (search)
+            src = _Source(
+                src.g.expand(a.shape[0], -1, -1), src.mask.expand(a.shape[0], -1), src.key
+            )
         if not self.is_encoder_decoder:
             a = a[..., : src.mask.shape[1]]
             if self.config.source_attention == "renormalized":
@@ -278,6 +299,19 @@ class FocusForConditionalGeneration(nn.Module):
         return (y + states.to(y.dtype), *args[1:])
 
     # ---------------------------------------------------------------- API
+    @property
+    def generation_config(self) -> Any:
+        return self.base.generation_config
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.output_embedding
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.base.get_input_embeddings()
+
+    def get_encoder(self) -> nn.Module:
+        return self.base.get_encoder()
+
     @property
     def embedding_weight(self) -> torch.Tensor:
         """E [V, h]."""

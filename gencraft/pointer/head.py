@@ -154,6 +154,47 @@ class PointerSentinelHead(nn.Module):
             loss, nll, log_gate.exp(), log_probs, log_attn if return_attention else None
         )
 
+    # -- stepping (gencraft's beam search and exact mode search) ----------------------------
+    def gencraft_step(
+        self, tokens: torch.Tensor, cache: Any, *, start: bool, hidden: bool = False
+    ) -> Any:
+        """Eq. 6 one position at a time, for :mod:`gencraft.models.stepping`.
+
+        ``tokens`` [N, t] (the prompt at the start, then one token per hypothesis); ``cache``
+        a ``DynamicCache`` holding the base's keys/values and, as one extra layer after them,
+        the window: last-layer hidden states [N, 1, S, H] as keys and their token ids [N, 1, S,
+        1] as values (so searches reorder, slice and rebuild it like any cache). Returns the
+        next-token mixture log-probabilities [N, V] of the last position."""
+        from transformers import DynamicCache
+
+        from gencraft.models.stepping import StepOutput
+
+        n_layers = len(self.base.model.layers) if hasattr(self.base, "model") else None
+        if n_layers is None:
+            from gencraft.models.introspect import model_shape
+
+            n_layers = model_shape(self.base).layers
+        if cache is None:
+            cache = DynamicCache()
+        out = self.base(
+            input_ids=tokens, past_key_values=cache, use_cache=True, output_hidden_states=True
+        )
+        cache = out.past_key_values
+        last = out.hidden_states[-1].float()  # [N, t, H]
+        ids = tokens.to(last.dtype)[:, None, :, None]
+        cache.update(last[:, None], ids, n_layers)
+        window = cache.layers[n_layers]
+        states, state_ids = window.keys[:, 0], window.values[:, 0, :, 0].long()
+        query = torch.tanh(self.query(last[:, -1:]))
+        log_attn, log_gate = sequence_pointer_attention(query, states, self.sentinel, self.window)
+        log_probs = sequence_mixture_log_probs(out.logits[:, -1:], log_attn, log_gate, state_ids)[
+            :, 0
+        ]
+        h = None
+        if hidden:
+            h = torch.stack([x[:, -1, :] for x in out.hidden_states], dim=1).float()
+        return StepOutput(log_probs, cache, h)
+
     # -- persistence ------------------------------------------------------------------------
     def save_pretrained(self, directory: str | Path, *, save_base: bool | None = None) -> None:
         """Head weights and config; the base too when it is trainable or has no loadable name

@@ -116,6 +116,9 @@ def degenerate(text: str, prompt: str, finished: bool) -> bool:
 def state_dims(model: nn.Module) -> tuple[int | None, int | None, int]:
     """What a classifier reads from ``model``: (decoder layers + 1 (embeddings first) or None,
     hidden size or None, input-embedding width)."""
+    from gencraft.models.introspect import hf_model
+
+    model = hf_model(model)
     cfg = model.config.get_text_config(decoder=True)
     layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "num_decoder_layers", None)
     hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None)

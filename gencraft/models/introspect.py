@@ -1,0 +1,152 @@
+"""What gencraft needs to know about a model, asked in one place: layers, heads, sizes,
+special ids, context size. Works on Hugging Face models and on gencraft's wrappers (anything
+with a ``base`` model, such as ``FocusForConditionalGeneration`` or ``PointerSentinelHead``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from gencraft.errors import GencraftError
+
+
+def hf_model(model: nn.Module) -> nn.Module:
+    """The Hugging Face model inside ``model`` (``model`` itself, or its ``base``)."""
+    seen = 0
+    while not hasattr(model, "config") or not hasattr(model.config, "to_dict"):
+        inner = getattr(model, "base", None)
+        if inner is None or seen > 4:
+            raise GencraftError(
+                f"{type(model).__name__} is not a Hugging Face model and wraps none (no .base)"
+            )
+        model, seen = inner, seen + 1
+    return model
+
+
+def decoder_config(model: nn.Module) -> Any:
+    """The config of the part that generates (the decoder of an encoder-decoder)."""
+    cfg = hf_model(model).config
+    if hasattr(cfg, "decoder") and getattr(cfg, "is_encoder_decoder", False):
+        return cfg.decoder
+    return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+
+
+def is_encoder_decoder(model: nn.Module) -> bool:
+    return bool(getattr(hf_model(model).config, "is_encoder_decoder", False))
+
+
+def _first(cfg: Any, *names: str) -> int | None:
+    for name in names:
+        v = getattr(cfg, name, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Sizes of the generating stack: ``layers``, ``hidden``, attention ``heads``, key/value
+    heads ``kv_heads`` (GQA), ``head_dim``, ``vocab`` and ``context`` (positions; None when
+    unbounded, e.g. relative positions)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    context: int | None
+
+
+def model_shape(model: nn.Module) -> ModelShape:
+    """The :class:`ModelShape` of ``model``'s generating stack."""
+    cfg = decoder_config(model)
+    layers = _first(cfg, "num_hidden_layers", "num_decoder_layers", "decoder_layers", "n_layer")
+    hidden = _first(cfg, "hidden_size", "d_model", "n_embd")
+    heads = _first(cfg, "num_attention_heads", "decoder_attention_heads", "num_heads", "n_head")
+    if layers is None or hidden is None or heads is None:
+        raise GencraftError(f"cannot read layers/hidden size/heads from {type(cfg).__name__}")
+    kv = _first(cfg, "num_key_value_heads") or heads
+    head_dim = _first(cfg, "head_dim", "d_kv") or hidden // heads
+    out = hf_model(model).get_output_embeddings()
+    vocab = int(out.weight.shape[0]) if out is not None else int(cfg.vocab_size)
+    return ModelShape(layers, hidden, heads, kv, head_dim, vocab, context_size(model))
+
+
+def context_size(model: nn.Module) -> int | None:
+    """Positions the generating stack can take (None: no absolute limit)."""
+    return _first(
+        decoder_config(model), "max_position_embeddings", "n_positions", "max_target_positions"
+    )
+
+
+def encoder_context_size(model: nn.Module) -> int | None:
+    """Positions the encoder of an encoder-decoder (or a causal LM) can take."""
+    cfg = hf_model(model).config
+    enc = getattr(cfg, "encoder", cfg)
+    return _first(enc, "max_position_embeddings", "n_positions", "max_source_positions")
+
+
+def _ids(value: Any) -> list[int]:
+    if value is None:
+        return []
+    return [int(value)] if isinstance(value, int) else [int(v) for v in value]
+
+
+def eos_ids(model: nn.Module, eos_token_id: int | list[int] | None = None) -> list[int]:
+    """The end-of-sequence ids: ``eos_token_id`` if given, else the model's generation config,
+    else its config."""
+    if eos_token_id is None:
+        m = hf_model(model)
+        gc = getattr(m, "generation_config", None)
+        eos_token_id = getattr(gc, "eos_token_id", None)
+        if eos_token_id is None:
+            eos_token_id = getattr(m.config, "eos_token_id", None)
+    if eos_token_id is None:
+        raise GencraftError("no eos_token_id given and the model's config defines none")
+    ids = _ids(eos_token_id)
+    if not ids:
+        raise GencraftError("eos_token_id is an empty list")
+    return ids
+
+
+def decoder_start_id(model: nn.Module) -> int:
+    """The first decoder input of an encoder-decoder."""
+    m = hf_model(model)
+    for cfg in (getattr(m, "generation_config", None), m.config):
+        v = getattr(cfg, "decoder_start_token_id", None)
+        if v is not None:
+            return int(v)
+    dec = getattr(m.config, "decoder", None)
+    v = getattr(dec, "bos_token_id", None) if dec is not None else None
+    if v is None:
+        raise GencraftError(
+            "this encoder-decoder defines no decoder_start_token_id; set "
+            "model.generation_config.decoder_start_token_id"
+        )
+    return int(v)
+
+
+def special_ids(model: nn.Module) -> set[int]:
+    """EOS, PAD and decoder-start ids of ``model`` (generation config and config)."""
+    m = hf_model(model)
+    ids: set[int] = set()
+    for src in (getattr(m, "generation_config", None), m.config):
+        for name in ("eos_token_id", "pad_token_id", "decoder_start_token_id"):
+            ids.update(_ids(getattr(src, name, None) if src is not None else None))
+    return ids
+
+
+def pad_id(model: nn.Module, tokenizer: Any = None) -> int:
+    """The padding id: the tokenizer's, else the model's, else its first EOS."""
+    if tokenizer is not None and getattr(tokenizer, "pad_token_id", None) is not None:
+        return int(tokenizer.pad_token_id)
+    m = hf_model(model)
+    for src in (getattr(m, "generation_config", None), m.config):
+        v = getattr(src, "pad_token_id", None) if src is not None else None
+        if v is not None:
+            return int(v)
+    return eos_ids(m)[0]

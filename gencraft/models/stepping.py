@@ -1,0 +1,192 @@
+"""Stepping: incremental next-token log-probabilities for one input, over a batch of
+hypotheses, with the KV cache carried and reordered (the one stepping helper of gencraft).
+
+Search loops (beam search, exact DFS) see a model only through this interface, so they work
+alike for decoder-only and encoder-decoder models, for gencraft's method wrappers (anything
+wrapping a ``base`` model and returning its logits, e.g. ``FocusForConditionalGeneration``;
+or defining ``gencraft_step``, e.g. ``PointerSentinelHead``), and tests can drive them with a
+hand-written table of next-token distributions.
+
+A ``Stepper`` holds one input (a prompt for a causal LM, the encoder input for an
+encoder-decoder). ``start()`` returns the distribution of the first generated token;
+``step(tokens, cache)`` feeds one token to each of N hypotheses whose KV cache is ``cache``.
+Log-probabilities are ``log_softmax`` of the logits in float32, exactly as
+``transformers``' beam search computes them. ``grad=True`` keeps the autograd graph (through
+the cache too), for methods that optimise the cache or the model per step (HSO).
+
+A model wrapper can take over stepping by defining ``gencraft_step(tokens, cache, *, start,
+hidden) -> StepOutput``: ``tokens`` [N, t] the new decoder inputs (the whole prompt at the
+start), ``cache`` its own state from the previous call (None at the start).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from gencraft.errors import GencraftError
+from gencraft.models.introspect import context_size, decoder_start_id, eos_ids, hf_model
+
+
+@dataclass
+class StepOutput:
+    """``log_probs`` [N, V] float32; ``cache`` the updated KV cache (N rows); ``hidden`` [N, M+1, H]
+    the last position's hidden states of every decoder layer, embeddings first (only when
+    asked for), else None."""
+
+    log_probs: torch.Tensor
+    cache: Any
+    hidden: torch.Tensor | None = None
+
+
+class Stepper(Protocol):
+    vocab_size: int
+
+    def start(self) -> StepOutput: ...
+
+    def step(self, tokens: torch.Tensor, cache: Any) -> StepOutput: ...
+
+    def reorder(self, cache: Any, index: torch.Tensor) -> Any: ...
+
+
+class HFStepper:
+    """A ``Stepper`` over a Hugging Face causal LM or encoder-decoder.
+
+    Args:
+        model: ``*ForCausalLM`` or an encoder-decoder (BART, T5, Pegasus, ``EncoderDecoderModel``).
+        input_ids: [1, P] the prompt (causal) or encoder input (encoder-decoder).
+        max_new_tokens: how deep the search may go; checked against the model's context.
+        hidden: also return every decoder layer's last hidden state (for attribute classifiers).
+        grad: keep the autograd graph (default: no gradient).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        input_ids: torch.Tensor,
+        *,
+        max_new_tokens: int,
+        hidden: bool = False,
+        grad: bool = False,
+    ) -> None:
+        try:
+            hf = hf_model(model)
+        except GencraftError:
+            hf = None
+        if hf is None or not hasattr(hf, "get_output_embeddings"):
+            raise GencraftError(
+                f"search needs a Hugging Face causal LM or encoder-decoder (or a gencraft "
+                f"wrapper of one), got {type(model).__name__}"
+            )
+        config = hf.config
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long:
+            raise GencraftError("input_ids must be a LongTensor of shape [1, P]")
+        if input_ids.dim() != 2 or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+            raise GencraftError(
+                f"input_ids must have shape [1, P] with P >= 1 (one input; search runs its "
+                f"hypotheses as the batch), got {list(input_ids.shape)}"
+            )
+        if max_new_tokens < 1:
+            raise GencraftError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.model, self.hf = model, hf
+        self.is_ed = bool(config.is_encoder_decoder)
+        self.hidden = hidden
+        self.grad = grad
+        self.custom = getattr(model, "gencraft_step", None)
+        self.vocab_size = hf.get_output_embeddings().weight.shape[0]
+        if int(input_ids.max()) >= self.vocab_size or int(input_ids.min()) < 0:
+            raise GencraftError(f"input_ids hold ids outside the vocabulary [0, {self.vocab_size})")
+        ctx = context_size(hf)
+        need = max_new_tokens + (1 if self.is_ed else input_ids.shape[1])
+        if ctx is not None and need > ctx:
+            what = "1 start token" if self.is_ed else f"a prompt of {input_ids.shape[1]} tokens"
+            raise GencraftError(
+                f"{what} plus max_new_tokens={max_new_tokens} exceeds the model's context of "
+                f"{ctx} positions"
+            )
+        self.device = next(hf.parameters()).device
+        self.input_ids = input_ids.to(self.device)
+        self._encoder_out: torch.Tensor | None = None
+
+    def _forward(self, tokens: torch.Tensor, cache: Any) -> StepOutput:
+        n = tokens.shape[0]
+        kw: dict[str, Any] = dict(
+            past_key_values=cache,
+            use_cache=True,
+            return_dict=True,
+            output_hidden_states=self.hidden,
+        )
+        if self.is_ed:
+            from transformers.modeling_outputs import BaseModelOutput
+
+            enc = self._encoder_out
+            kw.update(
+                encoder_outputs=BaseModelOutput(last_hidden_state=enc.expand(n, *enc.shape[1:])),
+                attention_mask=torch.ones(n, enc.shape[1], dtype=torch.long, device=self.device),
+                decoder_input_ids=tokens,
+            )
+        else:
+            kw.update(input_ids=tokens)
+        with torch.set_grad_enabled(self.grad):
+            out = self.model(**kw)
+        logits = out.logits[:, -1, :].float()
+        hidden = None
+        if self.hidden:
+            src = getattr(out, "base_output", None) or out  # a wrapper's output keeps the base's
+            states = src.decoder_hidden_states if self.is_ed else src.hidden_states
+            hidden = torch.stack([h[:, -1, :] for h in states], dim=1).float()
+        return StepOutput(torch.log_softmax(logits, dim=-1), out.past_key_values, hidden)
+
+    def start(self) -> StepOutput:
+        """The first generated token's distribution: [1, V], and the cache of one row."""
+        if self.custom is not None:
+            with torch.set_grad_enabled(self.grad):
+                return self.custom(self.input_ids, None, start=True, hidden=self.hidden)
+        if not self.is_ed:
+            return self._forward(self.input_ids, None)
+        with torch.set_grad_enabled(self.grad):
+            enc = self.hf.get_encoder()(input_ids=self.input_ids, return_dict=True)
+        self._encoder_out = enc.last_hidden_state
+        start = decoder_start_id(self.hf)
+        return self._forward(torch.tensor([[start]], device=self.device), None)
+
+    def step(self, tokens: torch.Tensor, cache: Any) -> StepOutput:
+        """Feed ``tokens`` [N] (one per hypothesis) after ``cache`` (N rows)."""
+        tokens = tokens.to(self.device).view(-1, 1)
+        if self.custom is not None:
+            with torch.set_grad_enabled(self.grad):
+                return self.custom(tokens, cache, start=False, hidden=self.hidden)
+        return self._forward(tokens, cache)
+
+    def reorder(self, cache: Any, index: torch.Tensor) -> Any:
+        """Rows ``index`` [N'] of ``cache`` (repeats allowed), as a cache of N' rows."""
+        cache.reorder_cache(index.to(self.device))
+        return cache
+
+
+def resolve(
+    model: nn.Module | Stepper,
+    input_ids: torch.Tensor | None,
+    eos_token_id: int | list[int] | None,
+    *,
+    max_new_tokens: int,
+    hidden: bool = False,
+) -> tuple[Stepper, list[int]]:
+    """The ``Stepper`` and EOS ids for a search: an HF model is wrapped (its EOS ids are the
+    default); a ``Stepper`` is used as is and needs ``eos_token_id``. Ids are range-checked."""
+    if isinstance(model, nn.Module):
+        if input_ids is None:
+            raise GencraftError("input_ids is required with a model")
+        stepper: Stepper = HFStepper(model, input_ids, max_new_tokens=max_new_tokens, hidden=hidden)
+        eos = eos_ids(model, eos_token_id)
+    else:
+        stepper = model
+        if eos_token_id is None:
+            raise GencraftError("eos_token_id is required with a Stepper")
+        eos = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    if any(not 0 <= e < stepper.vocab_size for e in eos):
+        raise GencraftError(f"eos_token_id {eos} outside the vocabulary [0, {stepper.vocab_size})")
+    return stepper, eos
