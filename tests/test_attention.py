@@ -219,3 +219,10 @@ def test_site_selection_and_errors():
         A.attach(model, A.Normalizer(fn=lambda s, a: s), layers=[0])
     with pytest.raises(GencraftError, match="unsupported architecture"):
         A.attention_sites(torch.nn.Linear(2, 2))
+
+
+def test_extra_columns_of_the_wrong_shape_are_named():
+    model = _model("tiny-llama", "sdpa")
+    A.attach(model, A.StaticKeyValues(key=torch.zeros(1, 2, 3, 5), value=torch.zeros(1, 2, 3, 5)))
+    with pytest.raises(GencraftError, match=r"extra key columns .* must be \[B, n_kv, P, d\]"):
+        model(torch.randint(5, 200, (1, 4)))

@@ -476,6 +476,14 @@ def gencraft_attention(
     normalizers = [p for p in live if p.normalizes]
     if not extras and not normalizers:
         return _original_fn(module)(module, query, key, value, attention_mask, **kwargs)
+    for e in extras:
+        want = (key.shape[0], key.shape[1], key.shape[3])
+        for name, t in (("key", e.key), ("value", e.value)):
+            if t.dim() != 4 or (t.shape[0], t.shape[1], t.shape[3]) != want:
+                raise GencraftError(
+                    f"extra {name} columns at {call.site.name} must be [B, n_kv, P, d] = "
+                    f"[{want[0]}, {want[1]}, P, {want[2]}], got {list(t.shape)}"
+                )
     n_extra = sum(e.key.shape[-2] for e in extras)
     extra_allowed = None
     if extras:
