@@ -1,8 +1,8 @@
 """Plain LSTM vs pointer sentinel-LSTM of the same size, under the same time budget (thin
 wrapper; the code is gencraft.pointer.experiments).
 
-    python benchmarks/pointer.py run --corpus ptb --minutes 20 --threads 1   # docs/results.md
-    python benchmarks/pointer.py run --corpus ptb --minutes 1 --threads 2    # a quick look
+    python benchmarks/pointer.py --corpus ptb --minutes 20 --threads 1   # docs/results.md
+    python benchmarks/pointer.py --corpus ptb --minutes 1 --threads 2    # a quick look
 
 The command is ``gencraft reproduce pointer-vs-lstm --scale cpu`` with its settings as flags.
 """

@@ -91,10 +91,13 @@ def benchmark_main(doc: str, commands: dict[str, str], argv: list[str] | None = 
     for command, name in commands.items():
         exp = get_experiment(name)
         p = sub.add_parser(command, help=f"{name}: {exp.title}")
-        add_dataclass_arguments(p, exp.settings, defaults=exp.scales["cpu"])
+        add_dataclass_arguments(p, exp.settings)  # defaults: the settings dataclass's
         p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
         p.add_argument("--output", default=None, help="default outputs/reproduce/NAME-cpu")
         p.add_argument("--restart", action="store_true")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(commands) == 1 and (not argv or argv[0] not in commands):
+        argv.insert(0, next(iter(commands)))  # a single experiment needs no command word
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
