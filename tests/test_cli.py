@@ -137,3 +137,56 @@ def test_generate_with_tiny_model(capsys):
     assert code == 2 and "--top-k/--top-p only apply with --do-sample" in err
     code, _, err = run(capsys, "generate", "--model", "no-such-model", "--prompt", "hi")
     assert code == 2 and "cannot load model 'no-such-model'" in err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--prompt", ""], "--prompt number 1 is empty"),
+        (["--prompt", "hi", "--prompt", " "], "--prompt number 2 is empty"),
+        (["--prompt", "hi", "--num-beams", "0"], "num_beams must be >= 1, got 0"),
+        (["--prompt", "hi", "--num-beams", "-1"], "num_beams must be >= 1, got -1"),
+        (["--prompt", "hi", "--do-sample", "--top-p", "1.5"], "top_p must lie in (0, 1]"),
+        (["--prompt", "hi", "--top-k", "5"], "only apply with --do-sample"),
+        (["--prompt", "hi", "--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+        (["--prompt", "word " * 600], "exceeds the model's context of 512"),
+    ],
+)
+def test_generate_rejects_bad_input_with_one_line(args, message, capsys):
+    from gencraft.cli.main import main
+
+    assert main(["generate", "--model", "tiny-gpt2", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-bart"])
+def test_a_prompt_beyond_the_context_is_refused_for_every_architecture(model, capsys):
+    from gencraft.cli.main import main
+
+    assert main(["generate", "--model", model, "--prompt", "word " * 300]) == 2
+    assert "exceeds the model's context" in capsys.readouterr().err
+
+
+def test_an_encoder_cannot_generate(capsys):
+    from gencraft.cli.main import main
+
+    assert main(["generate", "--model", "minilm-l6", "--prompt", "hi"]) == 2
+    assert "encoder without a language-model head" in capsys.readouterr().err
+
+
+def test_a_mistyped_name_fails_at_once_without_the_network(capsys, monkeypatch):
+    from gencraft.cli.main import main
+    from gencraft.models import registry
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+
+    def no_network(*a, **k):
+        raise AssertionError("the hub was asked")
+
+    monkeypatch.setattr(registry.AutoConfig, "from_pretrained", no_network)
+    for name in ("smollm2-135", "outputs/missing/run", "tiny_llama"):
+        assert main(["generate", "--model", name, "--prompt", "hi"]) == 2
+        err = capsys.readouterr().err
+        assert "not a Hugging Face Hub id" in err

@@ -82,9 +82,11 @@ def cmd_models(args: argparse.Namespace) -> None:
 def cmd_generate(args: argparse.Namespace) -> None:
     from tqdm.auto import tqdm
 
+    from gencraft.cli.flags import dataclass_from_args
     from gencraft.models import load_model
-    from gencraft.models.generate import generate_text
+    from gencraft.models.generate import GenerationSettings, generate_text
 
+    settings = dataclass_from_args(GenerationSettings, args)
     prompts = list(args.prompt or [])
     if args.prompt_file:
         from gencraft.data import read_lines
@@ -92,20 +94,23 @@ def cmd_generate(args: argparse.Namespace) -> None:
         prompts += [p for p in read_lines(args.prompt_file) if p.strip()]
     if not prompts:
         raise GencraftError("give at least one --prompt or a --prompt-file")
+    empty = [str(i + 1) for i, p in enumerate(prompts) if not p.strip()]
+    if empty:
+        raise GencraftError(f"--prompt number {', '.join(empty)} is empty; give text to continue")
     model, tok = load_model(args.model, device=args.device)
-    kw = {
-        "max_new_tokens": args.max_new_tokens,
-        "num_beams": args.num_beams,
-        "do_sample": args.do_sample,
-    }
-    if args.do_sample:
-        kw.update(top_k=args.top_k, top_p=args.top_p, temperature=args.temperature)
-    elif args.top_k is not None or args.top_p is not None:
-        raise GencraftError("--top-k/--top-p only apply with --do-sample")
-    chat = {"auto": None, "on": True, "off": False}[args.chat]
+    chat = {"auto": None, "on": True, "off": False}[settings.chat]
     outputs = []
     for i, prompt in enumerate(tqdm(prompts, desc="generate", disable=len(prompts) < 2)):
-        outputs.append(generate_text(model, tok, [prompt], chat=chat, seed=args.seed + i, **kw)[0])
+        outputs.append(
+            generate_text(
+                model,
+                tok,
+                [prompt],
+                chat=chat,
+                seed=settings.seed + i,
+                **settings.generate_kwargs(),
+            )[0]
+        )
     for prompt, out in zip(prompts, outputs, strict=True):
         if args.json:
             print(json.dumps({"prompt": prompt, "output": out}))
@@ -131,6 +136,9 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from gencraft.cli.flags import add_dataclass_arguments
+    from gencraft.models.generate import GenerationSettings
+
     parser = argparse.ArgumentParser(prog="gencraft", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -150,19 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="registered name, local path or hub id")
     p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
     p.add_argument("--prompt-file", help="a text file with one prompt per line")
-    p.add_argument("--num-beams", type=int, default=1)
-    p.add_argument("--do-sample", action="store_true")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--chat",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="wrap prompts in the tokenizer's chat template (auto: when it has one)",
-    )
+    add_dataclass_arguments(p, GenerationSettings)
     p.add_argument("--device", default=None)
     p.add_argument("--json", action="store_true", help="one JSON line per prompt")
     p.set_defaults(func=cmd_generate)

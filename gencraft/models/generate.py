@@ -3,9 +3,56 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from gencraft.errors import GencraftError
+
+
+@dataclass
+class GenerationSettings:
+    """Decoding settings of ``gencraft generate`` (each field is a flag)."""
+
+    max_new_tokens: int = field(default=64, metadata={"help": "tokens generated at most"})
+    num_beams: int = field(default=1, metadata={"help": "beam size (1: greedy or sampling)"})
+    do_sample: bool = field(default=False, metadata={"help": "sample instead of searching"})
+    top_k: int | None = field(default=None, metadata={"help": "top-k sampling (with sampling)"})
+    top_p: float | None = field(
+        default=None, metadata={"help": "nucleus sampling mass in (0, 1] (with sampling)"}
+    )
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (> 0)"})
+    seed: int = field(default=0, metadata={"help": "sampling seed (prompt i uses seed + i)"})
+    chat: Literal["auto", "on", "off"] = field(
+        default="auto",
+        metadata={"help": "wrap prompts in the tokenizer's chat template (auto: when it has one)"},
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise GencraftError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.num_beams < 1:
+            raise GencraftError(f"num_beams must be >= 1, got {self.num_beams}")
+        if self.top_k is not None and self.top_k < 1:
+            raise GencraftError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise GencraftError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if not self.temperature > 0:
+            raise GencraftError(f"temperature must be > 0, got {self.temperature}")
+        if not self.do_sample and (self.top_k is not None or self.top_p is not None):
+            raise GencraftError("--top-k/--top-p only apply with --do-sample")
+
+    def generate_kwargs(self) -> dict:
+        kw: dict = {
+            "max_new_tokens": self.max_new_tokens,
+            "num_beams": self.num_beams,
+            "do_sample": self.do_sample,
+        }
+        if self.do_sample:
+            kw.update(top_k=self.top_k, top_p=self.top_p, temperature=self.temperature)
+        return kw
 
 
 def build_inputs(
@@ -21,7 +68,10 @@ def build_inputs(
     models such as SmolLM2-Instruct), each prompt as a single user turn.
     """
     if isinstance(prompts, str) or not prompts:
-        raise ValueError("prompts must be a non-empty list of strings")
+        raise GencraftError("prompts must be a non-empty list of strings")
+    empty = [i for i, p in enumerate(prompts) if not p.strip()]
+    if empty:
+        raise GencraftError(f"prompt(s) {empty} are empty; give text to continue")
     use_chat = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
     if use_chat:
         if not getattr(tokenizer, "chat_template", None):
@@ -61,8 +111,32 @@ def generate_text(
     ``generate_kw`` goes to ``model.generate`` (``max_new_tokens``, ``num_beams``,
     ``do_sample``, ``top_k``, ``top_p``, ``logits_processor``...). ``seed`` seeds sampling.
     """
+    from gencraft.models.introspect import context_size, encoder_context_size, is_encoder_decoder
+
+    lm_head = getattr(model, "get_output_embeddings", lambda: None)()
+    if not callable(getattr(model, "generate", None)) or lm_head is None:
+        raise GencraftError(
+            f"{type(model).__name__} cannot generate text: it is an encoder without a "
+            "language-model head; use a causal LM or an encoder-decoder (e.g. smollm2-135m, "
+            "minilm-l6-bert2bert)"
+        )
     enc = build_inputs(tokenizer, prompts, chat=chat, max_input_tokens=max_input_tokens)
     enc = {k: v.to(model.device) for k, v in enc.items()}
+    n_in, n_new = enc["input_ids"].shape[1], int(generate_kw.get("max_new_tokens") or 20)
+    if is_encoder_decoder(model):
+        ctx, need, what = encoder_context_size(model), n_in, "the input"
+        dec = context_size(model)
+        if dec is not None and n_new + 1 > dec:
+            raise GencraftError(
+                f"max_new_tokens={n_new} exceeds the decoder's context of {dec} positions"
+            )
+    else:
+        ctx, need, what = context_size(model), n_in + n_new, "the prompt plus max_new_tokens"
+    if ctx is not None and need > ctx:
+        raise GencraftError(
+            f"{what} ({need} tokens) exceeds the model's context of {ctx} positions; shorten "
+            "the prompt or lower max_new_tokens"
+        )
     if seed is not None:
         torch.manual_seed(seed)
     generate_kw.setdefault("pad_token_id", tokenizer.pad_token_id)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import re
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +131,11 @@ def _unknown_name_error(name: str, reason: str) -> ModelLoadError:
     )
 
 
+# ORG/NAME: the only form gencraft sends to the hub (a bare name is a typo or a missing path)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+_ANNOUNCED: set[str] = set()
+
+
 def _load_hf(path_or_id: str, task: str | None, dtype: torch.dtype | None, **kw):
     """Plain ``from_pretrained`` for a local directory / .gguf file or a hub id."""
     gguf_kw = {}
@@ -138,12 +145,21 @@ def _load_hf(path_or_id: str, task: str | None, dtype: torch.dtype | None, **kw)
         path_or_id = str(local.parent)
     elif local.exists():
         path_or_id = str(local)
+    elif not _HUB_ID.fullmatch(path_or_id) or local.parent.is_dir():
+        # not registered, not on disk, and not of the hub's org/name form: no network call
+        raise _unknown_name_error(
+            path_or_id,
+            "not a Hugging Face Hub id either (those are ORG/NAME); check the spelling or the path",
+        )
     elif is_offline():
         raise _unknown_name_error(
             path_or_id,
             "the Hugging Face Hub is disabled here (HF_HUB_OFFLINE=1); pass a local "
             "directory, or unset HF_HUB_OFFLINE where the network is reachable",
         )
+    if not local.exists() and path_or_id not in _ANNOUNCED:
+        _ANNOUNCED.add(path_or_id)
+        print(f"gencraft: loading {path_or_id} from the Hugging Face Hub", file=sys.stderr)
     try:
         config = AutoConfig.from_pretrained(path_or_id, **gguf_kw)
     except (OSError, ValueError) as err:
