@@ -234,3 +234,38 @@ def test_entailment_scorer_with_a_tiny_random_nli_classifier(tmp_path):
         EntailmentScorer((clf, tok))
     with pytest.raises(GencraftError, match="cannot load the NLI classifier"):
         EntailmentScorer(str(tmp_path / "missing"))
+
+
+def test_cli_generate_feeds_eval_rerun_says_finished_and_bad_k_is_refused(tmp_path, capsys):
+    root = tmp_path / "data" / "xsum"
+    root.mkdir(parents=True)
+    rows = [{"id": e.id, "document": e.document, "summary": e.summary} for e in _examples(30)]
+    (root / "xsum-30.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "fame"
+    data = ["--data", "xsum", "--data-dir", str(tmp_path / "data"), "--quiet"]
+    train = ["--model", "tiny-gpt2", "--epochs", "1", "--freeze-base", "--frequent-size", "4"]
+    assert main(["focus", "train", *train, *data, "--output", str(out)]) == 0
+    capsys.readouterr()
+    # the same command again: nothing to do, and it says so (best/ is not overwritten)
+    before = (out / "best" / "focus_head.safetensors").read_bytes()
+    assert main(["focus", "train", *train, *data, "--output", str(out)]) == 0
+    assert "already finished" in capsys.readouterr().out
+    assert (out / "best" / "focus_head.safetensors").read_bytes() == before
+    # another configuration into the same output is refused
+    assert main(["focus", "train", *train, "--lr", "1", *data, "--output", str(out)]) == 2
+    assert "other settings" in capsys.readouterr().err
+    gen = tmp_path / "gen.jsonl"
+    common = [str(out / "best"), *data, "--max-new-tokens", "4", "--limit", "2"]
+    assert main(["focus", "generate", *common, "--output", str(gen)]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--predictions", str(gen), "--references", str(gen), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n"] == 2.0
+    assert main(["focus", "generate", *common, "--decoding", "focus_top", "--focus-k", "9999"]) == 2
+    assert "focus_k must lie in [1, |V| = 261]" in capsys.readouterr().err
+
+
+def test_non_utf8_files_are_named(tmp_path, capsys):
+    bad = tmp_path / "preds.txt"
+    bad.write_bytes(b"caf\xe9\n")
+    assert main(["eval", "--predictions", str(bad), "--references", str(bad)]) == 2
+    assert f"{bad}: not UTF-8 text" in capsys.readouterr().err

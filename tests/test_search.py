@@ -492,3 +492,18 @@ def test_prompts_reject_unknown_kind():
 
     with pytest.raises(GencraftError, match="unknown prompt kind"):
         instruction_texts("poetry", 3)
+
+
+def test_force_length_zero_gives_only_the_empty_output():
+    from gencraft.models import load_model
+    from gencraft.search.prompts import encode_prompt
+
+    model, tok = load_model("tiny-llama")
+    ids = encode_prompt(tok, "Describe: name[X]")
+    eos = model.generation_config.eos_token_id
+    for finished in ("aside", "on_beam"):
+        hyps = beam_search(
+            model, ids, num_beams=3, max_new_tokens=4, force_length=0, finished=finished
+        )
+        assert hyps and all(h.tokens == [] and h.finished for h in hyps), finished
+        assert all(eos not in h.tokens for h in hyps)

@@ -71,7 +71,11 @@ def _summaries(args: argparse.Namespace) -> tuple[list, list[list[str]]]:
 
 def cmd_generate(args: argparse.Namespace) -> None:
     docs, groups = _summaries(args)
-    lines = [json.dumps({"id": d.id, "summaries": g}) for d, g in zip(docs, groups, strict=True)]
+    # "prediction": the first summary, so the file feeds `gencraft eval --field prediction`
+    lines = [
+        json.dumps({"id": d.id, "prediction": g[0], "summaries": g, "reference": d.summary})
+        for d, g in zip(docs, groups, strict=True)
+    ]
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text("\n".join(lines) + "\n")
@@ -85,6 +89,16 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
     docs, groups = _summaries(args)
     refs, texts = [d.summary for d in docs], [d.document for d in docs]
+    empty = sum(not s.strip() for g in groups for s in g)
+    total = sum(len(g) for g in groups)
+    if empty:
+        import sys
+
+        print(
+            f"gencraft: warning: {empty} of {total} summaries are empty; they score 0"
+            + (" (all of them: is this model trained?)" if empty == total else ""),
+            file=sys.stderr,
+        )
     bs = not args.no_bertscore
     if args.samples > 1:
         row = diversity_metrics(groups, refs, texts, with_bertscore=bs)
@@ -163,7 +177,12 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         g.add_argument("--split", default="test")
         g.add_argument("--decoding", choices=DECODINGS, default="beam")
         g.add_argument("--samples", type=int, default=1, help="summaries per document")
-        g.add_argument("--focus-k", type=int, default=10_000)
+        g.add_argument(
+            "--focus-k",
+            type=int,
+            default=None,
+            help="|V_k| (default 10,000, or the whole vocabulary when it is smaller)",
+        )
         g.add_argument("--num-beams", type=int, default=4)
         g.add_argument("--max-source", type=int, default=512)
         g.add_argument("--max-new-tokens", type=int, default=64)

@@ -17,6 +17,7 @@ testset_w_refs, WebNLG testdata_with_lex = seen + unseen categories, DART test).
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import re
@@ -24,7 +25,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gencraft.data.io import normalize_split
+from gencraft.data.io import normalize_split, read_text
 from gencraft.data.sources import dataset_dir
 from gencraft.errors import DataError
 
@@ -86,7 +87,7 @@ def _e2e(root: Path, split: str) -> list[DataToTextExample]:
     if not path.is_file():
         raise DataError(f"e2e: missing {path}")
     grouped: dict[str, list[str]] = {}
-    with open(path, encoding="utf-8", newline="") as f:
+    with io.StringIO(read_text(path), newline="") as f:
         reader = csv.DictReader(f)
         if not reader.fieldnames or {"mr", "ref"} - set(reader.fieldnames):
             raise DataError(f"{path}: expected CSV columns 'mr' and 'ref', got {reader.fieldnames}")
@@ -146,7 +147,7 @@ def _dart(root: Path, split: str, underscores: bool) -> list[DataToTextExample]:
     if (root / f"{stem}.json").is_file():
         path = root / f"{stem}.json"
         try:
-            rows = json.loads(path.read_text(encoding="utf-8"))
+            rows = json.loads(read_text(path))
         except json.JSONDecodeError as err:
             raise DataError(f"{path}: malformed JSON ({err.msg})") from err
         return [

@@ -21,37 +21,47 @@ def normalize_split(split: str, allowed: tuple[str, ...]) -> str:
     return split
 
 
+def read_text(path: str | Path) -> str:
+    """A UTF-8 text file; a clear error naming the file when it is missing or not UTF-8
+    (every gencraft reader of text files goes through here)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"{path}: not UTF-8 text (byte {err.start}: {err.reason}); convert it to UTF-8"
+        ) from None
+
+
+def read_text_lines(path: str | Path) -> list[str]:
+    """The lines of a UTF-8 text file (see :func:`read_text`)."""
+    return read_text(path).splitlines()
+
+
 def read_jsonl(path: str | Path, required: Iterable[str] = ()) -> list[dict]:
     """Read a JSON-lines file (blank lines skipped); every record must be an object holding
     the ``required`` keys. Raises DataError naming the file and line on bad input."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
     required = tuple(required)
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{lineno}: malformed JSON line ({err.msg})") from err
-            if not isinstance(row, dict):
-                raise DataError(
-                    f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}"
-                )
-            missing = [k for k in required if k not in row]
-            if missing:
-                raise DataError(f"{path}:{lineno}: missing field(s) {', '.join(missing)}")
-            rows.append(row)
+    for lineno, line in enumerate(read_text_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}:{lineno}: malformed JSON line ({err.msg})") from err
+        if not isinstance(row, dict):
+            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        missing = [k for k in required if k not in row]
+        if missing:
+            raise DataError(f"{path}:{lineno}: missing field(s) {', '.join(missing)}")
+        rows.append(row)
     return rows
 
 
 def read_lines(path: str | Path) -> list[str]:
     """Read a text file as a list of lines without their newline characters."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
-    with open(path, encoding="utf-8") as f:
-        return f.read().splitlines()
+    return read_text_lines(path)

@@ -134,8 +134,9 @@ def _count_articles(lines: list[str]) -> int:
 
 
 def _read_split(path: Path) -> tuple[list[str], list[str]]:
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
+    from gencraft.data.io import read_text
+
+    lines = read_text(path).split("\n")
     if lines and lines[-1] == "":  # the newline that ends the file opens no new line
         lines.pop()
     tokens = [tok for line in lines for tok in (*line.split(), EOS)]

@@ -60,7 +60,7 @@ def summarize(
     *,
     decoding: str = "beam",
     samples: int = 1,
-    focus_k: int = 10_000,
+    focus_k: int | None = None,
     num_beams: int = 4,
     top_k: int = 640,
     top_p: float = 0.95,
@@ -71,6 +71,8 @@ def summarize(
     progress: bool = True,
 ) -> list[list[str]]:
     """``samples`` summaries per document (list per document), decoded with ``decoding``.
+    ``focus_k``: |V_k| of the focus decodings (default 10,000, or the whole vocabulary when
+    it is smaller; a larger value is refused).
 
     ``model`` is a :class:`FocusForConditionalGeneration` or a plain HF model (then only the
     non-focus decodings are available)."""
@@ -90,9 +92,11 @@ def summarize(
     kw.update(max_new_tokens=max_new_tokens, pad_token_id=pad)
     if focus:
         v = model.embedding_weight.shape[0]
-        kw.update(
-            focus_k=min(focus_k, v), focus_mode="top" if decoding == "focus_top" else "sample"
-        )
+        if focus_k is None:  # the paper's 10,000 (of a 30k vocabulary), or all of a smaller one
+            focus_k = min(10_000, v)
+        elif not 1 <= focus_k <= v:
+            raise GencraftError(f"focus_k must lie in [1, |V| = {v}], got {focus_k}")
+        kw.update(focus_k=focus_k, focus_mode="top" if decoding == "focus_top" else "sample")
     dev = next(base.parameters()).device
     out: list[list[str]] = [[] for _ in documents]
     chunks = range(0, len(documents), batch_size)

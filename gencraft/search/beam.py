@@ -257,7 +257,10 @@ class _BeamSearch:
             if len(done) >= b or bool(ends.all()):
                 break
             # live: the best B of the 2B that do not end
-            keep_key = top_sel[0] + ends.float() * NEG
+            # (-inf, not NEG: an ended candidate must never come back as a live one)
+            keep_key = top_sel[0].masked_fill(ends, float("-inf"))
+            if not bool((keep_key > NEG / 2).any()):
+                break  # no live continuation is possible (e.g. force_length=0 after its EOS)
             nxt = keep_key.topk(b).indices
             rows = c_beam[nxt]
             scores = c_unc[nxt].clone()
