@@ -282,3 +282,34 @@ def test_sampled_states_are_the_ones_search_reads(kind):
         model, src, num_beams=2, max_new_tokens=6, classifier=clf.for_length(3), k=3, force_length=3
     )
     assert all(len(h.tokens) == 3 for h in hyps)
+
+
+def test_cli_beam_uses_a_trained_classifier_and_bad_counts_are_named(tmp_path, capsys):
+    import json
+
+    from gencraft.cli.main import main
+
+    root = tmp_path / "data" / "xsum"
+    root.mkdir(parents=True)
+    rows = [
+        {"id": f"d{i}", "document": f"Document {i} about rain.", "summary": f"Rain {i}."}
+        for i in range(30)
+    ]
+    (root / "xsum-30.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "clf"
+    common = ["search", "train-classifier", "--model", "tiny-llama", "--prompts", "xsum"]
+    common += ["--num-prompts", "4", "--max-new-tokens", "4", "--epochs", "1"]
+    common += ["--data-dir", str(tmp_path / "data"), "--attribute", "degenerate"]
+    assert main([*common, "--samples-per-prompt", "0", "--output", str(out)]) == 2
+    assert "samples_per_prompt must be >= 1, got 0" in capsys.readouterr().err
+    assert main([*common, "--samples-per-prompt", "2", "--output", str(out)]) == 0
+    assert main([*common, "--epochs", "0", "--samples-per-prompt", "2"]) == 2
+    assert "epochs must be >= 1" in capsys.readouterr().err
+    capsys.readouterr()
+    beam = ["search", "beam", "Describe: name[X]", "--model", "tiny-llama", "--beams", "2"]
+    beam += ["--max-new-tokens", "4", "--classifier", str(out), "--k", "3"]
+    assert main(beam) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 2 and all("log_prob" in x for x in lines)
+    assert main([*beam, "--attribute", "7"]) == 2
+    assert "not-degenerate|degenerate" in capsys.readouterr().err

@@ -22,18 +22,58 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     return model, tok, ids
 
 
+def _classifier(args: argparse.Namespace, model: Any) -> Any:
+    """The trained classifier of ``--classifier DIR`` (``DIR`` or ``DIR/best``), aimed at
+    ``--attribute``: a length (exactly N tokens) or ``not-degenerate``."""
+    from pathlib import Path
+
+    from gencraft.errors import GencraftError
+    from gencraft.search.classifier import AttributeClassifier
+
+    if args.classifier is None:
+        if args.attribute is not None:
+            raise GencraftError("--attribute needs --classifier DIR")
+        return None
+    path = Path(args.classifier)
+    path = path / "best" if (path / "best").is_dir() else path
+    clf = AttributeClassifier.from_pretrained(path, model)
+    kind = clf.config.attribute
+    if kind == "length":
+        n = args.force_length if args.attribute is None else None
+        if args.attribute is not None:
+            try:
+                n = int(args.attribute)
+            except ValueError:
+                raise GencraftError(
+                    f"a length classifier takes --attribute N (tokens), got {args.attribute!r}"
+                ) from None
+        if n is None or n < 0:
+            raise GencraftError("a length classifier needs --attribute N (or --force-length N)")
+        return clf.for_length(n)
+    if args.attribute not in (None, "not-degenerate", "degenerate"):
+        raise GencraftError(
+            f"a degenerate classifier takes --attribute not-degenerate|degenerate, got "
+            f"{args.attribute!r}"
+        )
+    clf.target_class = 1 if args.attribute == "degenerate" else 0
+    return clf
+
+
 def cmd_beam(args: argparse.Namespace) -> None:
     from gencraft.search import beam_search
 
     model, tok, ids = _load(args)
+    clf = _classifier(args, model)
     hyps = beam_search(
         model,
         ids,
         num_beams=args.beams,
         max_new_tokens=args.max_new_tokens,
-        finished=args.finished,
+        finished=args.finished or ("aside" if clf is None else "on_beam"),
         force_length=args.force_length,
         forced_eos=args.forced_eos,
+        classifier=clf,
+        k=args.k if clf is not None else None,
     )
     for h in hyps:
         print(
@@ -96,6 +136,13 @@ def cmd_train_classifier(args: argparse.Namespace) -> None:
         f"{args.attribute} classifier for {args.model}: {len(prompts)} train prompts x "
         f"{args.samples_per_prompt} samples -> {out}"
     )
+    cfg = ClassifierTrainConfig(
+        attribute=args.attribute,
+        epochs=args.epochs,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
     rows = sample_training_data(
         model,
         tok,
@@ -108,13 +155,6 @@ def cmd_train_classifier(args: argparse.Namespace) -> None:
         seed=args.seed,
     )
     clf = classifier_for(model, args.attribute)
-    cfg = ClassifierTrainConfig(
-        attribute=args.attribute,
-        epochs=args.epochs,
-        lr=args.lr,
-        batch_size=args.batch_size,
-        seed=args.seed,
-    )
     result = train_classifier(clf, rows, cfg, out, restart=args.restart)
     print(json.dumps({k: v for k, v in result.items() if k != "history"}, indent=2))
 
@@ -134,10 +174,28 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         g.add_argument("--device", default=None)
         if name == "beam":
             g.add_argument("--beams", type=int, default=4)
-            g.add_argument("--finished", choices=("aside", "on_beam"), default="aside")
+            g.add_argument(
+                "--finished",
+                choices=("aside", "on_beam"),
+                default=None,
+                help="completed hypotheses (default: aside; on_beam, the thesis's Alg. 1, "
+                "with --classifier)",
+            )
             g.add_argument(
                 "--force-length", type=int, default=None, help="exactly N tokens before EOS"
             )
+            g.add_argument(
+                "--classifier",
+                default=None,
+                help="a classifier trained by `search train-classifier` (its output folder): "
+                "conditional beam search",
+            )
+            g.add_argument(
+                "--attribute",
+                default=None,
+                help="the classifier's target: N tokens (length) or not-degenerate (default)",
+            )
+            g.add_argument("--k", type=int, default=100, help="candidates scored per beam")
             g.add_argument(
                 "--forced-eos",
                 choices=("model", "free"),
@@ -163,7 +221,7 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         help="instruction prompts built from these training splits",
     )
     t.add_argument("--num-prompts", type=int, default=200)
-    t.add_argument("--samples-per-prompt", type=int, default=8)
+    t.add_argument("--samples-per-prompt", type=int, default=8, help="samples per prompt (>= 1)")
     t.add_argument("--max-new-tokens", type=int, default=64)
     t.add_argument(
         "--censored",

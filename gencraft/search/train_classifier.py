@@ -48,6 +48,16 @@ class ClassifierTrainConfig:
     valid_fraction: float = 0.1
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise GencraftError(f"epochs must be >= 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise GencraftError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not self.lr > 0:
+            raise GencraftError(f"lr must be > 0, got {self.lr}")
+        if not 0 < self.valid_fraction < 1:
+            raise GencraftError(f"valid_fraction must lie in (0, 1), got {self.valid_fraction}")
+
 
 def sample_training_data(
     model: nn.Module,
@@ -70,6 +80,12 @@ def sample_training_data(
     the length attribute cut at ``max_new_tokens`` get lower-bound labels (else -100)."""
     if attribute not in ("length", "degenerate"):
         raise GencraftError(f"attribute must be 'length' or 'degenerate', got {attribute!r}")
+    if samples_per_prompt < 1:
+        raise GencraftError(f"samples_per_prompt must be >= 1, got {samples_per_prompt}")
+    if max_new_tokens < 1:
+        raise GencraftError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not prompts:
+        raise GencraftError("no prompts to sample from")
     ed = bool(model.config.is_encoder_decoder)
     eos = set(eos_ids(model, None))
     pad = model.generation_config.pad_token_id
