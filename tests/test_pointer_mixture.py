@@ -171,3 +171,26 @@ def test_sequence_target_path_and_eq9_by_hand_with_finite_gradients():
     (lp.sum() + eq9.sum()).backward()
     for t in (q, states, s, lv):
         assert torch.isfinite(t.grad).all()
+
+
+def test_target_mass_gradient_is_finite_when_attention_underflows():
+    """Large-magnitude states (SmolLM2's hidden states have norm ~45) push window weights to
+    the edge of float32: a present target whose weight is exp(-89.6) ~ 1e-39 (denormal) made
+    1 / mass overflow and the gradient NaN. Loss and gradient must stay finite and equal the
+    float64 computation."""
+    from gencraft.pointer.mixture import pointer_target_log_probs
+
+    # window of 3 and the sentinel (last, far below): the target (5) sits at position 0 only
+    scores = torch.tensor([[[-89.6, 0.0, -300.0, -200.0], [0.0, 1.0, 2.0, 0.5]]])
+    ids = torch.tensor([[5, 6, 7]])
+    targets = torch.tensor([[5, 6]])
+    lv = torch.tensor([[-3.0, -2.0]])
+    for dtype in (torch.float32, torch.float64):
+        x = scores.to(dtype).clone().requires_grad_(True)
+        log_a = torch.log_softmax(x, -1)
+        lp = pointer_target_log_probs(lv.to(dtype), log_a[..., :-1], log_a[..., -1], ids, targets)
+        lp.sum().backward()
+        assert torch.isfinite(lp).all() and torch.isfinite(x.grad).all(), dtype
+        if dtype == torch.float32:
+            lp32 = lp.detach().double()
+    torch.testing.assert_close(lp32, lp.detach(), atol=1e-5, rtol=1e-6)

@@ -132,7 +132,14 @@ def cmd_eval(args: argparse.Namespace) -> None:
 def cmd_demo(args: argparse.Namespace) -> None:
     from gencraft.cli.demo import run_demo
 
-    run_demo(data_dir=args.data_dir, ppl_tokens=args.ppl_tokens, device=args.device)
+    run_demo(
+        data_dir=args.data_dir,
+        ppl_tokens=args.ppl_tokens,
+        device=args.device,
+        output=args.output,
+        fame_seconds=args.fame_seconds,
+        pointer_seconds=args.pointer_seconds,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -196,9 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_reproduce_parser(sub, _add_data_dir)
 
-    p = sub.add_parser("demo", help="the offline end-to-end demo (SmolLM2-135M)")
+    p = sub.add_parser("demo", help="the offline walk through every method (SmolLM2-135M)")
     p.add_argument(
-        "--ppl-tokens", type=int, default=8000, help="WikiText-2 test words to score (default 8000)"
+        "--ppl-tokens", type=int, default=4000, help="WikiText-2 test words to score (default 4000)"
+    )
+    p.add_argument("--output", default="outputs/demo", help="where the trained heads and PNGs go")
+    p.add_argument("--fame-seconds", type=float, default=60.0, help="FAME head training budget")
+    p.add_argument(
+        "--pointer-seconds", type=float, default=45.0, help="pointer head training budget"
     )
     p.add_argument("--device", default=None)
     _add_data_dir(p)

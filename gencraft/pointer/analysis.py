@@ -154,3 +154,26 @@ def plot_passage(view: PassageView, path: str | Path, max_distance: int | None =
     axg.set_xlim(0, 1)
     axg.set_title("gate g")
     return _save(fig, path)
+
+
+@torch.no_grad()
+def head_passage_view(head: Any, tokenizer: Any, text: str, max_tokens: int = 40) -> PassageView:
+    """A :class:`PassageView` of a :class:`~gencraft.pointer.head.PointerSentinelHead` on
+    ``text`` (its first ``max_tokens`` tokens): gate and window attention by distance back,
+    for each predicted token."""
+    ids = tokenizer(text, return_tensors="pt")["input_ids"][:, :max_tokens]
+    ids = ids.to(next(head.parameters()).device)
+    out = head(ids, return_attention=True)
+    attn = out.log_attn[0].exp().cpu()  # [T, T], absolute positions
+    t = ids.shape[1] - 1  # positions that predict a next token
+    window = head.window
+    by_distance = torch.zeros(t, window)
+    for i in range(t):
+        for d in range(min(window, i + 1)):
+            by_distance[i, d] = attn[i, i - d]
+    pieces = [tokenizer.decode([x]) for x in ids[0].tolist()]
+    top = []
+    for i in range(t):
+        d = int(by_distance[i].argmax())
+        top.append((pieces[i - d], d, float(by_distance[i, d])))
+    return PassageView(pieces[:-1], pieces[1:], out.gate[0, :t].cpu(), by_distance, top)

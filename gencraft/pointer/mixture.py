@@ -209,12 +209,19 @@ def _log_target_mass(
     log_attn: torch.Tensor, state_ids: torch.Tensor, targets: torch.Tensor
 ) -> torch.Tensor:
     """log sum_{i in window, x_i = y} a_i, [B, T]; -inf (with zero, not NaN, gradient) when the
-    target is absent. Summed in linear space: a logsumexp over an all -inf row has a NaN
-    gradient, which the log-softmax backward would spread over the whole row."""
+    target is absent. A stable logsumexp with the row maximum taken out: the shifted sum is
+    >= 1 wherever the target is present, so neither 1 / mass overflows (summing in linear space
+    did, for attention weights that underflow, as with SmolLM2's large hidden states) nor an
+    all -inf row gets a NaN gradient."""
     hit = state_ids.unsqueeze(1) == targets.unsqueeze(2)  # (B, T, S)
-    mass = (log_attn.exp() * hit).sum(2)
-    present = mass > 0
-    return torch.where(present, torch.where(present, mass, 1.0).log(), float("-inf"))
+    masked = log_attn.masked_fill(~hit, float("-inf"))
+    top = masked.amax(2, keepdim=True)  # (B, T, 1)
+    present = torch.isfinite(top)
+    shift = torch.where(present, top, torch.zeros_like(top))
+    total = (masked - shift).exp().sum(2)  # >= 1 where present
+    present = present.squeeze(2)
+    log_mass = torch.where(present, total, torch.ones_like(total)).log() + shift.squeeze(2)
+    return torch.where(present, log_mass, torch.full_like(log_mass, float("-inf")))
 
 
 def pointer_loss(
