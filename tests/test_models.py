@@ -159,3 +159,22 @@ def test_gguf_file_loads_directly_and_matches_the_converted_cache():
     assert torch.equal(ids, tok2("The quick brown fox", return_tensors="pt").input_ids)
     with torch.no_grad():
         assert torch.equal(converted(input_ids=ids).logits, direct(input_ids=ids).logits)
+
+
+def test_damaged_weight_files_are_named(tmp_path):
+    from gencraft.errors import GencraftError
+    from gencraft.pointer import PointerSentinelHead
+
+    model, tok = load_model("tiny-llama")
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    weights = tmp_path / "m" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(GencraftError, match=r"model\.safetensors is damaged or truncated"):
+        load_model(str(tmp_path / "m"))
+    head = PointerSentinelHead(model, window=4, base_name_or_path="tiny-llama")
+    head.save_pretrained(tmp_path / "h")
+    hw = tmp_path / "h" / "pointer_head.safetensors"
+    hw.write_bytes(hw.read_bytes()[:50])
+    with pytest.raises(GencraftError, match=r"pointer_head\.safetensors is damaged or truncated"):
+        PointerSentinelHead.from_pretrained(tmp_path / "h")

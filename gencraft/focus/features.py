@@ -48,12 +48,10 @@ def collect_features(
         raise GencraftError("collecting head features needs labels (the scored positions)")
     was_training = model.base.training
     model.base.eval()
-    model._record = {}
     try:
-        out = model(**batch)
-        rec = model._record
+        with model.recording() as rec:
+            out = model(**batch)
     finally:
-        model._record = None
         model.base.train(was_training)
     missing = {"source_states", "output_inputs", "attention"} - set(rec)
     if missing:

@@ -19,6 +19,8 @@ with or without cache) and the base's own loss include it unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -33,7 +35,7 @@ from gencraft.focus.capture import find_attention_module, install_capture
 from gencraft.focus.decoding import FocusLogitsProcessor, focus_vocabulary
 from gencraft.focus.head import FocusHead
 from gencraft.focus.topic import topic_loss
-from gencraft.models.heads import load_base, read_head, save_head
+from gencraft.models.persistence import load_base, read_head, save_head
 
 FOCUS_CONFIG = "focus_config.json"
 _WRAPPED = "_gencraft_focus_wrapped"
@@ -95,6 +97,27 @@ class FocusModelOutput(ModelOutput):
     attention: torch.Tensor | None = None
     past_key_values: Any = None
     base_output: Any = None
+
+
+@dataclass
+class FocusState:
+    """What the hooks of one :class:`FocusForConditionalGeneration` share during a call.
+
+    ``source``: g, mask and identity of the current source; ``pending_mask``: [B, S] source mask
+    of the next forward (causal LMs); ``source_len``: prompt length during ``generate`` (causal
+    LMs); ``n_docs``: documents in the running ``generate``; ``needs_source``: the running
+    forward must compute the source; ``last``: attention and focus states of the last forward;
+    ``record``: the features being recorded (:meth:`FocusForConditionalGeneration.recording`);
+    ``source_mask_arg``: the mask the running forward was given."""
+
+    source: _Source | None = None
+    pending_mask: torch.Tensor | None = None
+    source_len: int | None = None
+    n_docs: int | None = None
+    needs_source: bool = False
+    last: dict[str, torch.Tensor] = field(default_factory=dict)
+    record: dict[str, torch.Tensor] | None = None
+    source_mask_arg: torch.Tensor | None = None
 
 
 @dataclass
@@ -162,15 +185,8 @@ class FocusForConditionalGeneration(nn.Module):
             base.requires_grad_(False)
         self._store, self._capture_handle = install_capture(base, attention)
         setattr(base, _WRAPPED, True)
-        self._source: _Source | None = None
-        self._pending_mask: torch.Tensor | None = None  # [B, S] source mask of the next forward
-        self._source_len: int | None = None  # causal LM: prompt length during generate
-        self._n_docs: int | None = None  # documents in the running generate call
-        self._needs_source = False
-        self._last: dict[str, torch.Tensor] = {}
-        self._record: dict[str, torch.Tensor] | None = None  # see gencraft.focus.features
+        self.state = FocusState()  # everything the hooks share, in one object
         self.enabled = True
-        self._source_mask_arg: torch.Tensor | None = None
         self._hooks = [
             base.register_forward_pre_hook(self._before_forward, with_kwargs=True),
             base.register_forward_hook(self._after_forward),
@@ -200,37 +216,39 @@ class FocusForConditionalGeneration(nn.Module):
     # ---------------------------------------------------------------- hooks
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._store.clear()
-        self._last = {}
+        self.state.last = {}
         mask = (
-            self._pending_mask if self._pending_mask is not None else kwargs.get("attention_mask")
+            self.state.pending_mask
+            if self.state.pending_mask is not None
+            else kwargs.get("attention_mask")
         )
         if self.is_encoder_decoder:
             enc = kwargs.get("encoder_outputs")
-            self._needs_source = enc is None
+            self.state.needs_source = enc is None
             if enc is not None:
                 self._set_source(_first(enc), mask)
             else:
-                self._source_mask_arg = mask
+                self.state.source_mask_arg = mask
         else:
             cache = kwargs.get("past_key_values")
             cached = cache is not None and hasattr(cache, "get_seq_length")
-            self._needs_source = not (cached and cache.get_seq_length() > 0)
-            self._source_mask_arg = mask
+            self.state.needs_source = not (cached and cache.get_seq_length() > 0)
+            self.state.source_mask_arg = mask
 
     def _after_forward(self, module: nn.Module, args: tuple, output: Any) -> None:
         # an encoder call outside our forward (generate runs the encoder first) is not ours
-        self._needs_source = False
+        self.state.needs_source = False
 
     def _after_encoder(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if self._needs_source:  # inside our forward (training): use this encoder output
-            self._set_source(_first(output), self._source_mask_arg)
+        if self.state.needs_source:  # inside our forward (training): use this encoder output
+            self._set_source(_first(output), self.state.source_mask_arg)
 
     def _after_body(self, module: nn.Module, args: tuple, output: Any) -> None:
-        if not self._needs_source:
+        if not self.state.needs_source:
             return
         states = _first(output)  # [B, T, h]
-        p = self._source_len or states.shape[1]
-        mask = self._source_mask_arg
+        p = self.state.source_len or states.shape[1]
+        mask = self.state.source_mask_arg
         mask = mask[:, :p] if mask is not None else None
         self._set_source(states[:, :p], mask)
 
@@ -238,13 +256,18 @@ class FocusForConditionalGeneration(nn.Module):
         b, s = states.shape[:2]
         grad = torch.is_grad_enabled()
         key = (id(states), states.data_ptr(), tuple(states.shape), id(mask), grad)
-        if self._record is None and not grad and self._source and self._source.key == key:
+        if (
+            self.state.record is None
+            and not grad
+            and self.state.source
+            and self.state.source.key == key
+        ):
             return  # generate: the same encoder states and mask at every step
         if mask is None:
             mask = torch.ones(b, s, dtype=torch.bool, device=states.device)
         mask = mask.bool()
-        if self._record is not None:
-            self._record.update(source_states=states, source_mask=mask)
+        if self.state.record is not None:
+            self.state.record.update(source_states=states, source_mask=mask)
         if tuple(mask.shape) != (b, s):
             raise GencraftError(f"source mask must be [B, S] = [{b}, {s}], got {tuple(mask.shape)}")
         empty = (mask.sum(1) == 0).nonzero().flatten().tolist()
@@ -256,12 +279,12 @@ class FocusForConditionalGeneration(nn.Module):
                 f"{self.head.hidden_size}; FAME needs them equal (t_x = GELU(x W1) W2 Eᵀ)"
             )
         g = self._project_once_per_document(states).masked_fill(~mask.unsqueeze(2), 0.0)
-        self._source = _Source(g, mask, None if grad else key)
+        self.state.source = _Source(g, mask, None if grad else key)
 
     def _project_once_per_document(self, states: torch.Tensor) -> torch.Tensor:
         """g for [B·r, S, h] states that ``generate`` expanded r times per document (beams,
         samples): projected once per document, then repeated."""
-        docs, rows = self._n_docs, states.shape[0]
+        docs, rows = self.state.n_docs, states.shape[0]
         if torch.is_grad_enabled() or not docs or rows == docs or rows % docs:
             return self.head.project(states)
         r = rows // docs
@@ -271,12 +294,12 @@ class FocusForConditionalGeneration(nn.Module):
         return self.head.project(first).repeat_interleave(r, 0)
 
     def _before_output_embedding(self, module: nn.Module, args: tuple) -> tuple | None:
-        active = self.enabled or self._record is not None
-        if not active or not self._store or self._source is None:
+        active = self.enabled or self.state.record is not None
+        if not active or not self._store or self.state.source is None:
             return None
         y = args[0]  # [B, T', h]
         a = self.head.reduce_heads(self._store[-1])[:, -y.shape[1] :]  # [B, T', S_all]
-        src = self._source
+        src = self.state.source
         if src.g.shape[0] == 1 and a.shape[0] > 1:  # one document, several hypotheses (search)
             src = _Source(
                 src.g.expand(a.shape[0], -1, -1), src.mask.expand(a.shape[0], -1), src.key
@@ -291,14 +314,26 @@ class FocusForConditionalGeneration(nn.Module):
                 f"attention {tuple(a.shape)} does not match the source "
                 f"[B = {src.g.shape[0]}, S = {src.g.shape[1]}]"
             )
-        if self._record is not None:
-            self._record.update(output_inputs=y, attention=a)
+        if self.state.record is not None:
+            self.state.record.update(output_inputs=y, attention=a)
             return None
         states = self.head.focus_states(a, src.g, src.mask)  # [B, T', h]
-        self._last = {"attention": a, "focus_states": states}
+        self.state.last = {"attention": a, "focus_states": states}
         return (y + states.to(y.dtype), *args[1:])
 
     # ---------------------------------------------------------------- API
+    @contextmanager
+    def recording(self) -> Iterator[dict[str, torch.Tensor]]:
+        """Record, instead of applying, what the head needs from the next forward passes: the
+        yielded dict gets ``source_states`` [B, S, h], ``source_mask`` [B, S], the output
+        embedding's input ``output_inputs`` [B, T, h] and the attention ``attention`` [B, T, S]
+        (the logits stay the base's). Used to train the head over a frozen base."""
+        self.state.record = {}
+        try:
+            yield self.state.record
+        finally:
+            self.state.record = None
+
     @property
     def generation_config(self) -> Any:
         return self.base.generation_config
@@ -319,9 +354,9 @@ class FocusForConditionalGeneration(nn.Module):
 
     def topic_logits(self) -> torch.Tensor:
         """T_X [B, V] of the source seen by the last forward pass."""
-        if self._source is None:
+        if self.state.source is None:
             raise GencraftError("no source has been seen yet: run forward or generate first")
-        src = self._source
+        src = self.state.source
         return self.head.pooled(src.g, src.mask) @ self.embedding_weight.to(src.g.dtype).t()
 
     def forward(
@@ -347,13 +382,13 @@ class FocusForConditionalGeneration(nn.Module):
             raise GencraftError(
                 "source_mask is for causal LMs; encoder-decoders use attention_mask"
             )
-        self._pending_mask = source_mask
+        self.state.pending_mask = source_mask
         try:
             out = self.base(
                 input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs
             )
         finally:
-            self._pending_mask = None
+            self.state.pending_mask = None
         result = FocusModelOutput(
             logits=out.logits,
             past_key_values=getattr(out, "past_key_values", None),
@@ -372,9 +407,9 @@ class FocusForConditionalGeneration(nn.Module):
             )
             lam = self.config.mle_weight
             result.loss = lam * out.loss + (1.0 - lam) * result.topic_loss
-        if return_focus and self._last:
-            result.attention = self._last["attention"]
-            result.focus_bias = self._last["focus_states"] @ self.embedding_weight.t()
+        if return_focus and self.state.last:
+            result.attention = self.state.last["attention"]
+            result.focus_bias = self.state.last["focus_states"] @ self.embedding_weight.t()
         return result
 
     def focus_processor(
@@ -441,9 +476,9 @@ class FocusForConditionalGeneration(nn.Module):
                 raise GencraftError(f"focus_k must lie in [1, |V| = {v}], got {focus_k}")
             gen = torch.Generator().manual_seed(focus_seed) if focus_seed is not None else None
             processors.append(self.focus_processor(focus_k, mode=focus_mode, generator=gen))
-        self._source_len = None if self.is_encoder_decoder else input_ids.shape[1]
-        self._n_docs = input_ids.shape[0]
-        self._source = None
+        self.state.source_len = None if self.is_encoder_decoder else input_ids.shape[1]
+        self.state.n_docs = input_ids.shape[0]
+        self.state.source = None
         try:
             return self.base.generate(
                 input_ids=input_ids,
@@ -452,7 +487,7 @@ class FocusForConditionalGeneration(nn.Module):
                 **kwargs,
             )
         finally:
-            self._source_len = self._n_docs = None
+            self.state.source_len = self.state.n_docs = None
 
     # ---------------------------------------------------------------- persistence
     def save_pretrained(self, directory: str | Path, *, save_base: bool | None = None) -> None:
@@ -522,7 +557,7 @@ class _LazyFocusProcessor(LogitsProcessor):
         if self.inner is None:
             topic = self.model.topic_logits()  # [B * r, V]: r copies per document
             rows = topic.shape[0]
-            docs = self.model._n_docs or rows
+            docs = self.model.state.n_docs or rows
             if rows % docs:
                 raise GencraftError(f"{rows} source rows cannot be split among {docs} documents")
             freq = self.model.frequent_ids

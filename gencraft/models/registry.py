@@ -175,13 +175,42 @@ def _load_hf(path_or_id: str, task: str | None, dtype: torch.dtype | None, **kw)
     try:
         model = cls.from_pretrained(path_or_id, dtype=dtype or torch.float32, **gguf_kw, **kw)
         tokenizer = AutoTokenizer.from_pretrained(path_or_id, **gguf_kw)
-    except (OSError, ValueError) as err:  # missing weights/tokenizer files, wrong Auto class
+    except Exception as err:  # missing/damaged weights or tokenizer files, wrong Auto class
+        damaged = _damaged_weights(local if local.exists() else None)
+        if damaged is not None:
+            raise ModelLoadError(
+                f"{damaged} is damaged or truncated ({str(err).splitlines()[0]}); save or "
+                "download the model again"
+            ) from None
+        if not isinstance(err, (OSError, ValueError)):
+            raise
         raise ModelLoadError(
             f"{path_or_id} ({config.model_type}) cannot be loaded as {task} with its "
             f"tokenizer: {str(err).splitlines()[0]}"
         ) from err
     _check_tokenizer(path_or_id, model, tokenizer)
     return model, tokenizer, task
+
+
+def _damaged_weights(directory: Path | None) -> Path | None:
+    """The first weights file of ``directory`` that cannot be opened, if any."""
+    if directory is None or not directory.is_dir():
+        return None
+    from safetensors import safe_open
+
+    for f in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(str(f), framework="pt") as handle:
+                for key in handle.keys():  # noqa: SIM118 (a safetensors handle)
+                    handle.get_slice(key)
+        except Exception:
+            return f
+    for f in sorted(directory.glob("*.bin")):
+        try:
+            torch.load(f, map_location="cpu", weights_only=True)
+        except Exception:
+            return f
+    return None
 
 
 def _check_tokenizer(where: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):

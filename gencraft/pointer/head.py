@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
-from gencraft.models.heads import load_base, read_head, save_head
+from gencraft.models.persistence import load_base, read_head, save_head
 from gencraft.pointer.mixture import (
     pointer_target_log_probs,
     sequence_mixture_log_probs,

@@ -25,7 +25,7 @@ accumulated into the running score S. Only the top-``k`` continuations of each l
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import torch
@@ -47,6 +47,30 @@ class Hypothesis:
     score: float
     finished: bool
     conditional_score: float | None = None
+
+
+@dataclass
+class _Slot:
+    """One beam slot of the thesis's Alg. 1: its tokens, whether it is complete (ended with
+    EOS, ``eos``, or cut at the limit), and the selection and conditional scores frozen when it
+    completed."""
+
+    tokens: list[int] = field(default_factory=list)
+    done: bool = False
+    eos: bool = False
+    sel: float = 0.0
+    cond: float = 0.0
+
+
+@dataclass
+class _Finished:
+    """A hypothesis set aside (transformers' policy): its ranking ``key`` (the conditional
+    score, or the model score under a forced length), model ``score``, tokens, EOS."""
+
+    key: float
+    score: float
+    tokens: list[int]
+    eos: bool
 
 
 class AttributeScorer(Protocol):
@@ -233,7 +257,7 @@ class _BeamSearch:
         scores[0] = 0.0
         tokens = torch.zeros(b, 0, dtype=torch.long, device=dev)
         eos = self.eos.to(dev)
-        done: list[tuple[float, float, list[int], bool]] = []  # (rank key, score, tokens, eos)
+        done: list[_Finished] = []
         for t in range(self.max_new):
             logp = self._transform(logp, t)
             sel, unc, cond, beam, tok, cstate = self._candidates(logp, scores, hidden, cstate)
@@ -252,8 +276,8 @@ class _BeamSearch:
                         continue
                     seq = tokens[c_beam[j]].tolist() + ([] if is_eos[j] else [int(c_tok[j])])
                     key = c_unc[j] if self.force_length is not None else c_cond[j]
-                    new.append((float(key), float(c_unc[j]), seq, bool(is_eos[j])))
-                done = sorted(done + new, key=lambda r: -r[0])[:b]
+                    new.append(_Finished(float(key), float(c_unc[j]), seq, bool(is_eos[j])))
+                done = sorted(done + new, key=lambda r: -r.key)[:b]
             if len(done) >= b or bool(ends.all()):
                 break
             # live: the best B of the 2B that do not end
@@ -272,8 +296,8 @@ class _BeamSearch:
             out = self.s.step(new_tok, cache)
             logp, cache, hidden = out.log_probs, out.cache, out.hidden
         return [
-            Hypothesis(seq, sc, fin, key if self.clf is not None else None)
-            for key, sc, seq, fin in done
+            Hypothesis(f.tokens, f.score, f.eos, f.key if self.clf is not None else None)
+            for f in done
         ]
 
     # -- the thesis's Alg. 1 -----------------------------------------------------------------
@@ -288,12 +312,9 @@ class _BeamSearch:
         scores = torch.full((b,), NEG, device=dev)
         scores[0] = 0.0
         eos = self.eos.to(dev)
-        # per beam slot: tokens, complete?, frozen (selection, conditional) scores if complete
-        beams: list[dict[str, Any]] = [
-            dict(tokens=[], done=False, eos=False, sel=0.0, cond=0.0) for _ in range(b)
-        ]
+        beams = [_Slot() for _ in range(b)]
         for t in range(self.max_new):
-            live = [i for i in range(b) if not beams[i]["done"]]
+            live = [i for i in range(b) if not beams[i].done]
             logp = self._transform(logp, t)
             sel, unc, cond, beam, tok, cstate = self._candidates(logp, scores, hidden, cstate)
             keep = torch.isin(beam, torch.tensor(live, device=dev))
@@ -307,9 +328,7 @@ class _BeamSearch:
             ]
             # complete hypotheses compete with their frozen scores
             cands += [
-                (bm["sel"], float(scores[i]), bm["cond"], i, -1)
-                for i, bm in enumerate(beams)
-                if bm["done"]
+                (bm.sel, float(scores[i]), bm.cond, i, -1) for i, bm in enumerate(beams) if bm.done
             ]
             cands.sort(key=lambda c: -c[0])  # stable: earlier (live, lower index) first on ties
             chosen = [c for c in cands if c[0] > NEG / 2][:b] or cands[:b]
@@ -317,24 +336,24 @@ class _BeamSearch:
             for s_sel, s_unc, s_cond, i, w in chosen:
                 old = beams[i]
                 if w < 0:  # a complete hypothesis stays
-                    nb = dict(old)
+                    nb = replace(old)
                 else:
                     ends = w in eos.tolist() or t + 1 == self.max_new
                     is_eos = w in eos.tolist()
-                    seq = old["tokens"] + ([] if is_eos else [w])
-                    nb = dict(tokens=seq, done=ends, eos=is_eos, sel=s_sel, cond=s_cond)
+                    seq = old.tokens + ([] if is_eos else [w])
+                    nb = _Slot(seq, ends, is_eos, s_sel, s_cond)
                 new_beams.append(nb)
                 rows.append(i)
                 new_tok.append(max(w, 0) if w >= 0 else int(eos[0]))
                 new_scores.append(s_unc)
             while len(new_beams) < b:  # fewer candidates than beams (tiny vocabularies)
-                new_beams.append(dict(tokens=[], done=True, eos=False, sel=NEG, cond=NEG))
+                new_beams.append(_Slot([], True, False, NEG, NEG))
                 rows.append(rows[0])
                 new_tok.append(int(eos[0]))
                 new_scores.append(NEG)
             beams = new_beams
             scores = torch.tensor(new_scores, device=dev)
-            if all(bm["done"] for bm in beams):
+            if all(bm.done for bm in beams):
                 break
             idx = torch.tensor(rows, device=dev)
             if self.clf is not None:
@@ -347,11 +366,9 @@ class _BeamSearch:
         ranked = sorted(
             (bm for bm, sc in zip(beams, scores.tolist(), strict=True) if sc > NEG / 2),
             # a forced length is satisfied by construction: P(a | x) = 1, rank by S alone
-            key=lambda bm: -(final[id(bm)] if self.force_length is not None else bm["cond"]),
+            key=lambda bm: -(final[id(bm)] if self.force_length is not None else bm.cond),
         )
         return [
-            Hypothesis(
-                bm["tokens"], final[id(bm)], bm["eos"], bm["cond"] if self.clf is not None else None
-            )
+            Hypothesis(bm.tokens, final[id(bm)], bm.eos, bm.cond if self.clf is not None else None)
             for bm in ranked
         ]

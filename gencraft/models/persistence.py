@@ -1,0 +1,83 @@
+"""Saving and loading a method module that sits on a Hugging Face base model: the one way
+gencraft's wrappers (FAME, the pointer head) save, with one error type for a damaged or
+foreign directory (:class:`~gencraft.errors.GencraftError` naming the file).
+
+Layout of a saved directory: ``<config>.json`` (the head's settings plus ``base_name_or_path``,
+``base_saved``), ``<weights>.safetensors`` (the head's tensors) and, when the base was trained or
+has no loadable name, ``base/`` written by the base's own ``save_pretrained``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from gencraft.errors import GencraftError
+
+
+def save_head(
+    directory: str | Path,
+    *,
+    config: dict[str, Any],
+    tensors: dict[str, torch.Tensor],
+    base: nn.Module,
+    save_base: bool,
+    config_name: str,
+    weights_name: str,
+) -> Path:
+    """Write ``config`` (with ``base_saved``), ``tensors`` and, if ``save_base``, ``base/``."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / config_name).write_text(json.dumps({**config, "base_saved": bool(save_base)}, indent=2))
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(d / weights_name))
+    if save_base:
+        base.save_pretrained(d / "base")
+    return d
+
+
+def read_head(
+    directory: str | Path, *, config_name: str, weights_name: str, what: str
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(config, tensors) of a saved head; a clear error when ``directory`` is not one."""
+    d = Path(directory)
+    if not (d / config_name).is_file() or not (d / weights_name).is_file():
+        raise GencraftError(
+            f"{d} is not a saved {what} (expected {config_name} and {weights_name})"
+        )
+    try:
+        config = json.loads((d / config_name).read_text())
+    except json.JSONDecodeError as err:
+        raise GencraftError(f"{d / config_name} is not valid JSON ({err.msg})") from None
+    try:
+        tensors = load_file(str(d / weights_name))
+    except Exception as err:
+        raise GencraftError(
+            f"{d / weights_name} is damaged or truncated ({str(err).splitlines()[0]})"
+        ) from None
+    return config, tensors
+
+
+def load_base(
+    directory: str | Path,
+    config: dict[str, Any],
+    task: str,
+    base_model: nn.Module | None = None,
+    **load_kw: Any,
+) -> nn.Module:
+    """The base of a saved head: ``base_model`` if given, else ``directory/base``, else
+    :func:`gencraft.models.load_model` on the recorded ``base_name_or_path``."""
+    if base_model is not None:
+        return base_model
+    from gencraft.models.registry import _AUTO_CLASSES, load_model
+
+    d = Path(directory)
+    if config.get("base_saved"):
+        return _AUTO_CLASSES[task].from_pretrained(d / "base").eval()
+    if config.get("base_name_or_path"):
+        return load_model(config["base_name_or_path"], task=task, **load_kw)[0]
+    raise GencraftError(f"{d} records no base model; pass base_model=")
