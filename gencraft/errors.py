@@ -11,3 +11,7 @@ class ModelLoadError(GencraftError, OSError):
 
 class DataError(GencraftError, OSError):
     """A dataset cannot be found, downloaded or parsed."""
+
+
+class ConfigError(GencraftError, ValueError):
+    """A configuration value is invalid (also a ``ValueError``, as configs raised before)."""

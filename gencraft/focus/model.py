@@ -32,6 +32,7 @@ from transformers.utils import ModelOutput
 
 from gencraft.errors import GencraftError
 from gencraft.focus.capture import find_attention_module, install_capture
+from gencraft.focus.config import FocusConfig
 from gencraft.focus.decoding import FocusLogitsProcessor, focus_vocabulary
 from gencraft.focus.head import FocusHead
 from gencraft.focus.topic import topic_loss
@@ -40,45 +41,6 @@ from gencraft.models.persistence import load_base, read_head, save_head
 FOCUS_CONFIG = "focus_config.json"
 _WRAPPED = "_gencraft_focus_wrapped"
 FOCUS_WEIGHTS = "focus_head.safetensors"
-
-
-@dataclass
-class FocusConfig:
-    """Settings of a FAME model.
-
-    Attributes:
-        intermediate_size: h' of W1/W2 (None = 4h).
-        bias: biases in W1, W2.
-        heads: ``"mean"`` over the final layer's attention heads, or one head's index.
-        mle_weight: λ in λ·MLE + (1 − λ)·topic (paper: 0.5).
-        frequent: ``"negative"`` (paper: the |F| frequent tokens are negatives of the topic
-            loss) or ``"ignore"`` (left out of it).
-        source_attention: causal LMs only: ``"raw"`` uses the self-attention mass on the prompt
-            as is (its sum is below 1 once the model attends to its own output);
-            ``"renormalized"`` rescales it to sum to 1 over the prompt, like cross-attention.
-        base_name_or_path: how to reload the base when it is not saved beside the head.
-        freeze_base: whether training leaves the base untouched.
-    """
-
-    intermediate_size: int | None = None
-    bias: bool = True
-    heads: Literal["mean"] | int = "mean"
-    mle_weight: float = 0.5
-    frequent: Literal["negative", "ignore"] = "negative"
-    source_attention: Literal["raw", "renormalized"] = "raw"
-    base_name_or_path: str | None = None
-    freeze_base: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.mle_weight <= 1.0:
-            raise ValueError(f"mle_weight (λ) must lie in [0, 1], got {self.mle_weight}")
-        if self.frequent not in ("negative", "ignore"):
-            raise ValueError(f"frequent must be 'negative' or 'ignore', got {self.frequent!r}")
-        if self.source_attention not in ("raw", "renormalized"):
-            raise ValueError(
-                f"source_attention must be 'raw' or 'renormalized', got {self.source_attention!r}"
-            )
 
 
 @dataclass

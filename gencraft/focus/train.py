@@ -16,9 +16,9 @@ continues or says why not).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,58 +26,12 @@ from tqdm.auto import tqdm
 
 from gencraft.data.summarization import SummarizationExample
 from gencraft.errors import GencraftError
+from gencraft.focus.config import FocusTrainConfig
 from gencraft.focus.data import SummaryEncoder, collate
 from gencraft.focus.features import HeadFeatures, collect_features, head_losses
 from gencraft.focus.model import FOCUS_CONFIG, FocusConfig, FocusForConditionalGeneration
 from gencraft.focus.topic import frequent_token_ids
 from gencraft.training import FitConfig, fit, make_accelerator, save_directory, write_json
-
-
-@dataclass
-class FocusTrainConfig:
-    """Attributes:
-    focus: train FAME (else the plain base: the baseline).
-    freeze_base: train only the FAME head.
-    precompute: with a frozen base, run the base once and train on stored states (default).
-    lr: AdamW learning rate (linear warm-up over ``warmup`` of the steps, then linear decay).
-    batch_size, grad_accum, epochs, max_steps, max_time (seconds of training), clip.
-    frequent_size: |F| (paper: 500 for XSum, 1000 for CNN/DM).
-    mle_weight: λ. frequent: "negative" (paper) | "ignore".
-    max_source, max_target: token budgets (paper: 512 and 64 for XSum).
-    """
-
-    focus: bool = True
-    freeze_base: bool = False
-    precompute: bool | None = None
-    lr: float = 5e-5
-    batch_size: int = 8
-    grad_accum: int = 1
-    epochs: int = 3
-    max_steps: int | None = None
-    max_time: float | None = None
-    warmup: float = 0.1
-    weight_decay: float = 0.0
-    clip: float = 1.0
-    frequent_size: int = 500
-    mle_weight: float = 0.5
-    frequent: Literal["negative", "ignore"] = "negative"
-    max_source: int = 512
-    max_target: int = 64
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.freeze_base and not self.focus:
-            raise GencraftError("--freeze-base trains only the FAME head; it needs focus=True")
-        if self.batch_size < 1 or self.grad_accum < 1 or self.epochs < 1:
-            raise GencraftError("batch_size, grad_accum and epochs must be positive")
-        if self.precompute and not self.freeze_base:
-            raise GencraftError("precompute needs a frozen base (freeze_base=True)")
-        if self.precompute is None:
-            self.precompute = self.freeze_base
-        if self.max_time is not None and not self.max_time > 0:
-            raise GencraftError(f"max_time must be > 0 seconds (or unset), got {self.max_time}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise GencraftError(f"max_steps must be >= 1 (or unset), got {self.max_steps}")
 
 
 def load_summarizer(

@@ -8,15 +8,16 @@ E embedding, V vocabulary, N layers.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from gencraft.errors import GencraftError
+from gencraft.pointer.config import PointerSentinelConfig
 from gencraft.pointer.mixture import (
     pointer_loss,
     pointer_target_log_probs,
@@ -27,59 +28,6 @@ from gencraft.pointer.rnn import LockedDropout, LSTMState, ZoneoutLSTM, locked_d
 
 CONFIG_NAME = "pointer_config.json"
 WEIGHTS_NAME = "model.safetensors"
-
-
-@dataclass
-class PointerSentinelConfig:
-    """Hyperparameters of :class:`PointerSentinelLSTM`.
-
-    ``dropout`` is the locked dropout on every LSTM layer's input and ``output_dropout`` on the
-    last layer's output; ``zoneout_c``/``zoneout_h`` the zoneout rates of cells and hidden
-    states. ``pointer=False`` gives the plain (zoneout + variational) LSTM baseline.
-    """
-
-    vocab_size: int
-    hidden_size: int = 650
-    embedding_size: int | None = None  # None: equal to hidden_size
-    num_layers: int = 2
-    window: int = 100
-    pointer: bool = True
-    dropout: float = 0.5
-    output_dropout: float = 0.5
-    zoneout_c: float = 0.5
-    zoneout_h: float = 0.5
-    zoneout_mask: Literal["per_step", "locked"] = "per_step"
-    zoneout_eval: Literal["expectation", "none"] = "expectation"
-    tie_weights: bool = False
-    init_range: float = 0.05
-    extra: dict[str, Any] = field(default_factory=dict)  # free-form, e.g. corpus name
-
-    def __post_init__(self) -> None:
-        if self.vocab_size < 1:
-            raise ValueError(f"vocab_size must be positive, got {self.vocab_size}")
-        if self.window < 1:
-            raise ValueError(
-                f"window must be at least 1 position (the paper uses L = 100), got {self.window}"
-            )
-        if self.hidden_size < 1 or self.num_layers < 1:
-            raise ValueError("hidden_size and num_layers must be positive")
-        if self.tie_weights and (self.embedding_size or self.hidden_size) != self.hidden_size:
-            raise ValueError("tie_weights needs embedding_size == hidden_size")
-
-    @property
-    def emb_size(self) -> int:
-        return self.embedding_size or self.hidden_size
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> PointerSentinelConfig:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise GencraftError(f"unknown pointer config keys: {', '.join(unknown)}")
-        return cls(**d)
 
 
 PRESETS: dict[str, dict[str, Any]] = {

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
 from gencraft.data.lm import LMCorpus
 from gencraft.errors import GencraftError
+from gencraft.pointer.config import TrainConfig
 from gencraft.pointer.lstm import PointerSentinelLSTM
 from gencraft.training import (
     Interrupted,
@@ -43,67 +44,6 @@ from gencraft.training import (
     write_json,
 )
 from gencraft.training.checkpoint import CHECKPOINT_DIR
-
-
-@dataclass
-class TrainConfig:
-    """The paper's recipe by default: batch 32, BPTT 100, clip 1, halve the LR when validation
-    perplexity gets worse, stop after 3 evaluations without improvement or 64 epochs.
-    The paper does not name its optimiser or learning rate; SGD with lr 20 is our default."""
-
-    batch_size: int = 32
-    bptt: int = 100  # k2
-    k1: int | None = None  # None: k1 = k2 (common); 1: the paper's schedule
-    window_refresh: Literal["regenerate", "stale"] = "regenerate"
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    lr: float = 20.0
-    weight_decay: float = 0.0
-    clip: float = 1.0
-    lr_decay: float = 0.5
-    patience: int = 3
-    max_epochs: int = 64
-    max_steps: int | None = None
-    max_time: float | None = None  # seconds of training and validation together
-    eval_every: int | None = None  # steps; None = once per epoch
-    eval_batch_size: int = 10
-    pointer_loss_weight: float = 0.0  # weight of eq. 9 added to the mixture cross-entropy
-    save_every: int | None = None  # steps between resumable checkpoints (and at every eval)
-    checkpoint_every: float = 300.0  # seconds between resumable checkpoints
-    revert_on_worse: bool = False  # reload the best weights (fresh optimizer state) on decay
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.bptt < 1:
-            raise ValueError("batch_size and bptt must be positive")
-        if self.k1 is not None and not 1 <= self.k1 <= self.bptt:
-            raise ValueError(f"k1 must lie in [1, bptt = {self.bptt}], got {self.k1}")
-        if self.window_refresh not in ("regenerate", "stale"):
-            raise ValueError(
-                f"window_refresh must be 'regenerate' or 'stale', got {self.window_refresh!r}"
-            )
-        if self.window_refresh == "stale" and self.k1 not in (None, self.bptt):
-            raise ValueError("window_refresh='stale' needs k1 = k2 (= bptt)")
-        if self.optimizer not in ("sgd", "adam"):
-            raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
-        if self.max_time is not None and not self.max_time > 0:
-            raise ValueError(f"max_time must be > 0 seconds (or unset), got {self.max_time}")
-        for name in ("max_steps", "max_epochs", "eval_every", "save_every"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                raise ValueError(f"{name} must be >= 1 (or unset), got {v}")
-
-    @property
-    def k2(self) -> int:
-        return self.bptt
-
-    @property
-    def step_tokens(self) -> int:
-        return self.k1 or self.bptt
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 def _detach(state: Any) -> Any:

@@ -25,7 +25,7 @@ Attributes:
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +33,9 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError, ModelLoadError
+from gencraft.search.config import NUM_LENGTH_BUCKETS as NUM_LENGTH_BUCKETS
+from gencraft.search.config import ClassifierConfig
 
-NUM_LENGTH_BUCKETS = 24
 CONFIG_NAME = "classifier_config.json"
 WEIGHTS_NAME = "classifier.safetensors"
 
@@ -123,25 +124,6 @@ def state_dims(model: nn.Module) -> tuple[int | None, int | None, int]:
     layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "num_decoder_layers", None)
     hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None)
     return (layers + 1 if layers else None), hidden, model.get_input_embeddings().weight.shape[1]
-
-
-@dataclass
-class ClassifierConfig:
-    """``num_layers`` x ``hidden_size``: the NLG model's stacked states (M + 1 layers incl.
-    embeddings); ``embed_size``: its input-embedding width; ``num_classes``: |A|."""
-
-    num_layers: int
-    hidden_size: int
-    embed_size: int
-    num_classes: int = NUM_LENGTH_BUCKETS
-    attribute: str = "length"
-    d_clf: int = 240
-    num_heads: int = 12
-    transformer_layers: int = 2
-    d_out: int = 24
-    dropout: float = 0.33
-    mlp_hidden: int = 48
-    model_name: str | None = None
 
 
 class AttributeClassifier(nn.Module):

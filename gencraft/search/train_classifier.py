@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -32,31 +32,9 @@ from gencraft.search.classifier import (
     length_labels,
     state_dims,
 )
+from gencraft.search.config import ClassifierTrainConfig
 from gencraft.search.stepper import eos_ids
 from gencraft.training import write_json
-
-
-@dataclass
-class ClassifierTrainConfig:
-    """Thesis Appendix E: Adam lr 1e-3, weight decay 3e-8, batch 8 (epochs: 3 MT, 8 ROC)."""
-
-    attribute: str = "length"
-    epochs: int = 8
-    lr: float = 1e-3
-    weight_decay: float = 3e-8
-    batch_size: int = 8
-    valid_fraction: float = 0.1
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.epochs < 1:
-            raise GencraftError(f"epochs must be >= 1, got {self.epochs}")
-        if self.batch_size < 1:
-            raise GencraftError(f"batch_size must be >= 1, got {self.batch_size}")
-        if not self.lr > 0:
-            raise GencraftError(f"lr must be > 0, got {self.lr}")
-        if not 0 < self.valid_fraction < 1:
-            raise GencraftError(f"valid_fraction must lie in (0, 1), got {self.valid_fraction}")
 
 
 def sample_training_data(

@@ -1,0 +1,33 @@
+"""Helpers for config dataclasses: every method's settings are dataclasses whose fields carry
+their help text (``option``), so that defaults and help live in one place and CLI flags are
+generated from them (:mod:`gencraft.cli.flags`); validation raises :class:`ConfigError`."""
+
+from __future__ import annotations
+
+from dataclasses import field
+from typing import Any
+
+from gencraft.errors import ConfigError
+
+
+def option(default: Any, help: str, **kwargs: Any) -> Any:
+    """A dataclass field with its help text (the CLI flag's)."""
+    if isinstance(default, (list, dict, set)):
+        value = default
+        return field(default_factory=lambda: type(value)(value), metadata={"help": help}, **kwargs)
+    return field(default=default, metadata={"help": help}, **kwargs)
+
+
+def check(condition: bool, message: str) -> None:
+    """Raise :class:`ConfigError` with ``message`` unless ``condition``."""
+    if not condition:
+        raise ConfigError(message)
+
+
+def positive(obj: Any, *names: str, allow_none: bool = False) -> None:
+    """Each named integer field of ``obj`` is >= 1 (or None when ``allow_none``)."""
+    for name in names:
+        v = getattr(obj, name)
+        if v is None and allow_none:
+            continue
+        check(v is not None and v >= 1, f"{name} must be >= 1, got {v}")

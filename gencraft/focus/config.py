@@ -1,0 +1,97 @@
+"""FAME's settings: the model (:class:`FocusConfig`) and its training
+(:class:`FocusTrainConfig`); each field is a flag of ``gencraft focus train``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gencraft.config import check, option, positive
+
+
+@dataclass
+class FocusConfig:
+    """Settings of a FAME model (see the field help)."""
+
+    intermediate_size: int | None = option(None, "h' of W1/W2 (none: 4h)")
+    bias: bool = option(True, "biases in W1, W2")
+    heads: Literal["mean"] | int = option(
+        "mean", "'mean' over the final layer's attention heads, or one head's index"
+    )
+    mle_weight: float = option(0.5, "λ in λ·MLE + (1 − λ)·topic (paper: 0.5)")
+    frequent: Literal["negative", "ignore"] = option(
+        "negative", "the |F| frequent tokens: negatives of the topic loss (paper) or left out"
+    )
+    source_attention: Literal["raw", "renormalized"] = option(
+        "raw",
+        "causal LMs: the self-attention mass on the prompt as is (raw), or rescaled to sum to "
+        "1 over the prompt like cross-attention",
+    )
+    base_name_or_path: str | None = option(
+        None, "how to reload the base when it is not saved beside the head"
+    )
+    freeze_base: bool = option(False, "training leaves the base untouched")
+    extra: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "free-form notes saved with the model"}
+    )
+
+    def __post_init__(self) -> None:
+        check(
+            0.0 <= self.mle_weight <= 1.0,
+            f"mle_weight (λ) must lie in [0, 1], got {self.mle_weight}",
+        )
+        check(
+            self.frequent in ("negative", "ignore"),
+            f"frequent must be 'negative' or 'ignore', got {self.frequent!r}",
+        )
+        check(
+            self.source_attention in ("raw", "renormalized"),
+            f"source_attention must be 'raw' or 'renormalized', got {self.source_attention!r}",
+        )
+
+
+@dataclass
+class FocusTrainConfig:
+    """Fine-tuning for summarization with or without FAME (``gencraft focus train``)."""
+
+    focus: bool = option(True, "train FAME (--no-focus: the plain base, the baseline)")
+    freeze_base: bool = option(False, "train only the FAME head (the base runs once per example)")
+    precompute: bool | None = option(
+        None, "with a frozen base, train on stored base states (default: when frozen)"
+    )
+    lr: float = option(5e-5, "AdamW learning rate")
+    batch_size: int = option(8, "examples per batch")
+    grad_accum: int = option(1, "batches per optimizer step")
+    epochs: int = option(3, "passes over the training documents")
+    max_steps: int | None = option(None, "stop after this many optimizer steps")
+    max_time: float | None = option(None, "stop after this many seconds of training and validation")
+    warmup: float = option(0.1, "linear warm-up (fraction of the steps), then linear decay")
+    weight_decay: float = option(0.0, "AdamW weight decay")
+    clip: float = option(1.0, "global gradient-norm clip")
+    frequent_size: int = option(500, "|F| (paper: 500 for XSum, 1000 for CNN/DM)")
+    mle_weight: float = option(0.5, "λ in λ·MLE + (1 − λ)·topic")
+    frequent: Literal["negative", "ignore"] = option(
+        "negative", "F as negatives of the topic loss (paper) or ignored"
+    )
+    max_source: int = option(512, "source tokens (paper: 512 for XSum)")
+    max_target: int = option(64, "summary tokens (paper: 64 for XSum)")
+    seed: int = option(0, "seed")
+
+    def __post_init__(self) -> None:
+        check(
+            not (self.freeze_base and not self.focus),
+            "--freeze-base trains only the FAME head; it needs focus=True",
+        )
+        positive(self, "batch_size", "grad_accum", "epochs", "frequent_size")
+        positive(self, "max_steps", allow_none=True)
+        check(
+            not (self.precompute and not self.freeze_base),
+            "precompute needs a frozen base (freeze_base=True)",
+        )
+        if self.precompute is None:
+            self.precompute = self.freeze_base
+        check(
+            self.max_time is None or self.max_time > 0,
+            f"max_time must be > 0 seconds (or unset), got {self.max_time}",
+        )
+        check(self.lr > 0, f"lr must be > 0, got {self.lr}")

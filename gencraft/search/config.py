@@ -1,0 +1,62 @@
+"""Settings of the §7.4.3 attribute classifiers (:class:`ClassifierConfig`) and of their
+training (:class:`ClassifierTrainConfig`, the flags of ``gencraft search train-classifier``).
+Defaults are the thesis's (Appendix E)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from gencraft.config import check, option
+
+NUM_LENGTH_BUCKETS = 24
+
+
+@dataclass
+class ClassifierConfig:
+    """``num_layers`` x ``hidden_size``: the NLG model's stacked states (M + 1 layers incl.
+    embeddings); ``embed_size``: its input-embedding width; ``num_classes``: |A|."""
+
+    num_layers: int
+    hidden_size: int
+    embed_size: int
+    num_classes: int = option(NUM_LENGTH_BUCKETS, "classes |A| (length: 24 buckets)")
+    attribute: str = option("length", "length or degenerate")
+    d_clf: int = option(240, "width of the classifier's transformer")
+    num_heads: int = option(12, "its attention heads")
+    transformer_layers: int = option(2, "its layers")
+    d_out: int = option(24, "width of its output projection")
+    dropout: float = option(0.33, "dropout")
+    mlp_hidden: int = option(48, "width of the 2-layer MLP")
+    model_name: str | None = option(None, "the NLG model it reads")
+
+    def __post_init__(self) -> None:
+        check(self.num_classes >= 2, f"num_classes must be >= 2, got {self.num_classes}")
+        check(
+            self.d_clf % self.num_heads == 0,
+            f"d_clf ({self.d_clf}) must be divisible by num_heads ({self.num_heads})",
+        )
+
+
+@dataclass
+class ClassifierTrainConfig:
+    """Thesis Appendix E: Adam lr 1e-3, weight decay 3e-8, batch 8 (epochs: 3 MT, 8 ROC)."""
+
+    attribute: Literal["length", "degenerate"] = option(
+        "length", "remaining length (24 buckets) or degenerate output (binary)"
+    )
+    epochs: int = option(8, "passes over the samples (thesis: 3 MT, 8 ROC)")
+    lr: float = option(1e-3, "Adam learning rate")
+    weight_decay: float = option(3e-8, "Adam weight decay")
+    batch_size: int = option(8, "sequences per batch")
+    valid_fraction: float = option(0.1, "samples held out for validation")
+    seed: int = option(0, "seed")
+
+    def __post_init__(self) -> None:
+        check(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
+        check(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        check(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        check(
+            0 < self.valid_fraction < 1,
+            f"valid_fraction must lie in (0, 1), got {self.valid_fraction}",
+        )
