@@ -190,3 +190,42 @@ def test_a_mistyped_name_fails_at_once_without_the_network(capsys, monkeypatch):
         assert main(["generate", "--model", name, "--prompt", "hi"]) == 2
         err = capsys.readouterr().err
         assert "not a Hugging Face Hub id" in err
+
+
+@pytest.mark.parametrize(
+    "argv, config",
+    [
+        (["focus", "train", "--model", "tiny-bart"], "gencraft.focus.config:FocusTrainConfig"),
+        (["pointer", "train"], "gencraft.pointer.config:TrainConfig"),
+        (["search", "train-classifier"], "gencraft.search.config:ClassifierTrainConfig"),
+        (["generate", "--model", "x"], "gencraft.models.generate:GenerationSettings"),
+    ],
+)
+def test_flags_come_from_the_config_dataclasses(argv, config):
+    """Defaults live in one place: a command's parsed defaults build the dataclass's defaults,
+    and every field of the dataclass (but free-form dicts) is a flag."""
+    import dataclasses
+    import importlib
+
+    from gencraft.cli.flags import dataclass_from_args
+    from gencraft.cli.main import build_parser
+
+    module, name = config.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    args = build_parser().parse_args(argv)
+    assert dataclass_from_args(cls, args) == cls()
+    flags = {f.name for f in dataclasses.fields(cls) if f.type not in ("dict[str, Any]",)}
+    assert flags <= set(vars(args))
+
+
+def test_config_validation_is_one_line_for_every_trainer(capsys):
+    from gencraft.cli.main import main
+
+    for argv, message in (
+        (["focus", "train", "--model", "tiny-bart", "--batch-size", "0"], "batch_size must be"),
+        (["pointer", "train", "--k1", "500"], "k1 must lie in [1, bptt = 100]"),
+        (["search", "train-classifier", "--valid-fraction", "2"], "valid_fraction must lie"),
+    ):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +16,13 @@ def _examples(name: str, split: str, data_dir: str | None, limit: int | None) ->
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    from gencraft.cli.flags import dataclass_from_args
     from gencraft.focus.train import FocusTrainConfig, FocusTrainer
     from gencraft.models import load_model
     from gencraft.utils import seed_everything
 
-    seed_everything(args.seed)
-    names = {f.name for f in fields(FocusTrainConfig)}
-    values = {k: v for k, v in vars(args).items() if k in names and v is not None}
-    cfg = FocusTrainConfig(**{**values, "focus": not args.no_focus})
+    cfg = dataclass_from_args(FocusTrainConfig, args)
+    seed_everything(cfg.seed)
     train = _examples(args.data, "train", args.data_dir, args.max_train)
     valid = _examples(args.data, "validation", args.data_dir, args.max_valid)
     base, tok = load_model(args.model)
@@ -120,6 +118,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def add_parser(sub: Any, add_data_dir: Any) -> None:
+    from gencraft.cli.flags import add_dataclass_arguments
+    from gencraft.focus.config import FocusTrainConfig
     from gencraft.focus.evaluate import DECODINGS
 
     p = sub.add_parser("focus", help="FAME focus attention and focus sampling (summarization)")
@@ -132,36 +132,11 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         help="minilm-l6-bert2bert, smollm2-135m, a tiny-* model, a path or hub id",
     )
     t.add_argument("--data", choices=("xsum", "cnndm"), default="xsum")
-    t.add_argument("--no-focus", action="store_true", help="train the plain baseline")
-    t.add_argument(
-        "--freeze-base",
-        action="store_true",
-        help="train only the FAME head; the base runs once per example (CPU-friendly)",
-    )
-    for name, typ in (
-        ("epochs", int),
-        ("lr", float),
-        ("batch-size", int),
-        ("grad-accum", int),
-        ("max-steps", int),
-        ("max-time", float),
-        ("frequent-size", int),
-        ("mle-weight", float),
-        ("max-source", int),
-        ("max-target", int),
-    ):
-        t.add_argument(f"--{name}", type=typ, default=None)
-    t.add_argument(
-        "--frequent",
-        choices=("negative", "ignore"),
-        default=None,
-        help="F as negatives of the topic loss (paper) or ignored",
-    )
+    add_dataclass_arguments(t, FocusTrainConfig)
     t.add_argument("--max-train", type=int, default=None, help="use the first N train docs")
     t.add_argument("--max-valid", type=int, default=None)
     t.add_argument("--output", default=None, help="output directory (a re-run resumes it)")
     t.add_argument("--restart", action="store_true", help="discard a run already in --output")
-    t.add_argument("--seed", type=int, default=0)
     t.add_argument("--quiet", action="store_true")
     add_data_dir(t)
     t.set_defaults(func=cmd_train)

@@ -3,11 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Sequence
 
 from gencraft.errors import GencraftError
+
+#: command modules with ``add_parser(subparsers, add_data_dir)``; a new method adds its own
+METHOD_COMMANDS = (
+    "gencraft.cli.pointer",
+    "gencraft.cli.focus",
+    "gencraft.cli.search",
+    "gencraft.cli.reproduce",
+)
 
 
 def _add_data_dir(p: argparse.ArgumentParser) -> None:
@@ -187,21 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_eval)
 
-    from gencraft.cli.pointer import add_parser as add_pointer_parser
-
-    add_pointer_parser(sub, _add_data_dir)
-
-    from gencraft.cli.focus import add_parser as add_focus_parser
-
-    add_focus_parser(sub, _add_data_dir)
-
-    from gencraft.cli.search import add_parser as add_search_parser
-
-    add_search_parser(sub, _add_data_dir)
-
-    from gencraft.cli.reproduce import add_parser as add_reproduce_parser
-
-    add_reproduce_parser(sub, _add_data_dir)
+    for module in METHOD_COMMANDS:  # each method (and reproduce) adds its own subcommands
+        importlib.import_module(module).add_parser(sub, _add_data_dir)
 
     p = sub.add_parser("demo", help="the offline walk through every method (SmolLM2-135M)")
     p.add_argument(

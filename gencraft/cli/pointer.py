@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,12 @@ def _corpus(name: str, data_dir: str | None, splits: tuple[str, ...]) -> Any:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from gencraft.pointer import PointerSentinelLSTM, TrainConfig, Trainer
+    from gencraft.cli.flags import dataclass_from_args
+    from gencraft.pointer import PointerSentinelLSTM, PointerTrainer, TrainConfig
     from gencraft.pointer.train import evaluate
     from gencraft.utils import seed_everything
 
+    cfg = dataclass_from_args(TrainConfig, args)  # settings are checked before any loading
     corpus = _corpus(args.corpus, args.data_dir, ("train", "valid", "test"))
     overrides: dict[str, Any] = {"pointer": not args.no_pointer, "extra": {"corpus": args.corpus}}
     for key in ("window", "hidden_size", "dropout", "zoneout"):
@@ -35,8 +36,6 @@ def cmd_train(args: argparse.Namespace) -> None:
                 overrides[key] = value
     seed_everything(args.seed)
     model = PointerSentinelLSTM.from_preset(args.preset, len(corpus.vocab), **overrides)
-    names = {f.name for f in fields(TrainConfig)}
-    cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in names and v is not None})
     out = Path(
         args.output
         or f"outputs/pointer-{args.corpus}-{args.preset}{'-lstm' if args.no_pointer else ''}"
@@ -45,7 +44,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     kind = "plain LSTM" if args.no_pointer else "pointer sentinel-LSTM"
     n_ptr = model.num_pointer_parameters()
     print(f"{kind} ({args.preset}): {n_params:,} parameters ({n_ptr:,} in the pointer) -> {out}")
-    trainer = Trainer(model, corpus, cfg, out, progress=not args.quiet)
+    trainer = PointerTrainer(model, corpus, cfg, out, progress=not args.quiet)
     trainer.train(restart=args.restart)
     best = PointerSentinelLSTM.from_pretrained(out / "best", device=trainer.accelerator.device)
     result = {
@@ -159,6 +158,9 @@ def cmd_analyze(args: argparse.Namespace) -> None:
 
 
 def add_parser(sub: Any, data_dir_arg: Any) -> None:
+    from gencraft.cli.flags import add_dataclass_arguments
+    from gencraft.pointer.config import TrainConfig
+
     p = sub.add_parser("pointer", help="pointer sentinel-LSTM language models (Merity et al.)")
     psub = p.add_subparsers(dest="pointer_command", required=True, metavar="SUBCOMMAND")
 
@@ -172,33 +174,13 @@ def add_parser(sub: Any, data_dir_arg: Any) -> None:
     t.add_argument("--hidden-size", type=int, default=None)
     t.add_argument("--dropout", type=float, default=None, help="locked dropout on layer inputs")
     t.add_argument("--zoneout", type=float, default=None, help="zoneout rate of c and h")
-    t.add_argument("--batch-size", type=int, default=None, help="default 32")
-    t.add_argument("--bptt", type=int, default=None, help="k2 (default 100)")
-    t.add_argument("--k1", type=int, default=None, help="default k2; 1 = the paper's schedule")
-    t.add_argument("--window-refresh", choices=("regenerate", "stale"), default=None)
-    t.add_argument("--optimizer", choices=("sgd", "adam"), default=None)
-    t.add_argument("--lr", type=float, default=None, help="default 20 (SGD)")
-    t.add_argument("--clip", type=float, default=None, help="global grad-norm clip (default 1)")
-    t.add_argument("--max-epochs", type=int, default=None, help="default 64")
-    t.add_argument("--max-steps", type=int, default=None)
-    t.add_argument("--max-time", type=float, default=None, help="training budget in seconds")
-    t.add_argument("--eval-every", type=int, default=None, help="steps (default: each epoch)")
-    t.add_argument("--eval-batch-size", type=int, default=None, help="validation streams (10)")
+    add_dataclass_arguments(t, TrainConfig)
     t.add_argument(
         "--final-eval-batch-size",
         type=int,
         default=1,
         help="streams for the final valid/test perplexity (default 1)",
     )
-    t.add_argument("--pointer-loss-weight", type=float, default=None, help="weight of eq. 9")
-    t.add_argument("--save-every", type=int, default=None)
-    t.add_argument(
-        "--revert-on-worse",
-        action="store_true",
-        default=None,
-        help="on a worse validation, also reload the best weights",
-    )
-    t.add_argument("--seed", type=int, default=0)
     t.add_argument("--quiet", action="store_true", help="no progress bars")
     data_dir_arg(t)
     t.set_defaults(func=cmd_train)

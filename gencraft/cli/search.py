@@ -110,6 +110,7 @@ def cmd_mode(args: argparse.Namespace) -> None:
 
 
 def cmd_train_classifier(args: argparse.Namespace) -> None:
+    from gencraft.cli.flags import dataclass_from_args
     from gencraft.models import load_model
     from gencraft.search.prompts import encode_prompt, instruction_texts
     from gencraft.search.train_classifier import (
@@ -120,6 +121,7 @@ def cmd_train_classifier(args: argparse.Namespace) -> None:
     )
     from gencraft.utils import seed_everything
 
+    cfg = dataclass_from_args(ClassifierTrainConfig, args)  # checked before any loading
     seed_everything(args.seed)
     model, tok = load_model(args.model, device=args.device)
     kinds = ("xsum", "e2e") if args.prompts == "both" else (args.prompts,)
@@ -135,13 +137,6 @@ def cmd_train_classifier(args: argparse.Namespace) -> None:
     print(
         f"{args.attribute} classifier for {args.model}: {len(prompts)} train prompts x "
         f"{args.samples_per_prompt} samples -> {out}"
-    )
-    cfg = ClassifierTrainConfig(
-        attribute=args.attribute,
-        epochs=args.epochs,
-        lr=args.lr,
-        batch_size=args.batch_size,
-        seed=args.seed,
     )
     rows = sample_training_data(
         model,
@@ -160,6 +155,9 @@ def cmd_train_classifier(args: argparse.Namespace) -> None:
 
 
 def add_parser(sub: Any, add_data_dir: Any) -> None:
+    from gencraft.cli.flags import add_dataclass_arguments
+    from gencraft.search.config import ClassifierTrainConfig
+
     p = sub.add_parser("search", help="beam search and exact mode search (Yoshida 2023 ch. 6-7)")
     ssub = p.add_subparsers(dest="search_command", required=True)
     for name, func, text in (
@@ -213,7 +211,7 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         "train-classifier", help="train an attribute classifier on the model's own samples"
     )
     t.add_argument("--model", default="smollm2-135m")
-    t.add_argument("--attribute", choices=("length", "degenerate"), default="length")
+    add_dataclass_arguments(t, ClassifierTrainConfig)
     t.add_argument(
         "--prompts",
         choices=("xsum", "e2e", "both"),
@@ -229,10 +227,6 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         help="length: train on the lower-bound labels of samples cut at "
         "--max-new-tokens instead of ignoring them",
     )
-    t.add_argument("--epochs", type=int, default=8)
-    t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--batch-size", type=int, default=8)
-    t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default=None)
     t.add_argument("--output", default=None)
     t.add_argument("--restart", action="store_true", help="discard a run already in --output")
