@@ -178,3 +178,35 @@ def test_damaged_weight_files_are_named(tmp_path):
     hw.write_bytes(hw.read_bytes()[:50])
     with pytest.raises(GencraftError, match=r"pointer_head\.safetensors is damaged or truncated"):
         PointerSentinelHead.from_pretrained(tmp_path / "h")
+
+
+@pytest.mark.slow
+def test_one_prompt_encoder_and_pad_rule():
+    """The shared encoder gives what the tokenizer's own chat template gives; generation
+    batches are padded on the left for causal LMs and on the right for encoder inputs."""
+    from gencraft.models.generate import build_inputs
+    from gencraft.models.prompts import encode_user_turn, pad_batch
+    from gencraft.search.prompts import encode_prompt
+
+    _, tok = load_model("smollm2-135m")
+    text = "Describe this restaurant:\nname[Blue Spice]"
+    want = tok(
+        tok.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        ),
+        add_special_tokens=False,
+    )["input_ids"]
+    assert encode_user_turn(tok, text) == want
+    assert encode_prompt(tok, text)[0].tolist() == want
+    batch = build_inputs(tok, [text, "Hi"])
+    assert batch["input_ids"][0].tolist() == want
+    assert batch["attention_mask"][1, 0] == 0 and batch["attention_mask"][1, -1] == 1  # left
+    right = pad_batch(
+        [{"input_ids": [5, 6, 7], "labels": [1, 2, 3]}, {"input_ids": [5], "labels": [1]}], 0
+    )
+    assert right["input_ids"][1].tolist() == [5, 0, 0] and right["labels"][1].tolist() == [
+        1,
+        -100,
+        -100,
+    ]
+    assert right["attention_mask"][1].tolist() == [1, 0, 0]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -104,26 +103,12 @@ class SummaryEncoder:
 def collate(
     rows: Sequence[dict[str, list[int]]], pad_token_id: int, *, left: bool = False
 ) -> dict[str, torch.Tensor]:
-    """Pad a list of :meth:`SummaryEncoder.encode` outputs into tensors (``attention_mask``
-    added; labels padded with -100, ``source_mask`` with 0). ``left`` pads on the left (causal
-    generation), else on the right."""
-    if not rows:
-        raise GencraftError("cannot collate an empty batch")
-    out: dict[str, Any] = {}
-    keys = list(rows[0])
-    pads = {"input_ids": pad_token_id, "labels": -100, "source_mask": 0}
-    n = {k: max(len(r[k]) for r in rows) for k in keys}
-    for k in keys:
-        padded = []
-        for r in rows:
-            fill = [pads[k]] * (n[k] - len(r[k]))
-            padded.append(fill + r[k] if left else r[k] + fill)
-        out[k] = torch.tensor(padded, dtype=torch.long)
-    lengths = [len(r["input_ids"]) for r in rows]
-    m = n["input_ids"]
-    out["attention_mask"] = torch.tensor(
-        [[0] * (m - x) + [1] * x if left else [1] * x + [0] * (m - x) for x in lengths]
-    )
+    """Pad a list of :meth:`SummaryEncoder.encode` outputs into tensors with the shared pad
+    rule (:func:`gencraft.models.prompts.pad_batch`: labels padded with -100, ``source_mask``
+    with 0, ``attention_mask`` added); ``source_mask`` comes back bool."""
+    from gencraft.models.prompts import pad_batch
+
+    out = pad_batch(rows, pad_token_id, left=left)
     if "source_mask" in out:
         out["source_mask"] = out["source_mask"].bool()
     return out

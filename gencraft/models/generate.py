@@ -61,38 +61,27 @@ def build_inputs(
     *,
     chat: bool | None = None,
     max_input_tokens: int | None = None,
+    left: bool = True,
 ) -> dict:
-    """Tokenise ``prompts`` as one padded batch (``input_ids``/``attention_mask`` [B, T]).
+    """Tokenise ``prompts`` as one padded batch (``input_ids``/``attention_mask`` [B, T]) with
+    the shared prompt encoder and pad rule (:mod:`gencraft.models.prompts`): each prompt one
+    user turn (chat template when the tokenizer has one, ``chat=None``); padded on the left for
+    a causal LM to continue (``left=False`` for an encoder's input)."""
+    from gencraft.models.prompts import encode_user_turn, pad_batch
 
-    ``chat=None`` applies the tokenizer's chat template when it has one (instruction-tuned
-    models such as SmolLM2-Instruct), each prompt as a single user turn.
-    """
     if isinstance(prompts, str) or not prompts:
         raise GencraftError("prompts must be a non-empty list of strings")
     empty = [i for i, p in enumerate(prompts) if not p.strip()]
     if empty:
         raise GencraftError(f"prompt(s) {empty} are empty; give text to continue")
-    use_chat = bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
-    if use_chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ValueError("chat=True but this tokenizer has no chat template")
-        texts = [
-            tokenizer.apply_chat_template(
-                [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-            )
-            for p in prompts
-        ]
-        kw = {"add_special_tokens": False}
-    else:
-        texts, kw = list(prompts), {}
-    return tokenizer(
-        texts,
-        return_tensors="pt",
-        padding=True,
-        truncation=max_input_tokens is not None,
-        max_length=max_input_tokens,
-        **kw,
-    )
+    rows = []
+    for p in prompts:
+        ids = encode_user_turn(tokenizer, p, chat=chat)
+        if max_input_tokens is not None:
+            ids = ids[-max_input_tokens:] if left else ids[:max_input_tokens]
+        rows.append({"input_ids": ids})
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return pad_batch(rows, pad if pad is not None else 0, left=left)
 
 
 @torch.no_grad()
@@ -120,7 +109,13 @@ def generate_text(
             "language-model head; use a causal LM or an encoder-decoder (e.g. smollm2-135m, "
             "minilm-l6-bert2bert)"
         )
-    enc = build_inputs(tokenizer, prompts, chat=chat, max_input_tokens=max_input_tokens)
+    enc = build_inputs(
+        tokenizer,
+        prompts,
+        chat=chat,
+        max_input_tokens=max_input_tokens,
+        left=not is_encoder_decoder(model),
+    )
     enc = {k: v.to(model.device) for k, v in enc.items()}
     n_in, n_new = enc["input_ids"].shape[1], int(generate_kw.get("max_new_tokens") or 20)
     if is_encoder_decoder(model):

@@ -59,12 +59,8 @@ def instruction_references(
 
 
 def encode_prompt(tokenizer: Any, text: str) -> torch.Tensor:
-    """[1, P] ids of ``text`` as one user turn (chat template when the tokenizer has one)."""
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False
-        )
-        if hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return torch.tensor([list(ids)])
-    return torch.tensor([tokenizer(text)["input_ids"]])
+    """[1, P] ids of ``text`` as one user turn (chat template when the tokenizer has one); see
+    :func:`gencraft.models.prompts.encode_user_turn`."""
+    from gencraft.models.prompts import encode_user_turn
+
+    return torch.tensor([encode_user_turn(tokenizer, text)])

@@ -1,0 +1,74 @@
+"""One prompt encoder and one pad rule for every gencraft method.
+
+* :func:`encode_user_turn`: a text as one user turn with the assistant turn opened, through the
+  tokenizer's chat template when it has one (instruction models such as SmolLM2-Instruct), else
+  the tokenizer's plain encoding with its special tokens;
+* :func:`pad_batch`: rows of token-id lists -> padded tensors and ``attention_mask``. The pad
+  rule: **left** padding for inputs a causal LM continues (generation), **right** padding for
+  everything else (encoder inputs, teacher-forced training rows); ``labels`` are padded with
+  -100, any other field with 0; the pad id is :func:`gencraft.models.introspect.pad_id`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from gencraft.errors import GencraftError
+
+FILL = {"labels": -100}
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
+
+
+def encode_user_turn(tokenizer: Any, text: str, *, chat: bool | None = None) -> list[int]:
+    """Token ids of ``text`` as one user turn (``chat=None``: the chat template when the
+    tokenizer has one; ``True`` requires it; ``False``: plain encoding)."""
+    if not isinstance(text, str) or not text.strip():
+        raise GencraftError("a prompt must be a non-empty string")
+    use_chat = has_chat_template(tokenizer) if chat is None else chat
+    if use_chat:
+        if not has_chat_template(tokenizer):
+            raise GencraftError("chat=True but this tokenizer has no chat template")
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False
+        )
+        if hasattr(ids, "input_ids") or isinstance(ids, dict):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    return list(tokenizer(text)["input_ids"])
+
+
+def pad_batch(
+    rows: Sequence[dict[str, Sequence[int]]], pad_token_id: int, *, left: bool = False
+) -> dict[str, torch.Tensor]:
+    """Pad rows (each a dict of equal-length-per-row id lists, ``input_ids`` required) into
+    [B, T] tensors plus ``attention_mask``; ``left`` pads on the left (see the module doc)."""
+    if not rows:
+        raise GencraftError("cannot pad an empty batch")
+    keys = list(rows[0])
+    if "input_ids" not in keys:
+        raise GencraftError("each row needs input_ids")
+    out: dict[str, torch.Tensor] = {}
+    for k in keys:
+        width = max(len(r[k]) for r in rows)
+        fill = pad_token_id if k == "input_ids" else FILL.get(k, 0)
+        padded = []
+        for r in rows:
+            extra = [fill] * (width - len(r[k]))
+            padded.append([*extra, *r[k]] if left else [*r[k], *extra])
+        out[k] = torch.tensor(padded, dtype=torch.long)
+    width = out["input_ids"].shape[1]
+    out["attention_mask"] = torch.tensor(
+        [
+            [0] * (width - len(r["input_ids"])) + [1] * len(r["input_ids"])
+            if left
+            else [1] * len(r["input_ids"]) + [0] * (width - len(r["input_ids"]))
+            for r in rows
+        ]
+    )
+    return out
