@@ -7,16 +7,15 @@ E embedding, V vocabulary, N layers.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from gencraft.errors import GencraftError
+from gencraft.models.persistence import PersistenceMixin
 from gencraft.pointer.config import PointerSentinelConfig
 from gencraft.pointer.mixture import (
     pointer_loss,
@@ -89,7 +88,7 @@ class PointerOutput:
     logits: torch.Tensor | None = None
 
 
-class PointerSentinelLSTM(nn.Module):
+class PointerSentinelLSTM(PersistenceMixin, nn.Module):
     """Embedding -> N-layer zoneout LSTM -> (softmax over V) mixed with a pointer over the last
     ``window`` outputs by a sentinel gate. ``pointer=False`` is the plain LSTM baseline.
 
@@ -262,31 +261,24 @@ class PointerSentinelLSTM(nn.Module):
             return 0
         return sum(p.numel() for p in (*self.query.parameters(), self.sentinel))
 
-    def save_pretrained(self, directory: str | Path) -> None:
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / CONFIG_NAME).write_text(json.dumps(self.config.to_dict(), indent=2))
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        if self.config.tie_weights:
-            state.pop("decoder.weight", None)
-        save_file(state, str(d / WEIGHTS_NAME))
+    # persistence: PersistenceMixin (pointer_config.json + model.safetensors)
+    CONFIG_FILE = CONFIG_NAME
+    WEIGHTS_FILE = WEIGHTS_NAME
+    WHAT = "pointer model"
+
+    def config_dict(self) -> dict[str, Any]:
+        return self.config.to_dict()
+
+    def skip_keys(self) -> tuple[str, ...]:
+        return ("decoder.weight",) if self.config.tie_weights else ()
+
+    @classmethod
+    def from_config_dict(cls, config: dict[str, Any]) -> PointerSentinelLSTM:
+        return cls(PointerSentinelConfig.from_dict(config))
 
     @classmethod
     def from_pretrained(
         cls, directory: str | Path, device: str | torch.device | None = None
     ) -> PointerSentinelLSTM:
-        d = Path(directory)
-        if not (d / CONFIG_NAME).is_file() or not (d / WEIGHTS_NAME).is_file():
-            raise GencraftError(
-                f"{d} is not a saved pointer model (expected {CONFIG_NAME} and {WEIGHTS_NAME})"
-            )
-        model = cls(PointerSentinelConfig.from_dict(json.loads((d / CONFIG_NAME).read_text())))
-        state = load_file(str(d / WEIGHTS_NAME))
-        missing, unexpected = model.load_state_dict(state, strict=False)
-        missing = [k for k in missing if not (model.config.tie_weights and k == "decoder.weight")]
-        if missing or unexpected:
-            raise GencraftError(
-                f"weights in {d} do not match the config: missing {missing}, unexpected "
-                f"{unexpected}"
-            )
+        model = super().from_pretrained(directory)
         return model.to(device) if device is not None else model

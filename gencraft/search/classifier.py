@@ -24,8 +24,6 @@ Attributes:
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +31,7 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError, ModelLoadError
+from gencraft.models.persistence import PersistenceMixin
 from gencraft.search.config import NUM_LENGTH_BUCKETS as NUM_LENGTH_BUCKETS
 from gencraft.search.config import ClassifierConfig
 
@@ -126,7 +125,7 @@ def state_dims(model: nn.Module) -> tuple[int | None, int | None, int]:
     return (layers + 1 if layers else None), hidden, model.get_input_embeddings().weight.shape[1]
 
 
-class AttributeClassifier(nn.Module):
+class AttributeClassifier(PersistenceMixin, nn.Module):
     """The §7.4.3 classifier. ``forward(hidden, next_tokens)``: ``hidden`` [B, T, M+1, H] the
     NLG model's states at positions 0..T-1, ``next_tokens`` [B, T] the token at each next
     position; returns logits [B, T, num_classes]. Bind the NLG model's input embeddings with
@@ -238,24 +237,23 @@ class AttributeClassifier(nn.Module):
         return self
 
     # -- persistence ------------------------------------------------------------------------
-    def save_pretrained(self, path: str | Path) -> None:
-        from safetensors.torch import save_file
+    # persistence: PersistenceMixin (classifier_config.json + classifier.safetensors); the
+    # NLG model's embeddings are bound at load time, never stored
+    CONFIG_FILE = CONFIG_NAME
+    WEIGHTS_FILE = WEIGHTS_NAME
+    WHAT = "trained classifier"
 
-        p = Path(path)
-        p.mkdir(parents=True, exist_ok=True)
-        (p / CONFIG_NAME).write_text(json.dumps(asdict(self.config), indent=2))
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, str(p / WEIGHTS_NAME))
+    @classmethod
+    def from_config_dict(cls, config: dict[str, Any]) -> AttributeClassifier:
+        return cls(ClassifierConfig(**config))
 
     @classmethod
     def from_pretrained(
         cls, path: str | Path, model: nn.Module | None = None
     ) -> AttributeClassifier:
-        from safetensors.torch import load_file
-
-        p = Path(path)
-        if not (p / CONFIG_NAME).is_file() or not (p / WEIGHTS_NAME).is_file():
-            raise ModelLoadError(f"{p} holds no trained classifier ({CONFIG_NAME}, {WEIGHTS_NAME})")
-        clf = cls(ClassifierConfig(**json.loads((p / CONFIG_NAME).read_text())))
-        clf.load_state_dict(load_file(str(p / WEIGHTS_NAME)))
+        try:
+            clf = super().from_pretrained(path)
+        except GencraftError as err:
+            raise ModelLoadError(str(err)) from None
         clf.eval()
         return clf.bind(model) if model is not None else clf
