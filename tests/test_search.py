@@ -507,3 +507,65 @@ def test_force_length_zero_gives_only_the_empty_output():
         )
         assert hyps and all(h.tokens == [] and h.finished for h in hyps), finished
         assert all(eos not in h.tokens for h in hyps)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-bart"])
+def test_beam_search_with_logits_processors_equals_generate(name):
+    """Processors see the same ids and scores as in generate's beam search (a no-repeat-ngram
+    rule depends on the ids; suppressed tokens on the scores)."""
+    from transformers import NoRepeatNGramLogitsProcessor, SuppressTokensLogitsProcessor
+
+    model, tok = load_model(name, seed=0)
+    ids = torch.tensor([tok("hello hello there")["input_ids"]])
+    gc = model.generation_config
+    plain = beam_search(model, ids, num_beams=3, max_new_tokens=8)
+    for procs in (
+        [NoRepeatNGramLogitsProcessor(2)],
+        [SuppressTokensLogitsProcessor([104, 105, 106], device="cpu")],
+    ):
+        hyps = beam_search(model, ids, num_beams=3, max_new_tokens=8, logits_processor=procs)
+        hf = _hf_beams(model, ids, 3, 8, logits_processor=procs)
+        _assert_same_as_generate(hyps, hf, gc.eos_token_id, gc.pad_token_id)
+        if isinstance(procs[0], NoRepeatNGramLogitsProcessor):  # the rule did act
+            assert [h.tokens for h in hyps] != [h.tokens for h in plain]
+
+
+def test_exact_mode_under_a_focus_vocabulary_equals_brute_force():
+    """FAME composes with exact search: the mode of a FAME model restricted to V_k ∪ F (focus
+    decoding's processor) equals the best sequence over those tokens by enumeration."""
+    from gencraft.focus import FocusConfig, FocusForConditionalGeneration, FocusLogitsProcessor
+
+    base = small_llama(3, vocab=6)
+    torch.manual_seed(3)
+    fame = FocusForConditionalGeneration(base, FocusConfig(), frequent_ids=torch.tensor([1]))
+    with torch.no_grad():
+        for p in fame.head.parameters():
+            p.normal_(0, 1.0)
+    fame.eval()
+    allowed = torch.tensor([2, 4])  # V_k; F = {1}; EOS = 0 always allowed
+    proc = FocusLogitsProcessor([torch.tensor([1, 2, 4])], always_allowed={0})
+    ids = torch.tensor([PROMPT])
+    r = exact_mode(fame, ids, max_new_tokens=3, logits_processor=[proc])
+    span = torch.arange(len(PROMPT) + 4) < len(PROMPT)
+    best, arg = -math.inf, None
+    for n in range(4):
+        for seq in itertools.product([1, *allowed.tolist()], repeat=n):
+            full = torch.tensor([[*PROMPT, *seq, 0]])
+            with torch.no_grad():
+                out = fame(input_ids=full, source_mask=span[: full.shape[1]][None])
+            lp = torch.log_softmax(out.logits[0].double(), -1)
+            s = sum(lp[len(PROMPT) - 1 + i, t].item() for i, t in enumerate([*seq, 0]))
+            if s > best:
+                best, arg = s, list(seq)
+    assert r.exact and r.tokens == arg and r.log_prob == pytest.approx(best, abs=1e-4)
+    assert set(r.tokens) <= {1, 2, 4}
+
+
+def test_exact_mode_refuses_processors_that_raise_scores():
+    class Boost:
+        def __call__(self, input_ids, scores):
+            return scores + 1.0
+
+    model = small_llama(0)
+    with pytest.raises(GencraftError, match="processed scores <= 0"):
+        exact_mode(model, torch.tensor([PROMPT]), max_new_tokens=2, logits_processor=[Boost()])

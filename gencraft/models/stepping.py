@@ -161,6 +161,13 @@ class HFStepper:
                 return self.custom(tokens, cache, start=False, hidden=self.hidden)
         return self._forward(tokens, cache)
 
+    def prefix_ids(self) -> torch.Tensor:
+        """[1, P0]: what precedes the generated tokens in ``generate``'s ``input_ids`` (the
+        prompt of a causal LM; the decoder start token of an encoder-decoder)."""
+        if self.is_ed:
+            return torch.tensor([[decoder_start_id(self.hf)]], device=self.device)
+        return self.input_ids
+
     def reorder(self, cache: Any, index: torch.Tensor) -> Any:
         """Rows ``index`` [N'] of ``cache`` (repeats allowed), as a cache of N' rows."""
         cache.reorder_cache(index.to(self.device))

@@ -25,6 +25,7 @@ accumulated into the running score S. Only the top-``k`` continuations of each l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
@@ -108,6 +109,7 @@ def beam_search(
     finished: Literal["aside", "on_beam"] = "aside",
     force_length: int | None = None,
     forced_eos: Literal["model", "free"] = "model",
+    logits_processor: Sequence[Any] | None = None,
 ) -> list[Hypothesis]:
     """Beam search for one input; returns up to ``num_beams`` hypotheses, best first.
 
@@ -127,6 +129,10 @@ def beam_search(
             log P(EOS | x_{1:n}), so an output that cannot end there (a cut sentence) pays for
             it, as in the thesis's reported likelihoods; ``"free"``: log 1 = 0 (its Alg. 1 at
             the maximum length), which makes every prefix of length n a complete output.
+        logits_processor: ``transformers`` ``LogitsProcessor``s (e.g. FAME's focus vocabulary),
+            applied to each step's log-probabilities [B, V] with the hypotheses' ids so far
+            [B, prompt + t] (the decoder start for encoder-decoders), as ``generate`` applies
+            them in beam search (no renormalisation by the search).
     """
     if num_beams < 1:
         raise GencraftError(f"num_beams must be >= 1, got {num_beams}")
@@ -162,6 +168,7 @@ def beam_search(
         finished,
         force_length,
         forced_eos,
+        list(logits_processor or []),
     )
     return search.run()
 
@@ -179,11 +186,25 @@ class _BeamSearch:
         policy: str,
         force_length: int | None,
         forced_eos: str = "model",
+        processors: list[Any] | None = None,
     ) -> None:
         self.s, self.b, self.max_new, self.clf = stepper, b, max_new, clf
         self.k, self.alpha, self.policy, self.force_length = k, alpha, policy, force_length
         self.forced_eos = forced_eos
         self.eos = torch.tensor(eos)
+        self.processors = processors or []
+        prefix = getattr(stepper, "prefix_ids", None)
+        self.prefix = prefix() if callable(prefix) else torch.zeros(1, 0, dtype=torch.long)
+
+    def _process(self, logp: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Apply the logits processors: ``rows`` [B, t] generated ids of each hypothesis."""
+        if not self.processors:
+            return logp
+        prefix = self.prefix.to(rows.device).expand(rows.shape[0], -1)
+        ids = torch.cat([prefix, rows], dim=1)
+        for proc in self.processors:
+            logp = proc(ids, logp)
+        return logp
 
     def _transform(self, logp: torch.Tensor, t: int) -> torch.Tensor:
         """Length forcing (thesis 7.4): no EOS before step n (renormalised), only EOS at n."""
@@ -259,6 +280,7 @@ class _BeamSearch:
         eos = self.eos.to(dev)
         done: list[_Finished] = []
         for t in range(self.max_new):
+            logp = self._process(logp, tokens)
             logp = self._transform(logp, t)
             sel, unc, cond, beam, tok, cstate = self._candidates(logp, scores, hidden, cstate)
             n_keep = min(2 * b, sel.numel())
@@ -315,6 +337,11 @@ class _BeamSearch:
         beams = [_Slot() for _ in range(b)]
         for t in range(self.max_new):
             live = [i for i in range(b) if not beams[i].done]
+            width = max(len(bm.tokens) for bm in beams)
+            rows = torch.tensor(
+                [[0] * (width - len(bm.tokens)) + bm.tokens for bm in beams], dtype=torch.long
+            ).view(b, width)
+            logp = self._process(logp, rows.to(logp.device))
             logp = self._transform(logp, t)
             sel, unc, cond, beam, tok, cstate = self._candidates(logp, scores, hidden, cstate)
             keep = torch.isin(beam, torch.tensor(live, device=dev))

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +90,7 @@ def exact_mode(
     length: int | None = None,
     max_nodes: int | None = None,
     initial: list[int] | None = None,
+    logits_processor: Sequence[Any] | None = None,
 ) -> ModeResult:
     """The most probable output of ``model`` for one input, found by DFS with pruning.
 
@@ -103,6 +105,10 @@ def exact_mode(
         initial: a complete output (tokens before EOS; e.g. beam search's) whose
             log-probability seeds the pruning bound (the thesis does not say whether it starts
             from one; default: no bound). Its scoring steps count as nodes.
+        logits_processor: ``LogitsProcessor``s applied to each node's log-probabilities
+            (e.g. FAME's focus vocabulary): the search finds the mode of the processed
+            distribution. Pruning needs scores that never increase along a path, so processed
+            values must stay <= 0 (masking and renormalising do); anything else is refused.
     """
     if max_new_tokens < 0:
         raise GencraftError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -121,7 +127,11 @@ def exact_mode(
                 f"initial must be at most max_new_tokens={max_new_tokens} tokens (exactly "
                 f"length={length} with length), inside the vocabulary and without EOS"
             )
-    return _DFS(stepper, eos, max_new_tokens, length, max_nodes).run(initial)
+    search = _DFS(stepper, eos, max_new_tokens, length, max_nodes)
+    search.processors = list(logits_processor or [])
+    prefix = getattr(stepper, "prefix_ids", None)
+    search.prefix = prefix() if callable(prefix) else torch.zeros(1, 0, dtype=torch.long)
+    return search.run(initial)
 
 
 class _DFS:
@@ -141,15 +151,36 @@ class _DFS:
         self.nodes = 0
         self.kept = 0  # bytes of rebuilt full caches held by nodes on the current path
         self.peak = 0
+        self.processors: list[Any] = []
+        self.prefix = torch.zeros(1, 0, dtype=torch.long)
+
+    def _process(self, logp: torch.Tensor, prefix: list[int]) -> torch.Tensor:
+        """The processed log-probabilities [V] (float64) after ``prefix``."""
+        if not self.processors:
+            return logp
+        ids = torch.cat([self.prefix.cpu(), torch.tensor([prefix], dtype=torch.long)], dim=1)
+        scores = logp.float()[None]
+        for proc in self.processors:
+            scores = proc(ids.to(scores.device), scores)
+        out = scores[0].double()
+        finite = out[torch.isfinite(out)]
+        if finite.numel() and float(finite.max()) > 1e-6:
+            raise GencraftError(
+                "exact search needs processed scores <= 0 (log-probabilities, masked or "
+                "renormalised) for its pruning; a logits processor returned "
+                f"{float(finite.max()):.3g}"
+            )
+        return out
 
     def _seed(self, initial: list[int], log_probs: torch.Tensor, root: list) -> None:
         """Score ``initial`` + EOS along one path (a copy of the root cache) as the bound."""
         cache, lp, score = _rebuild([root], self.cross), log_probs[0].double(), 0.0
-        for t in initial:
+        lp = self._process(lp, [])
+        for i, t in enumerate(initial):
             score += lp[t].item()
             out = self.s.step(torch.tensor([t]), cache)
             self.nodes += 1
-            lp, cache = out.log_probs[0].double(), out.cache
+            lp, cache = self._process(out.log_probs[0].double(), initial[: i + 1]), out.cache
         self.best = score + torch.logsumexp(lp[self.eos], dim=0).item()
         self.best_tokens = list(initial)
 
@@ -184,6 +215,7 @@ class _DFS:
         first), ``path_bytes`` their size."""
         # held now: the slices on the path, the kept caches above, and this full cache
         self.peak = max(self.peak, path_bytes + self.kept + _nbytes(_kv(cache)))
+        logp = self._process(logp, prefix)
         depth = len(prefix)
         eos_lp = torch.logsumexp(logp[self.eos], dim=0).item()
         if (self.length is None or depth == self.length) and score + eos_lp > self.best:
