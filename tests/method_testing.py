@@ -26,8 +26,8 @@ from gencraft.search import beam_search, exact_mode
 PROMPT = [1, 3, 4]
 
 
-def small_llama(seed: int, vocab: int = 5) -> LlamaForCausalLM:
-    """A random Llama over ``vocab`` ids with peaky distributions, EOS = 0, GQA."""
+def small_llama(seed: int, vocab: int = 6, context: int = 64) -> LlamaForCausalLM:
+    """A random Llama over ``vocab`` ids with peaky distributions (large init), EOS = 0, GQA."""
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=vocab,
@@ -36,7 +36,7 @@ def small_llama(seed: int, vocab: int = 5) -> LlamaForCausalLM:
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
-        max_position_embeddings=64,
+        max_position_embeddings=context,
         eos_token_id=0,
         bos_token_id=1,
         pad_token_id=0,

@@ -18,7 +18,7 @@ class FocusCase(MethodCase):
     name = "focus"
 
     def make(self, seed):
-        base = small_llama(seed)
+        base = small_llama(seed, vocab=5)
         torch.manual_seed(seed + 100)
         model = FocusForConditionalGeneration(
             base, FocusConfig(freeze_base=True), frequent_ids=torch.tensor([1])
@@ -57,7 +57,7 @@ class PointerCase(MethodCase):
     name = "pointer-head"
 
     def make(self, seed):
-        base = small_llama(seed)
+        base = small_llama(seed, vocab=5)
         torch.manual_seed(seed + 100)
         head = PointerSentinelHead(base, window=4, base_name_or_path="small-llama")
         with torch.no_grad():
@@ -99,7 +99,7 @@ class ClassifierCase(MethodCase):
     name = "search-classifier"
 
     def make(self, seed):
-        base = small_llama(seed)
+        base = small_llama(seed, vocab=5)
         base.requires_grad_(False)
         torch.manual_seed(seed + 100)
         clf = classifier_for(base, "degenerate", d_clf=8, num_heads=2, d_out=4, mlp_hidden=8)

@@ -9,32 +9,14 @@ from typing import ClassVar
 
 import pytest
 import torch
-from transformers import BartConfig, BartForConditionalGeneration, LlamaConfig, LlamaForCausalLM
+from method_testing import small_llama
+from transformers import BartConfig, BartForConditionalGeneration
 
 from gencraft.errors import GencraftError
 from gencraft.models import load_model
 from gencraft.search import StepOutput, beam_search, exact_mode
 
 PROMPT = [1, 3, 4]
-
-
-def small_llama(seed: int, vocab: int = 6, context: int = 64) -> LlamaForCausalLM:
-    """A random Llama over ``vocab`` ids with peaky distributions (large init), EOS = 0."""
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=context,
-        eos_token_id=0,
-        bos_token_id=1,
-        pad_token_id=0,
-        initializer_range=0.5,
-    )
-    return LlamaForCausalLM(cfg).eval()
 
 
 def small_bart(seed: int, vocab: int = 6) -> BartForConditionalGeneration:

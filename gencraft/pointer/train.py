@@ -43,7 +43,7 @@ from gencraft.training import (
     tbptt_schedule,
     write_json,
 )
-from gencraft.training.checkpoint import CHECKPOINT_DIR
+from gencraft.training.checkpoint import CHECKPOINT_DIR, budget_reason
 
 
 def _detach(state: Any) -> Any:
@@ -360,13 +360,15 @@ class PointerTrainer:
         cfg = self.config
         if self.early_stopped:
             return "early_stop"
-        if cfg.max_steps is not None and self.global_step >= cfg.max_steps:
-            return "max_steps"
-        if cfg.max_time is not None and self.train_time + self.eval_time >= cfg.max_time:
-            return "max_time"
-        if self.epoch >= cfg.max_epochs:
-            return "max_epochs"
-        return None
+        return budget_reason(
+            step=self.global_step,
+            seconds=self.train_time + self.eval_time,
+            epoch=self.epoch,
+            max_steps=cfg.max_steps,
+            max_time=cfg.max_time,
+            max_epochs=cfg.max_epochs,
+            epochs_name="max_epochs",
+        )
 
     def train(self, resume: bool = True, restart: bool = False) -> list[dict[str, Any]]:
         """Train until a budget runs out or validation stops improving; returns the history.

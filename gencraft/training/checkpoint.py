@@ -82,6 +82,28 @@ class InterruptGuard:
             self._previous = None
 
 
+def budget_reason(
+    *,
+    step: int,
+    seconds: float,
+    epoch: int,
+    max_steps: int | None,
+    max_time: float | None,
+    max_epochs: int,
+    epochs_name: str = "epochs",
+) -> str | None:
+    """Which budget has run out (``max_steps``: optimizer steps; ``max_time``: seconds of
+    training and validation; ``epochs_name``: passes over the data), or None: the one meaning
+    every trainer gives its budgets."""
+    if max_steps is not None and step >= max_steps:
+        return "max_steps"
+    if max_time is not None and seconds >= max_time:
+        return "max_time"
+    if epoch >= max_epochs:
+        return epochs_name
+    return None
+
+
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The parameters that train (``requires_grad``), detached on the CPU: what a checkpoint
     must keep; a frozen base is rebuilt from its name."""

@@ -36,6 +36,7 @@ from gencraft.training.checkpoint import (
     Interrupted,
     InterruptGuard,
     RunCheckpoint,
+    budget_reason,
     load_trainable_state,
     resume_command,
     save_directory,
@@ -263,13 +264,14 @@ def fit(
         resumed = True
 
     def budget_left() -> str | None:
-        if cfg.max_steps is not None and st.step >= cfg.max_steps:
-            return "max_steps"
-        if cfg.max_time is not None and st.train_time + st.eval_time >= cfg.max_time:
-            return "max_time"
-        if st.epoch >= cfg.epochs:
-            return "epochs"
-        return None
+        return budget_reason(
+            step=st.step,
+            seconds=st.train_time + st.eval_time,
+            epoch=st.epoch,
+            max_steps=cfg.max_steps,
+            max_time=cfg.max_time,
+            max_epochs=cfg.epochs,
+        )
 
     def save_checkpoint() -> None:
         if ckpt is None:
