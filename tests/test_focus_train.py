@@ -269,3 +269,16 @@ def test_non_utf8_files_are_named(tmp_path, capsys):
     bad.write_bytes(b"caf\xe9\n")
     assert main(["eval", "--predictions", str(bad), "--references", str(bad)]) == 2
     assert f"{bad}: not UTF-8 text" in capsys.readouterr().err
+
+
+def test_eval_warns_when_summaries_are_empty(tmp_path, capsys, monkeypatch):
+    from gencraft.focus import evaluate
+
+    root = tmp_path / "data" / "xsum"
+    root.mkdir(parents=True)
+    rows = [{"id": e.id, "document": e.document, "summary": e.summary} for e in _examples(30)]
+    (root / "xsum-30.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    monkeypatch.setattr(evaluate, "summarize", lambda model, tok, docs, **kw: [[""] for _ in docs])
+    args = ["focus", "eval", "tiny-bart", "--data-dir", str(tmp_path / "data"), "--limit", "2"]
+    assert main([*args, "--no-bertscore", "--quiet"]) == 0
+    assert "2 of 2 summaries are empty" in capsys.readouterr().err
