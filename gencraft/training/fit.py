@@ -209,7 +209,8 @@ def fit(
         save_fn: ``save_fn(model, directory)`` writes a loadable model (``best/``, ``last/``);
             default: nothing but the checkpoint.
         settings: what defines the run, compared on resume (the config is added).
-        resume / restart: continue from ``output_dir/checkpoint`` / start over (removing it).
+        resume / restart: continue from ``output_dir/checkpoint`` (default) / start over,
+            removing the earlier run's checkpoint and results (``resume=False`` does the same).
         on_step: called after every optimizer step with ``(step, batch)``.
     Returns a :class:`FitResult`. Raises :class:`Interrupted` after saving on Ctrl-C.
     """
@@ -221,9 +222,9 @@ def fit(
     fit_settings = {k: v for k, v in asdict(cfg).items() if k not in ("save_every",)}
     ckpt = RunCheckpoint(out, {**(settings or {}), **fit_settings}) if out is not None else None
     if ckpt is not None and acc.is_main_process:
-        if restart:
+        if restart or not resume:  # start over (as PointerTrainer.train(resume=False))
             ckpt.clear()
-        elif not resume or not ckpt.exists():
+        elif not ckpt.exists():
             ckpt.check_fresh_output()
     acc.wait_for_everyone()
 
