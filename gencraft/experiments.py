@@ -22,12 +22,13 @@ import json
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from gencraft.config import option
 from gencraft.errors import GencraftError
 from gencraft.training.state import write_json
 
@@ -228,8 +229,5 @@ def reproduce(
     return run.write_report(time.perf_counter() - t0)
 
 
-def settings_field(default: Any, help: str, **kw: Any) -> Any:
-    """A settings-dataclass field with its help text (the CLI flag's)."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
+#: a settings-dataclass field with its help text (the CLI flag's)
+settings_field = option
