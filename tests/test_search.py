@@ -524,9 +524,11 @@ def test_exact_mode_under_a_focus_vocabulary_equals_brute_force():
         for p in fame.head.parameters():
             p.normal_(0, 1.0)
     fame.eval()
-    allowed = torch.tensor([2, 4])  # V_k; F = {1}; EOS = 0 always allowed
-    proc = FocusLogitsProcessor([torch.tensor([1, 2, 4])], always_allowed={0})
+    allowed = torch.tensor([2, 3])  # V_k; F = {1}; EOS = 0 always allowed
+    proc = FocusLogitsProcessor([torch.tensor([1, 2, 3])], always_allowed={0})
     ids = torch.tensor([PROMPT])
+    free = exact_mode(fame, ids, max_new_tokens=3)
+    assert 4 in free.tokens  # the unrestricted mode leaves V_k ∪ F: the restriction matters
     r = exact_mode(fame, ids, max_new_tokens=3, logits_processor=[proc])
     span = torch.arange(len(PROMPT) + 4) < len(PROMPT)
     best, arg = -math.inf, None
@@ -540,7 +542,7 @@ def test_exact_mode_under_a_focus_vocabulary_equals_brute_force():
             if s > best:
                 best, arg = s, list(seq)
     assert r.exact and r.tokens == arg and r.log_prob == pytest.approx(best, abs=1e-4)
-    assert set(r.tokens) <= {1, 2, 4}
+    assert set(r.tokens) <= {1, 2, 3}
 
 
 def test_exact_mode_refuses_processors_that_raise_scores():
