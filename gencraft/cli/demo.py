@@ -227,8 +227,8 @@ parameters), then both are scored on WikiText-2 valid.""",
     valid_ids = tok(corpus.text("valid", 3_000), return_tensors="pt")["input_ids"][0]
     valid = [valid_ids[i : i + 256] for i in range(0, valid_ids.numel() - 256, 256)]
 
-    def loss_fn(m, batch):
-        return m(torch.stack(batch) if isinstance(batch, list) else batch).loss
+    def loss_fn(m, batch):  # batch: [B, 128] token ids (collate_fn=torch.stack)
+        return m(batch).loss
 
     result = fit(
         head,

@@ -15,7 +15,6 @@ from torch import nn
 from gencraft.errors import GencraftError
 from gencraft.models.attention import (
     READABLE,
-    AttentionCall,
     Observer,
     attach,
     attention_sites,
@@ -24,11 +23,9 @@ from gencraft.models.attention import (
 
 
 class FocusCapture(Observer):
-    """Keeps the probabilities of every call of the module it is attached to in ``probs``
-    (the caller clears it)."""
-
-    def observe(self, probs: torch.Tensor, call: AttentionCall) -> None:
-        self.probs.append(probs)
+    """The shared :class:`~gencraft.models.attention.Observer` under FAME's name: keeps the
+    probabilities of every call of the module it is attached to in ``probs`` (the caller
+    clears it)."""
 
 
 def find_attention_module(model: nn.Module, kind: str) -> tuple[str, nn.Module]:

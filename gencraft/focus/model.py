@@ -36,6 +36,7 @@ from gencraft.focus.config import FocusConfig
 from gencraft.focus.decoding import FocusLogitsProcessor, focus_vocabulary
 from gencraft.focus.head import FocusHead
 from gencraft.focus.topic import topic_loss
+from gencraft.models.introspect import special_ids
 from gencraft.models.persistence import load_base, read_head, save_head
 
 FOCUS_CONFIG = "focus_config.json"
@@ -387,13 +388,7 @@ class FocusForConditionalGeneration(nn.Module):
 
     def special_ids(self) -> set[int]:
         """EOS/PAD/decoder-start ids of the base: always allowed by focus decoding."""
-        gc = getattr(self.base, "generation_config", None)
-        ids: set[int] = set()
-        for src in (gc, self.base.config):
-            for name in ("eos_token_id", "pad_token_id", "decoder_start_token_id"):
-                v = getattr(src, name, None) if src is not None else None
-                ids.update([v] if isinstance(v, int) else list(v or []))
-        return ids
+        return special_ids(self.base)
 
     @torch.no_grad()
     def generate(

@@ -364,7 +364,7 @@ def _original_fn(module: nn.Module) -> Callable:
     return _model_eager(module) if impl == "eager" else ALL_ATTENTION_FUNCTIONS[impl]
 
 
-def additive_mask(
+def allowed_mask(
     mask: torch.Tensor | None, t: int, s: int, causal: bool, device: torch.device
 ) -> torch.Tensor | None:
     """The model's mask as bool "allowed" [B|1, 1|n, T, S] (None = all allowed): a bool mask as
@@ -395,6 +395,7 @@ def _probs(
     extra_allowed: torch.Tensor | None = None,
     n_extra: int = 0,
 ) -> torch.Tensor:
+    # extra_allowed is given whenever n_extra > 0
     """normalize(q kᵀ · scaling + position_bias, allowed) in float32 [B, n, T, S]."""
     groups = query.shape[1] // key.shape[1]
     if groups > 1:
@@ -407,20 +408,14 @@ def _probs(
     if bias is not None:  # T5: covers the real keys only; extra columns get no bias
         bias = bias.float()[..., -(s - n_extra) :]
         scores = torch.cat([scores[..., :n_extra], scores[..., n_extra:] + bias], dim=-1)
-    allowed = additive_mask(mask, t, s - n_extra, _is_causal(module, kwargs), scores.device)
+    allowed = allowed_mask(mask, t, s - n_extra, _is_causal(module, kwargs), scores.device)
     if n_extra:
         real = (
             allowed
             if allowed is not None
             else torch.ones(1, 1, t, s - n_extra, dtype=torch.bool, device=scores.device)
         )
-        extra = (
-            extra_allowed
-            if extra_allowed is not None
-            else torch.ones(1, 1, t, n_extra, dtype=torch.bool, device=scores.device)
-        )
-        if extra.dim() == 3:
-            extra = extra[:, None]
+        extra = extra_allowed  # [B|1, 1|n, T, P], built by gencraft_attention
         shape = (max(real.shape[0], extra.shape[0]), max(real.shape[1], extra.shape[1]), t)
         allowed = torch.cat([extra.expand(*shape, n_extra), real.expand(*shape, s - n_extra)], -1)
     neg = torch.finfo(scores.dtype).min

@@ -62,11 +62,14 @@ def build_inputs(
     chat: bool | None = None,
     max_input_tokens: int | None = None,
     left: bool = True,
+    pad_token_id: int | None = None,
 ) -> dict:
     """Tokenise ``prompts`` as one padded batch (``input_ids``/``attention_mask`` [B, T]) with
     the shared prompt encoder and pad rule (:mod:`gencraft.models.prompts`): each prompt one
     user turn (chat template when the tokenizer has one, ``chat=None``); padded on the left for
-    a causal LM to continue (``left=False`` for an encoder's input)."""
+    a causal LM to continue (``left=False`` for an encoder's input). ``pad_token_id``: default
+    the tokenizer's, else its EOS (``generate_text`` passes
+    :func:`gencraft.models.introspect.pad_id`)."""
     from gencraft.models.prompts import encode_user_turn, pad_batch
 
     if isinstance(prompts, str) or not prompts:
@@ -80,7 +83,11 @@ def build_inputs(
         if max_input_tokens is not None:
             ids = ids[-max_input_tokens:] if left else ids[:max_input_tokens]
         rows.append({"input_ids": ids})
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = pad_token_id
+    if pad is None:
+        pad = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
     return pad_batch(rows, pad if pad is not None else 0, left=left)
 
 
@@ -100,7 +107,12 @@ def generate_text(
     ``generate_kw`` goes to ``model.generate`` (``max_new_tokens``, ``num_beams``,
     ``do_sample``, ``top_k``, ``top_p``, ``logits_processor``...). ``seed`` seeds sampling.
     """
-    from gencraft.models.introspect import context_size, encoder_context_size, is_encoder_decoder
+    from gencraft.models.introspect import (
+        context_size,
+        encoder_context_size,
+        is_encoder_decoder,
+        pad_id,
+    )
 
     lm_head = getattr(model, "get_output_embeddings", lambda: None)()
     if not callable(getattr(model, "generate", None)) or lm_head is None:
@@ -115,6 +127,7 @@ def generate_text(
         chat=chat,
         max_input_tokens=max_input_tokens,
         left=not is_encoder_decoder(model),
+        pad_token_id=pad_id(model, tokenizer),
     )
     enc = {k: v.to(model.device) for k, v in enc.items()}
     n_in, n_new = enc["input_ids"].shape[1], int(generate_kw.get("max_new_tokens") or 20)
@@ -134,7 +147,7 @@ def generate_text(
         )
     if seed is not None:
         torch.manual_seed(seed)
-    generate_kw.setdefault("pad_token_id", tokenizer.pad_token_id)
+    generate_kw.setdefault("pad_token_id", pad_id(model, tokenizer))
     out = model.generate(**enc, **generate_kw)
     if not model.config.is_encoder_decoder:
         out = out[:, enc["input_ids"].shape[1] :]  # drop the (left-padded) prompt

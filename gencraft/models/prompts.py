@@ -6,7 +6,8 @@
 * :func:`pad_batch`: rows of token-id lists -> padded tensors and ``attention_mask``. The pad
   rule: **left** padding for inputs a causal LM continues (generation), **right** padding for
   everything else (encoder inputs, teacher-forced training rows); ``labels`` are padded with
-  -100, any other field with 0; the pad id is :func:`gencraft.models.introspect.pad_id`.
+  -100, any other field with 0; the pad id comes from
+  :func:`gencraft.models.introspect.pad_id` (the tokenizer's, else the model's, else EOS).
 """
 
 from __future__ import annotations

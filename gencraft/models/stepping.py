@@ -197,3 +197,27 @@ def resolve(
     if any(not 0 <= e < stepper.vocab_size for e in eos):
         raise GencraftError(f"eos_token_id {eos} outside the vocabulary [0, {stepper.vocab_size})")
     return stepper, eos
+
+
+class ProcessorChain:
+    """``LogitsProcessor``s applied to a search's step scores as ``generate`` applies them:
+    to the log-probabilities [N, V] with the ids each hypothesis would have in ``generate``'s
+    ``input_ids`` (the stepper's :meth:`~HFStepper.prefix_ids`, then the generated tokens)."""
+
+    def __init__(self, stepper: Stepper, processors: Any = None) -> None:
+        self.processors = list(processors or [])
+        prefix = getattr(stepper, "prefix_ids", None)
+        self.prefix = prefix() if callable(prefix) else torch.zeros(1, 0, dtype=torch.long)
+
+    def __bool__(self) -> bool:
+        return bool(self.processors)
+
+    def __call__(self, scores: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
+        """``scores`` [N, V], ``generated`` [N, t] -> processed scores [N, V]."""
+        if not self.processors:
+            return scores
+        prefix = self.prefix.to(generated.device).expand(generated.shape[0], -1)
+        ids = torch.cat([prefix, generated.to(prefix.device)], dim=1)
+        for proc in self.processors:
+            scores = proc(ids.to(scores.device), scores)
+        return scores

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
+from gencraft.models.stepping import ProcessorChain
 from gencraft.search.stepper import Stepper, resolve
 
 NEG = -1.0e9  # transformers' "impossible" score; kept so that ties break as there
@@ -192,19 +193,7 @@ class _BeamSearch:
         self.k, self.alpha, self.policy, self.force_length = k, alpha, policy, force_length
         self.forced_eos = forced_eos
         self.eos = torch.tensor(eos)
-        self.processors = processors or []
-        prefix = getattr(stepper, "prefix_ids", None)
-        self.prefix = prefix() if callable(prefix) else torch.zeros(1, 0, dtype=torch.long)
-
-    def _process(self, logp: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Apply the logits processors: ``rows`` [B, t] generated ids of each hypothesis."""
-        if not self.processors:
-            return logp
-        prefix = self.prefix.to(rows.device).expand(rows.shape[0], -1)
-        ids = torch.cat([prefix, rows], dim=1)
-        for proc in self.processors:
-            logp = proc(ids, logp)
-        return logp
+        self.process = ProcessorChain(stepper, processors)
 
     def _transform(self, logp: torch.Tensor, t: int) -> torch.Tensor:
         """Length forcing (thesis 7.4): no EOS before step n (renormalised), only EOS at n."""
@@ -280,7 +269,7 @@ class _BeamSearch:
         eos = self.eos.to(dev)
         done: list[_Finished] = []
         for t in range(self.max_new):
-            logp = self._process(logp, tokens)
+            logp = self.process(logp, tokens)
             logp = self._transform(logp, t)
             sel, unc, cond, beam, tok, cstate = self._candidates(logp, scores, hidden, cstate)
             n_keep = min(2 * b, sel.numel())
@@ -341,7 +330,7 @@ class _BeamSearch:
             rows = torch.tensor(
                 [[0] * (width - len(bm.tokens)) + bm.tokens for bm in beams], dtype=torch.long
             ).view(b, width)
-            logp = self._process(logp, rows.to(logp.device))
+            logp = self.process(logp, rows)
             logp = self._transform(logp, t)
             sel, unc, cond, beam, tok, cstate = self._candidates(logp, scores, hidden, cstate)
             keep = torch.isin(beam, torch.tensor(live, device=dev))

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
+from gencraft.models.stepping import ProcessorChain
 from gencraft.search.stepper import Stepper, resolve
 
 
@@ -127,11 +128,8 @@ def exact_mode(
                 f"initial must be at most max_new_tokens={max_new_tokens} tokens (exactly "
                 f"length={length} with length), inside the vocabulary and without EOS"
             )
-    search = _DFS(stepper, eos, max_new_tokens, length, max_nodes)
-    search.processors = list(logits_processor or [])
-    prefix = getattr(stepper, "prefix_ids", None)
-    search.prefix = prefix() if callable(prefix) else torch.zeros(1, 0, dtype=torch.long)
-    return search.run(initial)
+    process = ProcessorChain(stepper, logits_processor)
+    return _DFS(stepper, eos, max_new_tokens, length, max_nodes, process).run(initial)
 
 
 class _DFS:
@@ -142,8 +140,9 @@ class _DFS:
         max_new: int,
         length: int | None,
         max_nodes: int | None,
+        process: ProcessorChain,
     ) -> None:
-        self.s, self.eos, self.max_new = stepper, eos, max_new
+        self.s, self.eos, self.max_new, self.process = stepper, eos, max_new, process
         self.length, self.max_nodes = length, max_nodes
         self.eos_set = set(eos)
         self.best = -math.inf
@@ -151,18 +150,13 @@ class _DFS:
         self.nodes = 0
         self.kept = 0  # bytes of rebuilt full caches held by nodes on the current path
         self.peak = 0
-        self.processors: list[Any] = []
-        self.prefix = torch.zeros(1, 0, dtype=torch.long)
 
     def _process(self, logp: torch.Tensor, prefix: list[int]) -> torch.Tensor:
         """The processed log-probabilities [V] (float64) after ``prefix``."""
-        if not self.processors:
+        if not self.process:
             return logp
-        ids = torch.cat([self.prefix.cpu(), torch.tensor([prefix], dtype=torch.long)], dim=1)
-        scores = logp.float()[None]
-        for proc in self.processors:
-            scores = proc(ids.to(scores.device), scores)
-        out = scores[0].double()
+        out = self.process(logp.float()[None], torch.tensor([prefix], dtype=torch.long))[0]
+        out = out.double()
         finite = out[torch.isfinite(out)]
         if finite.numel() and float(finite.max()) > 1e-6:
             raise GencraftError(
