@@ -184,3 +184,44 @@ def test_full_vocabulary_focus_equals_plain_decoding(name):
         **enc, max_new_tokens=8, num_beams=3, logits_processor=[FocusLogitsProcessor([everything])]
     )
     assert torch.equal(plain, focused)
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_beam_scores_are_log_probabilities_over_the_focus_vocabulary(renormalize):
+    """FAME eq. 5 under beam search: with length_penalty=0 a beam's score is the sum of its
+    tokens' log-probabilities re-normalised over V_k ∪ F (renormalize=False: unrestricted)."""
+    model, tok = load_model("tiny-llama")
+    enc = tok(["the cat sat on"], return_tensors="pt")
+    eos = tok.eos_token_id
+    allowed = focus_vocabulary(torch.randn(len(tok), generator=torch.Generator().manual_seed(3)), 9)
+    proc = FocusLogitsProcessor([allowed], always_allowed={eos}, renormalize=renormalize)
+    out = model.generate(
+        **enc,
+        max_new_tokens=6,
+        num_beams=3,
+        num_return_sequences=3,
+        length_penalty=0.0,
+        do_sample=False,
+        logits_processor=[proc],
+        return_dict_in_generate=True,
+        output_scores=True,
+        pad_token_id=eos,
+    )
+    n = enc["input_ids"].shape[1]
+    keep = torch.zeros(len(tok), dtype=torch.bool)
+    keep[allowed] = True
+    keep[eos] = True
+    for seq, score in zip(out.sequences, out.sequences_scores, strict=True):
+        new = seq[n:].tolist()
+        if eos in new:
+            new = new[: new.index(eos) + 1]
+        ids = torch.tensor([enc["input_ids"][0].tolist() + new])
+        with torch.no_grad():
+            logits = model(ids).logits[0, n - 1 : -1].float()  # [len(new), V]
+        full = logits.log_softmax(-1)
+        restricted = logits.masked_fill(~keep, float("-inf")).log_softmax(-1)
+        tgt = torch.tensor(new)[:, None]
+        want = (restricted if renormalize else full).gather(1, tgt).sum()
+        other = (full if renormalize else restricted).gather(1, tgt).sum()
+        assert float(score) == pytest.approx(float(want), abs=1e-4)
+        assert abs(float(score) - float(other)) > 1e-2

@@ -108,6 +108,43 @@ def test_training_lowers_validation_loss_and_saves_loadable_models(cfg, tmp_path
     assert len(history) == 3
 
 
+def test_best_checkpoint_by_validation_rouge_l(tmp_path):
+    """select_by="rougeL" (the paper's Appendix A): best/ is the epoch with the highest ROUGE-L
+    of beam-searched validation summaries, and reloading it gives that ROUGE-L again."""
+    from gencraft.metrics import rouge
+
+    base, tok = load_model("tiny-bart")
+    data = _examples(12)
+    config = FocusTrainConfig(
+        epochs=6,
+        batch_size=4,
+        frequent_size=3,
+        lr=1e-2,
+        warmup=0.0,
+        select_by="rougeL",
+        select_docs=4,
+        select_beams=2,
+        max_target=12,
+    )
+    trainer = FocusTrainer(base, tok, data, data[:4], config, tmp_path, progress=False)
+    trainer.train()
+    scores = [h["valid_rougeL"] for h in trainer.history]
+    assert all("valid_loss" in h for h in trainer.history)
+    chosen = max(i for i, h in enumerate(trainer.history) if h["best"])
+    assert scores[chosen] == max(scores) and scores.index(max(scores)) == chosen
+    losses = [h["valid_loss"] for h in trainer.history]
+    assert chosen != losses.index(min(losses))  # this run's two rules disagree
+    model, tok2 = load_summarizer(str(tmp_path / "best"))
+    again = summarize(
+        model, tok2, [d.document for d in data[:4]], num_beams=2, max_new_tokens=12, progress=False
+    )
+    assert rouge([s[0] for s in again], [d.summary for d in data[:4]])["rougeL"] == pytest.approx(
+        max(scores)
+    )
+    with pytest.raises(GencraftError, match="select_by"):
+        FocusTrainConfig(select_by="bleu")
+
+
 def test_train_config_and_summarize_errors():
     with pytest.raises(GencraftError, match="needs focus"):
         FocusTrainConfig(focus=False, freeze_base=True)

@@ -512,9 +512,11 @@ def test_beam_search_with_logits_processors_equals_generate(name):
             assert [h.tokens for h in hyps] != [h.tokens for h in plain]
 
 
-def test_exact_mode_under_a_focus_vocabulary_equals_brute_force():
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_exact_mode_under_a_focus_vocabulary_equals_brute_force(renormalize):
     """FAME composes with exact search: the mode of a FAME model restricted to V_k ∪ F (focus
-    decoding's processor) equals the best sequence over those tokens by enumeration."""
+    decoding's processor, masked only or re-normalised over the set) equals the best sequence
+    over those tokens by enumeration."""
     from gencraft.focus import FocusConfig, FocusForConditionalGeneration, FocusLogitsProcessor
 
     base = small_llama(3, vocab=6)
@@ -525,7 +527,9 @@ def test_exact_mode_under_a_focus_vocabulary_equals_brute_force():
             p.normal_(0, 1.0)
     fame.eval()
     allowed = torch.tensor([2, 3])  # V_k; F = {1}; EOS = 0 always allowed
-    proc = FocusLogitsProcessor([torch.tensor([1, 2, 3])], always_allowed={0})
+    proc = FocusLogitsProcessor(
+        [torch.tensor([1, 2, 3])], always_allowed={0}, renormalize=renormalize
+    )
     ids = torch.tensor([PROMPT])
     free = exact_mode(fame, ids, max_new_tokens=3)
     assert 4 in free.tokens  # the unrestricted mode leaves V_k ∪ F: the restriction matters
@@ -537,7 +541,10 @@ def test_exact_mode_under_a_focus_vocabulary_equals_brute_force():
             full = torch.tensor([[*PROMPT, *seq, 0]])
             with torch.no_grad():
                 out = fame(input_ids=full, source_mask=span[: full.shape[1]][None])
-            lp = torch.log_softmax(out.logits[0].double(), -1)
+            logits = out.logits[0].double()
+            if renormalize:
+                logits[:, 4:] = -math.inf
+            lp = torch.log_softmax(logits, -1)
             s = sum(lp[len(PROMPT) - 1 + i, t].item() for i, t in enumerate([*seq, 0]))
             if s > best:
                 best, arg = s, list(seq)

@@ -69,6 +69,13 @@ class FocusTrainConfig:
     weight_decay: float = option(0.0, "AdamW weight decay")
     clip: float = option(1.0, "global gradient-norm clip")
     frequent_size: int = option(500, "|F| (paper: 500 for XSum, 1000 for CNN/DM)")
+    select_by: Literal["loss", "rougeL"] = option(
+        "loss",
+        "what picks best/: validation loss, or ROUGE-L of beam-searched validation summaries "
+        "(the paper's Appendix A)",
+    )
+    select_docs: int = option(50, "validation documents summarised for --select-by rougeL")
+    select_beams: int = option(4, "beam size of those summaries")
     mle_weight: float = option(0.5, "λ in λ·MLE + (1 − λ)·topic")
     frequent: Literal["negative", "ignore"] = option(
         "negative", "F as negatives of the topic loss (paper) or ignored"
@@ -83,6 +90,11 @@ class FocusTrainConfig:
             "--freeze-base trains only the FAME head; it needs focus=True",
         )
         positive(self, "batch_size", "grad_accum", "epochs", "frequent_size")
+        positive(self, "select_docs", "select_beams")
+        check(
+            self.select_by in ("loss", "rougeL"),
+            f"select_by must be 'loss' or 'rougeL', got {self.select_by!r}",
+        )
         positive(self, "max_steps", allow_none=True)
         check(
             not (self.precompute and not self.freeze_base),

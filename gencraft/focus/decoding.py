@@ -5,9 +5,13 @@
 * ``focus_top,k``: V_k = the k highest-scoring tokens of T_X.
 * oracle: V_k = the reference summary's tokens.
 
-The restriction is a ``transformers`` ``LogitsProcessor``: disallowed tokens get -inf, i.e. the
-distribution is renormalised over V_k ∪ F (the paper's "0 otherwise" could also be read as
-zeroing without renormalising; under beam search that changes scores, not the argmax of a step).
+The restriction is a ``transformers`` ``LogitsProcessor``: disallowed tokens get -inf and, by
+default, the row is re-normalised with ``log_softmax`` so that it holds log-probabilities over
+V_k ∪ F (eq. 5). This matters under beam search, where ``generate`` applies processors after its
+own ``log_softmax``: without the re-normalisation a beam's score is the sum of the *unrestricted*
+log-probabilities of its tokens (``renormalize=False``, the reading of "0 otherwise" as zeroing
+without renormalising). Greedy search and sampling are unaffected either way (softmax is
+shift-invariant).
 """
 
 from __future__ import annotations
@@ -82,10 +86,16 @@ class FocusLogitsProcessor(LogitsProcessor):
             document into share its set.
         always_allowed: ids allowed in every row whatever the set (the model's special tokens:
             EOS, PAD), so that a hypothesis can always end.
+        renormalize: re-normalise each masked row (``log_softmax``), so that scores are
+            log-probabilities over the allowed set (eq. 5); False only masks.
     """
 
     def __init__(
-        self, allowed_ids: Sequence[torch.Tensor], *, always_allowed: Iterable[int | None] = ()
+        self,
+        allowed_ids: Sequence[torch.Tensor],
+        *,
+        always_allowed: Iterable[int | None] = (),
+        renormalize: bool = True,
     ) -> None:
         if len(allowed_ids) == 0:
             raise ValueError("allowed_ids needs one tensor per batch row")
@@ -94,6 +104,7 @@ class FocusLogitsProcessor(LogitsProcessor):
                 raise ValueError(f"allowed_ids[{i}] must be a non-empty 1-D LongTensor")
         self.allowed_ids = [ids.long() for ids in allowed_ids]
         self.always_allowed = sorted({int(t) for t in always_allowed if t is not None})
+        self.renormalize = renormalize
         self._mask: torch.Tensor | None = None
         self._blocked: torch.Tensor | None = None  # [rows, V], the expanded complement
 
@@ -117,7 +128,13 @@ class FocusLogitsProcessor(LogitsProcessor):
             raise ValueError(f"{rows} score rows cannot be split among {n} documents' allowed sets")
         if self._blocked is None or self._blocked.shape != scores.shape:
             self._blocked = ~self.mask(v, scores.device).repeat_interleave(rows // n, dim=0)
-        return scores.masked_fill(self._blocked.to(scores.device), float("-inf"))
+        masked = scores.masked_fill(self._blocked.to(scores.device), float("-inf"))
+        if not self.renormalize:
+            return masked
+        norm = torch.logsumexp(masked.float(), dim=-1, keepdim=True)
+        # a row another processor already blocked entirely stays -inf (no NaN)
+        norm = torch.where(torch.isfinite(norm), norm, torch.zeros_like(norm))
+        return (masked.float() - norm).to(scores.dtype)
 
 
 def peakiness(topic_logits: torch.Tensor, rank: int = 100) -> tuple[float, float]:

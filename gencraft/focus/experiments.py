@@ -49,6 +49,9 @@ class FocusQualitySettings:
     data: str = settings_field("xsum", "xsum or cnndm")
     seed: int = settings_field(0, "training and sampling seed")
     max_target: int | None = settings_field(None, "summary tokens (default 64 xsum, 128 cnndm)")
+    frequent_size: int | None = settings_field(None, "|F| (default: the paper's 500 xsum, 1000 cnndm)")
+    select_by: str = settings_field("loss", "best checkpoint by validation 'loss' or 'rougeL'")
+    select_docs: int = settings_field(50, "validation documents for select_by rougeL")
     minutes: float = settings_field(30.0, "training budget per system")
     epochs: int = settings_field(20, "epochs at most")
     lr: float = settings_field(1e-4, "learning rate")
@@ -68,6 +71,8 @@ class FocusQualitySettings:
     def __post_init__(self) -> None:
         if self.max_target is None:
             self.max_target = 64 if self.data == "xsum" else 128
+        if self.frequent_size is None:
+            self.frequent_size = 500 if self.data == "xsum" else 1000
 
 
 def _batch(model, tok, docs, max_source, with_labels):
@@ -157,6 +162,9 @@ def quality(args) -> dict:
         max_source=args.max_source,
         max_target=args.max_target,
         seed=args.seed,
+        frequent_size=args.frequent_size,
+        select_by=args.select_by,
+        select_docs=args.select_docs,
     )
     systems = {}
     for name in ("baseline", "fame"):

@@ -381,10 +381,12 @@ class FocusForConditionalGeneration(nn.Module):
         *,
         mode: Literal["sample", "top"] = "sample",
         generator: torch.Generator | None = None,
+        renormalize: bool = True,
     ) -> LogitsProcessor:
         """A logits processor that, at its first call inside ``generate``, builds V_k ∪ F for each
-        document from T_X of the source the model has just read, then restricts every step."""
-        return _LazyFocusProcessor(self, k, mode, generator)
+        document from T_X of the source the model has just read, then restricts every step
+        (re-normalising over V_k ∪ F unless ``renormalize=False``)."""
+        return _LazyFocusProcessor(self, k, mode, generator, renormalize)
 
     def special_ids(self) -> set[int]:
         """EOS/PAD/decoder-start ids of the base: always allowed by focus decoding."""
@@ -400,13 +402,16 @@ class FocusForConditionalGeneration(nn.Module):
         focus_mode: Literal["sample", "top"] = "sample",
         focus_vocabularies: list[torch.Tensor] | None = None,
         focus_seed: int | None = None,
+        focus_renormalize: bool = True,
         **kwargs: Any,
     ) -> Any:
         """``base.generate`` with the focus bias, plus optional focus decoding:
 
         * ``focus_k`` with ``focus_mode="sample"`` (focus_sample,k: V_k drawn from softmax(T_X)
           once per document, seeded by ``focus_seed``) or ``"top"`` (focus_top,k);
-        * ``focus_vocabularies``: explicit allowed ids per document (e.g. the oracle).
+        * ``focus_vocabularies``: explicit allowed ids per document (e.g. the oracle);
+        * ``focus_renormalize``: scores re-normalised over V_k ∪ F (eq. 5; matters for beam
+          scores), or only masked (False).
 
         Everything else (``num_beams``, ``do_sample``, ``top_k``, ``top_p``...) goes to
         ``base.generate``; focus restriction runs before its top-k/top-p warpers.
@@ -426,13 +431,21 @@ class FocusForConditionalGeneration(nn.Module):
                 torch.unique(torch.cat([v.cpu().long(), self.frequent_ids.cpu()]))
                 for v in focus_vocabularies
             ]
-            processors.append(FocusLogitsProcessor(sets, always_allowed=self.special_ids()))
+            processors.append(
+                FocusLogitsProcessor(
+                    sets, always_allowed=self.special_ids(), renormalize=focus_renormalize
+                )
+            )
         elif focus_k is not None:
             v = self.embedding_weight.shape[0]
             if not 1 <= focus_k <= v:
                 raise GencraftError(f"focus_k must lie in [1, |V| = {v}], got {focus_k}")
             gen = torch.Generator().manual_seed(focus_seed) if focus_seed is not None else None
-            processors.append(self.focus_processor(focus_k, mode=focus_mode, generator=gen))
+            processors.append(
+                self.focus_processor(
+                    focus_k, mode=focus_mode, generator=gen, renormalize=focus_renormalize
+                )
+            )
         self.state.source_len = None if self.is_encoder_decoder else input_ids.shape[1]
         self.state.n_docs = input_ids.shape[0]
         self.state.source = None
@@ -505,8 +518,10 @@ class _LazyFocusProcessor(LogitsProcessor):
         k: int,
         mode: str,
         generator: torch.Generator | None,
+        renormalize: bool = True,
     ) -> None:
         self.model, self.k, self.mode, self.generator = model, k, mode, generator
+        self.renormalize = renormalize
         self.inner: FocusLogitsProcessor | None = None
         self.vocabularies: list[torch.Tensor] = []
 
@@ -525,6 +540,8 @@ class _LazyFocusProcessor(LogitsProcessor):
                 for t in topic[:: rows // docs]
             ]
             self.inner = FocusLogitsProcessor(
-                self.vocabularies, always_allowed=self.model.special_ids()
+                self.vocabularies,
+                always_allowed=self.model.special_ids(),
+                renormalize=self.renormalize,
             )
         return self.inner(input_ids, scores)

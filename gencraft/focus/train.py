@@ -7,8 +7,10 @@
   it runs once per example and epochs train the head on stored states
   (:mod:`gencraft.focus.features`), which is what makes CPU training practical.
 
-Training runs through :func:`gencraft.training.fit`: each epoch ends with the validation loss;
-``best/`` keeps the lowest, ``last/`` the latest, ``history.json`` the curve (both loadable
+Training runs through :func:`gencraft.training.fit`: each epoch ends with the validation loss
+(and, with ``select_by="rougeL"``, the ROUGE-L of beam-searched summaries of the first
+``select_docs`` validation documents, the paper's Appendix A rule); ``best/`` keeps the best by
+``select_by``, ``last/`` the latest, ``history.json`` the curve (both loadable
 with :func:`load_summarizer`); ``checkpoint/`` makes the run resumable (Ctrl-C saves; a re-run
 continues or says why not).
 """
@@ -31,7 +33,14 @@ from gencraft.focus.data import SummaryEncoder, collate
 from gencraft.focus.features import HeadFeatures, collect_features, head_losses
 from gencraft.focus.model import FOCUS_CONFIG, FocusConfig, FocusForConditionalGeneration
 from gencraft.focus.topic import frequent_token_ids
-from gencraft.training import FitConfig, fit, make_accelerator, save_directory, write_json
+from gencraft.training import (
+    FitConfig,
+    fit,
+    make_accelerator,
+    mean_loss,
+    save_directory,
+    write_json,
+)
 
 
 def load_summarizer(
@@ -92,6 +101,7 @@ class FocusTrainer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.train_rows = [self.encoder.encode(e.document, e.summary) for e in train]
         self.valid_rows = [self.encoder.encode(e.document, e.summary) for e in valid]
+        self.valid_examples = list(valid)
         if config.focus:
             special = set(tokenizer.all_special_ids)
             corpus = [r["input_ids"] for r in self.train_rows] + [
@@ -172,6 +182,8 @@ class FocusTrainer:
             clip=cfg.clip,
             warmup=cfg.warmup,
             seed=cfg.seed,
+            metric=cfg.select_by,
+            mode="min" if cfg.select_by == "loss" else "max",
         )
         settings = {
             "train_config": asdict(cfg),
@@ -187,6 +199,7 @@ class FocusTrainer:
             output_dir=self.out,
             valid=valid_items or None,
             collate_fn=collate_fn,
+            evaluate_fn=self._validate if cfg.select_by == "rougeL" else None,
             save_fn=self._save,
             settings=settings,
             accelerator=self.accelerator,
@@ -204,6 +217,27 @@ class FocusTrainer:
             "best_valid_loss": result.best,
             "stopped": result.stopped,
         }
+
+    def _validate(self, model: nn.Module, loader: Any) -> dict[str, float]:
+        """The validation loss, plus ROUGE-L (F, %) of beam-searched summaries of the first
+        ``select_docs`` validation documents (computed on the main process)."""
+        from gencraft.focus.evaluate import summarize
+        from gencraft.metrics import rouge
+
+        metrics = mean_loss(self._loss, self.accelerator)(model, loader)
+        docs = self.valid_examples[: self.cfg.select_docs]
+        summaries = summarize(
+            _unwrap(model),
+            self.tok,
+            [d.document for d in docs],
+            num_beams=self.cfg.select_beams,
+            max_source=self.cfg.max_source,
+            max_new_tokens=self.cfg.max_target,
+            batch_size=self.cfg.batch_size,
+            progress=False,
+        )
+        metrics["rougeL"] = rouge([s[0] for s in summaries], [d.summary for d in docs])["rougeL"]
+        return metrics
 
     def _save(self, model: nn.Module, directory: Path) -> None:
         model.save_pretrained(directory)

@@ -9,7 +9,14 @@ from gencraft.training.checkpoint import (
     resume_command,
     save_directory,
 )
-from gencraft.training.fit import EpochSampler, FitConfig, FitResult, fit, make_accelerator
+from gencraft.training.fit import (
+    EpochSampler,
+    FitConfig,
+    FitResult,
+    fit,
+    make_accelerator,
+    mean_loss,
+)
 from gencraft.training.schedules import (
     PlateauSchedule,
     Step,
@@ -39,6 +46,7 @@ __all__ = [
     "fit",
     "load_torch",
     "make_accelerator",
+    "mean_loss",
     "resume_command",
     "rng_state",
     "save_directory",

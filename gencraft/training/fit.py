@@ -309,7 +309,7 @@ def fit(
             t0 = time.perf_counter()
             model.eval()
             with torch.no_grad():
-                metrics = (evaluate_fn or _mean_loss(loss_fn, acc))(model, valid_loader)
+                metrics = (evaluate_fn or mean_loss(loss_fn, acc))(model, valid_loader)
             model.train()
             st.eval_time += time.perf_counter() - t0
             row.update({f"valid_{k}": v for k, v in metrics.items()})
@@ -458,8 +458,10 @@ def _agree(acc: Any, flags: list[bool]) -> list[bool]:
     return [bool(v > 0) for v in acc.reduce(t, reduction="sum").tolist()]
 
 
-def _mean_loss(loss_fn: LossFn, acc: Any) -> Callable[[nn.Module, Any], dict[str, float]]:
-    """Validation by default: the mean over batches of the loss and its parts (all processes)."""
+def mean_loss(loss_fn: LossFn, acc: Any) -> Callable[[nn.Module, Any], dict[str, float]]:
+    """Validation by default: the mean over batches of the loss and its parts (all processes).
+    Returns ``run(model, loader) -> {"loss": ..., part: ...}``, for an ``evaluate_fn`` that adds
+    metrics to it."""
 
     def run(model: nn.Module, loader: Any) -> dict[str, float]:
         sums: dict[str, float] = {}
