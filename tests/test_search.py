@@ -174,13 +174,15 @@ class TableStepper:
 def test_on_beam_follows_algorithm_1_by_hand():
     """B = 2, max 3 tokens. Step 1: EOS (-0.693, complete) and "a" (-1.204) take both slots, so
     "b" is evicted. Step 2: the complete hypothesis stays (-0.693) and "a a" (-1.427) beats
-    "a EOS"/"a b" (-3.507). Step 3: "a a EOS" (-1.532) completes; every beam is complete.
-    transformers' policy instead keeps "b" alive and finishes with "b EOS" (-2.120)."""
+    "a EOS"/"a b" (-3.507). Step 3 is the limit: Alg. 1 forces EOS, "a a EOS" (-1.532, the
+    model's cost of EOS with forced_eos="model"; finished=False: cut at the limit) completes;
+    every beam is complete. transformers' policy instead keeps "b" alive and finishes with
+    "b EOS" (-2.120)."""
     ln = math.log
     on_beam = beam_search(
         TableStepper(), num_beams=2, max_new_tokens=3, eos_token_id=0, finished="on_beam"
     )
-    assert [(h.tokens, h.finished) for h in on_beam] == [([], True), ([1, 1], True)]
+    assert [(h.tokens, h.finished) for h in on_beam] == [([], True), ([1, 1], False)]
     assert on_beam[0].score == pytest.approx(ln(0.5))
     assert on_beam[1].score == pytest.approx(ln(0.3) + ln(0.8) + ln(0.9))
     aside = beam_search(TableStepper(), num_beams=2, max_new_tokens=3, eos_token_id=0)
@@ -223,12 +225,90 @@ def test_conditional_on_beam_selects_by_classifier_but_scores_by_model():
     ln = math.log
     # step 1: EOS selects at -0.693 - 5: "a" (-1.204) and "b" (-1.609) take the beam.
     # step 2: a a -1.427, b a / b b -3.219 beat a b -3.507 and both EOS (-5 each): a a, b a.
-    # step 3 (last, every candidate ends): b a a / b a b -4.317 (uniform table row) beat
-    # a a a -4.423 and a a EOS (-1.532 - 5); the model score, not the selection, is kept.
-    assert [(h.tokens, h.finished) for h in hyps] == [([2, 1, 1], False), ([2, 1, 2], False)]
-    for h in hyps:
-        assert h.score == pytest.approx(ln(0.2) + ln(0.2) + ln(1 / 3), abs=1e-5)
-        assert h.conditional_score == pytest.approx(h.score, abs=1e-5)  # no EOS penalty paid
+    # step 3 is the limit (Alg. 1 lines 10-14): the only candidate is EOS, at the model's
+    # cost, and the classifier scores it (-5): a a EOS -1.532 - 5, b a EOS -4.317 - 5.
+    assert [(h.tokens, h.finished) for h in hyps] == [([1, 1], False), ([2, 1], False)]
+    want = [ln(0.3) + ln(0.8) + ln(0.9), ln(0.2) + ln(0.2) + ln(1 / 3)]
+    for h, w in zip(hyps, want, strict=True):
+        assert h.score == pytest.approx(w, abs=1e-5)  # the model score, not the selection
+        assert h.conditional_score == pytest.approx(w - 5.0, abs=1e-5)  # forced EOS scored
+    free = beam_search(
+        Stepper(),
+        num_beams=2,
+        max_new_tokens=3,
+        eos_token_id=0,
+        classifier=EosPenalty(),
+        finished="on_beam",
+        forced_eos="free",
+    )
+    assert [h.score for h in free] == pytest.approx([ln(0.3) + ln(0.8), ln(0.2) + ln(0.2)])
+
+
+class LastTokenStepper(TableStepper):
+    """TableStepper whose hidden state [N, 1, 1] is the last token (-1 at the root)."""
+
+    def _hidden(self, prefixes):
+        return torch.tensor([[[float(p[-1]) if p else -1.0]] for p in prefixes])
+
+    def start(self):
+        return StepOutput(self._lp([()]), [()], self._hidden([()]))
+
+    def step(self, tokens, cache):
+        out = super().step(tokens, cache)
+        return StepOutput(out.log_probs, out.cache, self._hidden(out.cache))
+
+
+class EndingScorer:
+    """log P_clf of ending (EOS candidate): -100 at the root, -1 after "b", 0 after "a"."""
+
+    num_layers, hidden_size = 1, 1
+
+    def init(self, n):
+        return None
+
+    def score(self, state, hidden, candidates):
+        last = hidden[:, 0, :1]  # [N, 1]
+        end = torch.where(last < 0, -100.0, torch.where(last == 2, -1.0, 0.0))
+        return (candidates == 0).float() * end, state
+
+    def reorder(self, state, index):
+        return state
+
+
+def test_alpha_steers_selection_but_not_the_final_on_beam_ranking():
+    """B = 2, L = 2, α = 3: step 1 keeps "a" and "b" (the root's EOS costs -100); step 2 forces
+    EOS. "b EOS": S = ln .2 + ln .6 = -2.120, log P_clf = -1, so C = -3.120 and C' = -5.120;
+    "a EOS": S = ln .3 + ln .1 = -3.507, C = C' = -3.507. Alg. 1 ranks by C (α = 1): "b"
+    first; ranking by the weighted C' would put "a" first."""
+    ln = math.log
+    kw = dict(num_beams=2, max_new_tokens=2, eos_token_id=0, classifier=EndingScorer())
+    hyps = beam_search(LastTokenStepper(), alpha=3.0, finished="on_beam", **kw)
+    assert [h.tokens for h in hyps] == [[2], [1]]
+    assert [h.conditional_score for h in hyps] == pytest.approx(
+        [ln(0.2) + ln(0.6) - 1, ln(0.3) + ln(0.1)]
+    )
+    # a forced length (n = 1): EOS renormalised away at step 1 (a .6, b .4), forced at step 2
+    # (the model's cost): S ranks "b" (-1.427) over "a" (-2.813); Alg. 1's output for a
+    # deterministic attribute, the top of the beam under C', is "a" (-2.813 against -4.427)
+    for ranking, order in (("score", [[2], [1]]), ("selection", [[1], [2]])):
+        forced = beam_search(
+            LastTokenStepper(),
+            alpha=3.0,
+            finished="on_beam",
+            force_length=1,
+            forced_ranking=ranking,
+            **kw,
+        )
+        assert [h.tokens for h in forced] == order
+        assert sorted(h.score for h in forced) == pytest.approx(
+            sorted([ln(0.6) + ln(0.1), ln(0.4) + ln(0.6)])
+        )
+    # the thesis's length convention counts the EOS: 2 there is 1 token here
+    thesis = beam_search(
+        LastTokenStepper(), alpha=3.0, finished="on_beam", force_length=2,
+        length_includes_eos=True, **kw,
+    )  # fmt: skip
+    assert [h.tokens for h in thesis] == [[2], [1]]
 
 
 def test_force_length_gives_exact_lengths_and_renormalises():
@@ -372,6 +452,85 @@ def test_exact_mode_node_cap_reports_not_exact():
     assert full.exact and full.nodes > 6
     assert not capped.exact and capped.nodes == 6
     assert len(capped.tokens) == 5 and capped.log_prob <= full.log_prob + 1e-9
+
+
+class FlatStepper:
+    """A real model's cache, but P(EOS) = 0.4 and 0.2 for each of three other tokens, after any
+    prefix."""
+
+    vocab_size = 4
+
+    def __init__(self, p_eos=0.4):
+        from gencraft.models.stepping import HFStepper
+
+        self.inner = HFStepper(small_llama(0, vocab=4), torch.tensor([[1, 3]]), max_new_tokens=8)
+        rest = (1 - p_eos) / 3
+        self.flat = torch.tensor([[p_eos, rest, rest, rest]]).log()
+
+    def start(self):
+        return StepOutput(self.flat, self.inner.start().cache)
+
+    def step(self, tokens, cache):
+        return StepOutput(self.flat, self.inner.step(tokens, cache).cache)
+
+
+def test_dfs_pruning_proves_a_flat_mode_in_a_handful_of_nodes():
+    """Without pruning DFS visits the whole tree (1 + 3 + ... + 3^6 = 1,093 nodes at depth 6).
+    With it: P(EOS) = 0.4, the empty output beats every child (0.2) at once: 1 node;
+    P(EOS) = 0.1: the three children (0.3) are expanded, their children (0.09) pruned: 4."""
+    for p_eos, nodes in ((0.4, 1), (0.1, 4)):
+        r = exact_mode(FlatStepper(p_eos), eos_token_id=0, max_new_tokens=6)
+        assert r.exact and r.tokens == [] and r.nodes == nodes
+        assert r.log_prob == pytest.approx(math.log(p_eos))
+
+
+def _live_tensor_bytes() -> int:
+    """Bytes of every tensor storage alive in the process (found by the garbage collector)."""
+    import gc
+
+    gc.collect()
+    storages = {}
+    for obj in gc.get_objects():
+        if type(obj) in (torch.Tensor, torch.nn.Parameter):
+            st = obj.untyped_storage()
+            storages[st.data_ptr()] = st.nbytes()
+    return sum(storages.values())
+
+
+class _MeasuringStepper:
+    """Wraps a stepper; at its ``at``-th step records the tensor bytes alive in the process."""
+
+    def __init__(self, inner, at):
+        self.inner, self.at, self.steps, self.live = inner, at, 0, None
+        self.vocab_size = inner.vocab_size
+
+    def start(self):
+        return self.inner.start()
+
+    def step(self, tokens, cache):
+        out = self.inner.step(tokens, cache)
+        self.steps += 1
+        if self.steps == self.at:
+            self.live = _live_tensor_bytes()
+        return out
+
+
+def test_exact_mode_memory_measured_from_the_tensors_alive():
+    """Independently of the search's own counter: the tensor storage alive at the deepest point
+    of the first path grows linearly with depth (about 2 positions of key/values per step);
+    a search keeping every node's full cache grows quadratically and fails both checks."""
+    from gencraft.models.stepping import HFStepper
+
+    model = small_llama(0, vocab=5, context=200)
+    per_pos = 2 * 2 * 1 * 8 * 4  # layers x (K, V) x kv heads x head dim x float32 bytes
+    held = {}
+    for d in (16, 32, 64):
+        st = _MeasuringStepper(HFStepper(model, torch.tensor([PROMPT]), max_new_tokens=d + 1), d)
+        before = _live_tensor_bytes()
+        exact_mode(st, eos_token_id=0, max_new_tokens=d, length=d, max_nodes=d + 1)
+        held[d] = st.live - before
+        assert held[d] <= 3 * (len(PROMPT) + d + 1) * per_pos
+    assert held[64] - held[32] <= 2.3 * (held[32] - held[16])  # linear: 2x; quadratic: ~3.7x
 
 
 def test_exact_mode_memory_grows_linearly_with_depth():

@@ -56,6 +56,18 @@ def test_length_labels_count_down_to_eos():
     assert length_labels(70, finished=False, censored=True)[-1] == 1
 
 
+def test_for_length_targets_are_the_labels_of_an_n_token_output():
+    """for_length(n) asks at step t for the class that an output of exactly n tokens + EOS
+    carries at position t in training (length_labels of n + 1 finished tokens)."""
+    model = small_llama(0)
+    clf = classifier_for(model, "length", d_clf=24, num_heads=4)
+    for n in (0, 1, 5, 16, 17, 20, 33, 40, 70):
+        clf.for_length(n)
+        assert [clf.target_class(t) for t in range(n + 1)] == length_labels(n + 1, True)
+        clf.for_length(n + 1, includes_eos=True)  # the thesis's convention counts the EOS
+        assert [clf.target_class(t) for t in range(n + 1)] == length_labels(n + 1, True)
+
+
 def test_censored_nll_matches_a_hand_computation():
     torch.manual_seed(0)
     logits = torch.randn(2, 4, 6)
@@ -313,3 +325,53 @@ def test_cli_beam_uses_a_trained_classifier_and_bad_counts_are_named(tmp_path, c
     assert len(lines) == 2 and all("log_prob" in x for x in lines)
     assert main([*beam, "--attribute", "7"]) == 2
     assert "not-degenerate|degenerate" in capsys.readouterr().err
+
+
+def test_length_study_compares_log_p_under_the_model_not_the_search_objective(tmp_path):
+    """The length study's wins are counted on log P(y | x) of the model itself (tokens + EOS, no
+    renormalisation), computed here by one forward pass; the search's objective differs."""
+    from types import SimpleNamespace
+
+    from gencraft.models import load_model
+    from gencraft.search.experiments import _length_study, length_wins
+
+    model, tok = load_model("tiny-llama")
+    clf = classifier_for(model, "length", d_clf=24, num_heads=4).eval()
+    args = SimpleNamespace(
+        length_prompts=2,
+        test_prompts=2,
+        ratios=(0.8, 1.2),
+        beams=(2,),
+        k=5,
+        forced_eos="free",
+        length_includes_eos=False,
+        model="tiny-llama",
+    )
+    result: dict = {}
+    _length_study(
+        args,
+        model,
+        tok,
+        clf,
+        lambda n: [("the cat", "a dog"), ("sun", "moon")][:n],
+        result,
+        tmp_path,
+    )
+    eos = tok.eos_token_id
+    rows = result["length"]["rows"]
+    assert len(rows) == 4
+    from gencraft.search.prompts import encode_prompt
+
+    for r, text in zip(rows, ["the cat"] * 2 + ["sun"] * 2, strict=True):
+        ids = encode_prompt(tok, text)
+        for side in ("beam", "cond"):
+            out = tok(r[f"{side}_text"], add_special_tokens=False)["input_ids"]
+            assert len(out) == r["length"]
+            full = torch.tensor([ids[0].tolist() + out + [eos]])
+            with torch.no_grad():
+                lp = model(full).logits[0, ids.shape[1] - 1 : -1].double().log_softmax(-1)
+            want = lp.gather(1, full[0, ids.shape[1] :, None]).sum().item()
+            assert r[f"{side}_log_prob"] == pytest.approx(want, abs=1e-3)
+    assert any(abs(r["beam_log_prob"] - r["beam_search_score"]) > 1e-3 for r in rows)
+    w = length_wins(rows, 2, 0.8)
+    assert w["n"] == 2 and w["conditional_higher"] + w["beam_higher"] + w["tie"] == 1

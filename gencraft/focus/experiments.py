@@ -49,7 +49,9 @@ class FocusQualitySettings:
     data: str = settings_field("xsum", "xsum or cnndm")
     seed: int = settings_field(0, "training and sampling seed")
     max_target: int | None = settings_field(None, "summary tokens (default 64 xsum, 128 cnndm)")
-    frequent_size: int | None = settings_field(None, "|F| (default: the paper's 500 xsum, 1000 cnndm)")
+    frequent_size: int | None = settings_field(
+        None, "|F| (default: the paper's 500 xsum, 1000 cnndm)"
+    )
     select_by: str = settings_field("loss", "best checkpoint by validation 'loss' or 'rougeL'")
     select_docs: int = settings_field(50, "validation documents for select_by rougeL")
     minutes: float = settings_field(30.0, "training budget per system")

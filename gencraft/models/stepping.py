@@ -199,6 +199,30 @@ def resolve(
     return stepper, eos
 
 
+@torch.no_grad()
+def sequence_log_prob(
+    model: nn.Module | Stepper,
+    input_ids: torch.Tensor | None,
+    tokens: list[int],
+    eos_token_id: int | list[int] | None = None,
+    *,
+    end: bool = True,
+) -> float:
+    """log P(y | x) under the model itself (no processor, no length forcing): the summed
+    log-probabilities of ``tokens`` after ``input_ids`` [1, P], plus, with ``end``, the
+    log-probability of ending there (summed over the EOS ids). What searches are compared on.
+    """
+    stepper, eos = resolve(model, input_ids, eos_token_id, max_new_tokens=len(tokens) + 1)
+    out = stepper.start()
+    total = 0.0
+    for t in tokens:
+        total += float(out.log_probs[0, int(t)])
+        out = stepper.step(torch.tensor([int(t)], device=out.log_probs.device), out.cache)
+    if end:
+        total += float(torch.logsumexp(out.log_probs[0, eos].double(), dim=0))
+    return total
+
+
 class ProcessorChain:
     """``LogitsProcessor``s applied to a search's step scores as ``generate`` applies them:
     to the log-probabilities [N, V] with the ids each hypothesis would have in ``generate``'s

@@ -18,7 +18,7 @@ import torch
 
 from gencraft.experiments import ExperimentRun, register, settings_field
 from gencraft.pointer.lstm import PointerSentinelLSTM
-from gencraft.pointer.train import PointerTrainer, TrainConfig, evaluate
+from gencraft.pointer.train import MEDIUM_K1, PointerTrainer, TrainConfig, evaluate
 
 
 @dataclass
@@ -32,23 +32,31 @@ class PointerSettings:
     optimizer: str = settings_field("adam", "adam or sgd")
     lr: float = settings_field(3e-3, "learning rate")
     batch_size: int = settings_field(8, "streams per step (paper: 32)")
-    k1: int | None = settings_field(None, "tokens per TBPTT step (None: k2; paper: 1)")
+    k1: int | None = settings_field(
+        None, "tokens per TBPTT step (None: k2, or the paper's 1 for the medium preset)"
+    )
+    zoneout: float | None = settings_field(None, "zoneout rate of c and h (None: the preset's)")
     revert: bool = settings_field(True, "reload the best weights on a worse validation")
     eval_batch_size: int = settings_field(1, "streams for the final perplexities (paper: 1)")
     seed: int = settings_field(0, "seed")
     data_dir: str | None = settings_field(None, "datasets directory")
 
 
-def build(preset: str, vocab: int, pointer: bool, seed: int) -> PointerSentinelLSTM:
+def build(
+    preset: str, vocab: int, pointer: bool, seed: int, zoneout: float | None = None
+) -> PointerSentinelLSTM:
     torch.manual_seed(seed)  # same init for the shared parameters (the pointer's come last)
-    return PointerSentinelLSTM.from_preset(preset, vocab, pointer=pointer)
+    extra = {} if zoneout is None else {"zoneout_c": zoneout, "zoneout_h": zoneout}
+    return PointerSentinelLSTM.from_preset(preset, vocab, pointer=pointer, **extra)
 
 
-def throughput(corpus, preset: str, cfg: TrainConfig, rounds: int, steps: int, tmp) -> dict:
+def throughput(
+    corpus, preset: str, cfg: TrainConfig, rounds: int, steps: int, tmp, zoneout=None
+) -> dict:
     """Tokens/s of each model's training steps, interleaved: ``rounds`` x ``steps`` each."""
     trainers = {}
     for name, ptr in (("lstm", False), ("pointer", True)):
-        m = build(preset, len(corpus.vocab), ptr, cfg.seed)
+        m = build(preset, len(corpus.vocab), ptr, cfg.seed, zoneout)
         trainers[name] = PointerTrainer(m, corpus, cfg, tmp / name, progress=False)
     schedule = {k: t.steps() for k, t in trainers.items()}
     for k, t in trainers.items():  # warm-up
@@ -103,6 +111,8 @@ def pointer_vs_lstm(s: PointerSettings, run: ExperimentRun) -> None:
     )
 
     corpus = load_lm_corpus(s.corpus, s.data_dir)
+    if s.k1 is None and s.preset == "medium":
+        s.k1 = MEDIUM_K1
     base_cfg = TrainConfig(
         seed=s.seed, optimizer=s.optimizer, lr=s.lr, batch_size=s.batch_size, k1=s.k1
     )
@@ -115,6 +125,7 @@ def pointer_vs_lstm(s: PointerSettings, run: ExperimentRun) -> None:
             s.throughput_rounds,
             s.throughput_steps,
             run.directory / "throughput",
+            s.zoneout,
         ),
     )
     budget = s.minutes * 60
@@ -135,7 +146,7 @@ def pointer_vs_lstm(s: PointerSettings, run: ExperimentRun) -> None:
                 k1=s.k1,
                 revert_on_worse=s.revert,
             )
-            model = build(s.preset, len(corpus.vocab), ptr, s.seed)
+            model = build(s.preset, len(corpus.vocab), ptr, s.seed, s.zoneout)
             tr = PointerTrainer(model, corpus, cfg, out, progress=True)
             tr.train()
             best = PointerSentinelLSTM.from_pretrained(out / "best").to(tr.accelerator.device)
@@ -153,7 +164,8 @@ def pointer_vs_lstm(s: PointerSettings, run: ExperimentRun) -> None:
         best = PointerSentinelLSTM.from_pretrained(out / "best")
         tests[name] = (best, evaluate(best, corpus["test"], batch_size=1, return_details=True))
     run.text(
-        f"{s.corpus}, preset {s.preset}, batch {s.batch_size}, {s.minutes:g} min per model; "
+        f"{s.corpus}, preset {s.preset}, batch {s.batch_size}, k1 = {s.k1 or 'k2'}, zoneout "
+        f"{'preset' if s.zoneout is None else s.zoneout}, {s.minutes:g} min per model; "
         f"interleaved throughput ratio pointer / LSTM {tp['ratio']:.3f}."
     )
     run.table(

@@ -104,6 +104,9 @@ def evaluate(
     return result
 
 
+MEDIUM_K1 = 1
+"""k1 for ``--preset medium`` when none is given: the paper's schedule (k1 = 1, k2 = 100)."""
+
 BUDGET_KEYS = (
     "max_steps",
     "max_time",

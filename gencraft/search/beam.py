@@ -19,8 +19,12 @@ accumulated into the running score S. Only the top-``k`` continuations of each l
   set of B, ranked by the unweighted conditional score S + log P_clf (= S without classifier).
 * ``finished="on_beam"`` (the thesis's Alg. 1): they stay on the beam with their score frozen,
   competing with live continuations, and can be evicted; search stops when every beam is
-  complete or at ``max_new_tokens``; the output ranks the final beam by the unweighted
-  conditional score.
+  complete or at ``max_new_tokens``, whose step is Alg. 1's forced EOS (lines 10-14: the only
+  candidate is EOS, scored by the classifier, costing ``forced_eos``); the output ranks the
+  final beam by the unweighted conditional score (α = 1).
+
+Lengths: ``force_length=n`` counts the tokens before EOS; the thesis's tables count EOS too
+(``length_includes_eos=True`` takes n in that convention: n - 1 tokens, then EOS).
 """
 
 from __future__ import annotations
@@ -111,6 +115,8 @@ def beam_search(
     force_length: int | None = None,
     forced_eos: Literal["model", "free"] = "model",
     logits_processor: Sequence[Any] | None = None,
+    length_includes_eos: bool = False,
+    forced_ranking: Literal["score", "selection"] = "score",
 ) -> list[Hypothesis]:
     """Beam search for one input; returns up to ``num_beams`` hypotheses, best first.
 
@@ -126,14 +132,21 @@ def beam_search(
         finished: ``"aside"`` (transformers) or ``"on_beam"`` (thesis Alg. 1); see module doc.
         force_length: n: every output has exactly n tokens before EOS: EOS is removed and the
             distribution renormalised before step n, and EOS is forced at step n (ch. 7.4).
-        forced_eos: the score of that forced EOS: ``"model"`` (default) the model's own
-            log P(EOS | x_{1:n}), so an output that cannot end there (a cut sentence) pays for
-            it, as in the thesis's reported likelihoods; ``"free"``: log 1 = 0 (its Alg. 1 at
-            the maximum length), which makes every prefix of length n a complete output.
+        forced_eos: the score of a forced EOS (at ``force_length``, and with ``"on_beam"`` at
+            ``max_new_tokens``): ``"model"`` (default) the model's own log P(EOS | x_{1:n}), so
+            an output that cannot end there (a cut sentence) pays for it, as in the thesis's
+            reported likelihoods; ``"free"``: log 1 = 0 (its Alg. 1 at the maximum length),
+            which makes every prefix of length n a complete output.
         logits_processor: ``transformers`` ``LogitsProcessor``s (e.g. FAME's focus vocabulary),
             applied to each step's log-probabilities [B, V] with the hypotheses' ids so far
             [B, prompt + t] (the decoder start for encoder-decoders), as ``generate`` applies
             them in beam search (no renormalisation by the search).
+        length_includes_eos: ``force_length`` counts the EOS token (the thesis's tables'
+            convention): the output has ``force_length - 1`` tokens before EOS.
+        forced_ranking: with ``force_length`` and ``"on_beam"``, the final order: ``"score"``
+            (default) by the model score S (the attribute holds for every output); or
+            ``"selection"``: the final beam's order under C' = S + α·log P_clf, which is what
+            Alg. 1 returns for a deterministic attribute (b_best = 1).
     """
     if num_beams < 1:
         raise GencraftError(f"num_beams must be >= 1, got {num_beams}")
@@ -143,6 +156,16 @@ def beam_search(
         raise GencraftError(f"finished must be 'aside' or 'on_beam', got {finished!r}")
     if forced_eos not in ("model", "free"):
         raise GencraftError(f"forced_eos must be 'model' or 'free', got {forced_eos!r}")
+    if forced_ranking not in ("score", "selection"):
+        raise GencraftError(
+            f"forced_ranking must be 'score' or 'selection', got {forced_ranking!r}"
+        )
+    if length_includes_eos and force_length is not None:
+        if force_length < 1:
+            raise GencraftError(
+                f"force_length={force_length} with length_includes_eos: the EOS alone is 1"
+            )
+        force_length -= 1
     if force_length is not None and not 0 <= force_length < max_new_tokens:
         raise GencraftError(
             f"force_length={force_length} needs 0 <= force_length < max_new_tokens "
@@ -170,6 +193,7 @@ def beam_search(
         force_length,
         forced_eos,
         list(logits_processor or []),
+        forced_ranking,
     )
     return search.run()
 
@@ -188,20 +212,26 @@ class _BeamSearch:
         force_length: int | None,
         forced_eos: str = "model",
         processors: list[Any] | None = None,
+        forced_ranking: str = "score",
     ) -> None:
         self.s, self.b, self.max_new, self.clf = stepper, b, max_new, clf
         self.k, self.alpha, self.policy, self.force_length = k, alpha, policy, force_length
-        self.forced_eos = forced_eos
+        self.forced_eos, self.forced_ranking = forced_eos, forced_ranking
         self.eos = torch.tensor(eos)
         self.process = ProcessorChain(stepper, processors)
 
+    def _limit(self, t: int) -> bool:
+        """Step t is Alg. 1's last (t = L): on the beam, only a forced EOS can follow."""
+        return self.policy == "on_beam" and self.force_length is None and t + 1 == self.max_new
+
     def _transform(self, logp: torch.Tensor, t: int) -> torch.Tensor:
-        """Length forcing (thesis 7.4): no EOS before step n (renormalised), only EOS at n."""
+        """Length forcing (thesis 7.4): no EOS before step n (renormalised), only EOS at n;
+        and Alg. 1's forced EOS at the maximum length (on the beam)."""
         n = self.force_length
-        if n is None:
+        if n is None and not self._limit(t):
             return logp
         eos = self.eos.to(logp.device)
-        if t < n:
+        if n is not None and t < n:
             logp = logp.index_fill(1, eos, float("-inf"))
             return logp - torch.logsumexp(logp, dim=-1, keepdim=True)
         out = torch.full_like(logp, float("-inf"))
@@ -357,7 +387,8 @@ class _BeamSearch:
                     ends = w in eos.tolist() or t + 1 == self.max_new
                     is_eos = w in eos.tolist()
                     seq = old.tokens + ([] if is_eos else [w])
-                    nb = _Slot(seq, ends, is_eos, s_sel, s_cond)
+                    # a forced EOS at the limit completes the slot, but it was cut there
+                    nb = _Slot(seq, ends, is_eos and not self._limit(t), s_sel, s_cond)
                 new_beams.append(nb)
                 rows.append(i)
                 new_tok.append(max(w, 0) if w >= 0 else int(eos[0]))
@@ -379,10 +410,15 @@ class _BeamSearch:
             out = self.s.step(torch.tensor(new_tok, device=dev), cache)
             logp, cache, hidden = out.log_probs, out.cache, out.hidden
         final = {id(bm): sc for bm, sc in zip(beams, scores.tolist(), strict=True)}
+
+        def key(bm: _Slot) -> float:
+            if self.force_length is None:
+                return -bm.cond  # Alg. 1: the unweighted conditional score
+            # a forced length holds by construction: rank by S, or Alg. 1's C' order
+            return -(bm.sel if self.forced_ranking == "selection" else final[id(bm)])
+
         ranked = sorted(
-            (bm for bm, sc in zip(beams, scores.tolist(), strict=True) if sc > NEG / 2),
-            # a forced length is satisfied by construction: P(a | x) = 1, rank by S alone
-            key=lambda bm: -(final[id(bm)] if self.force_length is not None else bm.cond),
+            (bm for bm, sc in zip(beams, scores.tolist(), strict=True) if sc > NEG / 2), key=key
         )
         return [
             Hypothesis(bm.tokens, final[id(bm)], bm.eos, bm.cond if self.clf is not None else None)

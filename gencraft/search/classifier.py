@@ -226,13 +226,18 @@ class AttributeClassifier(PersistenceMixin, nn.Module):
     def reorder(self, state: dict[str, Any], index: torch.Tensor) -> dict[str, Any]:
         return {"h_in": state["h_in"][index.to(state["h_in"].device)], "t": state["t"]}
 
-    def for_length(self, n: int) -> AttributeClassifier:
+    def for_length(self, n: int, *, includes_eos: bool = False) -> AttributeClassifier:
         """Target "the output has exactly n tokens before EOS": at step t the class of the
-        remaining length n + 1 - (t + 1) (EOS included)."""
+        remaining length n + 1 - (t + 1) (EOS included). ``includes_eos``: n counts the EOS
+        (the thesis's tables' convention), i.e. n - 1 tokens before it."""
         if self.config.attribute != "length":
             raise GencraftError(
                 f"for_length needs a length classifier, this one predicts {self.config.attribute!r}"
             )
+        if includes_eos:
+            n -= 1
+        if n < 0:
+            raise GencraftError(f"for_length needs n >= 0 tokens before EOS, got {n}")
         self.target_class = lambda t: length_bucket(max(n - t, 0))
         return self
 

@@ -92,6 +92,7 @@ def exact_mode(
     max_nodes: int | None = None,
     initial: list[int] | None = None,
     logits_processor: Sequence[Any] | None = None,
+    length_includes_eos: bool = False,
 ) -> ModeResult:
     """The most probable output of ``model`` for one input, found by DFS with pruning.
 
@@ -110,7 +111,13 @@ def exact_mode(
             (e.g. FAME's focus vocabulary): the search finds the mode of the processed
             distribution. Pruning needs scores that never increase along a path, so processed
             values must stay <= 0 (masking and renormalising do); anything else is refused.
+        length_includes_eos: ``length`` counts the EOS token (the thesis's convention): the
+            output has ``length - 1`` tokens before EOS.
     """
+    if length is not None and length_includes_eos:
+        if length < 1:
+            raise GencraftError(f"length={length} with length_includes_eos: the EOS alone is 1")
+        length -= 1
     if max_new_tokens < 0:
         raise GencraftError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if length is not None and not 0 <= length <= max_new_tokens:

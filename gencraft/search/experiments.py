@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from gencraft.experiments import ExperimentRun, machine, register, settings_field
 from gencraft.models import load_model
+from gencraft.models.stepping import sequence_log_prob
 from gencraft.search.beam import beam_search
 from gencraft.search.exact import exact_mode
 from gencraft.search.prompts import encode_prompt, instruction_texts
@@ -284,10 +285,17 @@ class ConditionalSettings:
     length_prompts: int | None = settings_field(24, "test prompts of the length study")
     beams: tuple[int, ...] = settings_field((5, 20), "beam sizes")
     k: int = settings_field(100, "candidates scored by the classifier per step")
-    ratios: tuple[float, ...] = settings_field((0.8, 1.0, 1.2), "length / reference length")
+    ratios: tuple[float, ...] = settings_field(
+        (0.8, 0.9, 1.0, 1.1, 1.2), "length / reference length (thesis: 0.8-1.2 by 0.1)"
+    )
+    length_includes_eos: bool = settings_field(
+        False, "length study: n counts the EOS (the thesis's convention)"
+    )
     max_new_tokens: int = settings_field(64, "longest output")
     max_source_words: int = settings_field(100, "XSum document cut (words)")
-    forced_eos: str = settings_field("free", "length study: forced EOS scored 'model' or 'free'")
+    forced_eos: str = settings_field(
+        "free", "forced EOS in the searches (length study, on-beam limit): 'model' or 'free'"
+    )
     studies: tuple[str, ...] = settings_field(("degenerate", "length"), "which studies")
     classifiers: str | None = settings_field(None, "a previous run's folder: reuse its classifiers")
     data_dir: str | None = settings_field(None, "datasets directory")
@@ -437,22 +445,27 @@ def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path)
     (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
     md = []
     if "degenerate" in result:
+        d = result["degenerate"]
         md += [
-            f"Degenerate outputs (beam {args.beams[0]}, {len(tests)} test prompts): beam "
-            f"{100 * result['degenerate']['beam_rate']:.0f}%, conditional beam "
-            f"{100 * result['degenerate']['conditional_rate']:.0f}%",
+            f"Degenerate outputs (beam {args.beams[0]}, {len(tests)} test prompts): "
+            + ", ".join(f"{k} {100 * v:.0f}%" for k, v in d["rates"].items())
+            + f"; only conditional fine on {d['only_conditional_fine']}, only beam (on_beam) "
+            f"fine on {d['only_beam_fine']}",
             "",
         ]
     if "summary" in result.get("length", {}):
         md += [
-            f"Length control ({result['length']['prompts']} test prompts):",
+            f"Length control ({result['length']['prompts']} test prompts; wins on the model's "
+            f"log P(y | x); forced EOS {args.forced_eos}):",
             "",
-            "| beams | length / reference | conditional higher | beam higher | tie |",
-            "|---:|---:|---:|---:|---:|",
+            "| beams | length / reference | conditional higher | beam higher | tie | mean log P "
+            "conditional / beam |",
+            "|---:|---:|---:|---:|---:|---:|",
         ]
         md += [
             f"| {r['beams']} | {r['ratio']:.1f} | {100 * r['conditional_higher']:.0f}% | "
-            f"{100 * r['beam_higher']:.0f}% | {100 * r['tie']:.0f}% |"
+            f"{100 * r['beam_higher']:.0f}% | {100 * r['tie']:.0f}% | "
+            f"{r['cond_mean_log_prob']:.2f} / {r['beam_mean_log_prob']:.2f} |"
             for r in result["length"]["summary"]
         ]
     (out_dir / "conditional.md").write_text("\n".join(md) + "\n")
@@ -461,107 +474,140 @@ def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path)
 
 
 def _degenerate_study(args, model, tok, clf, tests, result: dict, out_dir: Path) -> None:
-    """(a) degenerate rate: beam vs conditional beam towards "not degenerate" (class 0)."""
+    """(a) degenerate rate: conditional beam towards "not degenerate" (class 0), against plain
+    beam search with the same policy for completed hypotheses (on the beam, Alg. 1), and
+    against transformers' policy (set aside) as a second row."""
     from gencraft.search.classifier import degenerate
 
     clf.target_class = 0
-    rates = {"beam": 0, "conditional": 0}
+    systems = {
+        "beam (on_beam)": dict(finished="on_beam", forced_eos=args.forced_eos),
+        "conditional (on_beam)": dict(
+            classifier=clf, k=args.k, finished="on_beam", forced_eos=args.forced_eos
+        ),
+        "beam (aside)": {},
+    }
+    rates = dict.fromkeys(systems, 0)
     examples = []
     for text, _ in tqdm(tests, desc="degenerate"):
         ids = encode_prompt(tok, text)
         row = {}
-        for name, kw in (
-            ("beam", {}),
-            ("conditional", dict(classifier=clf, k=args.k, finished="on_beam")),
-        ):
+        for name, kw in systems.items():
             h = beam_search(
                 model, ids, num_beams=args.beams[0], max_new_tokens=args.max_new_tokens, **kw
             )[0]
             out_text = tok.decode(h.tokens, skip_special_tokens=True)
             bad = degenerate(out_text, text, h.finished)
             rates[name] += bad
-            row[name] = {"text": out_text, "degenerate": bad, "log_prob": h.score}
+            row[name] = {
+                "text": out_text,
+                "degenerate": bad,
+                "finished": h.finished,
+                "log_prob": sequence_log_prob(model, ids, h.tokens, end=h.finished),
+            }
         examples.append(row)
         result["degenerate"] = {"prompts_done": len(examples), **rates}
         (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
+    n = len(tests)
+    only = {
+        a: sum(r[a]["degenerate"] < r[b]["degenerate"] for r in examples)
+        for a, b in (
+            ("conditional (on_beam)", "beam (on_beam)"),
+            ("beam (on_beam)", "conditional (on_beam)"),
+        )
+    }
     result["degenerate"] = {
         "beam_size": args.beams[0],
         "k": args.k,
-        "prompts": len(tests),
-        "beam_rate": rates["beam"] / len(tests),
-        "conditional_rate": rates["conditional"] / len(tests),
+        "prompts": n,
+        "rates": {k: v / n for k, v in rates.items()},
+        # the headline pair: the same policy for completed hypotheses
+        "beam_rate": rates["beam (on_beam)"] / n,
+        "conditional_rate": rates["conditional (on_beam)"] / n,
+        "only_conditional_fine": only["conditional (on_beam)"],
+        "only_beam_fine": only["beam (on_beam)"],
         "examples": examples,
     }
     (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
 
 
 def _length_study(args, model, tok, clf, prompts, result: dict, out_dir: Path) -> None:
-    """(b) length control: both forced to n tokens; who finds the higher log-likelihood?"""
+    """(b) length control: both searches forced to n tokens; who finds the output with the
+    higher log P(y | x) under the model itself (the thesis's comparison, Figs 7.1-7.2)? The
+    search's own objective (EOS removed and steps renormalised) is kept beside it."""
     length_rows: list[dict] = []
     length_tests = prompts(args.length_prompts or args.test_prompts)
+    common = dict(forced_eos=args.forced_eos, length_includes_eos=args.length_includes_eos)
     for text, ref in tqdm(length_tests, desc="length"):
         ids = encode_prompt(tok, text)
         ref_len = len(tok(ref, add_special_tokens=False)["input_ids"])
+        ref_len += int(args.length_includes_eos)
         for ratio in args.ratios:
-            n = max(1, round(ratio * ref_len))
+            n = max(1 + int(args.length_includes_eos), round(ratio * ref_len))
+            tokens = n - int(args.length_includes_eos)  # before EOS
             for b in args.beams:
                 plain = beam_search(
-                    model,
-                    ids,
-                    num_beams=b,
-                    max_new_tokens=n + 1,
-                    force_length=n,
-                    forced_eos=args.forced_eos,
+                    model, ids, num_beams=b, max_new_tokens=tokens + 1, force_length=n, **common
                 )[0]
                 cond = beam_search(
                     model,
                     ids,
                     num_beams=b,
-                    max_new_tokens=n + 1,
+                    max_new_tokens=tokens + 1,
                     force_length=n,
-                    forced_eos=args.forced_eos,
-                    classifier=clf.for_length(n),
+                    classifier=clf.for_length(n, includes_eos=args.length_includes_eos),
                     k=args.k,
                     finished="on_beam",
+                    **common,
                 )[0]
                 length_rows.append(
                     {
                         "ratio": ratio,
                         "beams": b,
                         "length": n,
-                        "beam_log_prob": plain.score,
-                        "cond_log_prob": cond.score,
+                        "beam_log_prob": sequence_log_prob(model, ids, plain.tokens),
+                        "cond_log_prob": sequence_log_prob(model, ids, cond.tokens),
+                        "beam_search_score": plain.score,
+                        "cond_search_score": cond.score,
                         "beam_text": tok.decode(plain.tokens),
                         "cond_text": tok.decode(cond.tokens),
                     }
                 )
         result["length"] = {"k": args.k, "rows": length_rows}
         (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
-    summary = []
-    for b in args.beams:
-        for ratio in args.ratios:
-            sel = [r for r in length_rows if r["beams"] == b and r["ratio"] == ratio]
-            wins = sum(r["cond_log_prob"] > r["beam_log_prob"] + 1e-4 for r in sel)
-            losses = sum(r["cond_log_prob"] < r["beam_log_prob"] - 1e-4 for r in sel)
-            summary.append(
-                {
-                    "beams": b,
-                    "ratio": ratio,
-                    "n": len(sel),
-                    "conditional_higher": wins / len(sel),
-                    "beam_higher": losses / len(sel),
-                    "tie": (len(sel) - wins - losses) / len(sel),
-                }
-            )
+    summary = [
+        {"beams": b, "ratio": ratio, **length_wins(length_rows, b, ratio)}
+        for b in args.beams
+        for ratio in args.ratios
+    ]
     result["length"] = {
         "k": args.k,
         "forced_eos": args.forced_eos,
+        "length_includes_eos": args.length_includes_eos,
         "prompts": len(length_tests),
         "summary": summary,
         "rows": length_rows,
     }
     (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
     _plot_length(summary, out_dir / "length_control.png", args.model)
+
+
+def length_wins(rows: list[dict], beams: int, ratio: float, tol: float = 1e-4) -> dict:
+    """Shares of prompts where conditional / plain beam search found the output with the higher
+    log P(y | x) (``*_log_prob``), and ties within ``tol``; also the mean log P of each."""
+    sel = [r for r in rows if r["beams"] == beams and r["ratio"] == ratio]
+    if not sel:
+        return {"n": 0}
+    wins = sum(r["cond_log_prob"] > r["beam_log_prob"] + tol for r in sel)
+    losses = sum(r["cond_log_prob"] < r["beam_log_prob"] - tol for r in sel)
+    return {
+        "n": len(sel),
+        "conditional_higher": wins / len(sel),
+        "beam_higher": losses / len(sel),
+        "tie": (len(sel) - wins - losses) / len(sel),
+        "cond_mean_log_prob": sum(r["cond_log_prob"] for r in sel) / len(sel),
+        "beam_mean_log_prob": sum(r["beam_log_prob"] for r in sel) / len(sel),
+    }
 
 
 def _plot_length(summary: list[dict], path: Path, model: str) -> None:
