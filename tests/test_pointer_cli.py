@@ -81,7 +81,9 @@ def test_train_writes_results_and_eval_reproduces_them(trained, synthetic_lm_dir
     assert res["parameters"] - lstm["parameters"] == 32 * 32 + 2 * 32
 
 
-def test_analyze_writes_pngs_and_ten_buckets(trained, synthetic_lm_dir, tmp_path):
+def test_analyze_writes_pngs_and_the_bucket_gains_and_gates_computed_by_hand(
+    trained, synthetic_lm_dir, tmp_path
+):
     rc = main(
         [
             "pointer",
@@ -106,8 +108,43 @@ def test_analyze_writes_pngs_and_ten_buckets(trained, synthetic_lm_dir, tmp_path
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((tmp_path / "analysis.json").read_text())
     assert [r["bucket"] for r in summary["buckets"]] == list(range(1, 11))
+    # the gains by hand: word types ranked by training count (ties: smaller id first), ten
+    # equal buckets by rank, mean of nll_lstm - nll_pointer over the test tokens of each
+    from gencraft.data import load_lm_corpus
+    from gencraft.pointer import PointerSentinelLSTM
+    from gencraft.pointer.train import evaluate
+
+    corpus = load_lm_corpus("ptb", synthetic_lm_dir)
+    models = {k: PointerSentinelLSTM.from_pretrained(trained / k / "best") for k in ("lstm", "ptr")}
+    res = {
+        k: evaluate(m, corpus["test"], batch_size=2, return_details=True, progress=False)
+        for k, m in models.items()
+    }
+    counts = corpus.vocab.counts
+    ranked = sorted(range(len(counts)), key=lambda w: (-counts[w], w))
+    bucket = {w: r * 10 // len(counts) for r, w in enumerate(ranked)}
+    sums, tokens = [0.0] * 10, [0] * 10
+    targets = res["lstm"]["targets"].flatten().tolist()
+    gain = (res["lstm"]["token_nll"] - res["ptr"]["token_nll"]).flatten().tolist()
+    for w, g in zip(targets, gain, strict=True):
+        sums[bucket[w]] += g
+        tokens[bucket[w]] += 1
+    for i, row in enumerate(summary["buckets"]):
+        assert row["tokens"] == tokens[i]
+        if tokens[i]:
+            assert row["gain"] == pytest.approx(sums[i] / tokens[i], abs=1e-5)
+    assert sum(tokens) == len(targets) and sum(t > 0 for t in tokens) >= 5
+    # the passage's gates: those of one evaluation pass from the start of the split
+    ids = corpus["test"]
+    m = models["ptr"].eval()
+    with torch.no_grad():
+        out = m(ids[None, :32], ids[None, 1:33])
     assert len(summary["passage"]) == 12
-    assert all(0 <= r["gate"] <= 1 and 0 <= r["distance"] < 20 for r in summary["passage"])
+    words = corpus.vocab.decode(ids[20:32])
+    for j, row in enumerate(summary["passage"]):
+        assert row["input"] == words[j]
+        assert row["gate"] == pytest.approx(float(out.gate[0, 20 + j]), abs=2e-4)
+        assert 0 <= row["distance"] < 20
 
 
 def test_clear_errors(trained, synthetic_lm_dir, tmp_path, capsys):

@@ -82,6 +82,37 @@ def test_zoneout_eval_is_deterministic_and_none_mode_is_the_plain_lstm():
     assert not torch.allclose(_run(m, x), lstm(x)[0])
 
 
+def test_zoneout_eval_is_the_expectation_of_the_training_masks():
+    """One step from a fixed state is linear in the zoneout masks, so the eval output (default
+    ``zoneout_eval``) must equal the mean over many training draws; ``"none"`` (the plain
+    update) is off by zoneout_h * (h0 - h_new). Over several steps: the blend by hand."""
+    torch.manual_seed(0)
+    m = ZoneoutLSTM(3, 8, 1, zoneout_c=0.3, zoneout_h=0.6)
+    n = 20000
+    x = torch.randn(1, 1, 3)
+    h0, c0 = torch.randn(1, 1, 8), torch.randn(1, 1, 8)
+    state = (h0.expand(1, n, 8), c0.expand(1, n, 8))
+    with torch.no_grad():
+        mean = m.train()(x.expand(n, 1, 3), state)[0].mean(0)  # [1, 8]
+        want = m.eval()(x, (h0, c0))[0][0]
+    assert (mean - want).abs().max() < 0.04
+    # several steps, by hand: c = zc c + (1 - zc) c_new, h = zh h + (1 - zh) h_new
+    xs = torch.randn(2, 5, 3)
+    layer = m.layers[0]
+    cell = torch.nn.LSTMCell(3, 8)
+    for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+        getattr(cell, name).data.copy_(getattr(layer, f"{name}_l0"))
+    h, c = torch.zeros(2, 8), torch.zeros(2, 8)
+    outs = []
+    with torch.no_grad():
+        for t in range(5):
+            h_new, c_new = cell(xs[:, t], (h, c))
+            c = 0.3 * c + 0.7 * c_new
+            h = 0.6 * h + 0.4 * h_new
+            outs.append(h)
+        torch.testing.assert_close(m(xs)[0], torch.stack(outs, 1), atol=1e-5, rtol=1e-5)
+
+
 def test_step_loop_equals_fused_kernel_and_keeps_intermediate_state():
     torch.manual_seed(0)
     m = ZoneoutLSTM(3, 8, 2).eval()
@@ -240,6 +271,49 @@ def test_training_steps_score_exactly_what_full_evaluation_scores(corpus, opts):
     got = torch.cat(got, 1)
     ref = evaluate(m, corpus["train"], batch_size=4, bptt=50, return_details=True)["token_nll"]
     torch.testing.assert_close(got, ref[:, : got.shape[1]], atol=1e-5, rtol=1e-5)
+
+
+def test_regenerated_window_uses_current_parameters_and_the_step_masks(corpus):
+    """k1 = k2 with lr > 0: each step's pointer window is re-run with the parameters of that
+    step and the dropout masks of its trained span (shared, not fresh), so it differs from the
+    previous step's (stale) outputs; window_refresh="stale" reuses those and fails here."""
+    import copy
+
+    m = tiny(len(corpus.vocab), zoneout_c=0.0, zoneout_h=0.0, dropout=0.3, output_dropout=0.3)
+    tr = Trainer(
+        m,
+        corpus,
+        TrainConfig(batch_size=4, bptt=6, lr=0.05, optimizer="adam"),
+        "unused",
+        progress=False,
+    )
+    seen = {}
+    m.register_forward_pre_hook(
+        lambda mod, args, kw: seen.update(memory=kw["memory"], masks=kw["masks"]), with_kwargs=True
+    )
+    steps = tr.steps()
+    checked = 0
+    previous = None
+    for st in steps[:4]:
+        before, carry = copy.deepcopy(m), tr.carry
+        tr.train_step(st)
+        if st.grad_start > st.start and previous is not None:
+            window = tr.streams[:, st.start : st.grad_start]
+            p_model, p_carry, p_masks, p_st = previous
+            with torch.no_grad():
+                before.train()
+                regen = before.encode(window, carry, masks=seen["masks"])[0]
+                fresh = before.encode(window, carry, masks=before.sample_masks(4, window.device))
+                # the previous step's outputs at these positions (its parameters and masks)
+                stale = p_model.train().encode(
+                    tr.streams[:, p_st.start : p_st.end], p_carry, masks=p_masks
+                )[0][:, st.start - p_st.start : st.grad_start - p_st.start]
+            torch.testing.assert_close(seen["memory"], regen)  # current parameters, step masks
+            assert not torch.allclose(seen["memory"], fresh[0], atol=1e-4)  # the masks matter
+            assert not torch.allclose(seen["memory"], stale, atol=1e-4)  # parameters changed
+            checked += 1
+        previous = (before, carry, seen["masks"], st)
+    assert checked >= 2
 
 
 # -- persistence and resumption -----------------------------------------------------------------

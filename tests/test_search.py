@@ -305,9 +305,13 @@ def test_alpha_steers_selection_but_not_the_final_on_beam_ranking():
         )
     # the thesis's length convention counts the EOS: 2 there is 1 token here
     thesis = beam_search(
-        LastTokenStepper(), alpha=3.0, finished="on_beam", force_length=2,
-        length_includes_eos=True, **kw,
-    )  # fmt: skip
+        LastTokenStepper(),
+        alpha=3.0,
+        finished="on_beam",
+        force_length=2,
+        length_includes_eos=True,
+        **kw,
+    )
     assert [h.tokens for h in thesis] == [[2], [1]]
 
 

@@ -69,10 +69,12 @@ def summarize(
     batch_size: int = 8,
     seed: int = 0,
     progress: bool = True,
+    focus_renormalize: bool = True,
 ) -> list[list[str]]:
     """``samples`` summaries per document (list per document), decoded with ``decoding``.
     ``focus_k``: |V_k| of the focus decodings (default 10,000, or the whole vocabulary when
-    it is smaller; a larger value is refused).
+    it is smaller; a larger value is refused); ``focus_renormalize``: scores re-normalised over
+    V_k ∪ F (eq. 5, default) or only masked.
 
     ``model`` is a :class:`FocusForConditionalGeneration` or a plain HF model (then only the
     non-focus decodings are available)."""
@@ -96,7 +98,11 @@ def summarize(
             focus_k = min(10_000, v)
         elif not 1 <= focus_k <= v:
             raise GencraftError(f"focus_k must lie in [1, |V| = {v}], got {focus_k}")
-        kw.update(focus_k=focus_k, focus_mode="top" if decoding == "focus_top" else "sample")
+        kw.update(
+            focus_k=focus_k,
+            focus_mode="top" if decoding == "focus_top" else "sample",
+            focus_renormalize=focus_renormalize,
+        )
     dev = next(base.parameters()).device
     out: list[list[str]] = [[] for _ in documents]
     chunks = range(0, len(documents), batch_size)

@@ -65,6 +65,9 @@ class FocusQualitySettings:
     samples: int = settings_field(10, "samples per document (Table 2)")
     eval_batch_size: int = settings_field(8, "generation batch size")
     focus_top: tuple[int, ...] = settings_field((50, 100, 200, 500, 1000, 10000), "k values")
+    masked_rows: bool = settings_field(
+        False, "also the beam focus decodings with the mask only (not re-normalised; before #13)"
+    )
     max_source: int = settings_field(512, "source tokens")
     device: str = settings_field(_DEVICE, "cpu or cuda")
     data_dir: str | None = settings_field(None, "datasets directory")
@@ -205,6 +208,7 @@ def quality(args) -> dict:
         "table1": {},
         "table2": {},
         "focus_top": {},
+        "focus_top_masked": {},
     }
     for name, path in systems.items():
         model, tok = load_summarizer(path)
@@ -218,6 +222,19 @@ def quality(args) -> dict:
         for dec in decodings:
             groups = summarize(model, tok, docs[sub], decoding=dec, samples=args.samples, **gen)
             result["table2"][f"{name} ({dec})"] = diversity_metrics(groups, refs[sub], docs[sub])
+            if dec == "focus_sample" and args.masked_rows:
+                groups = summarize(
+                    model,
+                    tok,
+                    docs[sub],
+                    decoding=dec,
+                    samples=args.samples,
+                    focus_renormalize=False,
+                    **gen,
+                )
+                result["table2"][f"{name} ({dec}, masked only)"] = diversity_metrics(
+                    groups, refs[sub], docs[sub]
+                )
         if name == "fame":
             for k in args.focus_top:
                 preds = [
@@ -225,6 +242,22 @@ def quality(args) -> dict:
                     for g in summarize(model, tok, docs, decoding="focus_top", focus_k=k, **gen)
                 ]
                 result["focus_top"][k] = summary_metrics(preds, refs, docs, with_bertscore=False)
+                if args.masked_rows:
+                    preds = [
+                        g[0]
+                        for g in summarize(
+                            model,
+                            tok,
+                            docs,
+                            decoding="focus_top",
+                            focus_k=k,
+                            focus_renormalize=False,
+                            **gen,
+                        )
+                    ]
+                    result["focus_top_masked"][k] = summary_metrics(
+                        preds, refs, docs, with_bertscore=False
+                    )
         (out / "quality.json").write_text(json.dumps(result, indent=2))
     _plot_focus_top(result["focus_top"], result["table1"], out / "focus_top.png")
     (out / "quality.md").write_text(_markdown(result))
@@ -237,6 +270,7 @@ def _markdown(result: dict) -> str:
         ("Table 1 (beam 4)", result["table1"]),
         ("Table 2 (samples per document)", result["table2"]),
         ("focus_top,k (beam 4)", result["focus_top"]),
+        ("focus_top,k (beam 4), mask only", result.get("focus_top_masked", {})),
     ):
         if not table:
             continue

@@ -1,0 +1,105 @@
+"""Mutation checks of issue 13: each mutation of the library must make its test fail.
+
+Run from the repository root: ``.venv/bin/python .ci/mutations.py [name filter...]``. Each
+mutation is applied to the source, the named tests run, the source is restored; the script
+prints CAUGHT (a test failed, as it should) or MISSED. Not part of ``.ci/run`` (about 4 min).
+"""
+
+M = [
+    (
+        "focus renormalise off by default",
+        "gencraft/focus/decoding.py",
+        "        renormalize: bool = True,\n    ) -> None:",
+        "        renormalize: bool = False,\n    ) -> None:",
+        "tests/test_focus_core.py -k beam_scores",
+    ),
+    (
+        "DFS pruning disabled",
+        "gencraft/search/exact.py",
+        "            if child_score <= self.best:\n                break",
+        "            if False:\n                break",
+        "tests/test_search.py -k flat",
+    ),
+    (
+        "every node keeps its full cache",
+        "gencraft/search/exact.py",
+        "            kv = _slice_last(child_cache)",
+        "            kv = [(k.clone(), v.clone()) for k, v in _kv(child_cache)]",
+        "tests/test_search.py -k alive",
+    ),
+    (
+        "stale window by default",
+        "gencraft/pointer/config.py",
+        'option(\n        "regenerate", "re-run',
+        'option(\n        "stale", "re-run',
+        "tests/test_pointer_model.py -k regenerated",
+    ),
+    (
+        "zoneout_eval none by default",
+        "gencraft/pointer/rnn.py",
+        'zoneout_eval: Literal["expectation", "none"] = "expectation",',
+        'zoneout_eval: Literal["expectation", "none"] = "none",',
+        "tests/test_pointer_model.py -k expectation_of",
+    ),
+    (
+        "for_length off by one",
+        "gencraft/search/classifier.py",
+        "length_bucket(max(n - t, 0))",
+        "length_bucket(max(n - t - 1, 0))",
+        "tests/test_search_classifier.py -k for_length",
+    ),
+    (
+        "alpha in the final on_beam ranking",
+        "gencraft/search/beam.py",
+        "                return -bm.cond  # Alg. 1",
+        "                return -bm.sel  # Alg. 1",
+        "tests/test_search.py -k alpha_steers",
+    ),
+    (
+        "focus sampling uniform",
+        "gencraft/focus/decoding.py",
+        "probs = torch.softmax(topic_logits.detach().float(), dim=0)",
+        "probs = torch.ones_like(topic_logits.detach().float())",
+        "tests/test_focus_core.py -k softmax",
+    ),
+    (
+        "length study on the search objective",
+        "gencraft/search/experiments.py",
+        '"beam_log_prob": sequence_log_prob(model, ids, plain.tokens),',
+        '"beam_log_prob": plain.score,',
+        "tests/test_search_classifier.py -k length_study",
+    ),
+    (
+        "bucket gains reversed",
+        "gencraft/pointer/analysis.py",
+        '"gain": base - ptr}',
+        '"gain": ptr - base}',
+        "tests/test_pointer_cli.py -k analyze",
+    ),
+    (
+        "best checkpoint by loss",
+        "gencraft/focus/train.py",
+        "            metric=cfg.select_by,",
+        '            metric="loss",',
+        "tests/test_focus_train.py -k rouge",
+    ),
+]
+only = sys.argv[1:]
+for name, path, a, b, test in M:
+    if only and not any(o in name for o in only):
+        continue
+    p = pathlib.Path(path)
+    src = p.read_text()
+    assert a in src, (name, a)
+    p.write_text(src.replace(a, b))
+    try:
+        r = subprocess.run(
+            f"HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -x -p no:cacheprovider {test}",
+            shell=True,
+            capture_output=True,
+            text=True,
+        )
+        last = r.stdout.strip().splitlines()[-1]
+        print(f"{'CAUGHT' if r.returncode else 'MISSED'}: {name}: {last}", flush=True)
+    finally:
+        p.write_text(src)
