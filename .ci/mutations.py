@@ -5,6 +5,10 @@ mutation is applied to the source, the named tests run, the source is restored; 
 prints CAUGHT (a test failed, as it should) or MISSED. Not part of ``.ci/run`` (about 4 min).
 """
 
+import pathlib
+import subprocess
+import sys
+
 M = [
     (
         "focus renormalise off by default",
