@@ -630,6 +630,23 @@ def test_cli_beam_and_mode(capsys):
     )
     row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert row["nodes"] <= 50 and set(row) >= {"text", "log_prob", "exact"}
+    # the thesis's length convention: 4 counts the EOS, so 3 tokens come before it
+    for cmd, length in (("beam", ["--force-length", "4"]), ("mode", ["--length", "4"])):
+        args = ["search", cmd, "hello", "--model", "tiny-llama", "--max-new-tokens", "6"]
+        assert (
+            main(
+                [
+                    *args,
+                    *length,
+                    "--length-includes-eos",
+                    "--max-nodes" if cmd == "mode" else "--beams",
+                    "40" if cmd == "mode" else "2",
+                ]
+            )
+            == 0
+        )
+        rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+        assert all(r["tokens"] == 3 for r in rows)
 
 
 def test_prompts_reject_unknown_kind():

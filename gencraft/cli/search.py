@@ -49,7 +49,7 @@ def _classifier(args: argparse.Namespace, model: Any) -> Any:
                 ) from None
         if n is None or n < 0:
             raise GencraftError("a length classifier needs --attribute N (or --force-length N)")
-        return clf.for_length(n)
+        return clf.for_length(n, includes_eos=args.length_includes_eos)
     if args.attribute not in (None, "not-degenerate", "degenerate"):
         raise GencraftError(
             f"a degenerate classifier takes --attribute not-degenerate|degenerate, got "
@@ -74,6 +74,8 @@ def cmd_beam(args: argparse.Namespace) -> None:
         forced_eos=args.forced_eos,
         classifier=clf,
         k=args.k if clf is not None else None,
+        length_includes_eos=args.length_includes_eos,
+        forced_ranking=args.forced_ranking,
     )
     for h in hyps:
         print(
@@ -93,7 +95,12 @@ def cmd_mode(args: argparse.Namespace) -> None:
 
     model, tok, ids = _load(args)
     r = exact_mode(
-        model, ids, max_new_tokens=args.max_new_tokens, length=args.length, max_nodes=args.max_nodes
+        model,
+        ids,
+        max_new_tokens=args.max_new_tokens,
+        length=args.length,
+        max_nodes=args.max_nodes,
+        length_includes_eos=args.length_includes_eos,
     )
     print(
         json.dumps(
@@ -170,6 +177,12 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         g.add_argument("--raw", action="store_true", help="no chat template: the prompt as is")
         g.add_argument("--max-new-tokens", type=int, default=32)
         g.add_argument("--device", default=None)
+        g.add_argument(
+            "--length-includes-eos",
+            action="store_true",
+            help="lengths (--force-length, --length, --attribute N) count the EOS, as the "
+            "thesis's tables do (default: tokens before EOS)",
+        )
         if name == "beam":
             g.add_argument("--beams", type=int, default=4)
             g.add_argument(
@@ -198,7 +211,15 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
                 "--forced-eos",
                 choices=("model", "free"),
                 default="model",
-                help="the forced EOS scores the model's log P(EOS), or 0",
+                help="the forced EOS (forced length; on the beam, at --max-new-tokens) scores "
+                "the model's log P(EOS), or 0 (Alg. 1)",
+            )
+            g.add_argument(
+                "--forced-ranking",
+                choices=("score", "selection"),
+                default="score",
+                help="with --force-length on the beam: rank by the model score, or by the "
+                "selection score C' (what Alg. 1 returns)",
             )
         else:
             g.add_argument(
