@@ -241,3 +241,40 @@ def test_ctrl_c_saves_and_the_resumed_run_ends_with_the_uninterrupted_weights(
     ref_hist = json.loads((tmp_path / "ref" / "history.json").read_text())
     run_hist = json.loads((run / "history.json").read_text())
     assert [h["valid_ppl"] for h in ref_hist] == [h["valid_ppl"] for h in run_hist]
+
+
+def test_medium_preset_trains_with_the_papers_schedule_by_default(
+    synthetic_lm_dir, tmp_path, capsys
+):
+    """--preset medium without --k1 uses k1 = 1 (the paper's schedule); --k1 still wins."""
+    common = [
+        "pointer",
+        "train",
+        "--corpus",
+        "ptb",
+        "--preset",
+        "medium",
+        "--hidden-size",
+        "8",
+        "--window",
+        "4",
+        "--batch-size",
+        "2",
+        "--bptt",
+        "5",
+        "--max-steps",
+        "2",
+        "--eval-batch-size",
+        "2",
+        "--final-eval-batch-size",
+        "2",
+        "--quiet",
+        "--data-dir",
+        str(synthetic_lm_dir),
+    ]
+    for extra, k1 in (([], 1), (["--k1", "5"], 5)):
+        out = tmp_path / str(k1)
+        assert main([*common, *extra, "--output", str(out)]) == 0
+        state = torch.load(out / "checkpoint" / "state.pt", weights_only=False)
+        assert state["settings"]["k1"] == k1
+    assert "--preset medium: k1 = 1" in capsys.readouterr().out
