@@ -214,14 +214,8 @@ def test_conditional_on_beam_selects_by_classifier_but_scores_by_model():
             out = super().step(tokens, cache)
             return StepOutput(out.log_probs, out.cache, torch.zeros(len(out.cache), 0, 0))
 
-    hyps = beam_search(
-        Stepper(),
-        num_beams=2,
-        max_new_tokens=3,
-        eos_token_id=0,
-        classifier=EosPenalty(),
-        finished="on_beam",
-    )
+    kw = dict(num_beams=2, max_new_tokens=3, eos_token_id=0, finished="on_beam")
+    hyps = beam_search(Stepper(), classifier=EosPenalty(), **kw)
     ln = math.log
     # step 1: EOS selects at -0.693 - 5: "a" (-1.204) and "b" (-1.609) take the beam.
     # step 2: a a -1.427, b a / b b -3.219 beat a b -3.507 and both EOS (-5 each): a a, b a.
@@ -232,15 +226,7 @@ def test_conditional_on_beam_selects_by_classifier_but_scores_by_model():
     for h, w in zip(hyps, want, strict=True):
         assert h.score == pytest.approx(w, abs=1e-5)  # the model score, not the selection
         assert h.conditional_score == pytest.approx(w - 5.0, abs=1e-5)  # forced EOS scored
-    free = beam_search(
-        Stepper(),
-        num_beams=2,
-        max_new_tokens=3,
-        eos_token_id=0,
-        classifier=EosPenalty(),
-        finished="on_beam",
-        forced_eos="free",
-    )
+    free = beam_search(Stepper(), classifier=EosPenalty(), forced_eos="free", **kw)
     assert [h.score for h in free] == pytest.approx([ln(0.3) + ln(0.8), ln(0.2) + ln(0.2)])
 
 
