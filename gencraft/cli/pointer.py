@@ -21,15 +21,13 @@ def _corpus(name: str, data_dir: str | None, splits: tuple[str, ...]) -> Any:
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.pointer import PointerSentinelLSTM, PointerTrainer, TrainConfig
-    from gencraft.pointer.train import MEDIUM_K1, evaluate
+    from gencraft.pointer.train import evaluate, preset_k1
     from gencraft.utils import seed_everything
 
     cfg = dataclass_from_args(TrainConfig, args)  # settings are checked before any loading
-    if args.preset == "medium" and cfg.k1 is None:  # the paper's schedule for the paper's model
-        cfg.k1 = MEDIUM_K1
-        print(
-            f"--preset medium: k1 = {MEDIUM_K1} (the paper's schedule; --k1 {cfg.bptt} for k1 = k2)"
-        )
+    if cfg.k1 != (k1 := preset_k1(args.preset, cfg.k1)):
+        cfg.k1 = k1
+        print(f"--preset {args.preset}: k1 = {k1} (the paper's schedule; --k1 {cfg.bptt}: k1 = k2)")
     corpus = _corpus(args.corpus, args.data_dir, ("train", "valid", "test"))
     overrides: dict[str, Any] = {"pointer": not args.no_pointer, "extra": {"corpus": args.corpus}}
     for key in ("window", "hidden_size", "dropout", "zoneout"):

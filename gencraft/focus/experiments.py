@@ -218,31 +218,27 @@ def quality(args) -> dict:
         decodings = ["top_k", "nucleus"]
         if name == "fame":
             decodings += ["focus_sample", "focus_sample+top_k", "focus_sample+nucleus"]
+        # the beam focus decodings also with the mask only (before issue 13), if asked
+        scorings = {"": True, ", masked only": False} if args.masked_rows else {"": True}
         sub = slice(0, args.sample_docs)
         for dec in decodings:
-            groups = summarize(model, tok, docs[sub], decoding=dec, samples=args.samples, **gen)
-            result["table2"][f"{name} ({dec})"] = diversity_metrics(groups, refs[sub], docs[sub])
-            if dec == "focus_sample" and args.masked_rows:
+            variants = scorings if dec == "focus_sample" else {"": True}
+            for label, renorm in variants.items():
                 groups = summarize(
                     model,
                     tok,
                     docs[sub],
                     decoding=dec,
                     samples=args.samples,
-                    focus_renormalize=False,
+                    focus_renormalize=renorm,
                     **gen,
                 )
-                result["table2"][f"{name} ({dec}, masked only)"] = diversity_metrics(
+                result["table2"][f"{name} ({dec}{label})"] = diversity_metrics(
                     groups, refs[sub], docs[sub]
                 )
         if name == "fame":
             for k in args.focus_top:
-                preds = [
-                    g[0]
-                    for g in summarize(model, tok, docs, decoding="focus_top", focus_k=k, **gen)
-                ]
-                result["focus_top"][k] = summary_metrics(preds, refs, docs, with_bertscore=False)
-                if args.masked_rows:
+                for label, renorm in scorings.items():
                     preds = [
                         g[0]
                         for g in summarize(
@@ -251,13 +247,12 @@ def quality(args) -> dict:
                             docs,
                             decoding="focus_top",
                             focus_k=k,
-                            focus_renormalize=False,
+                            focus_renormalize=renorm,
                             **gen,
                         )
                     ]
-                    result["focus_top_masked"][k] = summary_metrics(
-                        preds, refs, docs, with_bertscore=False
-                    )
+                    key = "focus_top_masked" if label else "focus_top"
+                    result[key][k] = summary_metrics(preds, refs, docs, with_bertscore=False)
         (out / "quality.json").write_text(json.dumps(result, indent=2))
     _plot_focus_top(result["focus_top"], result["table1"], out / "focus_top.png")
     (out / "quality.md").write_text(_markdown(result))

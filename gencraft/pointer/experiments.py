@@ -18,7 +18,7 @@ import torch
 
 from gencraft.experiments import ExperimentRun, register, settings_field
 from gencraft.pointer.lstm import PointerSentinelLSTM
-from gencraft.pointer.train import MEDIUM_K1, PointerTrainer, TrainConfig, evaluate
+from gencraft.pointer.train import PointerTrainer, TrainConfig, evaluate, preset_k1
 
 
 @dataclass
@@ -111,8 +111,7 @@ def pointer_vs_lstm(s: PointerSettings, run: ExperimentRun) -> None:
     )
 
     corpus = load_lm_corpus(s.corpus, s.data_dir)
-    if s.k1 is None and s.preset == "medium":
-        s.k1 = MEDIUM_K1
+    s.k1 = preset_k1(s.preset, s.k1)
     base_cfg = TrainConfig(
         seed=s.seed, optimizer=s.optimizer, lr=s.lr, batch_size=s.batch_size, k1=s.k1
     )

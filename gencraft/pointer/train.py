@@ -107,6 +107,13 @@ def evaluate(
 MEDIUM_K1 = 1
 """k1 for ``--preset medium`` when none is given: the paper's schedule (k1 = 1, k2 = 100)."""
 
+
+def preset_k1(preset: str, k1: int | None) -> int | None:
+    """The k1 a run uses: the one given, else the paper's schedule for the paper's (medium)
+    model, else None (k1 = k2)."""
+    return MEDIUM_K1 if k1 is None and preset == "medium" else k1
+
+
 BUDGET_KEYS = (
     "max_steps",
     "max_time",
