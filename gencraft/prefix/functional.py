@@ -1,0 +1,127 @@
+"""DASP's attention pieces on tensors (Discourse-Aware Soft Prompting, §3.3-3.4).
+
+Shapes: B batch, T queries, P prefix columns (virtual tokens), K = P + T key columns, S segments.
+
+* :func:`prefix_block_mask`: which prefix columns each query may see (UniBlock): the P prefixes
+  are cut into S contiguous groups, ``torch.arange(P).tensor_split(S)``, and a query in segment
+  s sees group s only. Real-token columns are not this mask's business (they stay as the
+  model's causal/padding mask has them).
+* :func:`trunc_sparse_attention`: TruncSA, eq. 2: each key column's attention summed over the
+  queries and normalised over the keys gives a key-importance distribution; the keys outside
+  its top-p nucleus are zeroed in every row; rows are re-normalised (the paper does not say; it
+  is the default here and can be turned off).
+* :func:`soft_sparse_attention`: SoftSA, eqs. 3-4: a Gumbel-softmax sample of each attention
+  row, softmax((log a + g) / τ) with a = softmax(scores), g = -log(-log u), u ~ U(0, 1) (the
+  reading "π = the attention probabilities" of the paper's two).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gencraft.errors import ConfigError
+
+
+def prefix_block_mask(
+    segment_ids: torch.Tensor, num_virtual_tokens: int, num_segments: int
+) -> torch.Tensor:
+    """UniBlock's mask over the prefix columns.
+
+    Args:
+        segment_ids: [B, T] LongTensor, each query's segment in [0, S).
+        num_virtual_tokens: P.
+        num_segments: S (1 <= S <= P).
+
+    Returns:
+        [B, T, P] bool, True where the query may attend to the prefix column: column j is in
+        group s = the group of ``torch.arange(P).tensor_split(S)`` that holds j.
+    """
+    p, s = num_virtual_tokens, num_segments
+    if s < 1 or p < 1:
+        raise ConfigError(f"need P >= 1 prefixes and S >= 1 segments, got P = {p}, S = {s}")
+    if p < s:
+        raise ConfigError(
+            f"{p} prefixes cannot be split into {s} segment groups (each group needs at least "
+            "one): use more virtual tokens or fewer segments"
+        )
+    if segment_ids.dim() != 2 or segment_ids.dtype not in (torch.long, torch.int, torch.int32):
+        raise ConfigError(
+            f"segment_ids must be an integer tensor [B, T], got {segment_ids.dtype} of shape "
+            f"{tuple(segment_ids.shape)}"
+        )
+    if segment_ids.numel() and (int(segment_ids.min()) < 0 or int(segment_ids.max()) >= s):
+        raise ConfigError(
+            f"segment_ids must lie in [0, {s}), got values in [{int(segment_ids.min())}, "
+            f"{int(segment_ids.max())}]"
+        )
+    group = torch.empty(p, dtype=torch.long, device=segment_ids.device)
+    for g, cols in enumerate(torch.arange(p).tensor_split(s)):
+        group[cols.to(group.device)] = g
+    return segment_ids.long()[..., None] == group  # [B, T, 1] vs [P] -> [B, T, P]
+
+
+def trunc_sparse_attention(
+    probs: torch.Tensor,
+    top_p: float,
+    renormalize: bool = True,
+    *,
+    query_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """TruncSA (eq. 2) on attention probabilities.
+
+    Args:
+        probs: [..., T, K] attention rows (each sums to 1 over its allowed keys).
+        top_p: the nucleus mass in (0, 1]; the key that crosses it is kept (at least one key).
+        renormalize: rows re-normalised over the kept keys; a row with no mass left on them
+            stays all zero (no NaN).
+        query_mask: [..., T] bool (broadcastable), the queries whose rows count in the column
+            sums (e.g. not padding); default all.
+
+    Returns:
+        [..., T, K], the rows with the keys outside the nucleus zeroed.
+    """
+    if not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"top_p must lie in (0, 1], got {top_p}")
+    weights = probs.float()
+    if query_mask is not None:
+        weights = weights * query_mask[..., None].to(weights.dtype)
+    column = weights.sum(dim=-2)  # [..., K]: ā, each key's attention from all queries
+    importance = column / column.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float).tiny)
+    sorted_imp, order = importance.sort(dim=-1, descending=True)
+    before = sorted_imp.cumsum(dim=-1) - sorted_imp  # mass of the more important keys
+    keep_sorted = before < top_p
+    keep_sorted[..., 0] = True
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # [..., K]
+    out = probs * keep[..., None, :].to(probs.dtype)
+    if renormalize:
+        total = out.sum(dim=-1, keepdim=True)
+        out = torch.where(total > 0, out / total.clamp_min(torch.finfo(out.dtype).tiny), out)
+    return out
+
+
+def soft_sparse_attention(
+    scores: torch.Tensor,
+    tau: float,
+    generator: torch.Generator | None = None,
+    noise: bool = True,
+) -> torch.Tensor:
+    """SoftSA (eqs. 3-4): a Gumbel-softmax relaxation of each attention row.
+
+    Args:
+        scores: [..., K] attention logits (masked keys at -inf).
+        tau: temperature τ > 0 (paper: 1.0, 0.1, 0.01).
+        generator: draws u = ``torch.rand(scores.shape, generator=generator, ...)``.
+        noise: False gives the noiseless softmax(log a / τ) (e.g. at evaluation).
+
+    Returns:
+        [..., K] rows summing to 1 over the unmasked keys; a fully masked row is all zero.
+    """
+    if not tau > 0:
+        raise ConfigError(f"tau must be > 0, got {tau}")
+    log_a = torch.log_softmax(scores.float(), dim=-1)
+    if noise:
+        u = torch.rand(scores.shape, generator=generator, device=scores.device)
+        u = u.clamp(min=torch.finfo(torch.float).tiny)  # u = 0 would give g = -inf
+        log_a = log_a - torch.log(-torch.log(u))
+    out = torch.softmax(log_a / tau, dim=-1)
+    return torch.nan_to_num(out, nan=0.0).to(scores.dtype)
