@@ -267,8 +267,15 @@ def test_alpha_steers_selection_but_not_the_final_on_beam_ranking():
     "a EOS": S = ln .3 + ln .1 = -3.507, C = C' = -3.507. Alg. 1 ranks by C (α = 1): "b"
     first; ranking by the weighted C' would put "a" first."""
     ln = math.log
-    kw = dict(num_beams=2, max_new_tokens=2, eos_token_id=0, classifier=EndingScorer())
-    hyps = beam_search(LastTokenStepper(), alpha=3.0, finished="on_beam", **kw)
+    kw = dict(
+        num_beams=2,
+        max_new_tokens=2,
+        eos_token_id=0,
+        classifier=EndingScorer(),
+        alpha=3.0,
+        finished="on_beam",
+    )
+    hyps = beam_search(LastTokenStepper(), **kw)
     assert [h.tokens for h in hyps] == [[2], [1]]
     assert [h.conditional_score for h in hyps] == pytest.approx(
         [ln(0.2) + ln(0.6) - 1, ln(0.3) + ln(0.1)]
@@ -277,27 +284,13 @@ def test_alpha_steers_selection_but_not_the_final_on_beam_ranking():
     # (the model's cost): S ranks "b" (-1.427) over "a" (-2.813); Alg. 1's output for a
     # deterministic attribute, the top of the beam under C', is "a" (-2.813 against -4.427)
     for ranking, order in (("score", [[2], [1]]), ("selection", [[1], [2]])):
-        forced = beam_search(
-            LastTokenStepper(),
-            alpha=3.0,
-            finished="on_beam",
-            force_length=1,
-            forced_ranking=ranking,
-            **kw,
-        )
+        forced = beam_search(LastTokenStepper(), force_length=1, forced_ranking=ranking, **kw)
         assert [h.tokens for h in forced] == order
         assert sorted(h.score for h in forced) == pytest.approx(
             sorted([ln(0.6) + ln(0.1), ln(0.4) + ln(0.6)])
         )
     # the thesis's length convention counts the EOS: 2 there is 1 token here
-    thesis = beam_search(
-        LastTokenStepper(),
-        alpha=3.0,
-        finished="on_beam",
-        force_length=2,
-        length_includes_eos=True,
-        **kw,
-    )
+    thesis = beam_search(LastTokenStepper(), force_length=2, length_includes_eos=True, **kw)
     assert [h.tokens for h in thesis] == [[2], [1]]
 
 
