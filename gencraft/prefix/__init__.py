@@ -1,11 +1,28 @@
-"""Discourse-aware soft prompting (DASP): prefix-tuning with per-segment prefix blocking and
-sparse prefix attention. So far the functional core (:mod:`gencraft.prefix.functional`); the
-``PrefixModel`` on the shared attention dispatcher follows (issue 14)."""
+"""Discourse-aware soft prompting (DASP): prefix-tuning with per-segment prefix blocking
+(UniBlock, HierBlock) and sparse prefix attention (TruncSA, SoftSA and their hierarchical
+variants), on any Hugging Face causal LM or encoder-decoder (docs/prefix.md).
 
+* :class:`PrefixConfig` and :class:`PrefixModel` (``forward``, ``generate``,
+  ``prefix_cache``, ``save_pretrained``/``from_pretrained``, ``from_peft``);
+* :func:`sparse_attention`: the same normalisers on a model without prefixes (the paper's
+  full fine-tuning control rows);
+* the functional core: :func:`prefix_block_mask`, :func:`trunc_sparse_attention`,
+  :func:`soft_sparse_attention`.
+"""
+
+from gencraft.prefix.config import PrefixConfig
 from gencraft.prefix.functional import (
     prefix_block_mask,
     soft_sparse_attention,
     trunc_sparse_attention,
 )
+from gencraft.prefix.model import PrefixModel, sparse_attention
 
-__all__ = ["prefix_block_mask", "soft_sparse_attention", "trunc_sparse_attention"]
+__all__ = [
+    "PrefixConfig",
+    "PrefixModel",
+    "prefix_block_mask",
+    "soft_sparse_attention",
+    "sparse_attention",
+    "trunc_sparse_attention",
+]

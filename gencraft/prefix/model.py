@@ -1,0 +1,719 @@
+"""``PrefixModel``: prefix-tuning (Li & Liang) with DASP's blocking and sparse attention, on any
+Hugging Face causal LM or encoder-decoder whose attention gencraft's dispatcher knows.
+
+Where the prefixes go (P key/value vectors per layer, the base frozen):
+
+* decoder self-attention (every model): in the KV cache, as peft does, so the real tokens take
+  positions P, P+1, ... and a dense ``PrefixModel`` *is* the base run with
+  ``past_key_values=prefix_cache(B)``;
+* encoder self-attention (encoder-decoders, ``encoder_prefix``) and, optionally, the decoder's
+  cross-attention (``cross_prefix``): extra key/value columns through the dispatcher
+  (:class:`~gencraft.prefix.attention.PrefixKeyValues`); they carry no position.
+
+Parameters are stored as peft stores them (``embedding`` [P, L·2·n_kv·d], or with
+``prefix_projection`` an embedding [P, n_kv·d] and the MLP ``transform``), per stack, so a peft
+adapter loads by copying (:meth:`PrefixModel.from_peft`).
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import DynamicCache, EncoderDecoderCache
+
+from gencraft.errors import ConfigError, GencraftError
+from gencraft.models.attention import (
+    AttentionCall,
+    AttentionPlugin,
+    attach,
+    attention_context,
+    attention_sites,
+)
+from gencraft.models.introspect import decoder_start_id, hf_model, is_encoder_decoder, pad_id
+from gencraft.models.persistence import read_head, save_head
+from gencraft.prefix.attention import CONTEXT_KEY, PrefixAttention, PrefixCall, PrefixKeyValues
+from gencraft.prefix.config import PrefixConfig, resolve_layers
+from gencraft.prefix.functional import prefix_block_mask
+from gencraft.prefix.segment import check_segment_ids, output_segment, segment
+
+CONFIG_FILE = "prefix_config.json"
+WEIGHTS_FILE = "prefix_model.safetensors"
+#: the prefix groups: (stack, kind) -> name of the parameter module
+GROUPS = {
+    ("decoder", "self"): "decoder",
+    ("encoder", "self"): "encoder",
+    ("decoder", "cross"): "cross",
+}
+
+
+class PrefixEncoder(nn.Module):
+    """One stack's prefixes, laid out as peft's ``PrefixEncoder``.
+
+    ``forward() -> [L·2, n_kv, P, d]``: per layer l, the keys at 2l and the values at 2l + 1.
+    """
+
+    def __init__(
+        self,
+        num_virtual_tokens: int,
+        num_layers: int,
+        kv_heads: int,
+        head_dim: int,
+        projection: bool = False,
+        hidden: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.shape = (num_virtual_tokens, num_layers, kv_heads, head_dim)
+        token_dim = kv_heads * head_dim
+        self.projection = projection
+        if projection:
+            self.embedding = nn.Embedding(num_virtual_tokens, token_dim)
+            self.transform = nn.Sequential(
+                nn.Linear(token_dim, hidden or token_dim),
+                nn.Tanh(),
+                nn.Linear(hidden or token_dim, num_layers * 2 * token_dim),
+            )
+        else:
+            self.embedding = nn.Embedding(num_virtual_tokens, num_layers * 2 * token_dim)
+
+    def forward(self) -> torch.Tensor:
+        p, layers, n, d = self.shape
+        out = self.embedding.weight
+        if self.projection:
+            out = self.transform(out)
+        return out.view(p, layers * 2, n, d).permute(1, 2, 0, 3)
+
+    def layer_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer (key, value), each [1, n_kv, P, d]."""
+        kv = self()
+        return [(kv[2 * i][None], kv[2 * i + 1][None]) for i in range(self.shape[1])]
+
+
+class _Probe(AttentionPlugin):
+    """Records every site's key/value at one forward (never acts)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def active(self, call: AttentionCall) -> bool:
+        s = call.site
+        self.seen[(s.stack, s.kind, s.layer)] = (call.key.detach(), call.value.detach())
+        return False
+
+
+def _probe(base: nn.Module, ids: torch.Tensor) -> dict[tuple[str, str, int], Any]:
+    """Key/value [1, n_kv, T, d] of every attention site when ``base`` reads ``ids`` [1, T]
+    (the encoder and the decoder both read ``ids`` in an encoder-decoder)."""
+    probe = _Probe()
+    handle = attach(base, probe, kind="any")
+    try:
+        with torch.no_grad():
+            if is_encoder_decoder(base):
+                base(input_ids=ids, decoder_input_ids=ids, use_cache=False)
+            else:
+                base(input_ids=ids, use_cache=False)
+    finally:
+        handle.remove()
+    return probe.seen
+
+
+class PrefixModel(nn.Module):
+    """Prefix-tuning with DASP's structure on a frozen Hugging Face model.
+
+    Args:
+        base: a ``*ForCausalLM``, a ``*ForConditionalGeneration`` (BART, T5...) or an
+            ``EncoderDecoderModel`` (BERT2BERT).
+        config: :class:`~gencraft.prefix.PrefixConfig`.
+        tokenizer: needed by the ``"sentence"`` segmenter only.
+    """
+
+    def __init__(self, base: nn.Module, config: PrefixConfig, *, tokenizer: Any = None) -> None:
+        super().__init__()
+        if not isinstance(config, PrefixConfig):
+            raise ConfigError(f"config must be a PrefixConfig, got {type(config).__name__}")
+        hf = hf_model(base)
+        if not hasattr(hf, "generate") or hf.get_output_embeddings() is None:
+            raise GencraftError(
+                f"unsupported model {type(hf).__name__} (model_type "
+                f"{getattr(hf.config, 'model_type', '?')!r}): PrefixModel needs a causal LM or "
+                "an encoder-decoder with a language-model head"
+            )
+        self.base, self.config, self.tokenizer = hf, config, tokenizer
+        for p in self.base.parameters():
+            p.requires_grad_(False)
+        self.is_encoder_decoder = is_encoder_decoder(hf)
+        sites = attention_sites(hf)  # raises, naming the model, when unsupported
+        layers: dict[tuple[str, str], int] = {}
+        for s, _ in sites:
+            layers[(s.stack, s.kind)] = max(layers.get((s.stack, s.kind), 0), s.layer + 1)
+        self.num_layers = layers
+        groups = [("decoder", "self")]
+        if self.is_encoder_decoder:
+            if ("encoder", "self") not in layers:
+                raise GencraftError(f"{type(hf).__name__}: no encoder self-attention found")
+            if config.encoder_prefix:
+                groups.append(("encoder", "self"))
+            if config.cross_prefix:
+                groups.append(("decoder", "cross"))
+        self.groups = groups
+        device = next(hf.parameters()).device
+        seen = _probe(hf, torch.zeros(1, 1, dtype=torch.long, device=device))
+        self.prefix = nn.ModuleDict()
+        self.kv_shapes: dict[str, tuple[int, int]] = {}
+        for stack, kind in groups:
+            shapes = {
+                (k.shape[1], k.shape[3])
+                for (st, kd, _), (k, _) in seen.items()
+                if (st, kd) == (stack, kind)
+            }
+            if len(shapes) != 1:
+                raise GencraftError(
+                    f"{type(hf).__name__}: the {stack} {kind}-attention layers have key shapes "
+                    f"{sorted(shapes)}; PrefixModel needs one [n_kv, d] per stack"
+                )
+            (n_kv, d) = shapes.pop()
+            name = GROUPS[(stack, kind)]
+            self.kv_shapes[name] = (n_kv, d)
+            self.prefix[name] = PrefixEncoder(
+                config.num_virtual_tokens,
+                layers[(stack, kind)],
+                n_kv,
+                d,
+                projection=config.prefix_projection,
+                hidden=config.encoder_hidden_size,
+            ).to(device)
+        self._init_prefixes()
+        self._handles = self._attach()
+
+    # ------------------------------------------------------------------ construction
+    def _init_prefixes(self) -> None:
+        cfg = self.config
+        gen = torch.Generator().manual_seed(cfg.init_seed)
+        for enc in self.prefix.values():
+            w = enc.embedding.weight
+            w.data.copy_(torch.randn(w.shape, generator=gen).to(w))
+        if cfg.init != "tokens":
+            return
+        if cfg.prefix_projection:
+            raise ConfigError(
+                "init='tokens' sets the prefixes directly: use prefix_projection=False"
+            )
+        vocab = self.base.get_output_embeddings().weight.shape[0]
+        special = {pad_id(self.base)} | set(range(min(5, vocab)))
+        pool = torch.tensor([i for i in range(vocab) if i not in special])
+        ids = pool[torch.randperm(len(pool), generator=gen)[: cfg.num_virtual_tokens]]
+        device = next(self.base.parameters()).device
+        seen = _probe(self.base, ids[None].to(device))
+        for (stack, kind), name in ((g, GROUPS[g]) for g in self.groups):
+            enc = self.prefix[name]
+            p, layers, n, d = enc.shape
+            rows = torch.empty(layers * 2, n, p, d, device=device)
+            for i in range(layers):
+                k, v = seen[(stack, kind, i)]
+                rows[2 * i], rows[2 * i + 1] = k[0, :, -p:], v[0, :, -p:]
+            enc.embedding.weight.data.copy_(rows.permute(2, 0, 1, 3).reshape(p, -1))
+
+    def _attach(self) -> list[Any]:
+        cfg, owner, handles = self.config, id(self), []
+        extend = [g for g in self.groups if g != ("decoder", "self")]
+        if extend:
+            plugin = PrefixKeyValues(owner)
+            for stack, kind in extend:
+                handles.append(attach(self.base, plugin, kind=kind, stack=stack))
+        sparse_stacks = {
+            "auto": {"encoder"} if self.is_encoder_decoder else {"decoder"},
+            "encoder": {"encoder"},
+            "decoder": {"decoder"},
+            "both": {"encoder", "decoder"},
+        }[cfg.sparse_stack]
+        if not self.is_encoder_decoder and "decoder" not in sparse_stacks:
+            sparse_stacks = set()
+        for (stack, kind), n in self.num_layers.items():
+            has_prefix = (stack, kind) in self.groups
+            blocked = set(resolve_layers(cfg.blocked_layers, n, cfg.lower_layers))
+            sparse = set()
+            if cfg.normalizer != "softmax" and stack in sparse_stacks and kind == "self":
+                sparse = set(resolve_layers(cfg.sparse_layers, n, cfg.lower_layers))
+            plugin = PrefixAttention(
+                owner, cfg.num_virtual_tokens if has_prefix else 0, blocked, sparse, cfg
+            )
+            handles.append(attach(self.base, plugin, kind=kind, stack=stack))
+        return handles
+
+    def remove(self) -> nn.Module:
+        """Detach the plug-ins and return the (untouched) base model."""
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        return self.base
+
+    # ------------------------------------------------------------------ prefixes
+    @property
+    def num_virtual_tokens(self) -> int:
+        return self.config.num_virtual_tokens
+
+    def _kv(self, name: str, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        dtype = self.base.dtype
+        return [
+            (k.to(dtype).expand(batch_size, -1, -1, -1), v.to(dtype).expand(batch_size, -1, -1, -1))
+            for k, v in self.prefix[name].layer_kv()
+        ]
+
+    def prefix_cache(self, batch_size: int) -> DynamicCache:
+        """The decoder self-attention prefixes as a ``DynamicCache`` (per layer [B, n_kv, P, d],
+        after any projection), exactly what :meth:`forward` and :meth:`generate` use."""
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        return DynamicCache(self._kv("decoder", batch_size))
+
+    def _cache(self, batch_size: int) -> Any:
+        cache = self.prefix_cache(batch_size)
+        if self.is_encoder_decoder:
+            return EncoderDecoderCache(cache, DynamicCache())
+        return cache
+
+    def _call(self, tables: dict[str, torch.Tensor | None], record: Any = None) -> PrefixCall:
+        kv = {g: self._kv(GROUPS[g], 1) for g in self.groups if g != ("decoder", "self")}
+        return PrefixCall(owner=id(self), kv=kv, tables=tables, record=record)
+
+    # ------------------------------------------------------------------ segments
+    def _blocks(self, segment_ids: torch.Tensor, num_segments: int) -> torch.Tensor:
+        return prefix_block_mask(segment_ids, self.config.num_virtual_tokens, num_segments)
+
+    def _segments(
+        self, ids: torch.Tensor, mask: torch.Tensor, s: int, given: torch.Tensor | None, what: str
+    ) -> torch.Tensor:
+        if given is not None:
+            check_segment_ids(given, ids.shape, s, what)
+            return given.long().to(ids.device)
+        return segment(self.config.segmenter, ids, mask, s, self.tokenizer)
+
+    def _decoder_only_table(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        segment_ids: torch.Tensor | None,
+        output_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        cfg = self.config
+        s_in, s_out = cfg.encoder_segments, cfg.decoder_segments
+        if segment_ids is not None:
+            check_segment_ids(segment_ids, input_ids.shape, max(s_in, s_out), "segment_ids")
+            seg_in = seg_out = segment_ids.long()
+            for region, s, name in ((~output_mask, s_in, "prompt"), (output_mask, s_out, "output")):
+                bad = segment_ids[region & mask.bool()]
+                if bad.numel() and int(bad.max()) >= s:
+                    raise ConfigError(
+                        f"segment_ids of {name} tokens must lie in [0, {s}) ({name} segments), "
+                        f"got up to {int(bad.max())}"
+                    )
+        else:
+            m = mask.bool()
+            seg_in = segment(cfg.segmenter, input_ids, m & ~output_mask, s_in, self.tokenizer)
+            seg_out = segment(cfg.segmenter, input_ids, m & output_mask, s_out, self.tokenizer)
+        blocks_in = self._blocks(seg_in.clamp(max=s_in - 1), s_in)
+        blocks_out = self._blocks(seg_out.clamp(max=s_out - 1), s_out)
+        return torch.where(output_mask[..., None], blocks_out, blocks_in)
+
+    def _needs_tables(self) -> bool:
+        return self.config.blocking and self.config.blocked_layers != "none"
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        *,
+        output_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.Tensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        decoder_segment_ids: torch.Tensor | None = None,
+        record: dict | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """The base model's output (``loss`` with ``labels``, ``logits`` [B, T, V]).
+
+        Args:
+            input_ids, attention_mask: [B, T] (the encoder input of an encoder-decoder).
+            segment_ids: [B, T] each token's segment (default: the segmenter's). Decoder-only:
+                prompt tokens in [0, encoder_segments), output tokens in [0, decoder_segments).
+            labels: [B, T] (decoder-only, -100 on the prompt) or [B, T_out] (encoder-decoder).
+            output_mask: decoder-only, [B, T] bool, the output tokens (default:
+                ``labels != -100``; without labels, none: every token is prompt).
+            decoder_segment_ids: encoder-decoders, [B, T_dec] aligned with the decoder inputs
+                (default: the segmenter on the labels, shifted right as the inputs are).
+            record: a dict that receives the attention probabilities of every layer (analysis).
+        """
+        if input_ids.dim() != 2:
+            raise ConfigError(f"input_ids must be [B, T], got shape {list(input_ids.shape)}")
+        b = input_ids.shape[0]
+        mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        p = self.config.num_virtual_tokens
+        tables: dict[str, torch.Tensor | None] = {}
+        if not self.is_encoder_decoder:
+            if self._needs_tables() or segment_ids is not None:
+                if output_mask is None:
+                    output_mask = (
+                        labels != -100
+                        if labels is not None
+                        else torch.zeros_like(input_ids, dtype=torch.bool)
+                    )
+                tables["decoder"] = self._decoder_only_table(
+                    input_ids, mask, segment_ids, output_mask.bool()
+                )
+            full_mask = torch.cat([mask.new_ones(b, p), mask], dim=1)
+            with attention_context(**{CONTEXT_KEY: self._call(tables, record)}):
+                return self.base(
+                    input_ids=input_ids,
+                    attention_mask=full_mask,
+                    past_key_values=self._cache(b),
+                    labels=labels,
+                    **kwargs,
+                )
+        if self._needs_tables() or segment_ids is not None or decoder_segment_ids is not None:
+            seg = self._segments(
+                input_ids, mask, self.config.encoder_segments, segment_ids, "segment_ids"
+            )
+            tables["encoder"] = self._blocks(seg, self.config.encoder_segments)
+            tables["decoder"] = self._decoder_table(
+                decoder_input_ids, decoder_attention_mask, labels, decoder_segment_ids
+            )
+        if decoder_attention_mask is not None:
+            decoder_attention_mask = torch.cat(
+                [
+                    decoder_attention_mask.new_ones(decoder_attention_mask.shape[0], p),
+                    decoder_attention_mask,
+                ],
+                dim=1,
+            )
+        with attention_context(**{CONTEXT_KEY: self._call(tables, record)}):
+            return self.base(
+                input_ids=input_ids,
+                attention_mask=mask,
+                decoder_input_ids=decoder_input_ids,
+                decoder_attention_mask=decoder_attention_mask,
+                past_key_values=self._cache(b),
+                labels=labels,
+                **kwargs,
+            )
+
+    def _decoder_table(
+        self,
+        decoder_input_ids: torch.Tensor | None,
+        decoder_attention_mask: torch.Tensor | None,
+        labels: torch.Tensor | None,
+        given: torch.Tensor | None,
+    ) -> torch.Tensor:
+        s = self.config.decoder_segments
+        if decoder_input_ids is not None:
+            ids = decoder_input_ids
+            mask = decoder_attention_mask if decoder_attention_mask is not None else None
+            if mask is None:
+                mask = torch.ones_like(ids)
+            seg = self._segments(ids, mask, s, given, "decoder_segment_ids")
+            return self._blocks(seg, s)
+        if labels is None:
+            raise ConfigError("an encoder-decoder forward needs labels or decoder_input_ids")
+        if given is not None:
+            check_segment_ids(given, labels.shape, s, "decoder_segment_ids")
+            return self._blocks(given.long(), s)
+        lab_mask = labels != -100
+        seg = segment(self.config.segmenter, labels.clamp(min=0), lab_mask, s, self.tokenizer)
+        # decoder input j holds label j - 1 (the start token at 0, in segment 0)
+        shifted = torch.cat([seg.new_zeros(seg.shape[0], 1), seg[:, :-1]], dim=1)
+        return self._blocks(shifted, s)
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        segment_ids: torch.Tensor | None = None,
+        **generate_kw: Any,
+    ) -> torch.Tensor:
+        """``base.generate`` with the prefixes (greedy, beam search, sampling...).
+
+        Returns what ``generate`` returns without prefixes: the prompt and the new tokens
+        (decoder-only), or the decoder's tokens starting with the start token. Generated
+        token i is in output segment ``min(S-1, i*S // L)`` (L = ``config.output_length``,
+        else ``max_new_tokens``); the prompt's segments are the segmenter's (or
+        ``segment_ids``).
+        """
+        b = input_ids.shape[0]
+        p = self.config.num_virtual_tokens
+        gen_cfg = self.base.generation_config
+        beams = int(generate_kw.get("num_beams") or gen_cfg.num_beams or 1)
+        copies = (
+            beams
+            if beams > 1
+            else int(generate_kw.get("num_return_sequences") or gen_cfg.num_return_sequences or 1)
+        )
+        max_new = int(generate_kw.get("max_new_tokens") or gen_cfg.max_new_tokens or 20)
+        generate_kw.setdefault("max_new_tokens", max_new)
+        generate_kw.setdefault("pad_token_id", pad_id(self.base))
+        mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        s_out = self.config.decoder_segments
+        length = self.config.output_length or max_new
+        out_idx = torch.arange(max_new + 1, device=input_ids.device)
+        out_blocks = self._blocks(
+            output_segment(out_idx, s_out, length)[None].expand(b, -1), s_out
+        )  # [B, max_new + 1, P]
+        tables: dict[str, torch.Tensor | None] = {}
+        dummies = torch.full(
+            (b, p), pad_id(self.base), dtype=input_ids.dtype, device=input_ids.device
+        )
+        if not self.is_encoder_decoder:
+            if self._needs_tables() or segment_ids is not None:
+                seg = self._segments(
+                    input_ids, mask, self.config.encoder_segments, segment_ids, "segment_ids"
+                )
+                prompt = self._blocks(seg, self.config.encoder_segments)
+                tables["decoder"] = torch.cat([prompt, out_blocks], dim=1)
+            # the P dummies are covered by the prefix cache, so generate starts at position P
+            with attention_context(**{CONTEXT_KEY: self._call(tables)}):
+                out = self.base.generate(
+                    input_ids=torch.cat([dummies, input_ids], dim=1),
+                    attention_mask=torch.cat([mask.new_ones(b, p), mask], dim=1),
+                    past_key_values=self._cache(b * copies),
+                    **generate_kw,
+                )
+            if hasattr(out, "sequences"):  # return_dict_in_generate=True
+                out.sequences = out.sequences[:, p:]
+                return out
+            return out[:, p:]
+        if self._needs_tables() or segment_ids is not None:
+            seg = self._segments(
+                input_ids, mask, self.config.encoder_segments, segment_ids, "segment_ids"
+            )
+            tables["encoder"] = self._blocks(seg, self.config.encoder_segments)
+            # decoder input 0 is the start token (segment 0), input j the (j-1)-th output token
+            tables["decoder"] = torch.cat([out_blocks[:, :1], out_blocks[:, :-1]], dim=1)
+        start = torch.full(
+            (b, 1), decoder_start_id(self.base), dtype=input_ids.dtype, device=input_ids.device
+        )
+        with attention_context(**{CONTEXT_KEY: self._call(tables)}):
+            out = self.base.generate(
+                input_ids=input_ids,
+                attention_mask=mask,
+                # an encoder-decoder's generate feeds all decoder inputs at the first step,
+                # after the P cached prefix positions
+                decoder_input_ids=start,
+                past_key_values=self._cache(b * copies),
+                **generate_kw,
+            )
+        return out
+
+    # ------------------------------------------------------------------ analysis
+    @contextmanager
+    def recording(self):
+        """Inside the block, every forward keeps the attention probabilities of every layer
+        (including the prefix columns) in the yielded dict, keyed ``(stack, kind, layer)``."""
+        store: dict = {}
+        original = self.forward
+
+        def forward(*args: Any, **kw: Any) -> Any:
+            kw.setdefault("record", store)
+            return original(*args, **kw)
+
+        self.forward = forward  # type: ignore[method-assign]
+        try:
+            yield store
+        finally:
+            del self.forward
+
+    # ------------------------------------------------------------------ persistence
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.prefix.parameters() if p.requires_grad]
+
+    def _signature(self) -> dict[str, Any]:
+        cfg = self.base.config
+        return {
+            "model_type": getattr(cfg, "model_type", type(self.base).__name__),
+            "layers": {GROUPS[g]: self.num_layers[g] for g in self.groups},
+            "kv_shapes": {k: list(v) for k, v in self.kv_shapes.items()},
+        }
+
+    def save_pretrained(self, directory: str | Path, *, base_name_or_path: str | None = None):
+        """Write the prefix weights and settings only (the base is named, not saved)."""
+        name = (
+            base_name_or_path
+            or getattr(self.base, "gencraft_name", None)
+            or getattr(self.base.config, "_name_or_path", "")
+        )
+        state = {k: v for k, v in self.prefix.state_dict().items()}
+        return save_head(
+            directory,
+            config={
+                "prefix": self.config.to_dict(),
+                "base_name_or_path": name,
+                "base": self._signature(),
+            },
+            tensors=state,
+            base=self.base,
+            save_base=False,
+            config_name=CONFIG_FILE,
+            weights_name=WEIGHTS_FILE,
+        )
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        directory: str | Path,
+        base: nn.Module | str | None = None,
+        *,
+        tokenizer: Any = None,
+        segmenter: Any = None,
+        **overrides: Any,
+    ) -> PrefixModel:
+        """Load saved prefixes onto ``base`` (a model, a name for ``load_model``, or None: the
+        recorded name). Raises when ``base`` is not the model the prefixes were trained on.
+        ``overrides``: PrefixConfig fields to change (e.g. ``output_length``)."""
+        saved, tensors = read_head(
+            directory, config_name=CONFIG_FILE, weights_name=WEIGHTS_FILE, what="PrefixModel"
+        )
+        settings = dict(saved["prefix"])
+        if settings.get("segmenter") == "callable" and segmenter is None:
+            raise ConfigError(f"{directory} was trained with a callable segmenter; pass segmenter=")
+        if segmenter is not None:
+            settings["segmenter"] = segmenter
+        settings.update(overrides)
+        try:
+            config = PrefixConfig(**settings)
+        except TypeError as err:
+            raise GencraftError(f"{Path(directory) / CONFIG_FILE}: {err}") from None
+        recorded = saved.get("base_name_or_path") or ""
+        if base is None or isinstance(base, str):
+            from gencraft.models import load_model
+
+            name = base or recorded
+            if not name:
+                raise GencraftError(f"{directory} records no base model; pass base=")
+            base, tok = load_model(name)
+            tokenizer = tokenizer or tok
+        model = cls(base, config, tokenizer=tokenizer)
+        mine, theirs = model._signature(), saved.get("base", {})
+        if mine != theirs:
+            here = getattr(model.base, "gencraft_name", None) or model.base.config._name_or_path
+            raise GencraftError(
+                f"the prefixes in {directory} were trained on {recorded or '?'} "
+                f"({json.dumps(theirs)}), not on {here or type(model.base).__name__} "
+                f"({json.dumps(mine)})"
+            )
+        missing, unexpected = model.prefix.load_state_dict(tensors, strict=False)
+        if missing or unexpected:
+            raise GencraftError(
+                f"{Path(directory) / WEIGHTS_FILE} does not match its config: missing "
+                f"{missing[:5]}, unexpected {unexpected[:5]}"
+            )
+        return model
+
+    @classmethod
+    def from_peft(cls, peft_model: nn.Module, adapter: str | None = None) -> PrefixModel:
+        """A PrefixModel with the prefixes of a peft prefix-tuning model (equal logits).
+
+        peft puts prefixes in the decoder's self-attention only (also for seq2seq models), so
+        the result has ``encoder_prefix=False``."""
+        try:
+            from peft import PeftType
+        except ImportError:
+            raise ConfigError("from_peft needs peft: pip install peft==0.21.2") from None
+        adapter = adapter or getattr(peft_model, "active_adapter", "default")
+        pcfg = peft_model.peft_config[adapter]
+        if pcfg.peft_type != PeftType.PREFIX_TUNING:
+            raise ConfigError(f"adapter {adapter!r} is {pcfg.peft_type}, not prefix tuning")
+        if pcfg.prefix_projection and pcfg.inference_mode:
+            raise ConfigError(
+                "a peft prefix with prefix_projection in inference mode stores no MLP; load it "
+                "with inference_mode=False"
+            )
+        config = PrefixConfig(
+            num_virtual_tokens=pcfg.num_virtual_tokens,
+            prefix_projection=bool(pcfg.prefix_projection),
+            encoder_hidden_size=pcfg.encoder_hidden_size if pcfg.prefix_projection else None,
+            encoder_prefix=False,
+        )
+        model = cls(peft_model.get_base_model(), config)
+        target = model.prefix["decoder"]
+        state = dict(peft_model.prompt_encoder[adapter].state_dict())
+        layers = target.shape[1]
+        if pcfg.num_transformer_submodules == 2:
+            # peft's seq2seq layout: the chunks are doubled and split in fours per layer, so
+            # layer l's self-attention key/value are chunks 4l and 4l + 1 (mod 2L)
+            order = [(4 * i + j) % (2 * layers) for i in range(layers) for j in (0, 1)]
+            name = "transform.2" if config.prefix_projection else "embedding"
+            key = f"{name}.weight"
+            w = state[key]
+            chunks = (
+                w.view(-1, 2 * layers, w.shape[-1] // (2 * layers)) if name == "embedding" else None
+            )
+            if name == "embedding":
+                state[key] = chunks[:, order].reshape(w.shape)
+            else:
+                rows = w.view(2 * layers, -1, w.shape[-1])
+                state[key] = rows[order].reshape(w.shape)
+                b = state["transform.2.bias"].view(2 * layers, -1)
+                state["transform.2.bias"] = b[order].reshape(-1)
+        try:
+            target.load_state_dict(state)
+        except RuntimeError as err:
+            raise GencraftError(f"the peft prefix does not fit this model: {err}") from None
+        # check against peft's own cache (its layout is an implementation detail of peft)
+        with torch.no_grad():
+            theirs = peft_model.get_prompt(1)
+            theirs = getattr(theirs, "self_attention_cache", theirs)
+            for i, (k, v) in enumerate(target.layer_kv()):
+                tk, tv = theirs.layers[i].keys, theirs.layers[i].values
+                if not (torch.equal(tk.to(k), k) and torch.equal(tv.to(v), v)):
+                    raise GencraftError(
+                        f"peft {getattr(peft_model, '__version__', '')} lays out prefix layer {i} "
+                        "differently from what from_peft expects; please report this"
+                    )
+        return model
+
+
+class SparseAttentionHandle:
+    """Returned by :func:`sparse_attention`; ``remove()`` restores the model's softmax."""
+
+    def __init__(self, handles: list[Any]) -> None:
+        self.handles = handles
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def sparse_attention(model: nn.Module, config: PrefixConfig) -> SparseAttentionHandle:
+    """DASP's normalisers on a model without prefixes (the paper's full fine-tuning control
+    rows, "FT TruncSA/SoftSA"): ``config.normalizer`` on ``config.sparse_layers`` of
+    ``config.sparse_stack``'s self-attention; the prefix settings are ignored. The model's
+    weights are untouched and stay trainable."""
+    hf = hf_model(model)
+    ed = is_encoder_decoder(hf)
+    stacks = {
+        "auto": {"encoder"} if ed else {"decoder"},
+        "encoder": {"encoder"},
+        "decoder": {"decoder"},
+        "both": {"encoder", "decoder"},
+    }[config.sparse_stack]
+    counts: dict[str, int] = {}
+    for s, _ in attention_sites(hf):
+        if s.kind == "self":
+            counts[s.stack] = max(counts.get(s.stack, 0), s.layer + 1)
+    handles = []
+    for stack in sorted(stacks & set(counts)):
+        layers = set(resolve_layers(config.sparse_layers, counts[stack], config.lower_layers))
+        if layers:
+            plugin = PrefixAttention(None, 0, set(), layers, config)
+            handles.append(attach(hf, plugin, kind="self", stack=stack, layers=sorted(layers)))
+    if not handles:
+        raise ConfigError(
+            f"no self-attention layer selected by sparse_layers={config.sparse_layers!r}"
+        )
+    return SparseAttentionHandle(handles)

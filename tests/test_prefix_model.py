@@ -1,0 +1,405 @@
+"""PrefixModel against independent references: peft's prefix-tuning (logits and generate),
+the base run with ``past_key_values=prefix_cache(B)``, the dispatcher's extra columns, a
+hand-written 4-D block mask, the normalisers by hand, gradients only into the prefixes."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from peft import PrefixTuningConfig, TaskType, get_peft_model
+
+from gencraft.errors import ConfigError, GencraftError
+from gencraft.models.attention import StaticKeyValues, attach
+from gencraft.models.tiny import build_tiny_model
+from gencraft.prefix import (
+    PrefixConfig,
+    PrefixModel,
+    prefix_block_mask,
+    soft_sparse_attention,
+    sparse_attention,
+)
+
+P = 4
+CAUSAL = ["tiny-llama", "tiny-gpt2"]
+SEQ2SEQ = ["tiny-bart", "tiny-t5", "tiny-bert2bert"]
+
+
+def _batch(seed: int = 0, b: int = 2, t: int = 7, pad_left: int = 2):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, 250, (b, t), generator=g)
+    mask = torch.ones(b, t, dtype=torch.long)
+    if pad_left:
+        mask[1, :pad_left] = 0
+        ids[1, :pad_left] = 0
+    return ids, mask
+
+
+def _peft(name: str, p: int = P, seed: int = 0, projection: bool = False):
+    base = build_tiny_model(name)
+    tt = TaskType.SEQ_2_SEQ_LM if base.config.is_encoder_decoder else TaskType.CAUSAL_LM
+    cfg = PrefixTuningConfig(task_type=tt, num_virtual_tokens=p, prefix_projection=projection)
+    torch.manual_seed(seed)
+    pm = get_peft_model(copy.deepcopy(base), cfg)
+    with torch.no_grad():
+        for prm in pm.parameters():
+            if prm.requires_grad:
+                prm.normal_()
+    return pm.eval()
+
+
+def _model(name: str, seed: int = 0, **cfg) -> PrefixModel:
+    cfg.setdefault("num_virtual_tokens", P)
+    cfg.setdefault("init_seed", seed)
+    return PrefixModel(build_tiny_model(name, seed=seed), PrefixConfig(**cfg)).eval()
+
+
+# ---------------------------------------------------------------------------- peft and cache
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2", "tiny-bart", "tiny-t5"])
+@pytest.mark.parametrize("projection", [False, True])
+def test_from_peft_equal_logits(name, projection):
+    pm = _peft(name, projection=projection)
+    model = PrefixModel.from_peft(pm)
+    ids, mask = _batch(pad_left=0 if pm.config.is_encoder_decoder else 2)
+    kw = {}
+    if pm.config.is_encoder_decoder:
+        kw["labels"] = torch.randint(5, 250, (2, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = pm(input_ids=ids, attention_mask=mask, **kw).logits
+        out = model(ids, mask, **kw).logits
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    assert model.config.encoder_prefix is False  # peft's seq2seq prefix is decoder-only
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+@pytest.mark.parametrize("settings", [{"num_beams": 1}, {"num_beams": 3}])
+def test_generate_equals_peft(name, settings):
+    pm = _peft(name)
+    model = PrefixModel.from_peft(pm)
+    ids, mask = _batch()
+    ref = pm.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, **settings)
+    out = model.generate(ids, mask, max_new_tokens=6, **settings)
+    assert out.tolist() == ref.tolist()
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_dense_equals_base_with_prefix_cache_and_extra_columns(name):
+    model = _model(name)
+    ids, mask = _batch(pad_left=0)
+    b, t = ids.shape
+    with torch.no_grad():
+        out = model(ids, mask).logits
+        full = torch.cat([torch.ones(b, P, dtype=torch.long), mask], 1)
+        ref = model.base(input_ids=ids, attention_mask=full, past_key_values=model.prefix_cache(b))
+        assert torch.equal(out, ref.logits)
+        # an independent path: the same prefixes as extra columns of the dispatcher, positions
+        # shifted by P by hand
+        kv = model.prefix["decoder"].layer_kv()
+        handles = [
+            attach(model.base, StaticKeyValues(key=k, value=v), kind="self", layers=[i])
+            for i, (k, v) in enumerate(kv)
+        ]
+        try:
+            pos = torch.arange(P, P + t)[None].expand(b, -1)
+            ext = model.base(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        finally:
+            for h in handles:
+                h.remove()
+    torch.testing.assert_close(out, ext, rtol=1e-5, atol=1e-5)
+
+
+def test_prefix_cache_shapes_and_projection():
+    model = _model("tiny-llama", prefix_projection=True, encoder_hidden_size=16)
+    cache = model.prefix_cache(3)
+    assert cache.get_seq_length() == P
+    assert tuple(cache.layers[0].keys.shape) == (3, 2, P, 8)  # GQA: 2 key/value heads of 8
+    kv = model.prefix["decoder"]()
+    torch.testing.assert_close(cache.layers[1].values[0], kv[3])
+
+
+# ---------------------------------------------------------------------------- gradients
+@pytest.mark.parametrize("name", CAUSAL + SEQ2SEQ)
+def test_gradients_only_into_prefixes(name):
+    model = _model(name, cross_prefix=True, encoder_segments=2, blocked_layers="lower")
+    model.train()
+    ids, mask = _batch(pad_left=0)
+    labels = ids.clone() if not model.is_encoder_decoder else ids[:, :5].clone()
+    if not model.is_encoder_decoder:
+        labels[:, :3] = -100
+    out = model(ids, mask, labels=labels)
+    out.loss.backward()
+    assert all(p.grad is None for p in model.base.parameters())
+    grads = {n: p.grad for n, p in model.prefix.named_parameters()}
+    assert grads and all(g is not None and g.abs().sum() > 0 for g in grads.values())
+    assert set(model.prefix) == ({"decoder"} if name in CAUSAL else {"decoder", "encoder", "cross"})
+
+
+# ---------------------------------------------------------------------------- blocking
+def _hand_block_mask(model, ids, mask, seg, output_mask, s_in, s_out):
+    """A 4-D additive mask [B, 1, T, P + T] written out by hand: causal and padding on the
+    real columns, prefix column j allowed iff j is in the query's segment group."""
+    b, t = ids.shape
+    neg = torch.finfo(torch.float32).min
+    m = torch.full((b, 1, t, P + t), neg)
+    for bi in range(b):
+        for i in range(t):
+            s = int(seg[bi, i])
+            groups = torch.arange(P).tensor_split(s_out if output_mask[bi, i] else s_in)
+            for j in groups[s].tolist():
+                m[bi, 0, i, j] = 0.0
+            for j in range(i + 1):
+                if mask[bi, j]:
+                    m[bi, 0, i, P + j] = 0.0
+    return m
+
+
+@pytest.mark.parametrize("name", CAUSAL)
+def test_uniblock_equals_hand_written_mask(name):
+    model = _model(name, encoder_segments=2, decoder_segments=2, blocked_layers="all")
+    ids, mask = _batch(pad_left=0, t=8)
+    labels = ids.clone()
+    labels[:, :5] = -100  # 5 prompt tokens, 3 output tokens
+    output_mask = labels != -100
+    seg = torch.tensor([[0, 0, 0, 1, 1, 0, 0, 1]] * 2)  # uniform: 5 -> 3 + 2, 3 -> 2 + 1
+    with torch.no_grad():
+        out = model(ids, mask, labels=labels).logits
+        given = model(ids, mask, segment_ids=seg, labels=labels).logits
+        hand = _hand_block_mask(model, ids, mask, seg, output_mask, 2, 2)
+        pos = torch.arange(P, P + ids.shape[1])[None].expand(2, -1)
+        model.base.config._attn_implementation = "eager"
+        for m in model.base.modules():
+            if hasattr(m, "_gencraft_original_attention"):
+                m._gencraft_original_attention = "eager"
+        ref = model.base(
+            input_ids=ids,
+            attention_mask=hand,
+            position_ids=pos,
+            past_key_values=model.prefix_cache(2),
+        ).logits
+    torch.testing.assert_close(out, given, rtol=0, atol=0)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_blocked_group_equals_removing_the_other_prefixes():
+    """Every token in segment 0 of 2: the same as a dense model holding only group 0."""
+    model = _model("tiny-llama", encoder_segments=2, blocked_layers="all")
+    ids, mask = _batch(pad_left=0)
+    seg = torch.zeros_like(ids)
+    small = _model("tiny-llama", num_virtual_tokens=P // 2, encoder_segments=1)
+    with torch.no_grad():
+        kv = model.prefix["decoder"]()
+        small.prefix["decoder"].embedding.weight.copy_(
+            kv[:, :, : P // 2].permute(2, 0, 1, 3).reshape(P // 2, -1)
+        )
+        pos = torch.arange(P, P + ids.shape[1])[None].expand(2, -1)
+        out = model(ids, mask, segment_ids=seg, position_ids=pos).logits
+        ref = small(ids, mask, position_ids=pos).logits
+        dense = _model("tiny-llama")(ids, mask, position_ids=pos).logits
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(out, dense, atol=1e-3)
+
+
+def test_hierblock_blocks_lower_layers_only():
+    model = _model("tiny-llama", encoder_segments=2, blocked_layers="lower")
+    ids, mask = _batch(pad_left=0)
+    with model.recording() as rec, torch.no_grad():
+        model(ids, mask)
+    seg = torch.tensor([[0] * 4 + [1] * 3] * 2)
+    allowed = prefix_block_mask(seg, P, 2)  # [B, T, P]
+    low, top = rec[("decoder", "self", 0)], rec[("decoder", "self", 1)]
+    assert (low[..., :P][~allowed[:, None].expand_as(low[..., :P])] == 0).all()
+    assert (top[..., :P] > 0).all()  # dense on top
+    torch.testing.assert_close(low.sum(-1), torch.ones_like(low.sum(-1)))
+
+
+@pytest.mark.parametrize("name", SEQ2SEQ)
+def test_encoder_decoder_blocking_and_generate(name):
+    model = _model(name, encoder_segments=2, decoder_segments=2, cross_prefix=True)
+    ids, mask = _batch(pad_left=0)
+    with model.recording() as rec, torch.no_grad():
+        model(ids, mask, labels=ids[:, :4].contiguous())
+    enc = rec[("encoder", "self", 0)]
+    seg = torch.tensor([[0] * 4 + [1] * 3] * 2)
+    blocked = ~prefix_block_mask(seg, P, 2)[:, None].expand_as(enc[..., :P])
+    assert (enc[..., :P][blocked] == 0).all() and (enc[..., :P][~blocked] > 0).all()
+    assert ("decoder", "cross", 0) in rec and rec[("decoder", "cross", 0)].shape[-1] == P + 7
+    # greedy generate == greedy by teacher-forced forward calls (the output segment rule)
+    out = model.generate(ids, mask, max_new_tokens=4, min_new_tokens=4)
+    dec = out[:, :1]
+    with torch.no_grad():
+        for i in range(4):
+            pos = torch.arange(dec.shape[1])
+            idx = (pos - 1).clamp(min=0) * 2 // 4
+            dseg = torch.where(pos == 0, 0, idx.clamp(max=1))[None].expand(2, -1)
+            logits = model(ids, mask, decoder_input_ids=dec, decoder_segment_ids=dseg).logits
+            logits[:, -1, model.base.generation_config.eos_token_id] = -float("inf")
+            dec = torch.cat([dec, logits[:, -1].argmax(-1, keepdim=True)], 1)
+    assert out.tolist() == dec.tolist()
+    beams = model.generate(ids, mask, max_new_tokens=4, num_beams=3)
+    assert beams.shape[0] == 2
+
+
+def test_decoder_only_generate_follows_output_segments():
+    """generate's logits at every step == one teacher-forced forward whose output tokens
+    carry the segments of the rule min(S-1, i*S // L) (here L = 4, S = 2: 0, 0, 1)."""
+    model = _model("tiny-llama", encoder_segments=2, decoder_segments=2, output_length=4)
+    ids, mask = _batch(pad_left=2)
+    gen = model.generate(
+        ids,
+        mask,
+        max_new_tokens=4,
+        min_new_tokens=4,
+        return_dict_in_generate=True,
+        output_logits=True,
+    )
+    out, steps = gen.sequences, torch.stack(gen.logits, dim=1)  # [B, 4, V]
+    seq = out[:, :-1]
+    t = ids.shape[1]
+    full_mask = torch.cat([mask, torch.ones(2, 3, dtype=torch.long)], 1)
+    out_mask = torch.zeros_like(seq, dtype=torch.bool)
+    out_mask[:, t:] = True
+    seg = torch.zeros_like(seq)
+    seg[0, :t] = torch.tensor([0, 0, 0, 0, 1, 1, 1])
+    seg[1, 2:t] = torch.tensor([0, 0, 0, 1, 1])
+    pos = (full_mask.cumsum(-1) - 1).clamp(min=0) + P
+    for tail, same in (([0, 0, 1], True), ([0, 1, 1], False)):
+        seg[:, t:] = torch.tensor(tail)
+        with torch.no_grad():
+            logits = model(
+                seq, full_mask, segment_ids=seg, output_mask=out_mask, position_ids=pos
+            ).logits
+        assert torch.allclose(logits[:, t - 1 :], steps, atol=1e-5) == same
+
+
+# ---------------------------------------------------------------------------- normalisers
+def test_softsa_without_noise_at_tau_one_is_dense():
+    dense = _model("tiny-llama")
+    soft = _model("tiny-llama", normalizer="softsa", tau=1.0)
+    ids, mask = _batch()
+    with torch.no_grad():
+        torch.testing.assert_close(soft(ids, mask).logits, dense(ids, mask).logits)
+    soft.train()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        noisy = soft(ids, mask).logits
+    assert not torch.allclose(noisy, dense(ids, mask).logits, atol=1e-3)
+
+
+def test_softsa_layer_equals_eq_3_by_hand():
+    model = _model("tiny-llama", normalizer="softsa", tau=0.5, sparse_layers=[0])
+    model.train()
+    ids, mask = _batch(pad_left=0)
+    with model.recording() as dense_rec, torch.no_grad():
+        model.config.normalizer = "softmax"
+        model(ids, mask)
+    model.config.normalizer = "softsa"
+    torch.manual_seed(3)
+    with model.recording() as rec, torch.no_grad():
+        model(ids, mask)
+    a = dense_rec[("decoder", "self", 0)]  # the layer's softmax attention, same inputs
+    torch.manual_seed(3)
+    hand = soft_sparse_attention(torch.log(a), 0.5)  # eq. 3 with π = a
+    allowed = a > 0
+    hand = hand * allowed
+    torch.testing.assert_close(rec[("decoder", "self", 0)], hand, rtol=1e-4, atol=1e-6)
+
+
+def test_truncsa_layers_zero_whole_key_columns():
+    model = _model("tiny-llama", normalizer="truncsa", top_p=0.5, sparse_layers="lower")
+    ids, mask = _batch(pad_left=0)
+    with model.recording() as rec, torch.no_grad():
+        model(ids, mask)
+    low, top = rec[("decoder", "self", 0)], rec[("decoder", "self", 1)]
+    dead = (low == 0).all(dim=-2)  # [B, n, K]: a column zero for every query
+    assert dead.any() and (top[..., :P] > 0).all()
+    rows = low.sum(-1)
+    torch.testing.assert_close(rows, torch.ones_like(rows))
+
+
+@pytest.mark.parametrize("normalizer", ["sparsemax", "entmax15"])
+def test_entmax_extensions_sum_to_one_and_are_sparse(normalizer):
+    model = _model("tiny-llama", normalizer=normalizer)
+    ids, mask = _batch()
+    with model.recording() as rec, torch.no_grad():
+        model(ids, mask)
+    probs = rec[("decoder", "self", 0)]
+    real = probs[0]  # the unpadded row
+    torch.testing.assert_close(real.sum(-1), torch.ones_like(real.sum(-1)))
+    assert not torch.isnan(probs).any()
+
+
+def test_sparse_attention_for_full_finetuning():
+    base = build_tiny_model("tiny-llama")
+    ids, mask = _batch()
+    with torch.no_grad():
+        before = base(input_ids=ids, attention_mask=mask).logits
+    handle = sparse_attention(base, PrefixConfig(num_virtual_tokens=1, normalizer="truncsa"))
+    with torch.no_grad():
+        sparse = base(input_ids=ids, attention_mask=mask).logits
+    handle.remove()
+    with torch.no_grad():
+        after = base(input_ids=ids, attention_mask=mask).logits
+    assert not torch.allclose(sparse[0], before[0], atol=1e-4)
+    assert torch.equal(before, after)
+    assert not torch.isnan(sparse).any()
+
+
+# ---------------------------------------------------------------------------- persistence
+def test_save_and_load_round_trip(tmp_path):
+    model = _model("tiny-llama", encoder_segments=2, blocked_layers="lower", seed=1)
+    model.save_pretrained(tmp_path / "p")
+    files = sorted(p.name for p in (tmp_path / "p").iterdir())
+    assert files == ["prefix_config.json", "prefix_model.safetensors"]
+    loaded = PrefixModel.from_pretrained(tmp_path / "p", build_tiny_model("tiny-llama", seed=1))
+    ids, mask = _batch()
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(ids, mask).logits, model(ids, mask).logits)
+    assert loaded.config.blocked_layers == "lower"
+    with pytest.raises(GencraftError, match="trained on"):
+        PrefixModel.from_pretrained(tmp_path / "p", build_tiny_model("tiny-gpt2"))
+
+
+# ---------------------------------------------------------------------------- bad input
+def test_bad_input_errors():
+    with pytest.raises(ConfigError, match="cannot be split"):
+        PrefixConfig(num_virtual_tokens=2, encoder_segments=3)
+    with pytest.raises(ConfigError, match="top_p"):
+        PrefixConfig(top_p=0.0)
+    with pytest.raises(ConfigError, match="tau"):
+        PrefixConfig(tau=0)
+    with pytest.raises(ConfigError, match="normalizer"):
+        PrefixConfig(normalizer="gumbel")
+    model = _model("tiny-llama", encoder_segments=2)
+    ids, mask = _batch()
+    with pytest.raises(ConfigError, match=r"\[0, 2\)"):
+        model(ids, mask, segment_ids=torch.full_like(ids, 2))
+    with pytest.raises(ConfigError, match="shape"):
+        model(ids, mask, segment_ids=torch.zeros(2, 3, dtype=torch.long))
+    from transformers import BertConfig, BertModel
+
+    with pytest.raises(GencraftError, match="BertModel"):
+        PrefixModel(
+            BertModel(
+                BertConfig(
+                    hidden_size=8, num_attention_heads=2, num_hidden_layers=1, intermediate_size=8
+                )
+            ),
+            PrefixConfig(num_virtual_tokens=2),
+        )
+
+
+def test_entmax_missing_names_the_pip_command(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "entmax", None)
+    with pytest.raises(ConfigError, match="pip install entmax"):
+        PrefixConfig(normalizer="sparsemax")
+
+
+def test_fully_masked_rows_give_no_nan():
+    model = _model("tiny-llama", encoder_segments=2, normalizer="truncsa")
+    ids, mask = _batch(pad_left=3)
+    with torch.no_grad():
+        out = model(ids, mask).logits
+    assert not torch.isnan(out).any()
