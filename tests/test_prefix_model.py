@@ -228,7 +228,7 @@ def test_encoder_decoder_blocking_and_generate(name):
     out = model.generate(ids, mask, max_new_tokens=4, min_new_tokens=4)
     dec = out[:, :1]
     with torch.no_grad():
-        for i in range(4):
+        for _ in range(4):
             pos = torch.arange(dec.shape[1])
             idx = (pos - 1).clamp(min=0) * 2 // 4
             dseg = torch.where(pos == 0, 0, idx.clamp(max=1))[None].expand(2, -1)

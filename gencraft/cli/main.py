@@ -15,6 +15,7 @@ METHOD_COMMANDS = (
     "gencraft.cli.pointer",
     "gencraft.cli.focus",
     "gencraft.cli.search",
+    "gencraft.cli.prefix",
     "gencraft.cli.reproduce",
 )
 

@@ -162,6 +162,8 @@ class PrefixConfig:
         )
         for name in ("blocked_layers", "sparse_layers"):
             v = getattr(self, name)
+            if isinstance(v, str) and v.replace(",", "").replace("-", "").strip().isdigit():
+                v = [int(i) for i in v.split(",") if i.strip()]  # "0,1,2" from the CLI
             if isinstance(v, str):
                 check(
                     v in ("none", "all", "lower", "upper"),

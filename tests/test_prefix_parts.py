@@ -1,0 +1,208 @@
+"""DASP's supporting parts: segmenters, layer sets, the spectrum, data-to-text metrics, the
+training loop (resume, gradients) and the CLI end to end on a tiny model."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from gencraft.errors import ConfigError
+from gencraft.models.tiny import build_tiny_tokenizer
+from gencraft.prefix.analysis import prefix_spectrum, spectrum_by_depth
+from gencraft.prefix.config import PrefixConfig, lower_layer_count, resolve_layers
+from gencraft.prefix.segment import output_segment, segment, uniform_segments
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def test_uniform_segments_by_hand():
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0, 0]])
+    got = uniform_segments(mask, 3)
+    want = torch.tensor([[0, 0, 0, 1, 1, 2, 2], [0, 0, 0, 0, 1, 1, 2], [0, 1, 0, 0, 0, 0, 0]])
+    assert torch.equal(got, want)
+
+
+def test_sentence_segments_group_sentences():
+    tok = build_tiny_tokenizer()
+    text = "A b. C d! E f? G."
+    ids = torch.tensor([tok(text)["input_ids"]])
+    seg = segment("sentence", ids, torch.ones_like(ids), 2, tok)[0].tolist()
+    # 4 sentences -> groups of 2 and 2: "A b. C d!" in 0, " E f? G." in 1
+    cut = text.index(" E")
+    assert seg[:cut] == [0] * cut and seg[cut:] == [1] * (len(text) - cut)
+    with pytest.raises(ConfigError, match="tokenizer"):
+        segment("sentence", ids, torch.ones_like(ids), 2, None)
+
+
+def test_callable_segmenter_is_checked():
+    ids = torch.ones(1, 4, dtype=torch.long)
+    got = segment(lambda i, m, s: torch.tensor([[0, 0, 1, 1]]), ids, ids, 2)
+    assert got.tolist() == [[0, 0, 1, 1]]
+    with pytest.raises(ConfigError, match=r"\[0, 2\)"):
+        segment(lambda i, m, s: torch.tensor([[0, 0, 1, 2]]), ids, ids, 2)
+
+
+def test_output_segment_rule():
+    assert output_segment(torch.arange(7), 2, 4).tolist() == [0, 0, 1, 1, 1, 1, 1]
+    assert output_segment(torch.arange(6), 3, 6).tolist() == [0, 0, 1, 1, 2, 2]
+
+
+def test_layer_sets_follow_the_paper_split():
+    assert lower_layer_count(12) == 7  # Table 3: layers 1-7 of 12
+    assert lower_layer_count(30) == 18  # SmolLM2: 17.5 rounded half up
+    assert lower_layer_count(2) == 1
+    assert resolve_layers("lower", 12) == list(range(7))
+    assert resolve_layers("upper", 12) == list(range(7, 12))
+    assert resolve_layers([-1, 0], 4) == [0, 3]
+    assert PrefixConfig(blocked_layers="0,2").blocked_layers == [0, 2]
+    with pytest.raises(ConfigError, match="out of range"):
+        resolve_layers([5], 4)
+
+
+def test_prefix_spectrum_by_hand():
+    probs = torch.zeros(1, 3, 5)
+    probs[0, :, :2] = torch.tensor([[0.5, 0.0], [0.0, 0.25], [0.0, 0.0]])  # σ = 0.5, 0.25
+    curve = prefix_spectrum(probs, 2)
+    torch.testing.assert_close(curve, torch.tensor([[0.5 / 0.75, 1.0]]))
+    attention = {0: [torch.rand(2, 4, 7)], 1: [torch.rand(2, 4, 7)]}
+    curves = spectrum_by_depth(attention, 3, lower_layers=1)
+    assert set(curves) == {"lower", "upper"} and curves["lower"].shape == (3,)
+
+
+def test_data_to_text_scores_on_known_cases():
+    from gencraft.metrics.data2text import data_to_text_scores
+
+    same = data_to_text_scores(["the cat sat ."], [["the cat sat ."]], with_meteor=False)
+    assert same["BLEU"] == pytest.approx(100.0) and same["TER"] == 0.0
+    assert same["ROUGE-L"] == pytest.approx(100.0) and math.isnan(same["METEOR"])
+    worse = data_to_text_scores(
+        ["a dog ran away", "the cat sat ."],
+        [["the cat sat on the mat ."], ["the cat sat .", "a cat sat ."]],
+        with_meteor=False,
+    )
+    assert worse["BLEU"] < 100 and worse["TER"] > 0 and worse["CIDEr"] > 0 and worse["NIST"] > 0
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="METEOR 1.5 needs java")
+def test_meteor_through_java_handles_newlines():
+    from gencraft.metrics.data2text import meteor
+
+    score = meteor(
+        ["the cat\nsat ||| on the mat", "a dog"], [["the cat sat on the mat"], ["a dog"]]
+    )
+    assert 0.5 < score <= 1.0
+
+
+@pytest.mark.skipif(not (DATA / "e2e").is_dir(), reason="needs ../shared/data/e2e")
+def test_cli_train_resume_eval_analyze(tmp_path, capsys):
+    from gencraft.cli.main import main
+
+    out = tmp_path / "run"
+    common = [
+        "prefix",
+        "train",
+        "--model",
+        "tiny-llama",
+        "--task",
+        "e2e",
+        "--num-virtual-tokens",
+        "4",
+        "--encoder-segments",
+        "2",
+        "--blocked-layers",
+        "lower",
+        "--normalizer",
+        "truncsa",
+        "--sparse-layers",
+        "lower",
+        "--lr",
+        "1e-2",
+        "--batch-size",
+        "4",
+        "--train-examples",
+        "16",
+        "--valid-examples",
+        "4",
+        "--max-source-tokens",
+        "48",
+        "--max-target-tokens",
+        "24",
+        "--output",
+        str(out),
+        "--quiet",
+        "--data-dir",
+        str(DATA),
+    ]
+    assert main([*common, "--max-steps", "2"]) == 0
+    first = json.loads((out / "train_summary.json").read_text())
+    assert first["steps"] == 2 and first["trainable_parameters"] == 4 * 2 * 2 * 2 * 8
+    assert main([*common, "--max-steps", "3"]) == 0  # resumes from step 2
+    assert json.loads((out / "train_summary.json").read_text())["steps"] == 3
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "prefix",
+                "eval",
+                str(out / "best"),
+                "--limit",
+                "3",
+                "--num-beams",
+                "2",
+                "--max-new-tokens",
+                "8",
+                "--quiet",
+                "--json",
+                "--data-dir",
+                str(DATA),
+            ]
+        )
+        == 0
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert result["examples"] == 3 and set(result["scores"]) >= {"BLEU", "NIST", "CIDEr", "TER"}
+    assert (
+        main(
+            [
+                "prefix",
+                "analyze",
+                str(out / "best"),
+                "--limit",
+                "4",
+                "--output-dir",
+                str(tmp_path / "an"),
+                "--data-dir",
+                str(DATA),
+            ]
+        )
+        == 0
+    )
+    for png in ("attention_maps.png", "spectrum.png"):
+        assert (tmp_path / "an" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    curves = json.loads((tmp_path / "an" / "spectrum.json").read_text())
+    assert curves["lower"][-1] == pytest.approx(1.0) and curves["upper"][-1] == pytest.approx(1.0)
+
+
+def test_cli_bad_input_is_one_line(capsys):
+    from gencraft.cli.main import main
+
+    code = main(
+        [
+            "prefix",
+            "train",
+            "--model",
+            "tiny-llama",
+            "--num-virtual-tokens",
+            "2",
+            "--encoder-segments",
+            "3",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code != 0 and "gencraft: error:" in err and "cannot be split" in err
+    assert "Traceback" not in err
