@@ -33,6 +33,7 @@ from gencraft.models.attention import (
     attach,
     attention_context,
     attention_sites,
+    plugins_of,
 )
 from gencraft.models.introspect import decoder_start_id, hf_model, is_encoder_decoder, pad_id
 from gencraft.models.persistence import read_head, save_head
@@ -147,6 +148,11 @@ class PrefixModel(nn.Module):
             p.requires_grad_(False)
         self.is_encoder_decoder = is_encoder_decoder(hf)
         sites = attention_sites(hf)  # raises, naming the model, when unsupported
+        if any(isinstance(q, PrefixAttention) for _, m in sites for q in plugins_of(m)):
+            raise GencraftError(
+                f"this {type(hf).__name__} already carries a PrefixModel; call .remove() on "
+                "that one first (or load another copy of the base)"
+            )
         layers: dict[tuple[str, str], int] = {}
         for s, _ in sites:
             layers[(s.stack, s.kind)] = max(layers.get((s.stack, s.kind), 0), s.layer + 1)
