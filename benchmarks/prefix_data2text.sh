@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# DASP variants on E2E (or DART) with SmolLM2-135M-Instruct as a decoder-only prefix model:
+# the commands behind docs/results.md's DASP table. One thread per job; run two at a time on
+# a 2-core machine. Each line trains (resumable) and then scores the test split.
+#   bash benchmarks/prefix_data2text.sh e2e VARIANT [extra train flags]
+#   VARIANT: dense uniblock hierblock htruncsa hsoftsa hierblock-softsa finetune
+# Settings (env): STEPS (120), LIMIT (80 test inputs), BEAMS (5), P (5 for e2e, 10 for dart),
+# LR (5e-3 prefixes; use 5e-5 for finetune), SEED (0), DATA (../shared/data).
+set -euo pipefail
+task=$1; variant=$2; shift 2
+P=${P:-$([ "$task" = dart ] && echo 10 || echo 5)}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1} HF_HUB_OFFLINE=1
+case $variant in
+  dense) flags=() ;;
+  uniblock) flags=(--encoder-segments 2 --blocked-layers all) ;;
+  hierblock) flags=(--encoder-segments 2 --blocked-layers lower) ;;
+  htruncsa) flags=(--normalizer truncsa --sparse-layers lower) ;;
+  hsoftsa) flags=(--normalizer softsa --sparse-layers lower) ;;
+  hierblock-softsa) flags=(--encoder-segments 2 --blocked-layers lower --normalizer softsa --sparse-layers lower) ;;
+  finetune) flags=(--method finetune) ;;
+  *) echo "unknown variant $variant" >&2; exit 2 ;;
+esac
+out=outputs/prefix-$task/$variant
+.venv/bin/gencraft prefix train --task "$task" --model smollm2-135m --num-virtual-tokens "$P" \
+  --init tokens --lr "${LR:-5e-3}" --batch-size 8 --max-steps "${STEPS:-120}" --valid-examples 64 \
+  --seed "${SEED:-0}" --output "$out" --quiet --data-dir "${DATA:-../shared/data}" "${flags[@]}" "$@"
+.venv/bin/gencraft prefix eval "$out/best" --split test --limit "${LIMIT:-80}" \
+  --num-beams "${BEAMS:-5}" --output "$out/test-${LIMIT:-80}.json" --quiet --json \
+  --data-dir "${DATA:-../shared/data}"
