@@ -553,7 +553,7 @@ class PrefixModel(nn.Module):
             or getattr(self.base, "gencraft_name", None)
             or getattr(self.base.config, "_name_or_path", "")
         )
-        state = {k: v for k, v in self.prefix.state_dict().items()}
+        state = dict(self.prefix.state_dict())
         return save_head(
             directory,
             config={
