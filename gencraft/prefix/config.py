@@ -193,6 +193,19 @@ class PrefixConfig:
         if self.normalizer in EXTENSIONS:
             require_entmax()
 
+    def sparse_stacks(self, is_encoder_decoder: bool) -> set[str]:
+        """The stacks whose self-attention takes the normaliser: ``sparse_stack`` for an
+        encoder-decoder ("auto": the encoder, as the paper); a decoder-only model's one stack
+        (it reads the input and writes the output) whatever the setting."""
+        if not is_encoder_decoder:
+            return {"decoder"}
+        return {
+            "auto": {"encoder"},
+            "encoder": {"encoder"},
+            "decoder": {"decoder"},
+            "both": {"encoder", "decoder"},
+        }[self.sparse_stack]
+
     @property
     def blocking(self) -> bool:
         """Whether any segmenting applies (more than one group somewhere)."""

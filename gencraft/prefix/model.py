@@ -230,14 +230,7 @@ class PrefixModel(nn.Module):
             plugin = PrefixKeyValues(owner)
             for stack, kind in extend:
                 handles.append(attach(self.base, plugin, kind=kind, stack=stack))
-        sparse_stacks = {
-            "auto": {"encoder"} if self.is_encoder_decoder else {"decoder"},
-            "encoder": {"encoder"},
-            "decoder": {"decoder"},
-            "both": {"encoder", "decoder"},
-        }[cfg.sparse_stack]
-        if not self.is_encoder_decoder and "decoder" not in sparse_stacks:
-            sparse_stacks = set()
+        sparse_stacks = cfg.sparse_stacks(self.is_encoder_decoder)
         for (stack, kind), n in self.num_layers.items():
             has_prefix = (stack, kind) in self.groups
             blocked = set(resolve_layers(cfg.blocked_layers, n, cfg.lower_layers))
@@ -472,10 +465,8 @@ class PrefixModel(nn.Module):
             output_segment(out_idx, s_out, length)[None].expand(b, -1), s_out
         )  # [B, max_new + 1, P]
         tables: dict[str, torch.Tensor | None] = {}
-        dummies = torch.full(
-            (b, p), pad_id(self.base), dtype=input_ids.dtype, device=input_ids.device
-        )
         if not self.is_encoder_decoder:
+            dummies = torch.full_like(input_ids[:, :1], pad_id(self.base)).expand(b, p)
             if self._needs_tables() or segment_ids is not None:
                 seg = self._segments(
                     input_ids, mask, self.config.encoder_segments, segment_ids, "segment_ids"
@@ -701,13 +692,7 @@ def sparse_attention(model: nn.Module, config: PrefixConfig) -> SparseAttentionH
     ``config.sparse_stack``'s self-attention; the prefix settings are ignored. The model's
     weights are untouched and stay trainable."""
     hf = hf_model(model)
-    ed = is_encoder_decoder(hf)
-    stacks = {
-        "auto": {"encoder"} if ed else {"decoder"},
-        "encoder": {"encoder"},
-        "decoder": {"decoder"},
-        "both": {"encoder", "decoder"},
-    }[config.sparse_stack]
+    stacks = config.sparse_stacks(is_encoder_decoder(hf))
     counts: dict[str, int] = {}
     for s, _ in attention_sites(hf):
         if s.kind == "self":
