@@ -3,7 +3,7 @@
 # the commands behind docs/results.md's DASP table. One thread per job; run two at a time on
 # a 2-core machine. Each line trains (resumable) and then scores the test split.
 #   bash benchmarks/prefix_data2text.sh e2e VARIANT [extra train flags]
-#   VARIANT: dense uniblock hierblock htruncsa hsoftsa hierblock-softsa finetune
+#   VARIANT: dense peft uniblock hierblock htruncsa hsoftsa hierblock-softsa finetune
 # Settings (env): STEPS (120), LIMIT (80 test inputs), BEAMS (5), P (5 for e2e, 10 for dart),
 # LR (5e-3 prefixes; use 5e-5 for finetune), SEED (0), DATA (../shared/data).
 set -euo pipefail
@@ -12,6 +12,7 @@ P=${P:-$([ "$task" = dart ] && echo 10 || echo 5)}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1} HF_HUB_OFFLINE=1
 case $variant in
   dense) flags=() ;;
+  peft) flags=(--method peft) ;;
   uniblock) flags=(--encoder-segments 2 --blocked-layers all) ;;
   hierblock) flags=(--encoder-segments 2 --blocked-layers lower) ;;
   htruncsa) flags=(--normalizer truncsa --sparse-layers lower) ;;

@@ -206,3 +206,38 @@ def test_cli_bad_input_is_one_line(capsys):
     err = capsys.readouterr().err
     assert code != 0 and "gencraft: error:" in err and "cannot be split" in err
     assert "Traceback" not in err
+
+
+@pytest.mark.skipif(not (DATA / "e2e").is_dir(), reason="needs ../shared/data/e2e")
+def test_peft_method_trains_like_dense_prefix(tmp_path):
+    """peft's PrefixTuning from the same start, on the same batches: the same losses."""
+    from gencraft.prefix.train import PrefixTrainConfig, train
+
+    runs = {}
+    for method in ("prefix", "peft"):
+        cfg = PrefixTrainConfig(
+            model="tiny-llama",
+            method=method,
+            lr=1e-2,
+            batch_size=4,
+            max_steps=3,
+            train_examples=12,
+            valid_examples=4,
+            max_source_tokens=32,
+            max_target_tokens=16,
+        )
+        out = train(
+            cfg,
+            PrefixConfig(num_virtual_tokens=3, init="tokens"),
+            tmp_path / method,
+            data_dir=str(DATA),
+            progress=False,
+        )
+        runs[method] = out
+    assert runs["peft"]["history"][-1]["train_loss"] == pytest.approx(
+        runs["prefix"]["history"][-1]["train_loss"], rel=1e-5
+    )
+    assert runs["peft"]["best_valid_loss"] == pytest.approx(
+        runs["prefix"]["best_valid_loss"], rel=1e-5
+    )
+    assert (tmp_path / "peft" / "best" / "prefix_model.safetensors").is_file()

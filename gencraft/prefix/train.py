@@ -37,8 +37,10 @@ class PrefixTrainConfig:
 
     model: str = option("smollm2-135m", "base model (registered name or local path)")
     task: Literal["e2e", "dart", "xsum"] = option("e2e", "dataset: e2e, dart (dev split) or xsum")
-    method: Literal["prefix", "finetune"] = option(
-        "prefix", "prefix-tuning (base frozen) or full fine-tuning (all weights)"
+    method: Literal["prefix", "peft", "finetune"] = option(
+        "prefix",
+        "prefix-tuning (base frozen), the same through peft's PrefixTuning (same start), or "
+        "full fine-tuning (all weights)",
     )
     lr: float = option(5e-5, "AdamW learning rate (paper: 5e-5)")
     epochs: int = option(10, "passes over the training pairs (paper: 10 for E2E/DART)")
@@ -56,7 +58,8 @@ class PrefixTrainConfig:
     def __post_init__(self) -> None:
         check(self.task in TASKS, f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
         check(
-            self.method in ("prefix", "finetune"), f"method: prefix or finetune, not {self.method}"
+            self.method in ("prefix", "peft", "finetune"),
+            f"method: prefix, peft or finetune, not {self.method}",
         )
         check(self.lr > 0, f"lr must be > 0, got {self.lr}")
         for name in (
@@ -150,10 +153,37 @@ def build_model(
 
     if method == "prefix":
         return PrefixModel(base, prefix, tokenizer=tokenizer), None
+    if method == "peft":
+        return peft_prefix_model(base, prefix), None
     for p in base.parameters():
         p.requires_grad_(True)
     handle = sparse_attention(base, prefix) if prefix.normalizer != "softmax" else None
     return base, handle
+
+
+def peft_prefix_model(base: nn.Module, prefix: PrefixConfig) -> nn.Module:
+    """peft's prefix-tuning of ``base`` starting from the prefixes a dense ``PrefixModel``
+    with the same settings starts from (so the two train alike); decoder-only models."""
+    from peft import PrefixTuningConfig, TaskType, get_peft_model
+
+    from gencraft.prefix.model import PrefixModel
+
+    if is_encoder_decoder(base) or prefix.blocking or prefix.normalizer != "softmax":
+        raise ConfigError("--method peft is dense prefix-tuning of a causal LM")
+    start = PrefixModel(base, prefix)
+    weights = {k: v.detach().clone() for k, v in start.prefix["decoder"].state_dict().items()}
+    start.remove()
+    model = get_peft_model(
+        base,
+        PrefixTuningConfig(
+            task_type=TaskType.CAUSAL_LM,
+            num_virtual_tokens=prefix.num_virtual_tokens,
+            prefix_projection=prefix.prefix_projection,
+            encoder_hidden_size=prefix.encoder_hidden_size,
+        ),
+    )
+    model.prompt_encoder["default"].load_state_dict(weights)
+    return model
 
 
 def train(
@@ -241,7 +271,11 @@ def save_trained(model: nn.Module, directory: Path, cfg: PrefixTrainConfig, pref
 
     directory = Path(directory)
     model = getattr(model, "module", model)
-    if isinstance(model, PrefixModel):
+    if hasattr(model, "peft_config"):  # saved as the PrefixModel it equals (from_peft)
+        as_prefix = PrefixModel.from_peft(model)
+        as_prefix.save_pretrained(directory, base_name_or_path=cfg.model)
+        as_prefix.remove()
+    elif isinstance(model, PrefixModel):
         model.save_pretrained(directory, base_name_or_path=cfg.model)
     else:
         model.save_pretrained(directory / "base")
