@@ -241,3 +241,42 @@ def test_peft_method_trains_like_dense_prefix(tmp_path):
         runs["prefix"]["best_valid_loss"], rel=1e-5
     )
     assert (tmp_path / "peft" / "best" / "prefix_model.safetensors").is_file()
+
+
+@pytest.mark.skipif(not (DATA / "e2e").is_dir(), reason="needs ../shared/data/e2e")
+def test_finetune_method_saves_and_loads_with_its_normaliser(tmp_path):
+    from gencraft.prefix.train import PrefixTrainConfig, evaluate, load_trained, train
+
+    cfg = PrefixTrainConfig(
+        model="tiny-llama",
+        method="finetune",
+        lr=1e-3,
+        batch_size=4,
+        max_steps=1,
+        train_examples=4,
+        valid_examples=4,
+        max_source_tokens=32,
+        max_target_tokens=16,
+    )
+    train(
+        cfg,
+        PrefixConfig(num_virtual_tokens=1, normalizer="truncsa"),
+        tmp_path / "ft",
+        data_dir=str(DATA),
+        progress=False,
+    )
+    model, tok, meta = load_trained(tmp_path / "ft" / "best")
+    assert meta["train"]["method"] == "finetune" and meta["prefix"]["normalizer"] == "truncsa"
+    assert any(p.requires_grad for p in model.parameters())
+    result = evaluate(
+        model,
+        tok,
+        "e2e",
+        "test",
+        data_dir=str(DATA),
+        limit=2,
+        num_beams=1,
+        max_new_tokens=4,
+        progress=False,
+    )
+    assert result["examples"] == 2 and len(result["outputs"]) == 2

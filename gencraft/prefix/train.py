@@ -294,9 +294,12 @@ def load_trained(directory: str | Path) -> tuple[nn.Module, Any, dict[str, Any]]
         raise ConfigError(f"{d} is not a trained prefix run (no {meta_path.name})")
     meta = json.loads(meta_path.read_text())
     prefix = PrefixConfig(**meta["prefix"])
-    if (d / "base").is_dir():
-        base, tok = load_model(str(d / "base"))
-        _, tok = load_model(meta["train"]["model"]) if tok is None else (None, tok)
+    if (d / "base").is_dir():  # fine-tuned: the weights here, the tokenizer of the named base
+        from gencraft.models.persistence import load_base
+
+        named, tok = load_model(meta["train"]["model"])
+        task = "seq2seq-lm" if is_encoder_decoder(named) else "causal-lm"
+        base = load_base(d, {"base_saved": True}, task)
         model, _ = build_model(base, tok, prefix, "finetune")
         return model.eval(), tok, meta
     base, tok = load_model(meta["train"]["model"])
@@ -331,8 +334,8 @@ def generate_outputs(
             rows.append({"input_ids": ids + ([eos] if ed else sep)})
         batch = pad_batch(rows, pad, left=not ed)
         seq = model.generate(
-            batch["input_ids"],
-            batch["attention_mask"],
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
             max_new_tokens=max_new_tokens,
             num_beams=num_beams,
             pad_token_id=pad,
