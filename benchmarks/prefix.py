@@ -96,26 +96,12 @@ def worker(args: argparse.Namespace) -> dict:
         prompt = ids[:1, :16]
         with torch.no_grad():
             gen = []
-            for fn in (
-                lambda: model.generate(
-                    input_ids=prompt,
-                    attention_mask=mask[:1, :16],
-                    max_new_tokens=args.new,
-                    do_sample=False,
-                    min_new_tokens=args.new,
-                ),
-                lambda: base.generate(
-                    input_ids=prompt,
-                    attention_mask=mask[:1, :16],
-                    max_new_tokens=args.new,
-                    do_sample=False,
-                    min_new_tokens=args.new,
-                ),
-            ):
-                fn()
+            kw = {"max_new_tokens": args.new, "min_new_tokens": args.new, "do_sample": False}
+            for m in (model, base):
+                m.generate(input_ids=prompt, attention_mask=mask[:1, :16], **kw)  # warm-up
                 t = time.perf_counter()
                 for _ in range(3):
-                    fn()
+                    m.generate(input_ids=prompt, attention_mask=mask[:1, :16], **kw)
                 gen.append((time.perf_counter() - t) / 3)
         out["generate_s"], out["base_generate_s"] = gen
     return out

@@ -318,6 +318,14 @@ class PrefixModel(nn.Module):
         blocks_out = self._blocks(seg_out.clamp(max=s_out - 1), s_out)
         return torch.where(output_mask[..., None], blocks_out, blocks_in)
 
+    def _input_blocks(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, segment_ids: torch.Tensor | None
+    ) -> torch.Tensor:
+        """[B, T, P] the prefix columns each input token may see (``encoder_segments``
+        groups; ``segment_ids`` or the segmenter's)."""
+        s = self.config.encoder_segments
+        return self._blocks(self._segments(input_ids, mask, s, segment_ids, "segment_ids"), s)
+
     def _needs_tables(self) -> bool:
         return self.config.blocking and self.config.blocked_layers != "none"
 
@@ -376,10 +384,7 @@ class PrefixModel(nn.Module):
                     **kwargs,
                 )
         if self._needs_tables() or segment_ids is not None or decoder_segment_ids is not None:
-            seg = self._segments(
-                input_ids, mask, self.config.encoder_segments, segment_ids, "segment_ids"
-            )
-            tables["encoder"] = self._blocks(seg, self.config.encoder_segments)
+            tables["encoder"] = self._input_blocks(input_ids, mask, segment_ids)
             tables["decoder"] = self._decoder_table(
                 decoder_input_ids, decoder_attention_mask, labels, decoder_segment_ids
             )
@@ -412,7 +417,7 @@ class PrefixModel(nn.Module):
         s = self.config.decoder_segments
         if decoder_input_ids is not None:
             ids = decoder_input_ids
-            mask = decoder_attention_mask if decoder_attention_mask is not None else None
+            mask = decoder_attention_mask
             if mask is None:
                 mask = torch.ones_like(ids)
             seg = self._segments(ids, mask, s, given, "decoder_segment_ids")
@@ -468,10 +473,7 @@ class PrefixModel(nn.Module):
         if not self.is_encoder_decoder:
             dummies = torch.full_like(input_ids[:, :1], pad_id(self.base)).expand(b, p)
             if self._needs_tables() or segment_ids is not None:
-                seg = self._segments(
-                    input_ids, mask, self.config.encoder_segments, segment_ids, "segment_ids"
-                )
-                prompt = self._blocks(seg, self.config.encoder_segments)
+                prompt = self._input_blocks(input_ids, mask, segment_ids)
                 tables["decoder"] = torch.cat([prompt, out_blocks], dim=1)
             # the P dummies are covered by the prefix cache, so generate starts at position P
             with attention_context(**{CONTEXT_KEY: self._call(tables)}):
@@ -486,10 +488,7 @@ class PrefixModel(nn.Module):
                 return out
             return out[:, p:]
         if self._needs_tables() or segment_ids is not None:
-            seg = self._segments(
-                input_ids, mask, self.config.encoder_segments, segment_ids, "segment_ids"
-            )
-            tables["encoder"] = self._blocks(seg, self.config.encoder_segments)
+            tables["encoder"] = self._input_blocks(input_ids, mask, segment_ids)
             # decoder input 0 is the start token (segment 0), input j the (j-1)-th output token
             tables["decoder"] = torch.cat([out_blocks[:, :1], out_blocks[:, :-1]], dim=1)
         start = torch.full(
