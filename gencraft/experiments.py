@@ -37,6 +37,7 @@ EXPERIMENT_MODULES = (
     "gencraft.search.experiments",
     "gencraft.pointer.experiments",
     "gencraft.focus.experiments",
+    "gencraft.prefix.experiments",
 )
 SCALES = ("tiny", "cpu", "gpu")
 

@@ -22,6 +22,7 @@ def test_list_names_every_documented_experiment(capsys):
         "pointer-vs-lstm",
         "focus-speed",
         "focus-quality",
+        "prefix-tasks",
     ):
         assert name in out
     for e in experiments().values():  # every experiment has the three scales and an estimate
@@ -65,3 +66,50 @@ def test_memory_experiment_is_linear_and_settings_are_validated(shared_data, tmp
         reproduce("no-such-thing")
     assert main(["reproduce", "search-memory", "--bogus", "1"]) == 2
     assert "search-memory has no setting --bogus" in capsys.readouterr().err
+
+
+def test_prefix_tasks_seeds_share_runs_and_rescore_on_new_decoding(shared_data, tmp_path):
+    from gencraft.prefix.experiments import mean_interval
+
+    assert mean_interval([1.0, 3.0]) == (2.0, pytest.approx(12.706))  # t(0.975, 1 dof)
+    assert mean_interval([4.0]) == (4.0, None)
+    runs = tmp_path / "runs"
+    common = {"data_dir": str(shared_data), "runs_dir": str(runs)}
+    report = reproduce(
+        "prefix-tasks",
+        scale="tiny",
+        output=tmp_path / "a",
+        overrides={**common, "variants": "dense,hierblock"},
+    )
+    text = report.read_text()
+    assert "| dense | 2 |" in text and "| hierblock | 2 |" in text and " ± " in text
+    assert (tmp_path / "a" / "bleu_by_variant.png").stat().st_size > 1000
+    units = json.loads((tmp_path / "a" / "results.json").read_text())["units"]
+    assert set(units) == {"dense/seed0", "dense/seed1", "hierblock/seed0", "hierblock/seed1"}
+    assert (runs / "dense" / "best").is_dir() and (runs / "dense-seed1" / "best").is_dir()
+    # another seed starts from other prefixes and another data order
+    assert units["dense/seed0"]["best_valid_loss"] != units["dense/seed1"]["best_valid_loss"]
+    mean, half = units["dense/seed0"]["BLEU_bootstrap"]
+    assert 0 <= mean <= 100 and half >= 0
+    # a second experiment folder reuses the trained run and its saved test scores...
+    saved = runs / "dense" / "test-3.json"
+    result = json.loads(saved.read_text())
+    result["scores"]["BLEU"] = 12.5
+    saved.write_text(json.dumps(result))
+    one = {**common, "variants": "dense", "seeds": "0"}
+    reproduce("prefix-tasks", scale="tiny", output=tmp_path / "b", overrides=one)
+    again = json.loads((tmp_path / "b" / "results.json").read_text())["units"]["dense/seed0"]
+    assert again["scores"]["BLEU"] == 12.5 and again["steps"] == 2
+    # ...but other decoding settings score it again
+    reproduce(
+        "prefix-tasks", scale="tiny", output=tmp_path / "c", overrides={**one, "num_beams": 1}
+    )
+    rescored = json.loads((tmp_path / "c" / "results.json").read_text())["units"]["dense/seed0"]
+    assert rescored["scores"]["BLEU"] != 12.5
+    with pytest.raises(GencraftError, match="unknown variant"):
+        reproduce(
+            "prefix-tasks",
+            scale="tiny",
+            output=tmp_path / "d",
+            overrides={**common, "variants": "densest"},
+        )

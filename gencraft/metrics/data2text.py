@@ -67,6 +67,29 @@ def nist(predictions: Sequence[str], references: Sequence[Sequence[str]], n: int
         return math.nan
 
 
+def _lowered(
+    predictions: Sequence[str], references: Sequence[Sequence[str]]
+) -> tuple[list[str], list[list[str]], list[list[str | None]]]:
+    """Lower-cased outputs, reference lists, and sacrebleu's reference streams (lists padded
+    with ``None``, which sacrebleu skips)."""
+    preds = [p.lower() for p in predictions]
+    refs = [[r.lower() for r in rs] for rs in references]
+    width = max(len(r) for r in refs)
+    streams = [[r[j] if j < len(r) else None for r in refs] for j in range(width)]
+    return preds, refs, streams
+
+
+def bleu_interval(
+    predictions: Sequence[str], references: Sequence[Sequence[str]], resamples: int = 1000
+) -> tuple[float, float]:
+    """(bootstrap mean, 95% half-width) of corpus BLEU over test inputs resampled with
+    replacement: sacrebleu's own bootstrap (``n_bootstrap``, seeded by ``SACREBLEU_SEED``)."""
+    _check_parallel(predictions, references, "predictions", "references")
+    preds, _, streams = _lowered(predictions, references)
+    score = sacrebleu.BLEU().corpus_score(preds, streams, n_bootstrap=resamples)
+    return float(score._mean), float(score._ci)
+
+
 def data_to_text_scores(
     predictions: Sequence[str],
     references: Sequence[Sequence[str]],
@@ -78,10 +101,7 @@ def data_to_text_scores(
     _check_parallel(predictions, references, "predictions", "references")
     if any(not refs for refs in references):
         raise ValueError("every output needs at least one reference")
-    preds = [p.lower() for p in predictions]
-    refs = [[r.lower() for r in rs] for rs in references]
-    width = max(len(r) for r in refs)
-    streams = [[r[j] if j < len(r) else None for r in refs] for j in range(width)]
+    preds, refs, streams = _lowered(predictions, references)
     out = {
         "BLEU": sacrebleu.corpus_bleu(preds, streams).score,
         "NIST": nist(preds, refs),

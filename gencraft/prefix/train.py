@@ -393,6 +393,8 @@ def evaluate(
         "task": task,
         "split": split,
         "examples": len(examples),
+        "num_beams": num_beams,
+        "max_new_tokens": new,
         "scores": scores,
         "generate_seconds": seconds,
         "outputs": outputs,
