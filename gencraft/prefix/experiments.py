@@ -48,7 +48,7 @@ TASK_VARIANTS = {
     "dart": tuple(VARIANTS),
     "xsum": ("dense", "hierblock", "hierblock-softsa"),
 }
-#: prefix length per task (DASP Tables 9/12: 5 for E2E, 10 for DART; Table 8: 100 for XSum)
+#: prefix length per task (DASP Tables 9/12: 5 for E2E, 10 for DART; hyperparameters: 100 for XSum)
 TASK_PREFIX = {"e2e": 5, "dart": 10, "xsum": 100}
 DATA2TEXT_METRICS = ("BLEU", "NIST", "METEOR", "ROUGE-L", "CIDEr", "TER")
 SUMMARY_METRICS = ("rouge1", "rouge2", "rougeL")
