@@ -280,3 +280,13 @@ def test_finetune_method_saves_and_loads_with_its_normaliser(tmp_path):
         progress=False,
     )
     assert result["examples"] == 2 and len(result["outputs"]) == 2
+
+
+def test_pick_examples_first_or_evenly_spaced():
+    from gencraft.prefix.train import pick_examples
+
+    items = list(range(10))
+    assert pick_examples(items, 3) == [0, 1, 2]
+    assert pick_examples(items, 3, spread=True) == [0, 3, 6]
+    assert pick_examples(items, 4, spread=True) == [0, 2, 5, 7]
+    assert pick_examples(items, None, spread=True) == items == pick_examples(items, 20)

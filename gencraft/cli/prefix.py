@@ -49,6 +49,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         args.split,
         data_dir=args.data_dir,
         limit=args.limit,
+        spread=args.spread,
         num_beams=args.num_beams,
         max_source_tokens=meta["train"]["max_source_tokens"],
         max_new_tokens=args.max_new_tokens,
@@ -175,6 +176,11 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         )
         g.add_argument("--split", default="test")
         g.add_argument("--limit", type=int, default=None, help="first N inputs")
+        g.add_argument(
+            "--spread",
+            action="store_true",
+            help="with --limit: N inputs evenly spaced over the split",
+        )
         g.add_argument("--num-beams", type=int, default=5, help="beam size (paper: 5)")
         g.add_argument("--max-new-tokens", type=int, default=None)
         g.add_argument("--batch-size", type=int, default=16)

@@ -106,7 +106,10 @@ class PrefixTaskSettings:
     finetune_lr: float = settings_field(5e-5, "AdamW learning rate of full fine-tuning")
     valid_examples: int = settings_field(64, "validation pairs (best checkpoint by their loss)")
     max_source_tokens: int = settings_field(256, "source tokens kept")
-    test_limit: int | None = settings_field(80, "first N test inputs (None: the whole split)")
+    test_limit: int | None = settings_field(80, "N test inputs (None: the whole split)")
+    test_spread: bool = settings_field(
+        False, "the N test inputs evenly spaced over the split, not its first N"
+    )
     num_beams: int = settings_field(5, "beam size (paper: 5)")
     max_new_tokens: int = settings_field(64, "output tokens at most")
     bootstrap: int = settings_field(1000, "test-set bootstrap resamples for BLEU's interval")
@@ -142,6 +145,7 @@ def train_and_score(s: PrefixTaskSettings, variant: str, seed: int, progress: bo
         PrefixTrainConfig,
         evaluate,
         load_trained,
+        pick_examples,
         references_of,
         task_examples,
         train,
@@ -167,8 +171,8 @@ def train_and_score(s: PrefixTaskSettings, variant: str, seed: int, progress: bo
         **fields,
     )
     summary = train(cfg, prefix, out, data_dir=s.data_dir, progress=progress)
-    examples = task_examples(s.task, "test", s.data_dir)[: s.test_limit]
-    path = out / f"test-{len(examples)}.json"
+    examples = pick_examples(task_examples(s.task, "test", s.data_dir), s.test_limit, s.test_spread)
+    path = out / f"test-{'spread' if s.test_spread else ''}{len(examples)}.json"
     decoding = {"num_beams": s.num_beams, "max_new_tokens": s.max_new_tokens}
     result = json.loads(path.read_text()) if path.is_file() else {}
     if {k: result.get(k) for k in decoding} != decoding:
@@ -180,6 +184,7 @@ def train_and_score(s: PrefixTaskSettings, variant: str, seed: int, progress: bo
             "test",
             data_dir=s.data_dir,
             limit=s.test_limit,
+            spread=s.test_spread,
             num_beams=s.num_beams,
             max_source_tokens=s.max_source_tokens,
             max_new_tokens=s.max_new_tokens,
@@ -238,7 +243,7 @@ def _cell(values: list[float], scale: float = 1.0) -> str:
             "bootstrap": 50,
         },
         "cpu": {},
-        "gpu": {"test_limit": None, "steps": 3000, "seeds": "0,1,2"},
+        "gpu": {"test_limit": None, "steps": 5000, "batch_size": 16, "seeds": "0,1,2"},
     },
     cpu_minutes=150,
 )
@@ -270,8 +275,9 @@ def prefix_tasks(s: PrefixTaskSettings, run: ExperimentRun) -> None:
         row["paper (BART-L)"] = " / ".join(f"{k} {x:g}" for k, x in paper.items()) if paper else "–"
         rows.append(row)
     n = units[variants[0], seeds[0]]["examples"]
+    which = "evenly spaced" if s.test_spread else "first"
     run.text(
-        f"{s.task} test, first {n} inputs; {s.model}, {s.steps} steps of batch {s.batch_size}, "
+        f"{s.task} test, {which} {n} inputs; {s.model}, {s.steps} steps of batch {s.batch_size}, "
         f"P = {s.num_virtual_tokens or TASK_PREFIX[s.task]}, beam {s.num_beams}. "
         "Cells: mean over seeds ± the 95% t-interval half-width (seeds > 1); ROUGE ×100, "
         "METEOR and TER as fractions. The paper column is DASP's BART-large result (Tables "

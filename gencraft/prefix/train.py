@@ -96,6 +96,15 @@ def task_examples(task: str, split: str, data_dir: str | None = None) -> list[An
     raise ConfigError(f"unknown task {task!r}")
 
 
+def pick_examples(examples: list[Any], limit: int | None, spread: bool = False) -> list[Any]:
+    """The first ``limit`` examples, or ``limit`` evenly spaced ones (``i * N // limit``)."""
+    if limit is None or limit >= len(examples):
+        return list(examples)
+    if spread:
+        return [examples[i * len(examples) // limit] for i in range(limit)]
+    return examples[:limit]
+
+
 def source_of(example: Any) -> str:
     return getattr(example, "input", None) or getattr(example, "document", None) or example.source
 
@@ -356,6 +365,7 @@ def evaluate(
     *,
     data_dir: str | None = None,
     limit: int | None = None,
+    spread: bool = False,
     num_beams: int = 5,
     max_source_tokens: int = 256,
     max_new_tokens: int | None = None,
@@ -363,8 +373,9 @@ def evaluate(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Generate for a task's split and score: data-to-text metrics (E2E/DART, all references)
-    or ROUGE-1/2/L (XSum)."""
-    examples = task_examples(task, split, data_dir)[:limit]
+    or ROUGE-1/2/L (XSum). ``limit`` inputs are the split's first ones, or with ``spread``
+    ones evenly spaced over it (DART's test file is ordered by source corpus)."""
+    examples = pick_examples(task_examples(task, split, data_dir), limit, spread)
     sources = [source_of(e) for e in examples]
     refs = [references_of(e) for e in examples]
     new = max_new_tokens or 64
