@@ -172,6 +172,8 @@ def test_cli_train_resume_eval_analyze(tmp_path, capsys):
                 "prefix",
                 "analyze",
                 str(out / "best"),
+                "--compare",
+                str(out / "last"),
                 "--limit",
                 "4",
                 "--output-dir",
@@ -184,8 +186,11 @@ def test_cli_train_resume_eval_analyze(tmp_path, capsys):
     )
     for png in ("attention_maps.png", "spectrum.png"):
         assert (tmp_path / "an" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    curves = json.loads((tmp_path / "an" / "spectrum.json").read_text())
-    assert curves["lower"][-1] == pytest.approx(1.0) and curves["upper"][-1] == pytest.approx(1.0)
+    spectra = json.loads((tmp_path / "an" / "spectrum.json").read_text())
+    assert set(spectra) == {f"{out.name}/best", f"{out.name}/last"}
+    for curves in spectra.values():
+        assert curves["lower"][-1] == pytest.approx(1.0)
+        assert curves["upper"][-1] == pytest.approx(1.0)
 
 
 def test_cli_bad_input_is_one_line(capsys):

@@ -113,26 +113,35 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     )
     from gencraft.prefix.train import source_of, task_examples
 
-    model, tok, meta = _load(args.checkpoint)
-    if not hasattr(model, "recording"):
-        from gencraft.errors import GencraftError
-
-        raise GencraftError(f"{args.checkpoint} is a fine-tuned model without prefixes")
-    task = args.task or meta["train"]["task"]
-    examples = task_examples(task, args.split, args.data_dir)[: args.limit]
-    rows = [
-        {"input_ids": tok(source_of(e), add_special_tokens=False)["input_ids"][:128]}
-        for e in examples
-    ]
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    batches = [pad_batch(rows[i : i + 8], pad) for i in range(0, len(rows), 8)]
-    attention = collect_attention(model, batches)
     out = Path(args.output_dir)
-    p = model.num_virtual_tokens
-    maps = plot_attention_maps(attention, p, out / "attention_maps.png", title=args.checkpoint)
-    curves = spectrum_by_depth(attention, p, model.config.lower_layers)
-    spec = plot_spectrum({"model": curves}, out / "spectrum.png", f"{task} {args.split}")
-    summary = {g: [round(float(x), 4) for x in c] for g, c in curves.items()}
+    curves, maps = {}, None
+    for checkpoint in [args.checkpoint, *args.compare]:
+        model, tok, meta = _load(checkpoint)
+        if not hasattr(model, "recording"):
+            from gencraft.errors import GencraftError
+
+            raise GencraftError(f"{checkpoint} is a fine-tuned model without prefixes")
+        task = args.task or meta["train"]["task"]
+        examples = task_examples(task, args.split, args.data_dir)[: args.limit]
+        rows = [
+            {"input_ids": tok(source_of(e), add_special_tokens=False)["input_ids"][:128]}
+            for e in examples
+        ]
+        pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+        batches = [pad_batch(rows[i : i + 8], pad) for i in range(0, len(rows), 8)]
+        attention = collect_attention(model, batches)
+        p = model.num_virtual_tokens
+        if maps is None:  # the maps of the first checkpoint; the spectrum of every one
+            maps = plot_attention_maps(attention, p, out / "attention_maps.png", title=checkpoint)
+        label = "/".join(Path(checkpoint).parts[-2:])  # e.g. dense/best
+        curves[label] = spectrum_by_depth(attention, p, model.config.lower_layers)
+    spec = plot_spectrum(
+        curves, out / "spectrum.png", f"{task} {args.split}, {len(examples)} inputs"
+    )
+    summary = {
+        label: {g: [round(float(x), 4) for x in c] for g, c in groups.items()}
+        for label, groups in curves.items()
+    }
     (out / "spectrum.json").write_text(json.dumps(summary, indent=2))
     print(f"{maps}\n{spec}\n{json.dumps(summary)}")
 
@@ -195,6 +204,9 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
 
     a = psub.add_parser("analyze", help="attention maps and the spectrum plot (PNG)")
     a.add_argument("checkpoint")
+    a.add_argument(
+        "--compare", nargs="+", default=[], help="more checkpoints whose spectra share the plot"
+    )
     a.add_argument("--task", choices=("e2e", "dart", "xsum"), default=None)
     a.add_argument("--split", default="validation")
     a.add_argument("--limit", type=int, default=64, help="inputs averaged (paper: 1000)")

@@ -86,10 +86,12 @@ def plot_spectrum(curves: dict[str, dict[str, torch.Tensor]], path: str | Path, 
 
     fig, ax = plt.subplots(figsize=(5.5, 4))
     styles = {"lower": "-", "upper": "--"}
-    for label, groups in curves.items():
-        for group, curve in groups.items():
+    for i, (label, groups) in enumerate(curves.items()):
+        for group, curve in groups.items():  # one colour per model, one line style per group
             x = torch.arange(1, curve.numel() + 1)
-            ax.plot(x.numpy(), curve.numpy(), styles[group], label=f"{label}, {group} layers")
+            ax.plot(
+                x.numpy(), curve.numpy(), styles[group], color=f"C{i}", label=f"{label}, {group}"
+            )
     ax.set_xlabel("number of singular values k")
     ax.set_ylabel("normalised cumulative singular value")
     ax.set_title(title)
