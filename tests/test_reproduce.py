@@ -113,3 +113,12 @@ def test_prefix_tasks_seeds_share_runs_and_rescore_on_new_decoding(shared_data, 
             output=tmp_path / "d",
             overrides={**common, "variants": "densest"},
         )
+
+
+def test_settings_given_as_none_are_kept_not_dropped():
+    from gencraft.cli.reproduce import _overrides
+    from gencraft.prefix.experiments import PrefixTaskSettings
+
+    given = _overrides(PrefixTaskSettings, ["--test-limit", "none", "--test-spread"], "x")
+    assert given == {"test_limit": None, "test_spread": True}  # None overrides the default 80
+    assert _overrides(PrefixTaskSettings, [], "x") == {}

@@ -41,9 +41,10 @@ def _overrides(settings: type, extra: list[str], name: str) -> dict[str, Any]:
 
     from gencraft.cli.flags import add_dataclass_arguments
 
+    unset = object()  # not None: `--test-limit none` is a setting given, not left out
     parser = argparse.ArgumentParser(prog=f"gencraft reproduce {name}", add_help=False)
     add_dataclass_arguments(
-        parser, settings, defaults={f.name: None for f in dataclasses.fields(settings)}
+        parser, settings, defaults={f.name: unset for f in dataclasses.fields(settings)}
     )
     try:
         known, unknown = parser.parse_known_args(extra)
@@ -54,7 +55,7 @@ def _overrides(settings: type, extra: list[str], name: str) -> dict[str, Any]:
         raise GencraftError(f"{name} has no setting {unknown[0]}; its settings: {names}")
     out = {}
     for k, v in vars(known).items():
-        if v is not None:
+        if v is not unset:
             out[k] = tuple(v) if isinstance(v, list) else v
     return out
 
