@@ -114,3 +114,16 @@ def test_bertscore_with_local_minilm():
     assert other["bertscore_f"] < near["bertscore_f"] < 100.0
     with_empty = M.bertscore(["the cat sat on the mat", ""], ["the cat sat on the mat", "a dog"])
     assert with_empty["bertscore_f"] == pytest.approx(50.0, abs=0.01)
+
+
+def test_rouge_per_example_averages_to_rouge_and_bootstrap_brackets_the_mean():
+    from gencraft.metrics.text import bootstrap_mean, rouge_per_example
+
+    preds = ["the cat sat", "a dog", "hello world there"]
+    refs = ["the cat sat down", "a big dog", "hello world"]
+    per = rouge_per_example(preds, refs)
+    assert per[0] == pytest.approx(100 * 2 * 3 / 7)  # LCS 3 of 3 and 4 tokens: F1 = 6/7
+    assert sum(per) / 3 == pytest.approx(M.rouge(preds, refs, ("rougeL",))["rougeL"])
+    assert bootstrap_mean([2.0] * 5) == (2.0, 0.0)  # no spread, no interval
+    mean, half = bootstrap_mean([float(i) for i in range(100)], resamples=2000)
+    assert mean == 49.5 and 4.5 < half < 6.5  # ≈ 1.96 · 28.9 / √100

@@ -79,6 +79,38 @@ def rouge(
     return {t: 100.0 * v / len(predictions) for t, v in totals.items()}
 
 
+def rouge_per_example(
+    predictions: Sequence[str],
+    references: References,
+    rouge_type: str = "rougeL",
+    *,
+    use_stemmer: bool = True,
+) -> list[float]:
+    """ROUGE F1 (x100) of each prediction; their mean is :func:`rouge`'s."""
+    _check_parallel(predictions, references, "predictions", "references")
+    scorer = rouge_scorer.RougeScorer([rouge_type], use_stemmer=use_stemmer)
+    return [
+        100.0 * scorer.score_multi(refs, pred)[rouge_type].fmeasure
+        for pred, refs in zip(predictions, _as_multi(references), strict=True)
+    ]
+
+
+def bootstrap_mean(
+    values: Sequence[float], resamples: int = 1000, seed: int = 12345
+) -> tuple[float, float]:
+    """(mean, half-width of the 95% percentile interval) of the mean of ``values`` over
+    resamples with replacement (paired differences give a paired test)."""
+    import torch
+
+    x = torch.tensor(list(values), dtype=torch.float64)
+    if x.numel() == 0:
+        raise ValueError("bootstrap_mean needs at least one value")
+    g = torch.Generator().manual_seed(seed)
+    means = x[torch.randint(x.numel(), (resamples, x.numel()), generator=g)].mean(1)
+    lo, hi = torch.quantile(means, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
+    return float(x.mean()), (hi - lo) / 2
+
+
 def rouge1_precision_vs_source(
     predictions: Sequence[str], sources: Sequence[str], *, use_stemmer: bool = True
 ) -> float:
