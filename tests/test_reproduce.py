@@ -106,6 +106,20 @@ def test_prefix_tasks_seeds_share_runs_and_rescore_on_new_decoding(shared_data, 
     )
     rescored = json.loads((tmp_path / "c" / "results.json").read_text())["units"]["dense/seed0"]
     assert rescored["scores"]["BLEU"] != 12.5
+    # XSum: per-document ROUGE-L, its interval, and the paired difference against dense
+    xsum = {
+        **common,
+        "runs_dir": str(tmp_path / "xruns"),
+        "task": "xsum",
+        "variants": "dense,hierblock",
+        "seeds": "0",
+    }
+    report = reproduce("prefix-tasks", scale="tiny", output=tmp_path / "x", overrides=xsum)
+    assert "rougeL − dense, seed 0 (paired)" in report.read_text()
+    units = json.loads((tmp_path / "x" / "results.json").read_text())["units"]
+    per_doc = units["hierblock/seed0"]["rougeL_per_doc"]
+    assert len(per_doc) == 3
+    assert sum(per_doc) / 3 == pytest.approx(units["hierblock/seed0"]["scores"]["rougeL"])
     with pytest.raises(GencraftError, match="unknown variant"):
         reproduce(
             "prefix-tasks",

@@ -280,13 +280,14 @@ def prefix_tasks(s: PrefixTaskSettings, run: ExperimentRun) -> None:
         if key:
             mean, half = got[0][key]
             row[f"{key.split('_')[0]}, seed 0 (test bootstrap)"] = f"{mean:.2f} ± {half:.2f}"
-        if "rougeL_per_doc" in got[0] and v != "dense" and "dense" in variants:
+        if "rougeL_per_doc" in got[0] and "dense" in variants:  # every row has the column
             from gencraft.metrics.text import bootstrap_mean
 
             base = units["dense", seeds[0]]["rougeL_per_doc"]
             diff = [a - b for a, b in zip(got[0]["rougeL_per_doc"], base, strict=True)]
             mean, half = bootstrap_mean(diff, s.bootstrap or 1000)
-            row["rougeL − dense, seed 0 (paired)"] = f"{mean:+.2f} ± {half:.2f}"
+            paired = "–" if v == "dense" else f"{mean:+.2f} ± {half:.2f}"
+            row["rougeL − dense, seed 0 (paired)"] = paired
         row["valid loss"] = _cell([u["best_valid_loss"] for u in got])
         row["trained params"] = got[0]["trainable_parameters"]
         paper = PAPER.get(s.task, {}).get(v)
