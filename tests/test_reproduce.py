@@ -100,6 +100,8 @@ def test_prefix_tasks_seeds_share_runs_and_rescore_on_new_decoding(shared_data, 
     reproduce("prefix-tasks", scale="tiny", output=tmp_path / "b", overrides=one)
     again = json.loads((tmp_path / "b" / "results.json").read_text())["units"]["dense/seed0"]
     assert again["scores"]["BLEU"] == 12.5 and again["steps"] == 2
+    # the training time is the run's, not the (instant) resumed call's
+    assert again["train_seconds"] == units["dense/seed0"]["train_seconds"] > 0
     # ...but other decoding settings score it again
     reproduce(
         "prefix-tasks", scale="tiny", output=tmp_path / "c", overrides={**one, "num_beams": 1}

@@ -196,6 +196,7 @@ def train_and_score(s: PrefixTaskSettings, variant: str, seed: int, progress: bo
         "run": str(out),
         "steps": summary["steps"],
         "best_valid_loss": summary["best_valid_loss"],
+        "train_seconds": summary["train_seconds"],
         "trainable_parameters": summary["trainable_parameters"],
         "examples": result["examples"],
         "generate_seconds": result["generate_seconds"],

@@ -266,7 +266,8 @@ def train(
         "epochs_done": result.epochs_done,
         "best_valid_loss": result.best,
         "stopped": result.stopped,
-        "wall_seconds": time.time() - start,
+        "wall_seconds": time.time() - start,  # this call's (a resumed, finished run: ~0)
+        "train_seconds": result.history[-1]["train_time"] if result.history else 0.0,
         "trainable_parameters": sum(p.numel() for p in params),
         "history": result.history,
     }
