@@ -225,12 +225,12 @@ def mean_interval(values: list[float]) -> tuple[float, float | None]:
     m = statistics.fmean(values)
     if len(values) < 2:
         return m, None
-    t = T95.get(len(values) - 1, 1.96)
+    t = T95.get(len(values) - 1, T95[9])  # beyond 9 dof: the 9-dof quantile (conservative)
     return m, t * statistics.stdev(values) / math.sqrt(len(values))
 
 
-def _cell(values: list[float], scale: float = 1.0) -> str:
-    m, h = mean_interval([v * scale for v in values])
+def _cell(values: list[float]) -> str:
+    m, h = mean_interval(values)
     digits = 3 if abs(m) < 10 else 2
     return f"{m:.{digits}f}" + ("" if h is None else f" ± {h:.{digits}f}")
 
