@@ -1,0 +1,65 @@
+"""Overlap evaluation (thesis §2.3): the schedule of the thesis's example, and per-target NLL
+against a loop reference that re-runs each target's context on its own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gencraft.errors import ConfigError
+from gencraft.models import load_model
+from gencraft.recurrence import window_schedule, windowed_nll
+
+
+def test_schedule_is_the_thesis_example():
+    # T = 10, o = 3: inputs t1:10, t8:17, t15:24 score t2:11, t12:18, t19:25 (1-indexed)
+    got = [
+        (w.start + 1, w.start + (w.end - w.start), w.first + 1, w.end + 1)
+        for w in window_schedule(25, 10, 3)
+    ]
+    assert got[:3] == [(1, 10, 2, 11), (8, 17, 12, 18), (15, 24, 19, 25)]
+    for n, t, o in [(25, 10, 3), (40, 7, 0), (40, 7, 6), (3, 5, 2)]:
+        scored = [j for w in window_schedule(n, t, o) for j in range(w.first, w.end + 1)]
+        assert scored == list(range(1, n))  # every target once, in order
+
+
+def test_windowed_nll_equals_a_loop_reference():
+    model, _ = load_model("tiny-llama", seed=0)
+    model.eval()
+    ids = torch.randint(3, 200, (1, 23), generator=torch.Generator().manual_seed(0))
+    for window, overlap in [(6, 0), (6, 2), (6, 5), (30, 0)]:
+        got = windowed_nll(model, ids, window=window, overlap=overlap)
+        stride = window - overlap
+        want = []
+        for j in range(1, ids.shape[1]):
+            n = 0  # the first window (inputs ids[n*stride : n*stride + window]) predicting j
+            while not n * stride + 1 <= j <= n * stride + window:
+                n += 1
+            with torch.no_grad():
+                logits = model(input_ids=ids[:, n * stride : j]).logits[0, -1]
+            want.append(-torch.log_softmax(logits.float(), -1)[ids[0, j]])
+        torch.testing.assert_close(got, torch.stack(want), rtol=1e-4, atol=1e-5)
+    # overlap changes the context: disjoint windows lose it at each boundary
+    assert not torch.allclose(
+        windowed_nll(model, ids, window=6, overlap=0), windowed_nll(model, ids, window=6, overlap=5)
+    )
+
+
+@pytest.mark.parametrize(
+    ("n", "window", "overlap", "message"),
+    [
+        (10, 0, 0, "window must be >= 1"),
+        (10, 4, 4, "overlap must be in"),
+        (10, 4, -1, "overlap must be in"),
+        (1, 4, 0, "at least 2 tokens"),
+    ],
+)
+def test_bad_input_names_the_problem(n, window, overlap, message):
+    with pytest.raises(ConfigError, match=message):
+        window_schedule(n, window, overlap)
+
+
+def test_ids_shape_is_checked():
+    model, _ = load_model("tiny-llama", seed=0)
+    with pytest.raises(ConfigError, match=r"\[1, N\] or \[N\]"):
+        windowed_nll(model, torch.zeros(2, 5, dtype=torch.long), window=4)
