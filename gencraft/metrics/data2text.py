@@ -72,6 +72,9 @@ def _lowered(
 ) -> tuple[list[str], list[list[str]], list[list[str | None]]]:
     """Lower-cased outputs, reference lists, and sacrebleu's reference streams (lists padded
     with ``None``, which sacrebleu skips)."""
+    _check_parallel(predictions, references, "predictions", "references")
+    if any(not refs for refs in references):
+        raise ValueError("every output needs at least one reference")
     preds = [p.lower() for p in predictions]
     refs = [[r.lower() for r in rs] for rs in references]
     width = max(len(r) for r in refs)
@@ -84,7 +87,6 @@ def bleu_interval(
 ) -> tuple[float, float]:
     """(bootstrap mean, 95% half-width) of corpus BLEU over test inputs resampled with
     replacement: sacrebleu's own bootstrap (``n_bootstrap``, seeded by ``SACREBLEU_SEED``)."""
-    _check_parallel(predictions, references, "predictions", "references")
     preds, _, streams = _lowered(predictions, references)
     score = sacrebleu.BLEU().corpus_score(preds, streams, n_bootstrap=resamples)
     return float(score._mean), float(score._ci)
@@ -98,9 +100,6 @@ def data_to_text_scores(
 ) -> dict[str, float]:
     """BLEU, NIST, METEOR, ROUGE-L, CIDEr (×1 as the tables print it) and TER for outputs and
     their reference lists (E2E: every reference of the meaning representation)."""
-    _check_parallel(predictions, references, "predictions", "references")
-    if any(not refs for refs in references):
-        raise ValueError("every output needs at least one reference")
     preds, refs, streams = _lowered(predictions, references)
     out = {
         "BLEU": sacrebleu.corpus_bleu(preds, streams).score,
