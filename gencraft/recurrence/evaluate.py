@@ -61,10 +61,9 @@ def windowed_nll(
     check(ids.dim() == 1, f"ids must be [1, N] or [N], got shape {tuple(ids.shape)}")
     device = next(model.parameters()).device
     ids = ids.to(device)
-    out = torch.empty(ids.numel() - 1 if ids.numel() > 1 else 0, dtype=torch.float32)
-    for w in tqdm(
-        window_schedule(ids.numel(), window, overlap), desc="windows", disable=not progress
-    ):
+    schedule = window_schedule(ids.numel(), window, overlap)  # checks N >= 2 first
+    out = torch.empty(ids.numel() - 1, dtype=torch.float32)
+    for w in tqdm(schedule, desc="windows", disable=not progress):
         logits = model(input_ids=ids[w.start : w.end].unsqueeze(0)).logits[0]  # [T, V]
         rows = logits[w.first - 1 - w.start : w.end - w.start].float()  # predict first..end
         nll = nn.functional.cross_entropy(rows, ids[w.first : w.end + 1], reduction="none")
