@@ -21,11 +21,13 @@ start), ``cache`` its own state from the previous call (None at the start).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import nn
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
 
 from gencraft.errors import GencraftError
 from gencraft.models.introspect import context_size, decoder_start_id, eos_ids, hf_model
@@ -245,3 +247,66 @@ class ProcessorChain:
         for proc in self.processors:
             scores = proc(ids.to(scores.device), scores)
         return scores
+
+
+# ------------------------------------------------------------------------------ KV states
+class _StateLayer(DynamicLayer):
+    """A ``DynamicLayer`` that starts from given keys/values and adds ``shift`` to the next
+    states it receives. With no shift given, the shift is a zero leaf that requires grad, so
+    the gradient of a loss with respect to it is the gradient with respect to those new
+    (present) states."""
+
+    def __init__(self, key=None, value=None, shift=None) -> None:
+        super().__init__()
+        self.shift = shift
+        if key is not None:
+            DynamicLayer.update(self, key, value)
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if self.shift is None:
+            self.shift = tuple(
+                torch.zeros_like(t, dtype=t.dtype).requires_grad_(True)
+                for t in (key_states, value_states)
+            )
+        dk, dv = self.shift
+        return super().update(key_states + dk, value_states + dv, *args, **kwargs)
+
+
+class KVStates(DynamicCache):
+    """A KV cache built from per-layer states, for methods that optimise them (HSO).
+
+    Args:
+        states: per layer ``(key, value)`` [B, n_kv, S, d] (S may be 0 / None for an empty
+            cache); gradients flow back to these tensors.
+        shifts: per layer ``(dk, dv)`` [B, n_kv, t, d] added to the t new states of the next
+            forward; None gives zero leaves that require grad (read them from :attr:`shifts`
+            after the forward).
+        num_layers: the number of layers when ``states`` is None.
+    """
+
+    def __init__(
+        self,
+        states: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        shifts: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
+        *,
+        num_layers: int | None = None,
+    ) -> None:
+        n = len(states) if states is not None else num_layers
+        if n is None:
+            raise GencraftError("KVStates needs states or num_layers")
+        layers = []
+        for i in range(n):
+            k, v = states[i] if states is not None else (None, None)
+            if k is not None and k.shape[-2] == 0:
+                k = v = None
+            layers.append(_StateLayer(k, v, shifts[i] if shifts is not None else None))
+        Cache.__init__(self, layers=layers)
+
+    @property
+    def shifts(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer the ``(dk, dv)`` added to the last forward's new states."""
+        return [layer.shift for layer in self.layers]
+
+    def states(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer ``(key, value)`` [B, n_kv, S, d], cached and new."""
+        return [(layer.keys, layer.values) for layer in self.layers]
