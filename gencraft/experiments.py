@@ -38,6 +38,8 @@ EXPERIMENT_MODULES = (
     "gencraft.pointer.experiments",
     "gencraft.focus.experiments",
     "gencraft.prefix.experiments",
+    "gencraft.hso.experiments",
+    "gencraft.recurrence.experiments",
 )
 SCALES = ("tiny", "cpu", "gpu")
 

@@ -90,6 +90,24 @@ def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert (tmp_path / "run" / "last" / "model.pt").is_file()
 
 
+def test_patience_stops_after_validations_without_a_new_best(tmp_path):
+    # a learning rate of 0 never improves: the first validation is the best, two more end it
+    torch.manual_seed(0)
+    model = Tiny().eval()  # no dropout, so every validation is the same
+    result = fit(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        _data(),
+        loss_fn=_loss,
+        config=FitConfig(epochs=5, batch_size=4, eval_every=1, patience=2),
+        output_dir=tmp_path,
+        valid=_data(8),
+        progress=False,
+    )
+    assert result.stopped == "patience" and result.steps == 3
+    assert [r["best"] for r in result.history] == [True, False, False]
+
+
 def test_a_finished_run_says_so_and_a_larger_budget_continues(tmp_path, capsys):
     _, first = _run(tmp_path, max_steps=3)
     assert first.steps == 3 and first.stopped == "max_steps"

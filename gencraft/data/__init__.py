@@ -20,6 +20,7 @@ from gencraft.data.lm import (
     LMCorpus,
     Vocabulary,
     load_lm_corpus,
+    subword_stream,
     wikitext_detokenize,
 )
 from gencraft.data.sources import DATA_DIR_ENV, SOURCES, configured_data_dir
@@ -57,5 +58,6 @@ __all__ = [
     "parse_e2e_mr",
     "read_jsonl",
     "read_lines",
+    "subword_stream",
     "wikitext_detokenize",
 ]

@@ -200,3 +200,26 @@ def wikitext_detokenize(text: str) -> str:
             line = re.sub(pat, rep, line)
         out.append(line.strip() if not line.startswith(" =") else line.rstrip())
     return "\n".join(out)
+
+
+def subword_stream(
+    name: str,
+    split: str,
+    tokenizer,
+    *,
+    data_dir: str | os.PathLike | None = None,
+    max_words: int | None = None,
+    add_bos: bool = True,
+) -> tuple[torch.Tensor, int]:
+    """A word-level corpus split as one subword stream for a pretrained LM: the first
+    ``max_words`` word tokens (``<eos>`` included, as the word-level models count them),
+    detokenised, then tokenised by ``tokenizer`` (its BOS first when ``add_bos``, so every text
+    token is scored). Returns ``(ids [N], words)``; per-word perplexity is
+    ``exp(summed NLL of ids[1:] / words)``."""
+    corpus = load_lm_corpus(name, data_dir, splits=(split,))
+    words = int(corpus[split].numel()) if max_words is None else min(max_words, len(corpus[split]))
+    ids = tokenizer(corpus.text(split, words), add_special_tokens=False).input_ids
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if add_bos and bos is not None:
+        ids = [bos, *ids]
+    return torch.tensor(ids, dtype=torch.long), words

@@ -346,6 +346,45 @@ def original_implementation(module: nn.Module) -> str:
     return getattr(module, ORIGINAL, "eager")
 
 
+# ------------------------------------------------------------------------------ extra inputs
+#: the LayerNorm before a block's self-attention, per family (Llama, GPT-2, BART)
+INPUT_NORMS = ("input_layernorm", "ln_1", "self_attn_layer_norm")
+
+
+def input_norm(model: nn.Module, site: AttentionSite) -> nn.Module:
+    """The norm a block applies to its input before the self-attention at ``site``."""
+    block = model.get_submodule(site.name.rsplit(".", 1)[0]) if "." in site.name else model
+    for name in INPUT_NORMS:
+        norm = getattr(block, name, None)
+        if isinstance(norm, nn.Module):
+            return norm
+    raise GencraftError(
+        f"no input norm ({', '.join(INPUT_NORMS)}) found beside {site.name} in "
+        f"{type(block).__name__}"
+    )
+
+
+def project_key_value(module: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The keys and values an attention module computes from inputs ``hidden`` [B, P, H]:
+    [B, n_kv, P, d] each, without position embedding (for extra inputs such as recurrence's
+    h_prev). Llama-style ``k_proj``/``v_proj`` (with ``k_norm`` if present) and GPT-2's
+    ``c_attn``."""
+    b, p, _ = hidden.shape
+    d = getattr(module, "head_dim", None)
+    if hasattr(module, "k_proj") and hasattr(module, "v_proj") and d:
+        k = module.k_proj(hidden).view(b, p, -1, d)
+        v = module.v_proj(hidden).view(b, p, -1, d)
+        if isinstance(getattr(module, "k_norm", None), nn.Module):
+            k = module.k_norm(k)
+        return k.transpose(1, 2), v.transpose(1, 2)
+    if hasattr(module, "c_attn") and d and not getattr(module, "is_cross_attention", False):
+        _, k, v = module.c_attn(hidden).split(module.split_size, dim=2)
+        return k.view(b, p, -1, d).transpose(1, 2), v.view(b, p, -1, d).transpose(1, 2)
+    raise GencraftError(
+        f"cannot project keys/values with {type(module).__name__} (no k_proj/v_proj or c_attn)"
+    )
+
+
 # ------------------------------------------------------------------------------ computation
 def _model_eager(module: nn.Module) -> Callable:
     """The model file's own ``eager_attention_forward`` (exact eager semantics: T5's position

@@ -54,7 +54,17 @@ def windowed_nll(
     tensor [N - 1] whose entry j - 1 is -log p(ids[j] | the window that scored it).
 
     ``model`` is any causal LM returning ``.logits`` [1, T, V]; each window is a fresh
-    forward pass (no state carried between windows)."""
+    forward pass (no state carried between windows). A :class:`RecurrentLM` carries h_prev
+    across its windows instead (``window`` must be its own)."""
+    from gencraft.recurrence.model import RecurrentLM  # the model module imports this one
+
+    if isinstance(model, RecurrentLM):
+        check(
+            window == model.config.window,
+            f"this RecurrentLM runs windows of {model.config.window} tokens, not {window}",
+        )
+        window_schedule(ids.shape[-1], window, overlap)  # the same checks
+        return model.token_nll(ids, overlap=overlap)
     if ids.dim() == 2:
         check(ids.shape[0] == 1, f"ids must be [1, N] or [N], got shape {tuple(ids.shape)}")
         ids = ids[0]
@@ -69,3 +79,20 @@ def windowed_nll(
         nll = nn.functional.cross_entropy(rows, ids[w.first : w.end + 1], reduction="none")
         out[w.first - 1 : w.end] = nll.cpu()
     return out
+
+
+def flops_per_token(model: nn.Module, window: int, overlap: int = 0) -> float:
+    """Forward FLOPs per scored token of overlap evaluation, counted as the thesis's tables
+    count them: F_window / (T - o), two FLOPs per non-embedding weight per position plus the
+    causal attention products (2 T^2 H per layer); no embedding or output layer and no
+    recurrence FFN. For GPT-2 small at T = 300 this gives 1.755e8 (o = 0) and 2.106e8
+    (o = 50), the thesis's 1.75e8 and 2.10e8."""
+    from gencraft.models.introspect import hf_model, model_shape
+
+    hf = hf_model(model)
+    shape = model_shape(hf)
+    skip = {id(hf.get_input_embeddings().weight), id(hf.get_output_embeddings().weight)}
+    skip |= {id(m.weight) for m in hf.modules() if isinstance(m, nn.Embedding)}  # positions
+    weights = sum(p.numel() for p in hf.parameters() if id(p) not in skip and p.dim() > 1)
+    per_window = 2 * weights * window + 2 * shape.layers * window**2 * shape.hidden
+    return per_window / (window - overlap)

@@ -79,6 +79,10 @@ class FitConfig:
         default=300.0, metadata={"help": "seconds between periodic checkpoints"}
     )
     metric: str = field(default="loss", metadata={"help": "validation value that picks best/"})
+    patience: int | None = field(
+        default=None,
+        metadata={"help": "stop after this many validations without a new best (early stopping)"},
+    )
     mode: Literal["min", "max"] = field(default="min", metadata={"help": "min or max of metric"})
     seed: int = field(default=0, metadata={"help": "seed of the shuffle order and of torch"})
 
@@ -86,7 +90,7 @@ class FitConfig:
         for name in ("epochs", "batch_size", "grad_accum"):
             if getattr(self, name) < 1:
                 raise GencraftError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "eval_every", "eval_batch_size"):
+        for name in ("max_steps", "eval_every", "eval_batch_size", "patience"):
             v = getattr(self, name)
             if v is not None and v < 1:
                 raise GencraftError(f"{name} must be >= 1 (or unset), got {v}")
@@ -156,6 +160,7 @@ class _State:
     trained_examples: int = 0
     best: float | None = None
     last_eval_step: int = -1
+    bad_evals: int = 0  # validations since the last new best (early stopping)
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -265,6 +270,8 @@ def fit(
         resumed = True
 
     def budget_left() -> str | None:
+        if cfg.patience is not None and st.bad_evals >= cfg.patience:
+            return "patience"
         return budget_reason(
             step=st.step,
             seconds=st.train_time + st.eval_time,
@@ -326,6 +333,7 @@ def fit(
         if better:
             st.best = value
             save_model("best")
+        st.bad_evals = 0 if better else st.bad_evals + 1
         row["best"] = better
         st.history.append(row)
         st.last_eval_step = st.step

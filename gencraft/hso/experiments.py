@@ -1,0 +1,175 @@
+"""The HSO experiments of docs/results.md, runnable with ``gencraft reproduce``:
+
+* ``hso-lm``: Tables 3.2, 3.3 and 3.5 analogues. A pretrained causal LM (SmolLM2-135M) on
+  WikiText-2 valid/test as one subword stream cut into non-overlapping contexts (the thesis's
+  GPT-2 runs reset the state every 1024 tokens); per-token and per-word perplexity of the plain
+  model, HSO at the thesis's LM setting, the Table 3.3 ablations (validation only, as there),
+  and dynamic evaluation; seconds per token against the plain model's in the same run. One
+  unit per (split, variant): a stopped run goes on where it stopped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from gencraft.data import subword_stream
+from gencraft.errors import GencraftError
+from gencraft.experiments import ExperimentRun, register, settings_field
+from gencraft.hso.config import DynamicEvalConfig, HSOConfig
+from gencraft.hso.dynamic import dynamic_eval_nll
+from gencraft.hso.optimize import hso_nll
+from gencraft.models import load_model
+from gencraft.recurrence import windowed_nll
+
+#: Table 3.3's rows (thesis values: GPT-2 345M, PG-19 validation), as HSOConfig overrides
+VARIANTS: dict[str, dict] = {
+    "hso": {},
+    "lr3e-4-b0.8": {"lr": 3e-4, "betas": (0.8, 0.9)},
+    "present-only": {"present_only": True},
+    "k10": {"window": 10},
+    "k10-present-only": {"window": 10, "present_only": True},
+    "sgd": {"optimizer": "sgd", "lr": 0.01},
+    "sgd-present-only": {"optimizer": "sgd", "lr": 0.01, "present_only": True},
+    "hso2": {"steps": 2},
+}
+PAPER_33 = {
+    "hso": 25.1,
+    "lr3e-4-b0.8": 23.8,
+    "present-only": 23.6,
+    "k10": 24.4,
+    "k10-present-only": 22.1,
+    "sgd": 24.7,
+    "sgd-present-only": 25.1,
+}
+
+
+@dataclass
+class HSOLMSettings:
+    model: str = settings_field("smollm2-135m", "model name or path")
+    corpus: str = settings_field("wikitext-2", "word-level corpus (wikitext-2, ptb)")
+    max_words: int | None = settings_field(20000, "words of each split scored (None: all)")
+    context: int = settings_field(512, "inputs per context; the state resets between contexts")
+    splits: tuple[str, ...] = settings_field(("valid", "test"), "splits for baseline vs HSO")
+    ablations: tuple[str, ...] = settings_field(
+        tuple(v for v in VARIANTS if v != "hso"), "Table 3.3 rows, on the first split"
+    )
+    de_words: int = settings_field(5000, "words of the first split for dynamic evaluation")
+    de_lr: float = settings_field(1e-4, "dynamic evaluation's SGD learning rate")
+    data_dir: str | None = settings_field(None, "datasets directory")
+
+
+def _score(name: str, fn, ids: torch.Tensor, words: int) -> dict:
+    t0 = time.perf_counter()
+    nll = fn(ids)
+    seconds = time.perf_counter() - t0
+    total = float(nll.sum())
+    return {
+        "variant": name,
+        "tokens": int(nll.numel()),
+        "words": words,
+        "token ppl": math.exp(total / nll.numel()),
+        "word ppl": math.exp(total / words),
+        "seconds": seconds,
+        "ms/token": 1000 * seconds / nll.numel(),
+    }
+
+
+@register(
+    "hso-lm",
+    title="HSO on a pretrained LM: baseline vs HSO, Table 3.3 ablations, dynamic evaluation",
+    settings=HSOLMSettings,
+    scales={
+        "tiny": {"model": "tiny-llama", "max_words": 300, "context": 64, "de_words": 100},
+        "cpu": {},
+        "gpu": {"max_words": None, "context": 1024, "de_words": 50000},
+    },
+    cpu_minutes=75,
+)
+def hso_lm(s: HSOLMSettings, run: ExperimentRun) -> None:
+    """Baseline vs HSO per split; the ablations and dynamic evaluation on the first split."""
+    bad = [a for a in s.ablations if a not in VARIANTS]
+    if bad:
+        raise GencraftError(f"unknown HSO variants {bad}; choose from {', '.join(VARIANTS)}")
+    model, tok = load_model(s.model)
+    model.eval()
+    rows = []
+    for i, split in enumerate(s.splits):
+        ids, words = subword_stream(
+            s.corpus, split, tok, data_dir=s.data_dir, max_words=s.max_words
+        )
+
+        def plain(x):
+            return windowed_nll(model, x, window=s.context, overlap=0)
+
+        def hso(over):
+            return lambda x: hso_nll(model, x, HSOConfig(reset_every=s.context, **over)).token_nll
+
+        todo = [("baseline", plain), ("hso", hso({}))]
+        if i == 0:
+            todo += [(a, hso(VARIANTS[a])) for a in s.ablations]
+        for name, fn in todo:
+            rows.append(
+                {
+                    "split": split,
+                    **run.unit(
+                        f"{split} {name}", lambda n=name, f=fn, x=ids, w=words: _score(n, f, x, w)
+                    ),
+                }
+            )
+        if i == 0 and s.de_words:
+            de_ids, de_words = subword_stream(
+                s.corpus, split, tok, data_dir=s.data_dir, max_words=s.de_words
+            )
+            for name, fn in [
+                ("baseline", plain),
+                ("hso", hso({})),
+                (
+                    "dynamic eval",
+                    lambda x: (
+                        dynamic_eval_nll(
+                            model,
+                            x,
+                            DynamicEvalConfig(window=25, lr=s.de_lr, reset_every=s.context),
+                        ).token_nll
+                    ),
+                ),
+            ]:
+                key = f"{split} de-subset {name}"
+                rows.append(
+                    {
+                        "split": f"{split} (first {s.de_words} words)",
+                        **run.unit(
+                            key, lambda n=name, f=fn, x=de_ids, w=de_words: _score(n, f, x, w)
+                        ),
+                    }
+                )
+    base = {r["split"]: r["ms/token"] for r in rows if r["variant"] == "baseline"}
+    for r in rows:
+        r["time vs baseline"] = r["ms/token"] / base[r["split"]]
+        r["thesis (Table 3.3)"] = (
+            PAPER_33.get(r["variant"], "") if r["split"] == s.splits[0] else ""
+        )
+    run.text(
+        f"{s.model} on {s.corpus}, contexts of {s.context} tokens (state reset between them), "
+        f"{s.max_words or 'all'} words per split. Per-word perplexity divides the summed NLL "
+        "by the corpus's word count (``<eos>`` included). HSO: k = 25, η = 0.003, "
+        "β = (0.65, 0.9) unless the row says otherwise; the thesis's Table 3.3 column is "
+        "GPT-2 345M on PG-19 validation, for direction only."
+    )
+    run.table(
+        rows,
+        [
+            "split",
+            "variant",
+            "tokens",
+            "token ppl",
+            "word ppl",
+            "ms/token",
+            "time vs baseline",
+            "thesis (Table 3.3)",
+        ],
+    )

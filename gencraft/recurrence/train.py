@@ -1,0 +1,185 @@
+"""Training and evaluating the recurrent model (Yoshida 2023, §2.5) on a word-level corpus
+read as one subword stream, through the shared ``fit`` (resumable, ``accelerate``).
+
+The thesis's recipe: Adam, the learning rate warmed up linearly over 100 steps, validation
+every fixed number of tokens with early stopping, training sequences of ``bptt_windows``
+windows, training and evaluation at the same overlap. ``recurrent=False`` trains the baseline:
+the same model on the same windows with no state between them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gencraft.config import check, option
+from gencraft.data import subword_stream
+from gencraft.recurrence.config import RecurrenceConfig
+from gencraft.recurrence.evaluate import flops_per_token, windowed_nll
+from gencraft.recurrence.model import RecurrentLM
+from gencraft.training import FitConfig, fit
+
+RUN_FILE = "gencraft_recurrence_run.json"
+
+
+@dataclass
+class RecurrenceTrainConfig:
+    """What ``gencraft recurrence train`` trains on and how (with the
+    :class:`RecurrenceConfig` flags)."""
+
+    model: str = option("smollm2-135m", "base model (registered name or local path)")
+    corpus: str = option("wikitext-2", "word-level corpus: wikitext-2, wikitext-103 or ptb")
+    lr: float = option(5e-5, "Adam learning rate (after 100 warm-up steps, then constant)")
+    warmup: int = option(100, "linear warm-up steps (the thesis: 100)")
+    batch_size: int = option(1, "sequences per batch")
+    grad_accum: int = option(1, "batches per optimizer step")
+    epochs: int = option(2, "passes over the training text (the thesis: 2)")
+    max_steps: int | None = option(None, "stop after this many optimizer steps")
+    max_time: float | None = option(None, "stop after this many seconds")
+    eval_every_tokens: int = option(2_000_000, "validate every this many training tokens")
+    patience: int | None = option(3, "stop after this many validations without a new best")
+    train_words: int | None = option(None, "first N words of the training split")
+    valid_words: int | None = option(20000, "first N words of the validation split")
+    seed: int = option(0, "seed of the shuffle and of the recurrence's initialisation")
+
+    def __post_init__(self) -> None:
+        check(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        check(self.eval_every_tokens >= 1, "eval_every_tokens must be >= 1")
+
+
+def sequences(ids: torch.Tensor, length: int) -> list[torch.Tensor]:
+    """Non-overlapping pieces of ``length`` tokens of ``ids`` [N] (the remainder dropped)."""
+    return [ids[i : i + length] for i in range(0, ids.numel() - length + 1, length)]
+
+
+def _loss(model: RecurrentLM, batch: torch.Tensor) -> torch.Tensor:
+    return model(batch, return_logits=False).loss
+
+
+def train(
+    cfg: RecurrenceTrainConfig,
+    rec: RecurrenceConfig,
+    output: str | Path,
+    *,
+    data_dir: str | None = None,
+    progress: bool = True,
+    restart: bool = False,
+) -> dict[str, Any]:
+    """Fine-tune ``cfg.model`` with (or, ``rec.recurrent=False``, without) recurrence;
+    ``best/`` and ``last/`` are loadable with :func:`load_trained`."""
+    from gencraft.models import load_model
+
+    out = Path(output)
+    base, tok = load_model(cfg.model)
+    torch.manual_seed(cfg.seed)
+    model = RecurrentLM(base, rec)
+    n = rec.sequence_tokens()
+    train_ids, _ = subword_stream(
+        cfg.corpus, "train", tok, data_dir=data_dir, max_words=cfg.train_words
+    )
+    valid_ids, _ = subword_stream(
+        cfg.corpus, "valid", tok, data_dir=data_dir, max_words=cfg.valid_words
+    )
+    train_rows, valid_rows = sequences(train_ids, n), sequences(valid_ids, n)
+    check(bool(train_rows), f"the training text has fewer than the {n} tokens of one sequence")
+    per_step = n * cfg.batch_size * cfg.grad_accum
+    fit_cfg = FitConfig(
+        epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        max_time=cfg.max_time,
+        batch_size=cfg.batch_size,
+        grad_accum=cfg.grad_accum,
+        warmup=float(cfg.warmup),
+        decay="constant",
+        eval_every=max(1, math.ceil(cfg.eval_every_tokens / per_step)),
+        patience=cfg.patience,
+        seed=cfg.seed,
+        clip=1.0,
+    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.Adam(params, lr=cfg.lr)
+    settings = {"train": asdict(cfg), "recurrence": asdict(rec), "sequences": len(train_rows)}
+
+    def save_fn(m: RecurrentLM, d: Path) -> None:
+        m.save_pretrained(d, base_name=cfg.model)
+        (d / RUN_FILE).write_text(json.dumps(settings, indent=2))
+
+    t0 = time.time()
+    result = fit(
+        model,
+        optimizer,
+        train_rows,
+        loss_fn=_loss,
+        config=fit_cfg,
+        output_dir=out,
+        valid=valid_rows or None,
+        collate_fn=torch.stack,
+        save_fn=save_fn,
+        settings=settings,
+        progress=progress,
+        restart=restart,
+    )
+    summary = {
+        "steps": result.steps,
+        "tokens_per_step": per_step,
+        "best_valid_loss": result.best,
+        "stopped": result.stopped,
+        "wall_seconds": time.time() - t0,
+        "train_seconds": result.train_time,
+        "history": result.history,
+    }
+    (out / "train_summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def load_trained(directory: str | Path) -> tuple[RecurrentLM, Any, dict[str, Any]]:
+    """(model, tokenizer, run settings) of a ``best/`` or ``last/`` directory."""
+    from gencraft.errors import ConfigError
+    from gencraft.models import load_model
+
+    d = Path(directory)
+    if not (d / RUN_FILE).is_file():
+        raise ConfigError(f"{d} is not a trained recurrence run (no {RUN_FILE})")
+    meta = json.loads((d / RUN_FILE).read_text())
+    _, tok = load_model(meta["train"]["model"])
+    return RecurrentLM.from_pretrained(d).eval(), tok, meta
+
+
+def evaluate(
+    model: torch.nn.Module,
+    tok: Any,
+    *,
+    corpus: str,
+    split: str,
+    window: int,
+    overlaps: tuple[int, ...],
+    max_words: int | None = None,
+    data_dir: str | None = None,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Per-token and per-word perplexity and FLOPs/token of ``model`` (a :class:`RecurrentLM`
+    carries its state; a plain LM runs each window alone) at each overlap."""
+    ids, words = subword_stream(corpus, split, tok, data_dir=data_dir, max_words=max_words)
+    rows = []
+    for o in overlaps:
+        t0 = time.perf_counter()
+        nll = windowed_nll(model, ids, window=window, overlap=o, progress=progress)
+        total = float(nll.sum())
+        rows.append(
+            {
+                "overlap": o,
+                "tokens": int(nll.numel()),
+                "words": words,
+                "token ppl": math.exp(total / nll.numel()),
+                "word ppl": math.exp(total / words),
+                "flops/token": flops_per_token(model, window, o),
+                "seconds": time.perf_counter() - t0,
+            }
+        )
+    return rows
