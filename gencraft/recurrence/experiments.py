@@ -28,7 +28,8 @@ class RecurrenceLMSettings:
     ffn_hidden: tuple[int, ...] = settings_field((200, 200, 200), "recurrence FFN widths")
     insert_layer: int = settings_field(2, "layer that gets h_prev")
     lr: float = settings_field(5e-5, "Adam learning rate (both models)")
-    max_time: float | None = settings_field(1200.0, "training seconds per model")
+    recurrence_lr: float | None = settings_field(1e-3, "learning rate of α and the FFN")
+    max_time: float | None = settings_field(900.0, "training seconds per model")
     max_steps: int | None = settings_field(None, "optimizer steps per model")
     eval_every_tokens: int = settings_field(100_000, "validate every this many tokens")
     valid_words: int | None = settings_field(5000, "validation words for early stopping")
@@ -84,6 +85,7 @@ def recurrence_lm(s: RecurrenceLMSettings, run: ExperimentRun) -> None:
             model=s.model,
             corpus=s.corpus,
             lr=s.lr,
+            recurrence_lr=s.recurrence_lr,
             max_time=s.max_time,
             max_steps=s.max_steps,
             eval_every_tokens=s.eval_every_tokens,

@@ -36,6 +36,9 @@ class RecurrenceTrainConfig:
     model: str = option("smollm2-135m", "base model (registered name or local path)")
     corpus: str = option("wikitext-2", "word-level corpus: wikitext-2, wikitext-103 or ptb")
     lr: float = option(5e-5, "Adam learning rate (after 100 warm-up steps, then constant)")
+    recurrence_lr: float | None = option(
+        1e-3, "learning rate of the new parameters (α and the FFN; None: lr)"
+    )
     warmup: int = option(100, "linear warm-up steps (the thesis: 100)")
     batch_size: int = option(1, "sequences per batch")
     grad_accum: int = option(1, "batches per optimizer step")
@@ -102,8 +105,11 @@ def train(
         seed=cfg.seed,
         clip=1.0,
     )
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.Adam(params, lr=cfg.lr)
+    new = [p for n, p in model.named_parameters() if not n.startswith("base.")]
+    old = [p for n, p in model.named_parameters() if n.startswith("base.") and p.requires_grad]
+    optimizer = torch.optim.Adam(
+        [{"params": old, "lr": cfg.lr}, {"params": new, "lr": cfg.recurrence_lr or cfg.lr}]
+    )
     settings = {"train": asdict(cfg), "recurrence": asdict(rec), "sequences": len(train_rows)}
 
     def save_fn(m: RecurrentLM, d: Path) -> None:
