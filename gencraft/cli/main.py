@@ -16,6 +16,8 @@ METHOD_COMMANDS = (
     "gencraft.cli.focus",
     "gencraft.cli.search",
     "gencraft.cli.prefix",
+    "gencraft.cli.recurrence",
+    "gencraft.cli.hso",
     "gencraft.cli.reproduce",
 )
 

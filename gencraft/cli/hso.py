@@ -1,0 +1,84 @@
+"""``gencraft hso eval``: a pretrained causal LM scored on a word-level corpus with hidden-state
+optimisation (thesis ch. 3), beside the plain model (and, with ``--dynamic-eval``, dynamic
+evaluation), per token and per word, with seconds per token."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from typing import Any
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from gencraft.cli.evaluate import format_table
+    from gencraft.cli.flags import dataclass_from_args
+    from gencraft.data import subword_stream
+    from gencraft.hso import DynamicEvalConfig, HSOConfig, dynamic_eval_nll, hso_nll
+    from gencraft.models import load_model
+    from gencraft.recurrence import windowed_nll
+
+    cfg = dataclass_from_args(HSOConfig, args)
+    model, tok = load_model(args.model)
+    model.eval()
+    ids, words = subword_stream(
+        args.corpus, args.split, tok, data_dir=args.data_dir, max_words=args.max_words
+    )
+    context = cfg.reset_every or ids.numel()
+    runs = [
+        ("baseline", lambda: windowed_nll(model, ids, window=context, progress=not args.quiet)),
+        ("hso", lambda: hso_nll(model, ids, cfg, progress=not args.quiet).token_nll),
+    ]
+    if args.dynamic_eval:
+        de = DynamicEvalConfig(window=cfg.window, lr=args.de_lr, reset_every=cfg.reset_every)
+        runs.append(
+            (
+                "dynamic eval",
+                lambda: dynamic_eval_nll(model, ids, de, progress=not args.quiet).token_nll,
+            )
+        )
+    rows = []
+    for name, fn in runs:
+        t0 = time.perf_counter()
+        nll = fn()
+        sec = time.perf_counter() - t0
+        total = float(nll.sum())
+        rows.append(
+            {
+                "method": name,
+                "tokens": int(nll.numel()),
+                "token ppl": math.exp(total / nll.numel()),
+                "word ppl": math.exp(total / words),
+                "ms/token": 1000 * sec / nll.numel(),
+            }
+        )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"{args.model} on {args.corpus} {args.split} ({words} words), contexts of {context}")
+    print(
+        format_table(
+            [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
+        )
+    )
+
+
+def add_parser(sub: Any, add_data_dir: Any) -> None:
+    from gencraft.cli.flags import add_dataclass_arguments
+    from gencraft.hso import HSOConfig
+
+    p = sub.add_parser("hso", help="hidden-state optimisation of a frozen LM (ch. 3)")
+    psub = p.add_subparsers(dest="hso_command", required=True)
+    e = psub.add_parser("eval", help="perplexity: plain model vs HSO (vs dynamic evaluation)")
+    e.add_argument("--model", default="smollm2-135m")
+    e.add_argument("--corpus", default="wikitext-2")
+    e.add_argument("--split", default="valid")
+    e.add_argument("--max-words", type=int, default=None, help="first N words of the split")
+    add_dataclass_arguments(e, HSOConfig, defaults={"reset_every": 1024})
+    e.add_argument("--dynamic-eval", action="store_true", help="also run dynamic evaluation")
+    e.add_argument("--de-lr", type=float, default=1e-4, help="dynamic evaluation's SGD lr")
+    e.add_argument("--json", action="store_true")
+    e.add_argument("--quiet", action="store_true")
+    add_data_dir(e)
+    e.set_defaults(func=cmd_eval)

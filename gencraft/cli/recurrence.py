@@ -1,0 +1,95 @@
+"""``gencraft recurrence train|eval``: recurrence between windows of a pretrained LM (thesis
+ch. 2), trained on a word-level corpus and scored by overlap evaluation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from gencraft.cli.flags import dataclass_from_args
+    from gencraft.recurrence import RecurrenceConfig
+    from gencraft.recurrence.train import RecurrenceTrainConfig, train
+
+    cfg = dataclass_from_args(RecurrenceTrainConfig, args)
+    rec = dataclass_from_args(RecurrenceConfig, args)
+    kind = "recurrent" if rec.recurrent else "baseline"
+    out = Path(args.output or f"outputs/recurrence-{cfg.corpus}-{Path(cfg.model).name}-{kind}")
+    print(f"{kind} {cfg.model} on {cfg.corpus}, windows of {rec.window}: -> {out}")
+    summary = train(
+        cfg, rec, out, data_dir=args.data_dir, progress=not args.quiet, restart=args.restart
+    )
+    summary.pop("history", None)
+    print(json.dumps(summary, indent=2))
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    from gencraft.cli.evaluate import format_table
+    from gencraft.errors import GencraftError
+    from gencraft.recurrence.train import RUN_FILE, evaluate, load_trained
+
+    if (Path(args.model) / RUN_FILE).is_file():
+        model, tok, meta = load_trained(args.model)
+        window = args.window or meta["recurrence"]["window"]
+        corpus = args.corpus or meta["train"]["corpus"]
+    else:  # any causal LM, each window run alone
+        from gencraft.models import load_model
+
+        if args.window is None:
+            raise GencraftError(
+                "--window is needed for a model that is not a trained recurrence run"
+            )
+        model, tok = load_model(args.model)
+        window, corpus = args.window, args.corpus or "wikitext-2"
+    rows = evaluate(
+        model,
+        tok,
+        corpus=corpus,
+        split=args.split,
+        window=window,
+        overlaps=tuple(args.overlaps),
+        max_words=args.max_words,
+        data_dir=args.data_dir,
+        progress=not args.quiet,
+    )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"{args.model} on {corpus} {args.split}, windows of {window}")
+    print(
+        format_table(
+            [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
+        )
+    )
+
+
+def add_parser(sub: Any, add_data_dir: Any) -> None:
+    from gencraft.cli.flags import add_dataclass_arguments
+    from gencraft.recurrence import RecurrenceConfig
+    from gencraft.recurrence.train import RecurrenceTrainConfig
+
+    p = sub.add_parser("recurrence", help="recurrence between windows of a pretrained LM (ch. 2)")
+    psub = p.add_subparsers(dest="recurrence_command", required=True)
+    t = psub.add_parser("train", help="fine-tune with (or --no-recurrent, without) recurrence")
+    add_dataclass_arguments(t, RecurrenceTrainConfig)
+    add_dataclass_arguments(t, RecurrenceConfig)
+    t.add_argument("--output", default=None, help="output directory (a re-run resumes it)")
+    t.add_argument("--restart", action="store_true", help="discard a run already in --output")
+    t.add_argument("--quiet", action="store_true")
+    add_data_dir(t)
+    t.set_defaults(func=cmd_train)
+
+    e = psub.add_parser("eval", help="per-token/per-word perplexity and FLOPs/token by overlap")
+    e.add_argument("model", help="a trained run's best/ or last/, or any causal LM (with --window)")
+    e.add_argument("--window", type=int, default=None, help="T (default: the run's)")
+    e.add_argument("--overlaps", type=int, nargs="+", default=[0], help="overlaps o to score")
+    e.add_argument("--corpus", default=None, help="default: the run's, else wikitext-2")
+    e.add_argument("--split", default="test")
+    e.add_argument("--max-words", type=int, default=None, help="first N words of the split")
+    e.add_argument("--json", action="store_true")
+    e.add_argument("--quiet", action="store_true")
+    add_data_dir(e)
+    e.set_defaults(func=cmd_eval)
