@@ -29,7 +29,7 @@ class RecurrenceLMSettings:
     insert_layer: int = settings_field(2, "layer that gets h_prev")
     lr: float = settings_field(5e-5, "Adam learning rate (both models)")
     recurrence_lr: float | None = settings_field(1e-3, "learning rate of α and the FFN")
-    max_time: float | None = settings_field(900.0, "training seconds per model")
+    max_time: float | None = settings_field(1800.0, "training seconds per model")
     max_steps: int | None = settings_field(None, "optimizer steps per model")
     eval_every_tokens: int = settings_field(100_000, "validate every this many tokens")
     valid_words: int | None = settings_field(5000, "validation words for early stopping")
