@@ -10,7 +10,15 @@ from torch import nn
 from transformers.cache_utils import DynamicCache
 
 from gencraft.errors import ConfigError, GencraftError
-from gencraft.hso import DynamicEvalConfig, HSOConfig, dynamic_eval_nll, hso_nll, hso_prefill
+from gencraft.hso import (
+    DynamicEvalConfig,
+    HSOConfig,
+    dynamic_eval_nll,
+    dynamically_evaluated,
+    hso_nll,
+    hso_prefill,
+)
+from gencraft.hso.fewshot import FewShotTask, classify, draw_prompt, label_token_ids
 from gencraft.models import load_model
 from gencraft.recurrence import windowed_nll
 
@@ -232,3 +240,48 @@ def test_bad_input(llama):
         hso_nll(llama, _ids(30), HSOConfig(window=5, lr=1e30, optimizer="sgd"))
     with pytest.raises(GencraftError, match="reset_every"):
         hso_prefill(llama, _ids(10), HSOConfig(reset_every=4))
+
+
+def test_dynamically_evaluated_predicts_what_dynamic_eval_scores(llama):
+    # inputs 0..13 are two windows of 7; input 14 opens the next: the same adapted weights
+    ids = _ids(16, 6)
+    cfg = DynamicEvalConfig(window=7, lr=0.05)
+    want = dynamic_eval_nll(llama, ids, cfg).token_nll[14]
+    before = [p.detach().clone() for p in llama.parameters()]
+    with dynamically_evaluated(llama, ids[:, :15], cfg) as model, torch.no_grad():
+        logits = model(ids[:, :15]).logits[0, -1]
+    torch.testing.assert_close(
+        -torch.log_softmax(logits, -1)[ids[0, 15]], want, atol=1e-5, rtol=1e-5
+    )
+    for p, b in zip(llama.parameters(), before, strict=True):
+        assert torch.equal(p, b)
+
+
+def test_few_shot_prompts_and_classification(llama):
+    import random
+
+    from gencraft.models.tiny import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    task = FewShotTask(
+        "toy", "Text", "Label", ("yes", "no"), [(f"a{i}", i % 2) for i in range(10)], []
+    )
+    shared, ids = label_token_ids(tok, task.labels)
+    assert shared and len(set(ids)) == 2  # a byte tokenizer shares the space
+    p1 = draw_prompt(task, tok, 4, "b", random.Random(0), shared=shared)
+    p2 = draw_prompt(task, tok, 4, "b", random.Random(0), shared=shared)
+    assert torch.equal(p1, p2)  # the seed fixes the draw
+    text = tok.decode(p1[0])
+    assert text.count("Label: yes") == 2 and text.count("Label: no") == 2  # class-balanced
+    assert text.endswith("Text: b\nLabel: ")
+    # lr = 0: HSO, HSO-2 and dynamic evaluation read the same label as the plain model
+    zero = HSOConfig(window=5, lr=0.0)
+    got = {
+        m: classify(llama, p1, ids, m, zero, DynamicEvalConfig(window=5, lr=0.0))
+        for m in ("baseline", "hso", "hso2", "dynamic eval")
+    }
+    assert len(set(got.values())) == 1
+    with pytest.raises(GencraftError, match="not a multiple of the 2 classes"):
+        draw_prompt(task, tok, 3, "b", random.Random(0))
+    with pytest.raises(GencraftError, match="only 5 'yes' examples"):
+        draw_prompt(task, tok, 12, "b", random.Random(0))

@@ -162,3 +162,11 @@ def test_experiments_run_at_tiny_scale(tmp_path, synthetic_lm_dir):
         text = report.read_text()
         assert "| baseline" in text or "| valid | baseline" in text
     assert (tmp_path / "recurrence-lm" / "ppl_vs_flops.png").stat().st_size > 1000
+
+
+def test_few_shot_experiment_at_tiny_scale(tmp_path, shared_data):
+    report = reproduce(
+        "hso-fewshot", scale="tiny", output=tmp_path, overrides={"data_dir": str(shared_data)}
+    )
+    text = report.read_text()
+    assert "| 2 |" in text and "Chance: 50 %" in text

@@ -6,7 +6,7 @@ for ``generate``; ``dynamic_eval_nll`` updates the weights instead (Krause et al
 """
 
 from gencraft.hso.config import DynamicEvalConfig, HSOConfig
-from gencraft.hso.dynamic import dynamic_eval_nll
+from gencraft.hso.dynamic import dynamic_eval_nll, dynamically_evaluated
 from gencraft.hso.optimize import TokenScores, hso_nll, hso_prefill
 
 __all__ = [
@@ -14,6 +14,7 @@ __all__ = [
     "HSOConfig",
     "TokenScores",
     "dynamic_eval_nll",
+    "dynamically_evaluated",
     "hso_nll",
     "hso_prefill",
 ]

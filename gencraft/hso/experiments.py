@@ -11,6 +11,8 @@
 from __future__ import annotations
 
 import math
+import random
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -21,6 +23,7 @@ from gencraft.errors import GencraftError
 from gencraft.experiments import ExperimentRun, register, settings_field
 from gencraft.hso.config import DynamicEvalConfig, HSOConfig
 from gencraft.hso.dynamic import dynamic_eval_nll
+from gencraft.hso.fewshot import METHODS, build_task, classify, draw_prompt, label_token_ids
 from gencraft.hso.optimize import hso_nll
 from gencraft.models import load_model
 from gencraft.recurrence import windowed_nll
@@ -173,3 +176,116 @@ def hso_lm(s: HSOLMSettings, run: ExperimentRun) -> None:
             "thesis (Table 3.3)",
         ],
     )
+
+
+@dataclass
+class FewShotSettings:
+    model: str = settings_field("smollm2-135m", "model name or path")
+    task: str = settings_field("e2e-family", "e2e-family (binary) or webnlg-topic (4-way)")
+    shots: tuple[int, ...] = settings_field((2, 4, 6, 8), "examples per prompt (n)")
+    seeds: tuple[int, ...] = settings_field((0, 1), "seeds of the prompt draws")
+    examples: int = settings_field(40, "test examples (class-balanced, the same for every n)")
+    de_examples: int = settings_field(10, "of which dynamic evaluation runs on the first")
+    hso_lr: float = settings_field(0.01, "HSO learning rate (the thesis's few-shot: 0.01)")
+    hso_window: int = settings_field(10, "HSO window k (the thesis's few-shot: 10)")
+    hso_betas: tuple[float, ...] = settings_field((0.65, 0.9), "Adam betas (not stated there)")
+    de_lr: float = settings_field(1e-4, "dynamic evaluation's SGD rate (the thesis: 1e-4)")
+    max_example_tokens: int = settings_field(35, "longest text put in a prompt (the thesis: 35)")
+    max_test_tokens: int | None = settings_field(None, "longest test text (None: any)")
+    data_dir: str | None = settings_field(None, "datasets directory")
+
+
+def _test_examples(task, n: int, tok, max_tokens: int | None) -> list[tuple[str, int]]:
+    rng = random.Random(1234)
+    k = len(task.labels)
+    out = []
+    for y in range(k):
+        cands = [
+            t
+            for t in task.test
+            if t[1] == y
+            and (
+                max_tokens is None
+                or len(tok(t[0], add_special_tokens=False).input_ids) <= max_tokens
+            )
+        ]
+        out += rng.sample(cands, min(len(cands), math.ceil(n / k)))
+    rng.shuffle(out)
+    return out[:n]
+
+
+@register(
+    "hso-fewshot",
+    title="few-shot classification: baseline, dynamic evaluation, HSO, HSO-2 (Table 3.4)",
+    settings=FewShotSettings,
+    scales={
+        "tiny": {
+            "model": "tiny-llama",
+            "shots": (2,),
+            "seeds": (0, 1),
+            "examples": 4,
+            "de_examples": 2,
+            "max_example_tokens": 80,
+            "max_test_tokens": 120,
+        },
+        "cpu": {},
+        "gpu": {"examples": 400, "de_examples": 100, "seeds": (0, 1, 2)},
+    },
+    cpu_minutes=80,
+)
+def hso_fewshot(s: FewShotSettings, run: ExperimentRun) -> None:
+    """Accuracy and seconds per example of each method, per n, mean over seeds."""
+    model, tok = load_model(s.model)
+    model.eval()
+    task = build_task(s.task, s.data_dir)
+    shared, label_ids = label_token_ids(tok, task.labels)
+    tests = _test_examples(task, s.examples, tok, s.max_test_tokens)
+    hso = HSOConfig(window=s.hso_window, lr=s.hso_lr, betas=tuple(s.hso_betas))
+    de = DynamicEvalConfig(window=s.hso_window, lr=s.de_lr)
+    for n in s.shots:
+        for seed in s.seeds:
+
+            def one(n=n, seed=seed):
+                rng = random.Random(seed * 7919 + n)
+                correct = {m: [] for m in METHODS}
+                seconds = {m: 0.0 for m in METHODS}
+                tokens = []
+                for i, (text, y) in enumerate(tests):
+                    ids = draw_prompt(task, tok, n, text, rng, s.max_example_tokens, shared)
+                    tokens.append(ids.shape[1])
+                    for m in METHODS:
+                        if m == "dynamic eval" and i >= s.de_examples:
+                            continue
+                        t0 = time.perf_counter()
+                        correct[m].append(classify(model, ids, label_ids, m, hso, de) == y)
+                        seconds[m] += time.perf_counter() - t0
+                return {
+                    "accuracy": {m: 100 * sum(c) / len(c) for m, c in correct.items()},
+                    "examples": {m: len(c) for m, c in correct.items()},
+                    "seconds per example": {
+                        m: seconds[m] / max(1, len(correct[m])) for m in METHODS
+                    },
+                    "mean prompt tokens": statistics.mean(tokens),
+                }
+
+            run.unit(f"n={n} seed={seed}", one)
+    rows = []
+    for n in s.shots:
+        units = [run.units[f"n={n} seed={seed}"] for seed in s.seeds]
+        row = {"n": n, "prompt tokens": statistics.mean(u["mean prompt tokens"] for u in units)}
+        for m in METHODS:
+            accs = [u["accuracy"][m] for u in units]
+            sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
+            row[m] = f"{statistics.mean(accs):.1f} ± {sd:.1f}"
+            row[f"s/ex {m}"] = statistics.mean(u["seconds per example"][m] for u in units)
+        rows.append(row)
+    run.text(
+        f"{s.model}, task {s.task} ({len(task.labels)} classes: {', '.join(task.labels)}); "
+        f"{len(tests)} class-balanced test examples (dynamic evaluation on the first "
+        f"{s.de_examples}); a class-balanced prompt of n examples drawn afresh per test "
+        f"example, the same for every method; accuracy (%) mean ± s.d. over seeds "
+        f"{list(s.seeds)}. HSO: k = {s.hso_window}, η = {s.hso_lr}, β = {tuple(s.hso_betas)}; "
+        f"HSO-2 two steps per window; dynamic evaluation: SGD η = {s.de_lr}, a step per "
+        f"{s.hso_window} tokens, hidden states recomputed. Chance: {100 / len(task.labels):.0f} %."
+    )
+    run.table(rows)

@@ -1,0 +1,161 @@
+"""Few-shot classification with HSO (Yoshida 2023, §3.7 / Table 3.4), on tasks built from the
+local data-to-text corpora (no SST-2 or AGNews offline):
+
+* ``e2e-family`` (binary, the SST-2 analogue): an E2E reference text whose MR has
+  ``familyFriendly[yes|no]`` and which mentions families, kids or children; label yes/no;
+* ``webnlg-topic`` (4-way, the AGNews analogue): a WebNLG reference text of the Airport,
+  Food, Building or City category; label the category.
+
+Prompts follow Zhao et al. (2021): ``<Field>: text`` / ``<Answer field>: label`` blocks, a
+blank line between them, the test text last, and the label read from the next-token
+probabilities of the label words' first tokens. As in the thesis, a class-balanced prompt is
+drawn afresh for every test example (the same for every method), and only texts of at most
+``max_example_tokens`` tokens go into prompts.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
+from typing import Any
+
+import torch
+from torch import nn
+
+from gencraft.errors import GencraftError
+from gencraft.hso.config import DynamicEvalConfig, HSOConfig
+from gencraft.hso.dynamic import dynamically_evaluated
+from gencraft.hso.optimize import hso_prefill
+
+TASKS = ("e2e-family", "webnlg-topic")
+METHODS = ("baseline", "dynamic eval", "hso", "hso2")
+_FAMILY = re.compile(r"family|kid|child", re.I)
+_TOPICS = ("Airport", "Food", "Building", "City")
+
+
+@dataclass
+class FewShotTask:
+    """``pool``: (text, label index) pairs prompts are drawn from; ``test``: the same for test
+    examples; ``labels``: the label words; fields name the prompt's two lines."""
+
+    name: str
+    field: str
+    answer: str
+    labels: tuple[str, ...]
+    pool: list[tuple[str, int]]
+    test: list[tuple[str, int]]
+    _short: dict = dataclass_field(default_factory=dict, repr=False)
+
+
+def build_task(name: str, data_dir: str | None = None) -> FewShotTask:
+    from gencraft.data.data2text import load_data_to_text
+
+    if name == "e2e-family":
+
+        def rows(split):
+            out = []
+            for ex in load_data_to_text("e2e", split, data_dir):
+                mr = ex.meta["mr"]
+                label = (
+                    0 if "familyFriendly[yes]" in mr else 1 if "familyFriendly[no]" in mr else None
+                )
+                if label is None:
+                    continue
+                out += [(r, label) for r in ex.references if _FAMILY.search(r)][:1]
+            return out
+
+        return FewShotTask(
+            name, "Review", "Family friendly", ("yes", "no"), rows("train"), rows("test")
+        )
+    if name == "webnlg-topic":
+
+        def rows(split):
+            out = []
+            for ex in load_data_to_text("webnlg", split, data_dir):
+                cat = ex.meta.get("category")
+                if cat in _TOPICS and ex.references:
+                    out.append((ex.references[0], _TOPICS.index(cat)))
+            return out
+
+        return FewShotTask(name, "Sentence", "Topic", _TOPICS, rows("train"), rows("test"))
+    raise GencraftError(f"unknown few-shot task {name!r}; choose one of {', '.join(TASKS)}")
+
+
+def label_token_ids(tok: Any, labels: tuple[str, ...]) -> tuple[list[int], list[int]]:
+    """(shared, ids): the tokens every " label" starts with (appended to the prompt; none for
+    a BPE tokenizer, the space for a byte one) and each label's first token after them."""
+    seqs = [tok(" " + w, add_special_tokens=False).input_ids for w in labels]
+    c = 0
+    while all(len(q) > c + 1 for q in seqs) and len({q[c] for q in seqs}) == 1:
+        c += 1
+    ids = [q[c] for q in seqs]
+    if len(set(ids)) != len(ids):
+        raise GencraftError(f"the labels {labels} cannot be told apart by one token")
+    return seqs[0][:c], ids
+
+
+def draw_prompt(
+    task: FewShotTask,
+    tok: Any,
+    n: int,
+    text: str,
+    rng: random.Random,
+    max_example_tokens: int = 35,
+    shared: list[int] | None = None,
+) -> torch.Tensor:
+    """[1, P]: ``n`` class-balanced examples (shuffled) and the test text, ending in the answer
+    field's colon and the ``shared`` label tokens."""
+    k = len(task.labels)
+    if n % k:
+        raise GencraftError(f"n = {n} is not a multiple of the {k} classes of {task.name}")
+    key = (id(tok), max_example_tokens)
+    if key not in task._short:  # the pool's texts that fit, tokenised once
+        task._short[key] = [
+            (t, y)
+            for t, y in task.pool
+            if len(tok(t, add_special_tokens=False).input_ids) <= max_example_tokens
+        ]
+    chosen = []
+    for y in range(k):
+        cands = [p for p in task._short[key] if p[1] == y]
+        if len(cands) < n // k:
+            raise GencraftError(
+                f"{task.name}: only {len(cands)} {task.labels[y]!r} examples of at most "
+                f"{max_example_tokens} tokens for prompts of n = {n}"
+            )
+        chosen += rng.sample(cands, n // k)
+    rng.shuffle(chosen)
+    blocks = [f"{task.field}: {t}\n{task.answer}: {task.labels[y]}\n\n" for t, y in chosen]
+    prompt = "".join(blocks) + f"{task.field}: {text}\n{task.answer}:"
+    return torch.tensor([tok(prompt, add_special_tokens=False).input_ids + list(shared or [])])
+
+
+@torch.no_grad()
+def _last_logits(model: nn.Module, ids: torch.Tensor, cache=None) -> torch.Tensor:
+    if cache is None:
+        return model(input_ids=ids).logits[0, -1].float()
+    return model(input_ids=ids[:, -1:], past_key_values=cache).logits[0, -1].float()
+
+
+def classify(
+    model: nn.Module,
+    ids: torch.Tensor,
+    label_ids: list[int],
+    method: str,
+    hso: HSOConfig,
+    de: DynamicEvalConfig,
+) -> int:
+    """The predicted label index after prompt ``ids`` [1, P] under ``method``."""
+    if method == "baseline":
+        logits = _last_logits(model, ids)
+    elif method in ("hso", "hso2"):
+        cfg = HSOConfig(**{**hso.__dict__, "steps": 2 if method == "hso2" else 1})
+        logits = _last_logits(model, ids, hso_prefill(model, ids, cfg))
+    elif method == "dynamic eval":
+        with dynamically_evaluated(model, ids, de):
+            logits = _last_logits(model, ids)
+    else:
+        raise GencraftError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    return int(torch.argmax(logits[label_ids]))
