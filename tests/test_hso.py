@@ -236,6 +236,19 @@ def test_bad_input(llama):
     bart, _ = load_model("tiny-bart")
     with pytest.raises(GencraftError, match="BartForConditionalGeneration is not one"):
         hso_nll(bart, _ids(10))
+    from transformers import BertConfig, BertForMaskedLM
+
+    bert = BertForMaskedLM(
+        BertConfig(
+            vocab_size=300,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+        )
+    )
+    with pytest.raises(GencraftError, match="BertForMaskedLM takes no past_key_values"):
+        hso_nll(bert, _ids(10))
     with pytest.raises(GencraftError, match=r"window of tokens \d+\.\.\d+"):
         hso_nll(llama, _ids(30), HSOConfig(window=5, lr=1e30, optimizer="sgd"))
     with pytest.raises(GencraftError, match="reset_every"):

@@ -23,6 +23,7 @@ same way.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import dataclass
@@ -59,10 +60,8 @@ def check_causal_lm(model: nn.Module, ids: torch.Tensor, *, what: str) -> torch.
     name = type(hf).__name__
     if is_encoder_decoder(hf) or not hasattr(hf, "get_output_embeddings"):
         raise GencraftError(f"{what} needs a causal LM with a KV cache; {name} is not one")
-    if not getattr(hf, "_supports_cache_class", True) or not hf.config.get_text_config(
-        decoder=True
-    ).to_dict().get("use_cache", True):
-        raise GencraftError(f"{what} needs a KV cache; {name} has none (use_cache is off)")
+    if "past_key_values" not in inspect.signature(hf.forward).parameters:
+        raise GencraftError(f"{what} needs a KV cache; {name} takes no past_key_values")
     if ids.dim() == 2:
         if ids.shape[0] != 1:
             raise GencraftError(f"{what}: ids must be [1, N] or [N], got {tuple(ids.shape)}")
