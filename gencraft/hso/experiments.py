@@ -184,8 +184,8 @@ class FewShotSettings:
     task: str = settings_field("e2e-family", "e2e-family (binary) or webnlg-topic (4-way)")
     shots: tuple[int, ...] = settings_field((2, 4, 6, 8), "examples per prompt (n)")
     seeds: tuple[int, ...] = settings_field((0, 1), "seeds of the prompt draws")
-    examples: int = settings_field(40, "test examples (class-balanced, the same for every n)")
-    de_examples: int = settings_field(10, "of which dynamic evaluation runs on the first")
+    examples: int = settings_field(16, "test examples (class-balanced, the same for every n)")
+    de_examples: int = settings_field(4, "of which dynamic evaluation runs on the first")
     hso_lr: float = settings_field(0.01, "HSO learning rate (the thesis's few-shot: 0.01)")
     hso_window: int = settings_field(10, "HSO window k (the thesis's few-shot: 10)")
     hso_betas: tuple[float, ...] = settings_field((0.65, 0.9), "Adam betas (not stated there)")
@@ -231,7 +231,7 @@ def _test_examples(task, n: int, tok, max_tokens: int | None) -> list[tuple[str,
         "cpu": {},
         "gpu": {"examples": 400, "de_examples": 100, "seeds": (0, 1, 2)},
     },
-    cpu_minutes=80,
+    cpu_minutes=35,
 )
 def hso_fewshot(s: FewShotSettings, run: ExperimentRun) -> None:
     """Accuracy and seconds per example of each method, per n, mean over seeds."""
