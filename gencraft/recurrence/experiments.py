@@ -29,8 +29,8 @@ class RecurrenceLMSettings:
     insert_layer: int = settings_field(2, "layer that gets h_prev")
     lr: float = settings_field(5e-5, "Adam learning rate (both models)")
     recurrence_lr: float | None = settings_field(1e-3, "learning rate of α and the FFN")
-    max_time: float | None = settings_field(1800.0, "training seconds per model")
-    max_steps: int | None = settings_field(None, "optimizer steps per model")
+    max_time: float | None = settings_field(None, "training seconds per model")
+    max_steps: int | None = settings_field(200, "optimizer steps per model (the same for both)")
     eval_every_tokens: int = settings_field(100_000, "validate every this many tokens")
     valid_words: int | None = settings_field(5000, "validation words for early stopping")
     eval_words: int | None = settings_field(8000, "words of valid and test evaluated")
@@ -51,7 +51,6 @@ class RecurrenceLMSettings:
             "ffn_hidden": (8,),
             "insert_layer": 1,
             "lr": 1e-3,
-            "max_time": None,
             "max_steps": 4,
             "eval_every_tokens": 100,
             "valid_words": 200,
@@ -61,7 +60,7 @@ class RecurrenceLMSettings:
         "gpu": {
             "window": 300,
             "bptt_windows": 20,
-            "max_time": None,
+            "max_steps": None,
             "eval_every_tokens": 2_000_000,
             "valid_words": 50_000,
             "eval_words": None,

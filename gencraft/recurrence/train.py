@@ -110,7 +110,9 @@ def train(
     optimizer = torch.optim.Adam(
         [{"params": old, "lr": cfg.lr}, {"params": new, "lr": cfg.recurrence_lr or cfg.lr}]
     )
-    settings = {"train": asdict(cfg), "recurrence": asdict(rec), "sequences": len(train_rows)}
+    budget = ("epochs", "max_steps", "max_time")  # fit's own settings carry these (resumable)
+    run = {k: v for k, v in asdict(cfg).items() if k not in budget}
+    settings = {"train": run, "recurrence": asdict(rec), "sequences": len(train_rows)}
 
     def save_fn(m: RecurrentLM, d: Path) -> None:
         m.save_pretrained(d, base_name=cfg.model)
