@@ -127,3 +127,20 @@ def test_rouge_per_example_averages_to_rouge_and_bootstrap_brackets_the_mean():
     assert bootstrap_mean([2.0] * 5) == (2.0, 0.0)  # no spread, no interval
     mean, half = bootstrap_mean([float(i) for i in range(100)], resamples=2000)
     assert mean == 49.5 and 4.5 < half < 6.5  # ≈ 1.96 · 28.9 / √100
+
+
+def test_stream_perplexities_by_hand():
+    import math
+
+    import pytest
+    import torch
+
+    from gencraft.metrics import stream_perplexities
+
+    got = stream_perplexities(torch.tensor([1.0, 2.0, 3.0, 2.0]), words=2, seconds=0.4)
+    assert got["tokens"] == 4 and got["words"] == 2
+    assert got["token ppl"] == pytest.approx(math.exp(2.0))  # 8 nats / 4 tokens
+    assert got["word ppl"] == pytest.approx(math.exp(4.0))  # 8 nats / 2 words
+    assert got["ms/token"] == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="words > 0"):
+        stream_perplexities(torch.tensor([1.0]), words=0)

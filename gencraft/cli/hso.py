@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from typing import Any
 
@@ -16,6 +15,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.data import subword_stream
     from gencraft.hso import DynamicEvalConfig, HSOConfig, dynamic_eval_nll, hso_nll
+    from gencraft.metrics.lm import stream_perplexities
     from gencraft.models import load_model
     from gencraft.recurrence import windowed_nll
 
@@ -42,17 +42,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     for name, fn in runs:
         t0 = time.perf_counter()
         nll = fn()
-        sec = time.perf_counter() - t0
-        total = float(nll.sum())
-        rows.append(
-            {
-                "method": name,
-                "tokens": int(nll.numel()),
-                "token ppl": math.exp(total / nll.numel()),
-                "word ppl": math.exp(total / words),
-                "ms/token": 1000 * sec / nll.numel(),
-            }
-        )
+        rows.append({"method": name, **stream_perplexities(nll, words, time.perf_counter() - t0)})
     if args.json:
         print(json.dumps(rows, indent=2))
         return

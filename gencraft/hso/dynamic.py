@@ -27,6 +27,50 @@ def _optimizer(params, cfg: DynamicEvalConfig) -> torch.optim.Optimizer:
 
 
 @contextmanager
+def _weights_restored(
+    hf: nn.Module,
+) -> Iterator[tuple[list[nn.Parameter], list[torch.Tensor]]]:
+    """(parameters, their saved values): all parameters made trainable (eval mode: no
+    dropout) for the block; on exit their values, gradients, ``requires_grad`` and the
+    train/eval mode are as before."""
+    params = list(hf.parameters())
+    saved = [p.detach().clone() for p in params]
+    flags = [p.requires_grad for p in params]
+    was_training = hf.training
+    hf.eval()
+    try:
+        for p in params:
+            p.requires_grad_(True)
+        yield params, saved
+    finally:
+        with torch.no_grad():
+            for p, s, f in zip(params, saved, flags, strict=True):
+                p.copy_(s)
+                p.grad = None
+                p.requires_grad_(f)
+        hf.train(was_training)
+
+
+def _window_step(hf, opt, ids: torch.Tensor, c0: int, t: int, e: int) -> torch.Tensor:
+    """Score targets ids[t+1:e+1] from a fresh forward over ids[c0:e] (the context's hidden
+    states recomputed with the current weights), then one step on their summed loss; returns
+    the NLL [e - t] recorded before the step."""
+    with torch.enable_grad():
+        logits = hf(input_ids=ids[None, c0:e], use_cache=False).logits[0, t - c0 :].float()
+        nll = nn.functional.cross_entropy(logits, ids[t + 1 : e + 1], reduction="none")
+        loss = nll.sum()
+        if not torch.isfinite(loss.detach()):
+            raise GencraftError(
+                f"dynamic evaluation: the loss of the window of tokens {t}..{e - 1} is "
+                f"{loss.item()}; lower the learning rate"
+            )
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+    opt.step()
+    return nll.detach()
+
+
+@contextmanager
 def dynamically_evaluated(
     model: nn.Module, ids: torch.Tensor, config: DynamicEvalConfig | None = None
 ) -> Iterator[nn.Module]:
@@ -36,35 +80,12 @@ def dynamically_evaluated(
     cfg = config or DynamicEvalConfig()
     ids = check_causal_lm(model, ids, what="dynamic evaluation")
     hf = hf_model(model)
-    params = list(hf.parameters())
-    saved = [p.detach().clone() for p in params]
-    flags = [p.requires_grad for p in params]
-    was_training = hf.training
-    hf.eval()
-    try:
-        for p in params:
-            p.requires_grad_(True)
+    with _weights_restored(hf) as (params, _):
         opt = _optimizer(params, cfg)
         n = ids.numel() - 1
         for t in range(0, n, cfg.window):
-            e = min(t + cfg.window, n)
-            with torch.enable_grad():
-                logits = hf(input_ids=ids[None, :e], use_cache=False).logits[0, t:].float()
-                loss = nn.functional.cross_entropy(logits, ids[t + 1 : e + 1], reduction="sum")
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-            opt.step()
-        for p, f in zip(params, flags, strict=True):
-            p.grad = None
-            p.requires_grad_(f)
+            _window_step(hf, opt, ids, 0, t, min(t + cfg.window, n))
         yield model
-    finally:
-        with torch.no_grad():
-            for p, s, f in zip(params, saved, flags, strict=True):
-                p.copy_(s)
-                p.grad = None
-                p.requires_grad_(f)
-        hf.train(was_training)
 
 
 def dynamic_eval_nll(
@@ -81,44 +102,18 @@ def dynamic_eval_nll(
     ids = check_causal_lm(model, ids, what="dynamic evaluation")
     hf = hf_model(model)
     ranges = contexts(ids.numel() - 1, cfg.reset_every, model)
-    params = [p for p in hf.parameters()]
-    saved = [p.detach().clone() for p in params]
-    flags = [p.requires_grad for p in params]
     out = torch.empty(ids.numel() - 1, dtype=torch.float32)
     windows = [
         (c0, t, min(t + cfg.window, c1)) for c0, c1 in ranges for t in range(c0, c1, cfg.window)
     ]
-    was_training = hf.training
-    hf.eval()
     t0 = time.perf_counter()
-    opt = None
-    try:
-        for p in params:
-            p.requires_grad_(True)
+    with _weights_restored(hf) as (params, saved):
+        opt = None
         for c0, t, e in tqdm(windows, desc="DE windows", disable=not progress):
             if t == c0:  # a new context: the original weights and a fresh optimiser
                 with torch.no_grad():
                     for p, s in zip(params, saved, strict=True):
                         p.copy_(s)
                 opt = _optimizer(params, cfg)
-            with torch.enable_grad():
-                logits = hf(input_ids=ids[None, c0:e], use_cache=False).logits[0, t - c0 :].float()
-                nll = nn.functional.cross_entropy(logits, ids[t + 1 : e + 1], reduction="none")
-                out[t:e] = nll.detach().cpu()
-                loss = nll.sum()
-                if not torch.isfinite(loss):
-                    raise GencraftError(
-                        f"dynamic evaluation: the loss of the window of tokens {t}..{e - 1} is "
-                        f"{loss.item()}; lower lr (now {cfg.lr})"
-                    )
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-            opt.step()
-    finally:
-        with torch.no_grad():
-            for p, s, f in zip(params, saved, flags, strict=True):
-                p.copy_(s)
-                p.grad = None
-                p.requires_grad_(f)
-        hf.train(was_training)
+            out[t:e] = _window_step(hf, opt, ids, c0, t, e).cpu()
     return TokenScores(out, len(windows), time.perf_counter() - t0)

@@ -25,6 +25,7 @@ from gencraft.hso.config import DynamicEvalConfig, HSOConfig
 from gencraft.hso.dynamic import dynamic_eval_nll
 from gencraft.hso.fewshot import METHODS, build_task, classify, draw_prompt, label_token_ids
 from gencraft.hso.optimize import hso_nll
+from gencraft.metrics.lm import stream_perplexities
 from gencraft.models import load_model
 from gencraft.recurrence import windowed_nll
 
@@ -68,17 +69,7 @@ class HSOLMSettings:
 def _score(name: str, fn, ids: torch.Tensor, words: int) -> dict:
     t0 = time.perf_counter()
     nll = fn(ids)
-    seconds = time.perf_counter() - t0
-    total = float(nll.sum())
-    return {
-        "variant": name,
-        "tokens": int(nll.numel()),
-        "words": words,
-        "token ppl": math.exp(total / nll.numel()),
-        "word ppl": math.exp(total / words),
-        "seconds": seconds,
-        "ms/token": 1000 * seconds / nll.numel(),
-    }
+    return {"variant": name, **stream_perplexities(nll, words, time.perf_counter() - t0)}
 
 
 @register(

@@ -2,7 +2,7 @@
 
 from gencraft.metrics.bertscore import bertscore
 from gencraft.metrics.entailment import EntailmentScorer
-from gencraft.metrics.lm import causal_lm_nll, perplexity, text_perplexity
+from gencraft.metrics.lm import causal_lm_nll, perplexity, stream_perplexities, text_perplexity
 from gencraft.metrics.text import (
     STOPWORDS,
     bleu,
@@ -33,6 +33,7 @@ __all__ = [
     "repetition_rate",
     "rouge",
     "rouge1_precision_vs_source",
+    "stream_perplexities",
     "text_perplexity",
     "unique_count",
     "words",

@@ -80,3 +80,23 @@ def text_perplexity(
         ids = torch.cat([torch.tensor([tokenizer.bos_token_id]), ids])
     nll, count = causal_lm_nll(model, ids, **kw)
     return {"nll": nll, "tokens": count, "perplexity": perplexity(nll, count)}
+
+
+def stream_perplexities(
+    nll: torch.Tensor, words: int, seconds: float | None = None
+) -> dict[str, float | int]:
+    """Per-target NLL [N] of a word-level corpus read as subwords (see
+    :func:`gencraft.data.subword_stream`) -> ``tokens``, ``words``, per-token and per-word
+    perplexity (the summed NLL over ``words``), and ``seconds``/``ms/token`` when timed."""
+    if nll.numel() == 0 or words <= 0:
+        raise ValueError(f"need scored tokens and words > 0, got {nll.numel()} and {words}")
+    total = float(nll.sum())
+    out: dict[str, float | int] = {
+        "tokens": int(nll.numel()),
+        "words": words,
+        "token ppl": math.exp(total / nll.numel()),
+        "word ppl": math.exp(total / words),
+    }
+    if seconds is not None:
+        out.update({"seconds": seconds, "ms/token": 1000 * seconds / nll.numel()})
+    return out

@@ -20,6 +20,7 @@ import torch
 
 from gencraft.config import check, option
 from gencraft.data import subword_stream
+from gencraft.metrics.lm import stream_perplexities
 from gencraft.recurrence.config import RecurrenceConfig
 from gencraft.recurrence.evaluate import flops_per_token, windowed_nll
 from gencraft.recurrence.model import RecurrentLM
@@ -178,16 +179,6 @@ def evaluate(
     for o in overlaps:
         t0 = time.perf_counter()
         nll = windowed_nll(model, ids, window=window, overlap=o, progress=progress)
-        total = float(nll.sum())
-        rows.append(
-            {
-                "overlap": o,
-                "tokens": int(nll.numel()),
-                "words": words,
-                "token ppl": math.exp(total / nll.numel()),
-                "word ppl": math.exp(total / words),
-                "flops/token": flops_per_token(model, window, o),
-                "seconds": time.perf_counter() - t0,
-            }
-        )
+        scores = stream_perplexities(nll, words, time.perf_counter() - t0)
+        rows.append({"overlap": o, **scores, "flops/token": flops_per_token(model, window, o)})
     return rows
