@@ -93,7 +93,7 @@ class _States:
     """The optimised cache of one context with its per-state Adam moments and step counts.
 
     ``kv``/``m``/``v``: per layer (key, value) [1, n_kv, S, d]; ``count`` [S] the updates
-    each position has had; ``offset``: the position of the first state kept."""
+    each position has had."""
 
     def __init__(self, num_layers: int) -> None:
         self.num_layers = num_layers
@@ -101,7 +101,6 @@ class _States:
         self.m: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.v: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.count = torch.zeros(0, dtype=torch.long)
-        self.offset = 0
 
     @property
     def length(self) -> int:
@@ -133,7 +132,6 @@ class _States:
         trim = lambda pairs: [tuple(t[..., cut:, :] for t in p) for p in pairs]  # noqa: E731
         self.kv, self.m, self.v = trim(self.kv), trim(self.m), trim(self.v)
         self.count = self.count[cut:]
-        self.offset += cut
 
 
 def _update(

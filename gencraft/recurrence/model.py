@@ -96,11 +96,11 @@ class RecurrentLM(nn.Module):
             if i < len(widths) - 2:
                 parts.append(_ACT[self.config.activation]())
         self.ffn = nn.Sequential(*parts)
-        self.slot = _HPrevSlot(self)
         site, module = select_sites(
             hf, kind="self", stack="decoder", layers=[self.config.insert_layer]
         )[0]
-        self.slot.norm = input_norm(hf, site) if self.config.hprev_norm else None
+        self.slot = _HPrevSlot(input_norm(hf, site) if self.config.hprev_norm else None)
+        # fail now, not in the second window, for attention modules we cannot project with
         project_key_value(
             module, torch.zeros(1, 1, shape.hidden, dtype=next(hf.parameters()).dtype)
         )
