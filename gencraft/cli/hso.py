@@ -47,11 +47,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         print(json.dumps(rows, indent=2))
         return
     print(f"{args.model} on {args.corpus} {args.split} ({words} words), contexts of {context}")
-    print(
-        format_table(
-            [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
-        )
-    )
+    print(format_table(rows))  # floats to 2 decimals
 
 
 def add_parser(sub: Any, add_data_dir: Any) -> None:
