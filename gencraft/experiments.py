@@ -40,6 +40,7 @@ EXPERIMENT_MODULES = (
     "gencraft.prefix.experiments",
     "gencraft.hso.experiments",
     "gencraft.recurrence.experiments",
+    "gencraft.nar.experiments",
 )
 SCALES = ("tiny", "cpu", "gpu")
 

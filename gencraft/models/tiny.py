@@ -15,6 +15,7 @@ from transformers import (
     BartConfig,
     BartForConditionalGeneration,
     BertConfig,
+    BertForMaskedLM,
     BertLMHeadModel,
     BertModel,
     EncoderDecoderModel,
@@ -150,12 +151,18 @@ def _tiny_bert2bert() -> PreTrainedModel:
     return model
 
 
+def _tiny_bert() -> PreTrainedModel:
+    # the output layer is tied to the word embeddings (BERT's default)
+    return BertForMaskedLM(_bert_config())
+
+
 TINY_BUILDERS: dict[str, Callable[[], PreTrainedModel]] = {
     "tiny-llama": _tiny_llama,
     "tiny-gpt2": _tiny_gpt2,
     "tiny-bart": _tiny_bart,
     "tiny-t5": _tiny_t5,
     "tiny-bert2bert": _tiny_bert2bert,
+    "tiny-bert": _tiny_bert,
 }
 
 
@@ -167,7 +174,9 @@ def build_tiny_model(name: str, seed: int = 0) -> PreTrainedModel:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = TINY_BUILDERS[name]()
-    gen = model.generation_config
+    gen = getattr(model, "generation_config", None)
+    if gen is None:  # a masked LM does not generate
+        return model.eval()
     gen.pad_token_id = PAD_ID
     gen.eos_token_id = EOS_ID
     gen.bos_token_id = BOS_ID

@@ -21,6 +21,14 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from gencraft.config import check, option
+from gencraft.data.tasks import (
+    Pair,
+    pick_examples,
+    references_of,
+    source_of,
+    task_examples,
+    training_pairs,
+)
 from gencraft.errors import ConfigError
 from gencraft.models.introspect import eos_ids, is_encoder_decoder, pad_id
 from gencraft.models.prompts import pad_batch
@@ -70,59 +78,6 @@ class PrefixTrainConfig:
             "max_target_tokens",
         ):
             check(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-
-
-@dataclass
-class Pair:
-    source: str
-    target: str
-
-
-def task_examples(task: str, split: str, data_dir: str | None = None) -> list[Any]:
-    """Evaluation examples (``.input``/``.source`` and ``.references``) of a task's split."""
-    if task in ("e2e", "dart"):
-        from gencraft.data.data2text import load_data_to_text
-
-        if task == "dart" and split in ("train", "validation"):
-            # DART's train split is not local: train on the dev split minus its last 300
-            # triple sets, validate on those
-            dev = load_data_to_text("dart", "validation", data_dir)
-            return dev[:-300] if split == "train" else dev[-300:]
-        return load_data_to_text(task, split, data_dir)
-    if task == "xsum":
-        from gencraft.data.summarization import load_summarization
-
-        return load_summarization("xsum", split, data_dir)
-    raise ConfigError(f"unknown task {task!r}")
-
-
-def pick_examples(examples: list[Any], limit: int | None, spread: bool = False) -> list[Any]:
-    """The first ``limit`` examples, or ``limit`` evenly spaced ones (``i * N // limit``)."""
-    if limit is None or limit >= len(examples):
-        return list(examples)
-    if spread:
-        return [examples[i * len(examples) // limit] for i in range(limit)]
-    return examples[:limit]
-
-
-def source_of(example: Any) -> str:
-    return getattr(example, "input", None) or getattr(example, "document", None) or example.source
-
-
-def references_of(example: Any) -> list[str]:
-    refs = getattr(example, "references", None)
-    if refs is None:
-        refs = [example.summary]
-    return list(refs)
-
-
-def training_pairs(task: str, split: str, data_dir: str | None = None) -> list[Pair]:
-    """(source, target) pairs: every reference of every input is one pair."""
-    return [
-        Pair(source_of(e), r)
-        for e in task_examples(task, split, data_dir)
-        for r in references_of(e)
-    ]
 
 
 def encode_pairs(

@@ -1,0 +1,249 @@
+"""The RUM-SUNDAE experiment of docs/results.md, runnable with ``gencraft reproduce``:
+
+``nar-tasks``: on one local seq2seq task (E2E by default; WebNLG or DART), train
+
+* RUM-SUNDAE: the MLM in both stacks, random cross-attention;
+* RUM-SUNDAE with cross-attention copied from self-attention;
+* SUNDAE from scratch, with more steps than the pretrained models (the thesis's
+  "a fraction of the training steps" turned around);
+* Mask-Predict on the same converted model;
+* the autoregressive BERT2BERT from the same MLM (beam 4).
+
+SUNDAE's temperature is tuned on validation inputs (Appendix A: within [0.1, 1.1]). Each model is
+scored on test (BLEU, ROUGE-L, decoding seconds and model calls per output). Quality against
+decoding steps is plotted for the first SUNDAE variant and Mask-Predict. Each training and
+each evaluation is a unit that resumes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from gencraft.experiments import ExperimentRun, register, settings_field
+from gencraft.nar.config import ConvertConfig, ObjectiveConfig, SamplingConfig
+from gencraft.nar.train import NARTrainConfig, evaluate, load_trained, train
+
+#: name -> (objective, convert settings, decoding method)
+VARIANTS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "rum-sundae": ("sundae", {}, "sundae"),
+    "rum-sundae-copy": ("sundae", {"cross_attention": "copy"}, "sundae"),
+    "sundae-scratch": ("sundae", {"pretrained": False}, "sundae"),
+    "mask-predict": ("mask-predict", {}, "mask-predict"),
+    "autoregressive": ("autoregressive", {"bidirectional": False}, "beam"),
+}
+
+
+@dataclass
+class NARTasksSettings:
+    model: str = settings_field("minilm-l6", "the masked LM")
+    task: str = settings_field("e2e", "e2e, webnlg or dart")
+    variants: tuple[str, ...] = settings_field(tuple(VARIANTS), "models trained and scored")
+    steps: int = settings_field(300, "optimizer steps of a pretrained start")
+    scratch_steps: int = settings_field(600, "optimizer steps of SUNDAE from scratch")
+    batch_size: int = settings_field(16, "pairs per batch")
+    lr: float = settings_field(2e-4, "learning rate of a pretrained start")
+    scratch_lr: float = settings_field(5e-4, "learning rate from scratch")
+    max_target_length: int = settings_field(96, "the length predictor's range")
+    samples: int = settings_field(16, "SUNDAE samples per input (Appendix A: 16)")
+    decode_steps: int = settings_field(15, "SUNDAE / Mask-Predict steps (Appendix A: 15)")
+    length_candidates: int = settings_field(3, "top-ℓ lengths decoded")
+    temperatures: tuple[float, ...] = settings_field(
+        (0.1, 0.4, 0.7, 1.0), "SUNDAE temperatures tried on validation"
+    )
+    tune_inputs: int = settings_field(24, "validation inputs for the temperature")
+    test_limit: int | None = settings_field(80, "test inputs scored (evenly spaced; None: all)")
+    curve_steps: tuple[int, ...] = settings_field((1, 2, 4, 8, 15), "decoding steps plotted")
+    curve_inputs: int = settings_field(40, "test inputs of the quality-vs-steps curve")
+    data_dir: str | None = settings_field(None, "datasets directory")
+
+
+@register(
+    "nar-tasks",
+    title="RUM-SUNDAE vs SUNDAE from scratch, Mask-Predict and autoregressive BERT2BERT (ch. 4)",
+    settings=NARTasksSettings,
+    scales={
+        "tiny": {
+            "model": "tiny-bert",
+            "steps": 3,
+            "scratch_steps": 4,
+            "batch_size": 4,
+            "lr": 1e-3,
+            "max_target_length": 128,
+            "samples": 2,
+            "decode_steps": 2,
+            "length_candidates": 2,
+            "temperatures": (0.5, 1.0),
+            "tune_inputs": 2,
+            "test_limit": 3,
+            "curve_steps": (1, 2),
+            "curve_inputs": 2,
+        },
+        "cpu": {},
+        "gpu": {
+            "steps": 20000,
+            "scratch_steps": 60000,
+            "batch_size": 64,
+            "lr": 1e-4,
+            "test_limit": None,
+            "tune_inputs": 200,
+            "curve_inputs": 300,
+        },
+    },
+    cpu_minutes=120,
+)
+def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
+    rows: list[dict[str, Any]] = []
+    temperature = None
+    for name in s.variants:
+        objective, convert_kw, method = VARIANTS[name]
+        scratch = convert_kw.get("pretrained") is False
+        cfg = NARTrainConfig(
+            model=s.model,
+            task=s.task,
+            lr=s.scratch_lr if scratch else s.lr,
+            batch_size=s.batch_size,
+            max_steps=s.scratch_steps if scratch else s.steps,
+            eval_every=max(1, (s.scratch_steps if scratch else s.steps) // 4),
+            seed=0,
+        )
+        convert = ConvertConfig(max_target_length=s.max_target_length, **convert_kw)
+        obj = ObjectiveConfig(objective=objective)
+        out = Path(run.directory) / name
+
+        def fit_one(cfg=cfg, convert=convert, obj=obj, out=out):
+            summary = train(cfg, convert, obj, out, data_dir=s.data_dir, progress=True)
+            return {k: v for k, v in summary.items() if k != "history"}
+
+        summary = run.unit(f"train {name}", fit_one)
+        sampling = SamplingConfig(
+            steps=s.decode_steps, samples=s.samples, length_candidates=s.length_candidates
+        )
+        if method == "sundae" and temperature is None:
+            temperature = run.unit(f"tune {name}", lambda out=out, sp=sampling: _tune(s, out, sp))[
+                "temperature"
+            ]
+        if method == "sundae":
+            sampling = SamplingConfig(**{**asdict(sampling), "temperature": temperature})
+
+        def score(out=out, sampling=sampling, method=method):
+            model, tok, _ = load_trained(out / "best")
+            r = evaluate(
+                model,
+                tok,
+                task=s.task,
+                split="test",
+                limit=s.test_limit,
+                sampling=sampling,
+                method=method,
+                data_dir=s.data_dir,
+                progress=True,
+            )
+            r["examples"] = r.pop("predictions")[:5]
+            return r
+
+        r = run.unit(f"test {name}", score)
+        rows.append(
+            {
+                "model": name,
+                "init": "random" if scratch else "MLM",
+                "steps": summary["steps"],
+                "decoding": method + (f" (T={temperature})" if method == "sundae" else ""),
+                **{k: v for k, v in r.items() if k != "examples"},
+            }
+        )
+    _relative_cost(rows)
+    run.text(
+        f"{s.model} converted to an encoder-decoder, trained on {s.task} train "
+        f"(batch {s.batch_size}; pretrained starts {s.steps} steps, from scratch "
+        f"{s.scratch_steps}), scored on {s.test_limit or 'all'} test inputs (evenly spaced, all "
+        "references). SUNDAE: best of "
+        f"{s.samples} samples, {s.decode_steps} steps at most, top-{s.length_candidates} "
+        "lengths, temperature tuned on validation BLEU. Seconds are wall time per output, one "
+        "input at a time; calls are decoder forward passes per output."
+    )
+    cols = ["model", "init", "steps", "decoding", "outputs", "bleu", "rougeL"]
+    run.table(rows, [*cols, "seconds/output", "calls/output", "steps/output", "time vs AR"])
+    curve_models = [v for v in s.variants if VARIANTS[v][2] in ("sundae", "mask-predict")]
+    sundae_first = next((v for v in curve_models if VARIANTS[v][2] == "sundae"), None)
+    mp_first = next((v for v in curve_models if VARIANTS[v][2] == "mask-predict"), None)
+    curve = []
+    for name in [n for n in (sundae_first, mp_first) if n is not None]:
+        method = VARIANTS[name][2]
+        for steps in s.curve_steps:
+
+            def point(name=name, method=method, steps=steps):
+                model, tok, _ = load_trained(Path(run.directory) / name / "best")
+                t = temperature if method == "sundae" else 1.0
+                sp = SamplingConfig(
+                    steps=steps,
+                    samples=s.samples,
+                    temperature=t,
+                    length_candidates=s.length_candidates,
+                )
+                r = evaluate(
+                    model,
+                    tok,
+                    task=s.task,
+                    split="test",
+                    limit=s.curve_inputs,
+                    sampling=sp,
+                    method=method,
+                    data_dir=s.data_dir,
+                )
+                return {k: r[k] for k in ("bleu", "rougeL", "calls/output", "seconds/output")}
+
+            curve.append(
+                {"model": name, "max steps": steps, **run.unit(f"curve {name} {steps}", point)}
+            )
+    if curve:
+        run.text(f"Quality against decoding steps ({s.curve_inputs} test inputs):")
+        run.table(curve, ["model", "max steps", "bleu", "rougeL", "calls/output", "seconds/output"])
+        _plot(run, curve, s)
+
+
+def _tune(s: NARTasksSettings, out: Path, sampling: SamplingConfig) -> dict[str, Any]:
+    model, tok, _ = load_trained(out / "best")
+    scores = {}
+    for t in s.temperatures:
+        sp = SamplingConfig(**{**asdict(sampling), "temperature": t})
+        r = evaluate(
+            model,
+            tok,
+            task=s.task,
+            split="validation",
+            limit=s.tune_inputs,
+            sampling=sp,
+            method="sundae",
+            data_dir=s.data_dir,
+        )
+        scores[str(t)] = r["bleu"]
+    best = max(s.temperatures, key=lambda t: scores[str(t)])
+    return {"temperature": best, "validation bleu": scores}
+
+
+def _relative_cost(rows: list[dict[str, Any]]) -> None:
+    ar = next((r for r in rows if r["model"] == "autoregressive"), None)
+    for r in rows:
+        if ar is not None and ar["seconds/output"] > 0:
+            r["time vs AR"] = r["seconds/output"] / ar["seconds/output"]
+
+
+def _plot(run: ExperimentRun, curve: list[dict], s: NARTasksSettings) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for name in dict.fromkeys(r["model"] for r in curve):
+        pts = [r for r in curve if r["model"] == name]
+        ax.plot([r["max steps"] for r in pts], [r["bleu"] for r in pts], marker="o", label=name)
+    ax.set_xlabel("decoding steps (at most)")
+    ax.set_ylabel(f"BLEU ({s.task} test, {s.curve_inputs} inputs)")
+    ax.set_title(f"{s.model}: quality vs decoding steps")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(run.plot_path("quality_vs_steps.png", "quality vs decoding steps"), dpi=120)
+    plt.close(fig)

@@ -1,0 +1,253 @@
+"""RUM: one pretrained masked LM initialises both the encoder and the decoder of a
+non-autoregressive encoder-decoder (Yoshida 2023, ch. 4).
+
+The encoder is the MLM's transformer. The decoder is the same transformer (an unshared copy)
+with its MLM head as the output layer, plus a cross-attention block per layer, which an MLM
+never had. That block starts random (BERT's initialisation) or as a copy of the same layer's
+self-attention (``cross_attention="copy"``). The thesis's own choice is lost with its chapter
+body. The decoder has no causal mask: every position sees the whole target sequence, which is
+what SUNDAE and Mask-Predict refine. A length predictor (a linear layer on the encoder's
+masked mean) gives the target length's distribution.
+
+The result is a ``transformers`` :class:`~transformers.EncoderDecoderModel` (the subclass
+:class:`NARSeq2Seq`). Its ``forward(input_ids, attention_mask, decoder_input_ids,
+decoder_attention_mask, labels)`` is unchanged: ``labels`` score the decoder's output at the
+same positions, with no shift. It saves and loads with ``save_pretrained`` /
+``from_pretrained``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import EncoderDecoderConfig, EncoderDecoderModel, PreTrainedModel
+
+from gencraft.errors import GencraftError
+from gencraft.nar.config import ConvertConfig
+
+_SUPPORTED = ("bert",)
+_SCRATCH_SEED_OFFSET = 10_000  # model types whose MLM has BERT's module names
+
+
+class NARSeq2Seq(EncoderDecoderModel):
+    """An encoder-decoder made from a masked LM, with a target-length predictor.
+
+    ``config.gencraft_nar`` holds the :class:`ConvertConfig` it was made with; with
+    ``bidirectional`` the decoder attends to every target position.
+    """
+
+    def __init__(
+        self,
+        config: EncoderDecoderConfig | None = None,
+        encoder: PreTrainedModel | None = None,
+        decoder: PreTrainedModel | None = None,
+    ) -> None:
+        if config is not None:
+            # a saved bidirectional decoder says is_decoder=False; BERT builds cross-attention
+            # only for a decoder, so build as one and drop the causal mask after
+            config.decoder.is_decoder = True
+            config.decoder.add_cross_attention = True
+        super().__init__(config=config, encoder=encoder, decoder=decoder)
+        if getattr(self.encoder, "pooler", None) is not None:
+            self.encoder.pooler = None  # unused (AutoModel adds one when loading)
+        settings = ConvertConfig(**getattr(self.config, "gencraft_nar", {}))
+        self.config.gencraft_nar = asdict(settings)
+        self.length_head = nn.Linear(
+            self.config.encoder.hidden_size, settings.max_target_length + 1
+        )
+        self.length_head.weight.data.normal_(0.0, self.config.encoder.initializer_range)
+        self.length_head.bias.data.zero_()
+        if settings.bidirectional:
+            _drop_causal_mask(self.decoder)
+
+    @property
+    def nar_settings(self) -> ConvertConfig:
+        return ConvertConfig(**self.config.gencraft_nar)
+
+    @property
+    def max_target_length(self) -> int:
+        """The longest target: the length head's range, within the decoder's positions."""
+        positions = getattr(self.config.decoder, "max_position_embeddings", None) or 10**9
+        return min(self.nar_settings.max_target_length, positions)
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Any:
+        """The encoder's output for ``input_ids`` [B, S]."""
+        return self.get_encoder()(
+            input_ids=input_ids, attention_mask=attention_mask, return_dict=True
+        )
+
+    def length_logits(
+        self, encoder_hidden: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[B, max_target_length + 1]: scores of target lengths 0..max from the encoder's
+        states ``encoder_hidden`` [B, S, H] (masked mean over the source; length 0 is never
+        a training target but keeps index = length)."""
+        if attention_mask is None:
+            pooled = encoder_hidden.mean(1)
+        else:
+            m = attention_mask.to(encoder_hidden.dtype).unsqueeze(-1)
+            pooled = (encoder_hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
+        return self.length_head(pooled)
+
+    def decode_logits(
+        self,
+        decoder_input_ids: torch.Tensor,
+        encoder_hidden: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """[B, L, V]: the decoder's scores for every position of ``decoder_input_ids`` [B, L]
+        given the encoder's states [B, S, H] (one model call)."""
+        out = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_hidden,
+            encoder_attention_mask=attention_mask,
+            use_cache=False,
+            return_dict=True,
+        )
+        return out.logits
+
+
+def _drop_causal_mask(decoder: nn.Module) -> None:
+    """Make a BERT decoder bidirectional: its mask builder and its attention modules
+    (``is_causal``, which sdpa reads when no mask is passed) stop being causal."""
+    decoder.config.is_decoder = False  # BertModel builds a bidirectional mask, and no cache
+    for module in decoder.modules():
+        if hasattr(module, "is_causal"):
+            module.is_causal = False
+
+
+def _mlm(name_or_model: str | nn.Module, seed: int) -> tuple[nn.Module, Any]:
+    """(masked LM, its tokenizer or None for a model passed in)."""
+    if isinstance(name_or_model, str):
+        from gencraft.models import load_model
+
+        try:
+            return load_model(name_or_model, task="masked-lm", seed=seed)
+        except GencraftError as err:
+            raise GencraftError(f"cannot use {name_or_model!r} as a masked LM: {err}") from err
+    if not isinstance(name_or_model, nn.Module):
+        raise GencraftError(
+            f"expected a masked-LM name or model, got {type(name_or_model).__name__}"
+        )
+    return name_or_model, None
+
+
+def mlm_to_seq2seq(
+    name_or_model: str | nn.Module,
+    *,
+    seed: int = 0,
+    cross_attention: str = "random",
+    pretrained: bool = True,
+    bidirectional: bool = True,
+    max_target_length: int = 128,
+) -> NARSeq2Seq:
+    """A :class:`NARSeq2Seq` whose encoder and decoder both start from one masked LM.
+
+    Args:
+        name_or_model: a registered masked LM (``tiny-bert``, ``minilm-l6``), a path or hub id
+            of one, or a ``BertForMaskedLM``-shaped model (``bert`` plus ``cls`` head).
+        seed: seeds the MLM's load (``load_model(name, task="masked-lm", seed=seed)``: the
+            same weights) and then the new parameters (cross-attention, length head).
+        cross_attention: ``"random"`` or ``"copy"`` (from each layer's self-attention).
+        pretrained: False keeps the shapes and draws every weight at random, the encoder
+            and decoder independently, from seed + 10000 (the thesis's SUNDAE-from-scratch
+            baseline).
+        bidirectional: False keeps the decoder causal (the autoregressive BERT2BERT baseline).
+        max_target_length: the length predictor's range.
+    """
+    settings = ConvertConfig(cross_attention, pretrained, bidirectional, max_target_length)
+    return _convert(_mlm(name_or_model, seed)[0], seed, settings)
+
+
+def load_mlm_seq2seq(name: str, *, seed: int = 0, **convert: Any) -> tuple[NARSeq2Seq, Any]:
+    """(:func:`mlm_to_seq2seq` model, its tokenizer) with the special ids set from the
+    tokenizer ([CLS] starts an autoregressive decoder, [SEP] ends it)."""
+    mlm, tok = _mlm(name, seed)
+    model = _convert(mlm, seed, ConvertConfig(**convert))
+    return configure_special_ids(model, tok), tok
+
+
+def _convert(mlm: nn.Module, seed: int, settings: ConvertConfig) -> NARSeq2Seq:
+    config = getattr(mlm, "config", None)
+    if getattr(config, "model_type", None) not in _SUPPORTED or not (
+        hasattr(mlm, "bert") and hasattr(mlm, "cls")
+    ):
+        kind = getattr(config, "model_type", None) or type(mlm).__name__
+        raise GencraftError(
+            f"{kind} has no BERT-style masked-LM form (a `bert` body and a `cls` MLM head); "
+            f"mlm_to_seq2seq supports {', '.join(_SUPPORTED)} masked LMs"
+        )
+    if config.is_decoder:
+        raise GencraftError("the model is a causal decoder, not a masked LM")
+    from transformers import BertLMHeadModel, BertModel
+
+    with torch.random.fork_rng(devices=[]):
+        # from scratch: another stream than the seed's (a tiny MLM is itself drawn from it)
+        torch.manual_seed(seed if settings.pretrained else seed + _SCRATCH_SEED_OFFSET)
+        enc_config = copy.deepcopy(config)
+        dec_config = copy.deepcopy(config)
+        dec_config.is_decoder, dec_config.add_cross_attention = True, True
+        encoder = BertModel(enc_config, add_pooling_layer=False)
+        decoder = BertLMHeadModel(dec_config)
+        if settings.pretrained:  # from scratch, the two stacks keep their own random draws
+            encoder.load_state_dict(mlm.bert.state_dict())
+            missing, unexpected = decoder.load_state_dict(mlm.state_dict(), strict=False)
+            if unexpected or any("crossattention" not in k for k in missing):
+                raise GencraftError(
+                    f"unexpected MLM layout: missing {missing}, unexpected {unexpected}"
+                )
+        ed_config = EncoderDecoderConfig.from_encoder_decoder_configs(enc_config, dec_config)
+        ed_config.gencraft_nar = asdict(settings)
+        model = NARSeq2Seq(ed_config, encoder=encoder, decoder=decoder)
+    if settings.cross_attention == "copy":
+        for layer in model.decoder.bert.encoder.layer:
+            layer.crossattention.load_state_dict(layer.attention.state_dict())
+    model.tie_weights()
+    _set_special_ids(model, mlm)
+    return model.eval()
+
+
+def _set_special_ids(model: NARSeq2Seq, mlm: nn.Module) -> None:
+    cfg = mlm.config
+    start = cfg.bos_token_id if cfg.bos_token_id is not None else cfg.pad_token_id
+    for c in (model.config, model.generation_config):
+        c.pad_token_id = cfg.pad_token_id
+        c.decoder_start_token_id = start
+        c.eos_token_id = cfg.eos_token_id
+
+
+def special_ids(tokenizer: Any) -> dict[str, int]:
+    """The ids a model uses around its targets: ``start`` (the autoregressive decoder's first
+    input, [CLS]), ``end`` (its EOS, [SEP]), ``pad`` and ``mask``."""
+    ids = {
+        "start": tokenizer.cls_token_id
+        if tokenizer.cls_token_id is not None
+        else tokenizer.bos_token_id,
+        "end": tokenizer.sep_token_id
+        if tokenizer.sep_token_id is not None
+        else tokenizer.eos_token_id,
+        "pad": tokenizer.pad_token_id,
+        "mask": tokenizer.mask_token_id,
+    }
+    missing = [k for k, v in ids.items() if v is None]
+    if missing:
+        raise GencraftError(f"the tokenizer has no {', '.join(missing)} token")
+    return ids
+
+
+def configure_special_ids(model: NARSeq2Seq, tokenizer: Any) -> NARSeq2Seq:
+    """Point the model's generation config at the tokenizer's [CLS]/[SEP]/[PAD]."""
+    ids = special_ids(tokenizer)
+    for c in (model.config, model.generation_config):
+        c.decoder_start_token_id, c.eos_token_id, c.pad_token_id = (
+            ids["start"],
+            ids["end"],
+            ids["pad"],
+        )
+    return model

@@ -1,0 +1,374 @@
+"""RUM-SUNDAE (gencraft.nar): the MLM -> encoder-decoder conversion, the SUNDAE and
+Mask-Predict objectives against hand computations, the samplers, a tiny model that learns, the
+CLI and bad input."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gencraft.cli.main import main
+from gencraft.errors import GencraftError
+from gencraft.models import load_model
+from gencraft.nar import NARSeq2Seq, SamplingConfig, load_mlm_seq2seq, mlm_to_seq2seq
+from gencraft.nar.decoding import mask_predict_generate, sundae_generate, sundae_step
+from gencraft.nar.objectives import (
+    collate,
+    corrupt,
+    mask_predict_loss,
+    noise_ids,
+    sundae_loss,
+)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_mlm_seq2seq("tiny-bert", seed=3, max_target_length=24)
+
+
+def _batch(tok, pairs):
+    return collate([(tok(s).input_ids, tok(t).input_ids) for s, t in pairs], tok.pad_token_id)
+
+
+# ------------------------------------------------------------------ conversion
+@pytest.mark.parametrize("cross", ["random", "copy"])
+def test_encoder_and_decoder_start_from_the_mlm(cross):
+    mlm, _ = load_model("tiny-bert", task="masked-lm", seed=5)
+    ref = mlm.state_dict()
+    model = mlm_to_seq2seq("tiny-bert", seed=5, cross_attention=cross)
+    assert isinstance(model, NARSeq2Seq)
+    for k, v in model.encoder.state_dict().items():
+        assert torch.equal(v, ref["bert." + k]), k
+    dec = model.decoder.state_dict()
+    for k, v in dec.items():
+        if "crossattention" not in k:
+            assert torch.equal(v, ref[k]), k
+    # the output layer is tied to the decoder's word embeddings, as in the MLM
+    assert model.decoder.cls.predictions.decoder.weight is (
+        model.decoder.bert.embeddings.word_embeddings.weight
+    )
+    for i, layer in enumerate(model.decoder.bert.encoder.layer):
+        same = torch.equal(
+            layer.crossattention.self.query.weight, layer.attention.self.query.weight
+        )
+        assert same == (cross == "copy"), i
+    scratch = mlm_to_seq2seq("tiny-bert", seed=5, pretrained=False)
+    emb = "embeddings.word_embeddings.weight"
+    enc_emb = scratch.encoder.state_dict()[emb]
+    assert not torch.equal(enc_emb, ref["bert." + emb])
+    assert not torch.equal(enc_emb, scratch.decoder.bert.state_dict()[emb])
+
+
+def test_the_same_seed_gives_the_same_model():
+    a = mlm_to_seq2seq("tiny-bert", seed=1)
+    b = mlm_to_seq2seq("tiny-bert", seed=1)
+    for (k, v), w in zip(a.state_dict().items(), b.state_dict().values(), strict=True):
+        assert torch.equal(v, w), k
+
+
+def _logits(model, src, y):
+    with torch.no_grad():
+        return model(input_ids=src, decoder_input_ids=y).logits
+
+
+def test_the_decoder_is_bidirectional_and_survives_save_and_load(tmp_path):
+    torch.manual_seed(0)
+    src = torch.randint(5, 200, (2, 7))
+    y = torch.randint(5, 200, (2, 6))
+    y2 = y.clone()
+    y2[:, -1] = (y2[:, -1] + 1) % 200 + 5
+    for bidirectional in (True, False):
+        model = mlm_to_seq2seq("tiny-bert", seed=0, bidirectional=bidirectional)
+        first = _logits(model, src, y)[:, 0]
+        changed = _logits(model, src, y2)[:, 0]
+        # changing the last token reaches position 0 only without the causal mask
+        assert (not torch.allclose(first, changed, atol=1e-6)) == bidirectional
+        model.save_pretrained(tmp_path / str(bidirectional))
+        back = NARSeq2Seq.from_pretrained(tmp_path / str(bidirectional))
+        assert back.nar_settings.bidirectional == bidirectional
+        assert torch.allclose(_logits(back, src, y2), _logits(model, src, y2), atol=1e-6)
+        assert torch.equal(back.length_head.weight, model.length_head.weight)
+
+
+def test_forward_labels_score_the_same_positions(tiny):
+    """EncoderDecoderModel's loss with labels = the denoising cross-entropy (no shift)."""
+    model, tok = tiny
+    b = _batch(tok, [("name : A", "A is good"), ("x", "yz")])
+    labels = b["targets"].masked_fill(~b["target_mask"], -100)
+    out = model(
+        input_ids=b["input_ids"],
+        attention_mask=b["attention_mask"],
+        decoder_input_ids=b["targets"],
+        decoder_attention_mask=b["target_mask"].long(),
+        labels=labels,
+    )
+    want = F.cross_entropy(out.logits[b["target_mask"]], b["targets"][b["target_mask"]])
+    assert out.loss.item() == pytest.approx(want.item(), rel=1e-5)
+
+
+# ------------------------------------------------------------------ objectives
+def test_corruption_rates_follow_alpha():
+    g = torch.Generator().manual_seed(0)
+    noise = torch.arange(5, 261)
+    targets = torch.full((64, 4000), 7)
+    mask = torch.ones_like(targets, dtype=torch.bool)
+    mask[:, 3000:] = False
+    corrupted, alpha, replaced = corrupt(targets, mask, noise, g)
+    rate = replaced[:, :3000].float().mean(1)
+    assert torch.allclose(rate, alpha, atol=0.035)  # binomial sd <= 0.009 at 3000 positions
+    assert not replaced[:, 3000:].any() and (corrupted[:, 3000:] == 7).all()
+    assert ((corrupted == 7) | replaced).all()
+    assert (corrupted[replaced] >= 5).all()  # noise never draws a special token
+    # alpha ~ U(0, 1): mean 1/2, spread over the whole interval
+    many = corrupt(targets[:, :2], mask[:, :2], noise, g)[1]
+    more = torch.cat(
+        [many, *[corrupt(targets[:, :2], mask[:, :2], noise, g)[1] for _ in range(30)]]
+    )
+    assert abs(more.mean().item() - 0.5) < 0.03 and more.min() < 0.02 and more.max() > 0.98
+
+
+def test_the_second_unrolled_step_sees_a_sample_of_the_first(tiny):
+    model, tok = tiny
+    b = _batch(tok, [("name : A", "A is good"), ("x", "a b c d e f")])
+    noise = noise_ids(tok)
+    out = sundae_loss(model, b, noise=noise, generator=torch.Generator().manual_seed(7))
+    # by hand with the same draws: corrupt, predict, sample, predict
+    g = torch.Generator().manual_seed(7)
+    y, mask = b["targets"], b["target_mask"]
+    y0, _, _ = corrupt(y, mask, noise, g)
+    enc = model.encode(b["input_ids"], b["attention_mask"]).last_hidden_state
+    logits0 = model.decode_logits(y0, enc, b["attention_mask"], mask.long())
+    probs = torch.softmax(logits0.detach().float(), -1)
+    y1 = torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=g).view_as(y)
+    y1 = torch.where(mask, y1, y)
+    assert torch.equal(out.inputs[0], y0) and torch.equal(out.inputs[1], y1)
+    assert not torch.equal(y1[mask], y0[mask])
+    logits1 = model.decode_logits(y1, enc, b["attention_mask"], mask.long())
+    ce = [F.cross_entropy(lg[mask], y[mask]) for lg in (logits0, logits1)]
+    lengths = F.cross_entropy(model.length_logits(enc, b["attention_mask"]), b["lengths"])
+    want = (ce[0] + ce[1]) / 2 + 0.1 * lengths
+    assert out.loss.item() == pytest.approx(want.item(), rel=1e-5)
+    # gradients reach the model through both steps' predictions, never through the sample
+    model.zero_grad()
+    out.loss.backward()
+    assert model.length_head.weight.grad.abs().sum() > 0
+    assert model.decoder.bert.encoder.layer[0].crossattention.self.query.weight.grad.abs().sum() > 0
+    model.zero_grad()
+
+
+def test_mask_predict_masks_between_one_and_all_and_scores_only_those(tiny):
+    model, tok = tiny
+    b = _batch(tok, [("name : A", "A is good"), ("x", "ab"), ("y", "a long enough target")])
+    mask_id = tok.mask_token_id
+    for seed in range(5):
+        out = mask_predict_loss(
+            model, b, mask_id=mask_id, generator=torch.Generator().manual_seed(seed)
+        )
+        masked = out.inputs[0] == mask_id
+        n = masked.sum(1)
+        assert (n >= 1).all() and (n <= b["lengths"]).all()
+        assert not (masked & ~b["target_mask"]).any()
+        enc = model.encode(b["input_ids"], b["attention_mask"]).last_hidden_state
+        logits = model.decode_logits(
+            out.inputs[0], enc, b["attention_mask"], b["target_mask"].long()
+        )
+        want = F.cross_entropy(logits[masked], b["targets"][masked])
+        assert out.parts["tokens"] == pytest.approx(want.item(), rel=1e-5)
+
+
+# ------------------------------------------------------------------ decoding
+def test_update_proportion_zero_changes_nothing_and_one_takes_every_new_token(tiny):
+    model, tok = tiny
+    b = _batch(tok, [("name : A", "A is good"), ("x", "abc")])
+    enc = model.encode(b["input_ids"], b["attention_mask"]).last_hidden_state
+    y, mask = b["targets"], b["target_mask"]
+    g = torch.Generator().manual_seed(0)
+    kept, logits = sundae_step(
+        model, y, mask, enc, b["attention_mask"], proportion=0.0, generator=g
+    )
+    assert torch.equal(kept, y)
+    arg, logits = sundae_step(model, y, mask, enc, b["attention_mask"], proportion=1.0, argmax=True)
+    assert torch.equal(arg[mask], logits.argmax(-1)[mask]) and torch.equal(arg[~mask], y[~mask])
+    half, _ = sundae_step(
+        model, y, mask, enc, b["attention_mask"], proportion=0.5, argmax=True, generator=g
+    )
+    assert ((half == y) | (half == arg)).all()
+
+
+def _overfit(objective: str, steps: int = 600):
+    """tiny-bert converted and trained on two pairs until it has learned them."""
+    from gencraft.nar.config import ObjectiveConfig
+    from gencraft.nar.objectives import make_loss
+
+    torch.manual_seed(0)
+    model, tok = load_mlm_seq2seq("tiny-bert", seed=0, max_target_length=16)
+    pairs = [("red", "apple pie"), ("blue", "sky")]
+    b = _batch(tok, pairs)
+    loss_fn = make_loss(ObjectiveConfig(objective=objective, label_smoothing=0.0), tok)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(steps):
+        loss, _ = loss_fn(model, b)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval(), tok, b, pairs
+
+
+def test_a_tiny_sundae_model_learns_two_pairs_and_its_samplers_recover_them():
+    model, tok, b, pairs = _overfit("sundae")
+    cfg = SamplingConfig(steps=10, samples=4, temperature=0.1, length_candidates=1, seed=0)
+    out = sundae_generate(model, b["input_ids"], b["attention_mask"], cfg, noise=noise_ids(tok))
+    assert [tok.decode(s) for s in out.sequences] == [t for _, t in pairs]
+    assert all(1 <= c <= cfg.steps + 1 for c in out.model_calls)
+    argmax = SamplingConfig(steps=10, samples=2, length_candidates=1, argmax_unrolled=True)
+    out = sundae_generate(model, b["input_ids"], b["attention_mask"], argmax, noise=noise_ids(tok))
+    assert [tok.decode(s) for s in out.sequences] == [t for _, t in pairs]
+
+
+def test_a_tiny_mask_predict_model_learns_two_pairs():
+    model, tok, b, pairs = _overfit("mask-predict")
+    cfg = SamplingConfig(steps=4, length_candidates=1)
+    out = mask_predict_generate(
+        model, b["input_ids"], b["attention_mask"], cfg, mask_id=tok.mask_token_id
+    )
+    assert [tok.decode(s) for s in out.sequences] == [t for _, t in pairs]
+    assert out.model_calls == [4, 4]
+    # oracle lengths take the place of the predicted ones
+    fixed = mask_predict_generate(
+        model,
+        b["input_ids"],
+        b["attention_mask"],
+        cfg,
+        mask_id=tok.mask_token_id,
+        lengths=b["lengths"],
+    )
+    assert [len(s) for s in fixed.sequences] == b["lengths"].tolist()
+
+
+# ------------------------------------------------------------------ bad input
+def test_bad_input_is_named(tiny):
+    from gencraft.models.tiny import build_tiny_model
+
+    model, tok = tiny
+    with pytest.raises(GencraftError, match="cannot use 'no-such-mlm' as a masked LM"):
+        mlm_to_seq2seq("no-such-mlm")
+    with pytest.raises(GencraftError, match="masked-lm"):
+        mlm_to_seq2seq("tiny-gpt2")
+    with pytest.raises(GencraftError, match="no BERT-style masked-LM form"):
+        mlm_to_seq2seq(build_tiny_model("tiny-gpt2"))
+    for kw, what in (
+        ({"steps": 0}, "steps must be >= 1"),
+        ({"temperature": 0.0}, "temperature must be > 0"),
+        ({"proportion": 0.0}, "proportion must lie in \\(0, 1\\]"),
+        ({"proportion": 1.5}, "proportion must lie in \\(0, 1\\]"),
+    ):
+        with pytest.raises(GencraftError, match=what):
+            SamplingConfig(**kw)
+    b = _batch(tok, [("x", "ab")])
+    noise = noise_ids(tok)
+    for bad in (0, 25, 600):
+        with pytest.raises(GencraftError, match=f"target length {bad} is outside \\[1, 24\\]"):
+            sundae_generate(model, b["input_ids"], None, noise=noise, lengths=torch.tensor([bad]))
+    long = collate([(tok("x").input_ids, list(range(5, 35)))], tok.pad_token_id)
+    with pytest.raises(GencraftError, match="exceeds the model's max_target_length=24"):
+        sundae_loss(model, long, noise=noise)
+    with pytest.raises(GencraftError, match="max_target_length must be >= 1"):
+        mlm_to_seq2seq("tiny-bert", max_target_length=0)
+
+
+def test_cli_train_resume_generate_eval_and_errors(shared_data, tmp_path, capsys):
+    out = tmp_path / "run"
+    train = [
+        "nar",
+        "train",
+        "--model",
+        "tiny-bert",
+        "--max-steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--train-examples",
+        "16",
+        "--valid-examples",
+        "4",
+        "--max-target-length",
+        "200",
+        "--output",
+        str(out),
+        "--quiet",
+        "--data-dir",
+        str(shared_data),
+    ]
+    assert main(train) == 0
+    assert (out / "best" / "gencraft_nar_run.json").is_file()
+    assert main(train) == 0  # a finished run resumes and stops at once
+    assert '"steps": 2' in capsys.readouterr().out
+    assert (
+        main(
+            [
+                "nar",
+                "generate",
+                str(out / "best"),
+                "--sources",
+                "name : A",
+                "--samples",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert '"model_calls"' in capsys.readouterr().out
+    assert (
+        main(
+            [
+                "nar",
+                "eval",
+                str(out / "best"),
+                "--limit",
+                "2",
+                "--samples",
+                "2",
+                "--steps",
+                "2",
+                "--quiet",
+                "--data-dir",
+                str(shared_data),
+            ]
+        )
+        == 0
+    )
+    assert "bleu" in capsys.readouterr().out
+    assert main(["nar", "generate", str(out / "best"), "--sources", "x", "--temperature", "0"]) == 2
+    assert "gencraft: error: temperature must be > 0" in capsys.readouterr().err
+    bad = [
+        "nar",
+        "train",
+        "--model",
+        "tiny-bert",
+        "--objective",
+        "autoregressive",
+        "--output",
+        str(tmp_path / "x"),
+    ]
+    assert main(bad) == 2
+    assert "needs --no-bidirectional" in capsys.readouterr().err
+
+
+def test_nar_experiment_runs_at_tiny_scale(shared_data, tmp_path):
+    from gencraft.experiments import reproduce
+
+    report = reproduce(
+        "nar-tasks",
+        scale="tiny",
+        output=tmp_path,
+        overrides={"data_dir": str(shared_data), "variants": ("rum-sundae", "autoregressive")},
+    )
+    text = report.read_text()
+    assert "| rum-sundae | MLM |" in text and "| autoregressive | MLM |" in text
+    assert (tmp_path / "quality_vs_steps.png").is_file()
+    assert math.isfinite(float(text.split("| rum-sundae | MLM | 3 |")[1].split("|")[3]))
