@@ -236,7 +236,8 @@ def test_a_tiny_mask_predict_model_learns_two_pairs():
         model, b["input_ids"], b["attention_mask"], cfg, mask_id=tok.mask_token_id
     )
     assert [tok.decode(s) for s in out.sequences] == [t for _, t in pairs]
-    assert out.model_calls == [4, 4]
+    # T = 4: re-mask ⌊L·(T−t)/T⌋ = 2, 1, 0 (stop) of "sky", 6, 4, 2 of "apple pie"
+    assert out.model_calls == [4, 3]
     # oracle lengths take the place of the predicted ones
     fixed = mask_predict_generate(
         model,
