@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from gencraft.errors import ModelLoadError
-from gencraft.models import TINY_BUILDERS, build_tiny_tokenizer, load_model
+from gencraft.models import MODELS, TINY_BUILDERS, build_tiny_tokenizer, load_model
 from gencraft.models.generate import generate_text
 
-TINY = sorted(TINY_BUILDERS)
+TINY = sorted(n for n in TINY_BUILDERS if MODELS[n].task != "masked-lm")  # generative ones
 
 
 def _batch(model, tok):
@@ -53,6 +53,22 @@ def test_tiny_models_are_seeded(name):
     c, _ = load_model(name, seed=6)
     pa, pb, pc = (torch.cat([p.flatten() for p in m.parameters()]) for m in (a, b, c))
     assert torch.equal(pa, pb) and not torch.equal(pa, pc)
+
+
+def test_tiny_bert_is_a_seeded_masked_lm_with_tied_output_and_roundtrips(tmp_path):
+    model, tok = load_model("tiny-bert", seed=2)
+    assert type(model).__name__ == "BertForMaskedLM" and MODELS["tiny-bert"].task == "masked-lm"
+    assert model.cls.predictions.decoder.weight is model.bert.embeddings.word_embeddings.weight
+    ids = tok(["hello <mask>"], return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**ids).logits
+    assert logits.shape[-1] == len(tok) and torch.isfinite(logits).all()
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    again, _ = load_model(str(tmp_path))
+    assert type(again) is type(model)
+    with torch.no_grad():
+        assert torch.equal(again(**ids).logits, logits)
 
 
 def test_tiny_tokenizer_roundtrips_any_text():
