@@ -69,23 +69,31 @@ def test_the_same_seed_gives_the_same_model():
         assert torch.equal(v, w), k
 
 
-def _logits(model, src, y):
+def _logits(model, src, y, mask=None):
     with torch.no_grad():
-        return model(input_ids=src, decoder_input_ids=y).logits
+        return model(input_ids=src, decoder_input_ids=y, decoder_attention_mask=mask).logits
 
 
 def test_the_decoder_is_bidirectional_and_survives_save_and_load(tmp_path):
+    """With and without a padded decoder batch: without padding sdpa gets no mask (and reads
+    the modules' is_causal), with it the mask builder's own mask counts."""
     torch.manual_seed(0)
     src = torch.randint(5, 200, (2, 7))
     y = torch.randint(5, 200, (2, 6))
+    padded = torch.ones_like(y)
+    padded[1, 4:] = 0  # row 1 has 4 tokens
+    last = torch.tensor([5, 3])
     y2 = y.clone()
-    y2[:, -1] = (y2[:, -1] + 1) % 200 + 5
+    y2[torch.arange(2), last] = (y[torch.arange(2), last] + 1) % 200 + 5
     for bidirectional in (True, False):
         model = mlm_to_seq2seq("tiny-bert", seed=0, bidirectional=bidirectional)
-        first = _logits(model, src, y)[:, 0]
-        changed = _logits(model, src, y2)[:, 0]
-        # changing the last token reaches position 0 only without the causal mask
-        assert (not torch.allclose(first, changed, atol=1e-6)) == bidirectional
+        for mask in (None, padded):
+            first = _logits(model, src, y, mask)[:, 0]
+            changed = _logits(model, src, y2, mask)[:, 0]
+            # changing the last token reaches position 0 only without the causal mask
+            for row in range(2):
+                moved = not torch.allclose(first[row], changed[row], atol=1e-6)
+                assert moved == bidirectional, (bidirectional, mask is not None, row)
         model.save_pretrained(tmp_path / str(bidirectional))
         back = NARSeq2Seq.from_pretrained(tmp_path / str(bidirectional))
         assert back.nar_settings.bidirectional == bidirectional

@@ -116,8 +116,10 @@ class NARSeq2Seq(EncoderDecoderModel):
 def _drop_causal_mask(decoder: nn.Module) -> None:
     """Make a BERT decoder bidirectional: its mask builder and its attention modules
     (``is_causal``, which sdpa reads when no mask is passed) stop being causal."""
-    decoder.config.is_decoder = False  # BertModel builds a bidirectional mask, and no cache
     for module in decoder.modules():
+        config = getattr(module, "config", None)
+        if config is not None:  # the decoder's and its body's configs may be two objects
+            config.is_decoder = False  # BertModel then builds a bidirectional mask, no cache
         if hasattr(module, "is_causal"):
             module.is_causal = False
 
