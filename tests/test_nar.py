@@ -94,6 +94,10 @@ def test_the_decoder_is_bidirectional_and_survives_save_and_load(tmp_path):
             for row in range(2):
                 moved = not torch.allclose(first[row], changed[row], atol=1e-6)
                 assert moved == bidirectional, (bidirectional, mask is not None, row)
+        y3 = y.clone()
+        y3[1, 5] = 77  # a padded position: the valid ones never see it
+        same = _logits(model, src, y3, padded)[1, :4]
+        assert torch.equal(same, _logits(model, src, y, padded)[1, :4])
         model.save_pretrained(tmp_path / str(bidirectional))
         back = NARSeq2Seq.from_pretrained(tmp_path / str(bidirectional))
         assert back.nar_settings.bidirectional == bidirectional
