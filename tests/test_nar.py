@@ -289,6 +289,8 @@ def test_bad_input_is_named(tiny):
     long = collate([(tok("x").input_ids, list(range(5, 35)))], tok.pad_token_id)
     with pytest.raises(GencraftError, match="exceeds the model's max_target_length=24"):
         sundae_loss(model, long, noise=noise)
+    with pytest.raises(GencraftError, match=r"bidirectional \(non-autoregressive\): decode with"):
+        model.generate(input_ids=b["input_ids"], max_new_tokens=2)
     with pytest.raises(GencraftError, match="max_target_length must be >= 1"):
         mlm_to_seq2seq("tiny-bert", max_target_length=0)
 

@@ -74,6 +74,17 @@ class NARSeq2Seq(EncoderDecoderModel):
         positions = getattr(self.config.decoder, "max_position_embeddings", None) or 10**9
         return min(self.nar_settings.max_target_length, positions)
 
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        """``transformers``' autoregressive ``generate``, for a causal decoder only: a
+        bidirectional decoder decodes with :func:`~gencraft.nar.decoding.sundae_generate` or
+        :func:`~gencraft.nar.decoding.mask_predict_generate`."""
+        if self.nar_settings.bidirectional:
+            raise GencraftError(
+                "this decoder is bidirectional (non-autoregressive): decode with "
+                "gencraft.nar.decoding.sundae_generate or mask_predict_generate, not generate()"
+            )
+        return super().generate(*args, **kwargs)
+
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> Any:
         """The encoder's output for ``input_ids`` [B, S]."""
         return self.get_encoder()(
