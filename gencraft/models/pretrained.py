@@ -15,6 +15,8 @@ import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -65,20 +67,29 @@ def minilm_dir() -> Path:
     return path
 
 
+@contextmanager
+def quiet_load_report() -> Iterator[None]:
+    """Silence transformers' load report (the expected "newly initialized" weights of a head
+    that MiniLM does not ship)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
 def minilm_bert2bert() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """BERT2BERT (Rothe et al. 2020) from all-MiniLM-L6-v2: encoder and decoder both start from
     MiniLM (unshared), the decoder's cross-attention and LM-head transform are random. The output
     embedding is tied to the decoder's input embedding. [CLS] starts decoding, [SEP] ends it."""
     from transformers import EncoderDecoderModel
-    from transformers.utils import logging as hf_logging
 
     d = str(minilm_dir())
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the expected "newly initialized" report
-    try:
+    with quiet_load_report():
         model = EncoderDecoderModel.from_encoder_decoder_pretrained(d, d)
-    finally:
-        hf_logging.set_verbosity(verbosity)
     tok = AutoTokenizer.from_pretrained(d)
     for cfg in (model.config, model.generation_config):
         cfg.decoder_start_token_id = tok.cls_token_id

@@ -6,7 +6,6 @@ import difflib
 import re
 import sys
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -127,19 +126,6 @@ def _finish(
     if device is not None:
         model = model.to(device)
     return model.eval(), tokenizer
-
-
-@contextmanager
-def _quiet_load_report():
-    """Silence transformers' load report (a head known to be new is expected to be missing)."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
 
 
 def _unknown_name_error(name: str, reason: str) -> ModelLoadError:
@@ -313,7 +299,7 @@ def load_model(
                 "embeddings, the head's transform is randomly initialised and must be trained",
                 stacklevel=2,
             )
-        with torch.random.fork_rng(devices=[]), _quiet_load_report():
+        with torch.random.fork_rng(devices=[]), pretrained.quiet_load_report():
             torch.manual_seed(seed)  # the new head's initialisation
             model, tok, task = _load_hf(str(pretrained.minilm_dir()), task, dtype)
         return _finish(model, tok, task, None, device)
