@@ -14,7 +14,12 @@ from gencraft.cli.main import main
 from gencraft.errors import GencraftError
 from gencraft.models import load_model
 from gencraft.nar import NARSeq2Seq, SamplingConfig, load_mlm_seq2seq, mlm_to_seq2seq
-from gencraft.nar.decoding import mask_predict_generate, sundae_generate, sundae_step
+from gencraft.nar.decoding import (
+    autoregressive_generate,
+    mask_predict_generate,
+    sundae_generate,
+    sundae_step,
+)
 from gencraft.nar.objectives import (
     collate,
     corrupt,
@@ -291,6 +296,13 @@ def test_bad_input_is_named(tiny):
         sundae_loss(model, long, noise=noise)
     with pytest.raises(GencraftError, match=r"bidirectional \(non-autoregressive\): decode with"):
         model.generate(input_ids=b["input_ids"], max_new_tokens=2)
+    causal = mlm_to_seq2seq("tiny-bert", bidirectional=False)
+    with pytest.raises(
+        GencraftError, match="needs a bidirectional decoder; this model's is causal"
+    ):
+        mask_predict_generate(causal, b["input_ids"], mask_id=tok.mask_token_id)
+    with pytest.raises(GencraftError, match="autoregressive decoding needs a model converted"):
+        autoregressive_generate(model, b["input_ids"])
     with pytest.raises(GencraftError, match="max_target_length must be >= 1"):
         mlm_to_seq2seq("tiny-bert", max_target_length=0)
 

@@ -47,11 +47,21 @@ class NAROutput:
     seconds: list[float] = field(default_factory=list)
 
 
-def _check_source(model: NARSeq2Seq, input_ids: Any, attention_mask: Any) -> torch.Tensor:
+def _check_source(
+    model: NARSeq2Seq, input_ids: Any, attention_mask: Any, *, bidirectional: bool = True
+) -> torch.Tensor:
+    """The attention mask [B, S] (ones when None), after checking the model and the inputs;
+    ``bidirectional``: the decoder must be (SUNDAE, Mask-Predict) or must not be (beam)."""
     if not isinstance(model, NARSeq2Seq):
         raise GencraftError(
-            f"non-autoregressive decoding needs a NARSeq2Seq (mlm_to_seq2seq), got "
-            f"{type(model).__name__}"
+            f"this decoding needs a NARSeq2Seq (mlm_to_seq2seq), got {type(model).__name__}"
+        )
+    if model.nar_settings.bidirectional != bidirectional:
+        raise GencraftError(
+            "non-autoregressive decoding needs a bidirectional decoder; this model's is causal "
+            "(decode it with beam search)"
+            if bidirectional
+            else "autoregressive decoding needs a model converted with bidirectional=False"
         )
     if (
         not isinstance(input_ids, torch.Tensor)
@@ -300,11 +310,7 @@ def autoregressive_generate(
 ) -> NAROutput:
     """Beam search with ``generate`` on a causal-decoder model (the BERT2BERT baseline), one
     input at a time; a model call is one decoder step over the beams."""
-    attention_mask = _check_source(model, input_ids, attention_mask)
-    if model.nar_settings.bidirectional:
-        raise GencraftError(
-            "autoregressive decoding needs a model converted with bidirectional=False"
-        )
+    attention_mask = _check_source(model, input_ids, attention_mask, bidirectional=False)
     dev = next(model.parameters()).device
     end, pad = model.generation_config.eos_token_id, model.generation_config.pad_token_id
     out = NAROutput()
