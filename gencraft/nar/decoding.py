@@ -46,6 +46,14 @@ class NAROutput:
     steps: list[int] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)
 
+    def add(self, sequence: list[int], score: float, calls: int, steps: int, seconds: float):
+        """Record one input's result."""
+        self.sequences.append(sequence)
+        self.scores.append(score)
+        self.model_calls.append(calls)
+        self.steps.append(steps)
+        self.seconds.append(seconds)
+
 
 def _check_source(
     model: NARSeq2Seq, input_ids: Any, attention_mask: Any, *, bidirectional: bool = True
@@ -100,6 +108,24 @@ def length_candidates(
     k = min(k, logp.shape[1] - 1)
     top = logp.topk(k, dim=-1)
     return top.indices, top.values
+
+
+def _encode_row(
+    model: NARSeq2Seq,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    cfg: SamplingConfig,
+    lengths: torch.Tensor | None,
+    b: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One input's encoder states [1, S, H], its length candidates [k] (predicted, or row
+    ``b`` of ``lengths`` given) and their log-probabilities [k] (0 for given lengths)."""
+    enc = model.encode(src, src_mask).last_hidden_state
+    if lengths is None:
+        cands, cand_lp = length_candidates(model, enc, src_mask, cfg.length_candidates)
+        return enc, cands[0], cand_lp[0]
+    cands = lengths[b].to(src.device)
+    return enc, cands, torch.zeros(cands.shape, device=src.device)
 
 
 def _padded(lengths: list[int], device: torch.device) -> torch.Tensor:
@@ -181,14 +207,10 @@ def sundae_generate(
     out = NAROutput()
     for b in tqdm(range(input_ids.shape[0]), desc="sundae", disable=not progress):
         t0 = time.perf_counter()
-        src, src_mask = input_ids[b : b + 1].to(dev), attention_mask[b : b + 1].to(dev)
-        enc = model.encode(src, src_mask).last_hidden_state
-        if lengths is None:
-            cands, cand_lp = length_candidates(model, enc, src_mask, cfg.length_candidates)
-            cands, cand_lp = cands[0], cand_lp[0]
-        else:
-            cands = lengths[b].to(dev)
-            cand_lp = torch.zeros(cands.shape, device=dev)
+        src_mask = attention_mask[b : b + 1].to(dev)
+        enc, cands, cand_lp = _encode_row(
+            model, input_ids[b : b + 1].to(dev), src_mask, cfg, lengths, b
+        )
         pick = torch.arange(cfg.samples, device=dev) % cands.numel()
         row_len = cands[pick].tolist()
         mask = _padded(row_len, dev)
@@ -228,11 +250,8 @@ def sundae_generate(
             calls += 1
         scores = _rerank(_token_logp(final_logits, tokens, mask), mask, cand_lp[pick], cfg.rerank)
         best = int(scores.argmax())
-        out.sequences.append(tokens[best, : row_len[best]].tolist())
-        out.scores.append(float(scores[best]))
-        out.model_calls.append(calls)
-        out.steps.append(steps)
-        out.seconds.append(time.perf_counter() - t0)
+        seq = tokens[best, : row_len[best]].tolist()
+        out.add(seq, float(scores[best]), calls, steps, time.perf_counter() - t0)
     return out
 
 
@@ -260,12 +279,8 @@ def mask_predict_generate(
     big_t = cfg.steps
     for b in tqdm(range(input_ids.shape[0]), desc="mask-predict", disable=not progress):
         t0 = time.perf_counter()
-        src, src_mask = input_ids[b : b + 1].to(dev), attention_mask[b : b + 1].to(dev)
-        enc = model.encode(src, src_mask).last_hidden_state
-        if lengths is None:
-            cands = length_candidates(model, enc, src_mask, cfg.length_candidates)[0][0]
-        else:
-            cands = lengths[b].to(dev)
+        src_mask = attention_mask[b : b + 1].to(dev)
+        enc, cands, _ = _encode_row(model, input_ids[b : b + 1].to(dev), src_mask, cfg, lengths, b)
         row_len = cands.tolist()
         mask = _padded(row_len, dev)
         n = len(row_len)
@@ -290,11 +305,8 @@ def mask_predict_generate(
             tokens = tokens.masked_fill(todo, mask_id)
         scores = (logp * mask).sum(1) / mask.sum(1)
         best = int(scores.argmax())
-        out.sequences.append(tokens[best, : row_len[best]].tolist())
-        out.scores.append(float(scores[best]))
-        out.model_calls.append(calls)
-        out.steps.append(calls)
-        out.seconds.append(time.perf_counter() - t0)
+        seq = tokens[best, : row_len[best]].tolist()
+        out.add(seq, float(scores[best]), calls, calls, time.perf_counter() - t0)
     return out
 
 
@@ -331,10 +343,7 @@ def autoregressive_generate(
             if end in seq
             else [t for t in seq if t != pad]
         )
-        out.sequences.append(seq)
         score = gen.sequences_scores[0] if gen.sequences_scores is not None else torch.tensor(0.0)
-        out.scores.append(float(score))
-        out.model_calls.append(len(gen.scores))
-        out.steps.append(len(gen.scores))
-        out.seconds.append(time.perf_counter() - t0)
+        steps = len(gen.scores)
+        out.add(seq, float(score), steps, steps, time.perf_counter() - t0)
     return out
