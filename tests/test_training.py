@@ -14,7 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from gencraft.errors import GencraftError
+from gencraft.errors import ConfigError, GencraftError
+from gencraft.models.persistence import read_run_settings, write_run_settings
 from gencraft.training import FitConfig, Interrupted, fit, warmup_schedule
 
 REPO = Path(__file__).resolve().parents[1]
@@ -120,6 +121,21 @@ def test_a_finished_run_says_so_and_a_larger_budget_continues(tmp_path, capsys):
     assert more.resumed and more.steps == 5 and more.stopped == "max_steps"
     history = json.loads((tmp_path / "history.json").read_text())
     assert [r["step"] for r in history] == [2, 3, 4, 5]
+
+
+def test_run_summary_and_settings_files(tmp_path):
+    _, result = _run(tmp_path, max_steps=3)
+    summary = result.write_summary(tmp_path, started=0.0, pairs=24)
+    on_disk = json.loads((tmp_path / "train_summary.json").read_text())
+    assert on_disk == summary and summary["steps"] == 3 and summary["pairs"] == 24
+    assert summary["history"][-1]["step"] == 3 and summary["stopped"] == "max_steps"
+    write_run_settings(tmp_path, "run.json", {"train": {"lr": 0.1}})
+    assert read_run_settings(tmp_path, "run.json", "toy") == {"train": {"lr": 0.1}}
+    with pytest.raises(ConfigError, match=r"is not a trained toy run \(no other.json\)"):
+        read_run_settings(tmp_path, "other.json", "toy")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ConfigError, match=r"bad\.json is not valid JSON"):
+        read_run_settings(tmp_path, "bad.json", "toy")
 
 
 def test_refusals_and_validation(tmp_path):

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from gencraft.errors import GencraftError
+from gencraft.errors import ConfigError, GencraftError
 
 
 def save_head(
@@ -60,6 +60,24 @@ def read_head(
             f"{d / weights_name} is damaged or truncated ({str(err).splitlines()[0]})"
         ) from None
     return config, tensors
+
+
+def write_run_settings(directory: str | Path, filename: str, settings: dict[str, Any]) -> None:
+    """The settings of the training run beside the model it saved (read by
+    :func:`read_run_settings`)."""
+    (Path(directory) / filename).write_text(json.dumps(settings, indent=2))
+
+
+def read_run_settings(directory: str | Path, filename: str, what: str) -> dict[str, Any]:
+    """The settings :func:`write_run_settings` wrote; a clear error when ``directory`` is not a
+    trained ``what`` run."""
+    path = Path(directory) / filename
+    if not path.is_file():
+        raise ConfigError(f"{path.parent} is not a trained {what} run (no {filename})")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{path} is not valid JSON ({err.msg})") from None
 
 
 def load_base(

@@ -11,7 +11,6 @@ linear warm-up and decay.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 from gencraft.config import check, option
 from gencraft.data.tasks import pick_examples, references_of, source_of, task_examples
 from gencraft.errors import ConfigError, GencraftError
+from gencraft.models.persistence import read_run_settings, write_run_settings
 from gencraft.nar.config import ConvertConfig, ObjectiveConfig, SamplingConfig
 from gencraft.nar.decoding import (
     NAROutput,
@@ -176,7 +176,7 @@ def train(
     def save_fn(m: NARSeq2Seq, d: Path) -> None:
         m.save_pretrained(d)
         tok.save_pretrained(d)
-        (d / RUN_FILE).write_text(json.dumps(settings, indent=2))
+        write_run_settings(d, RUN_FILE, settings)
 
     model.train()
     t0 = time.time()
@@ -196,18 +196,7 @@ def train(
         progress=progress,
         restart=restart,
     )
-    summary = {
-        "steps": result.steps,
-        "pairs": len(train_pairs),
-        "dropped_long_targets": dropped,
-        "best_valid_loss": result.best,
-        "stopped": result.stopped,
-        "wall_seconds": time.time() - t0,
-        "train_seconds": result.train_time,
-        "history": result.history,
-    }
-    (out / "train_summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    return result.write_summary(out, t0, pairs=len(train_pairs), dropped_long_targets=dropped)
 
 
 def load_trained(directory: str | Path) -> tuple[NARSeq2Seq, Any, dict[str, Any]]:
@@ -215,9 +204,7 @@ def load_trained(directory: str | Path) -> tuple[NARSeq2Seq, Any, dict[str, Any]
     from transformers import AutoTokenizer
 
     d = Path(directory)
-    if not (d / RUN_FILE).is_file():
-        raise ConfigError(f"{d} is not a trained nar run (no {RUN_FILE})")
-    meta = json.loads((d / RUN_FILE).read_text())
+    meta = read_run_settings(d, RUN_FILE, "nar")
     tok = AutoTokenizer.from_pretrained(d)
     model = NARSeq2Seq.from_pretrained(d).eval()
     return configure_special_ids(model, tok), tok, meta

@@ -10,7 +10,6 @@ target. Generation continues ``source + SEPARATOR``.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,11 +30,13 @@ from gencraft.data.tasks import (
 )
 from gencraft.errors import ConfigError
 from gencraft.models.introspect import eos_ids, is_encoder_decoder, pad_id
+from gencraft.models.persistence import read_run_settings, write_run_settings
 from gencraft.models.prompts import pad_batch
 from gencraft.prefix.config import PrefixConfig
 
 SEPARATOR = "\nText:"
 TASKS = ("e2e", "dart", "xsum")
+RUN_FILE = "gencraft_prefix_run.json"
 
 
 @dataclass
@@ -216,18 +217,7 @@ def train(
         progress=progress,
         restart=restart,
     )
-    summary = {
-        "steps": result.steps,
-        "epochs_done": result.epochs_done,
-        "best_valid_loss": result.best,
-        "stopped": result.stopped,
-        "wall_seconds": time.time() - start,  # this call's (a resumed, finished run: ~0)
-        "train_seconds": result.history[-1]["train_time"] if result.history else 0.0,
-        "trainable_parameters": sum(p.numel() for p in params),
-        "history": result.history,
-    }
-    (out / "train_summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    return result.write_summary(out, start, trainable_parameters=sum(p.numel() for p in params))
 
 
 def save_trained(model: nn.Module, directory: Path, cfg: PrefixTrainConfig, prefix: Any) -> None:
@@ -244,8 +234,7 @@ def save_trained(model: nn.Module, directory: Path, cfg: PrefixTrainConfig, pref
         model.save_pretrained(directory, base_name_or_path=cfg.model)
     else:
         model.save_pretrained(directory / "base")
-    meta = {"train": asdict(cfg), "prefix": prefix.to_dict()}
-    (directory / "gencraft_prefix_run.json").write_text(json.dumps(meta, indent=2))
+    write_run_settings(directory, RUN_FILE, {"train": asdict(cfg), "prefix": prefix.to_dict()})
 
 
 def load_trained(directory: str | Path) -> tuple[nn.Module, Any, dict[str, Any]]:
@@ -254,10 +243,7 @@ def load_trained(directory: str | Path) -> tuple[nn.Module, Any, dict[str, Any]]
     from gencraft.prefix.model import PrefixModel
 
     d = Path(directory)
-    meta_path = d / "gencraft_prefix_run.json"
-    if not meta_path.is_file():
-        raise ConfigError(f"{d} is not a trained prefix run (no {meta_path.name})")
-    meta = json.loads(meta_path.read_text())
+    meta = read_run_settings(d, RUN_FILE, "prefix")
     prefix = PrefixConfig(**meta["prefix"])
     if (d / "base").is_dir():  # fine-tuned: the weights here, the tokenizer of the named base
         from gencraft.models.persistence import load_base

@@ -9,7 +9,6 @@ the same model on the same windows with no state between them.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -21,6 +20,7 @@ import torch
 from gencraft.config import check, option
 from gencraft.data import subword_stream
 from gencraft.metrics.lm import stream_perplexities
+from gencraft.models.persistence import read_run_settings, write_run_settings
 from gencraft.recurrence.config import RecurrenceConfig
 from gencraft.recurrence.evaluate import flops_per_token, windowed_nll
 from gencraft.recurrence.model import RecurrentLM
@@ -117,7 +117,7 @@ def train(
 
     def save_fn(m: RecurrentLM, d: Path) -> None:
         m.save_pretrained(d, base_name=cfg.model)
-        (d / RUN_FILE).write_text(json.dumps(settings, indent=2))
+        write_run_settings(d, RUN_FILE, settings)
 
     t0 = time.time()
     result = fit(
@@ -134,28 +134,15 @@ def train(
         progress=progress,
         restart=restart,
     )
-    summary = {
-        "steps": result.steps,
-        "tokens_per_step": per_step,
-        "best_valid_loss": result.best,
-        "stopped": result.stopped,
-        "wall_seconds": time.time() - t0,
-        "train_seconds": result.train_time,
-        "history": result.history,
-    }
-    (out / "train_summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
+    return result.write_summary(out, t0, tokens_per_step=per_step)
 
 
 def load_trained(directory: str | Path) -> tuple[RecurrentLM, Any, dict[str, Any]]:
     """(model, tokenizer, run settings) of a ``best/`` or ``last/`` directory."""
-    from gencraft.errors import ConfigError
     from gencraft.models import load_model
 
     d = Path(directory)
-    if not (d / RUN_FILE).is_file():
-        raise ConfigError(f"{d} is not a trained recurrence run (no {RUN_FILE})")
-    meta = json.loads((d / RUN_FILE).read_text())
+    meta = read_run_settings(d, RUN_FILE, "recurrence")
     _, tok = load_model(meta["train"]["model"])
     return RecurrentLM.from_pretrained(d).eval(), tok, meta
 

@@ -129,6 +129,23 @@ class FitResult:
     trained_examples: int = 0
     resumed: bool = False
 
+    def write_summary(self, directory: str | Path, started: float, **extra: Any) -> dict[str, Any]:
+        """Write ``directory/train_summary.json`` (steps, budget, best validation loss, times,
+        ``extra``, history) and return it. ``wall_seconds`` counts since ``started``
+        (``time.time()``): this call's, so ~0 for a run that had already finished."""
+        summary = {
+            "steps": self.steps,
+            "epochs_done": self.epochs_done,
+            "best_valid_loss": self.best,
+            "stopped": self.stopped,
+            "wall_seconds": time.time() - started,
+            "train_seconds": self.train_time,
+            **extra,
+            "history": self.history,
+        }
+        write_json(Path(directory) / "train_summary.json", summary)
+        return summary
+
 
 class EpochSampler(Sampler[int]):
     """A shuffle that depends only on ``seed`` and the epoch (``set_epoch``): identical on
