@@ -4,6 +4,7 @@ CLI and bad input."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -393,9 +394,16 @@ def test_nar_experiment_runs_at_tiny_scale(shared_data, tmp_path):
         "nar-tasks",
         scale="tiny",
         output=tmp_path,
-        overrides={"data_dir": str(shared_data), "variants": ("rum-sundae", "autoregressive")},
+        overrides={
+            "data_dir": str(shared_data),
+            "variants": ("rum-sundae", "sundae-scratch", "autoregressive"),
+        },
     )
     text = report.read_text()
+    units = json.loads((tmp_path / "results.json").read_text())["units"]
+    for name in ("rum-sundae", "sundae-scratch"):  # each SUNDAE model at its own temperature
+        t = units[f"tune {name}"]["temperature"]
+        assert f"| {name} | " in text and f"sundae (T={t})" in text.split(f"| {name} | ")[1]
     assert "| rum-sundae | MLM |" in text and "| autoregressive | MLM |" in text
     assert (tmp_path / "quality_vs_steps.png").is_file()
     assert math.isfinite(float(text.split("| rum-sundae | MLM | 3 |")[1].split("|")[3]))
