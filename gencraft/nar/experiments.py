@@ -10,9 +10,9 @@
 * the autoregressive BERT2BERT from the same MLM (beam 4).
 
 Each SUNDAE model's temperature is tuned on its own validation outputs (Appendix A: within
-[0.1, 1.1]). Each model is scored on test (BLEU, ROUGE-L, decoding seconds and model calls per output). Quality against
-decoding steps is plotted for the first SUNDAE variant and Mask-Predict. Each training and
-each evaluation is a unit that resumes.
+[0.1, 1.1]). Each model is scored on test (BLEU, ROUGE-L, decoding seconds and model calls
+per output). Quality against decoding steps is plotted for the first SUNDAE variant and
+Mask-Predict. Each training and each evaluation is a unit that resumes.
 """
 
 from __future__ import annotations
