@@ -387,9 +387,18 @@ def test_cli_train_resume_generate_eval_and_errors(shared_data, tmp_path, capsys
     assert "needs --no-bidirectional" in capsys.readouterr().err
 
 
-def test_nar_experiment_runs_at_tiny_scale(shared_data, tmp_path):
+def test_nar_experiment_runs_at_tiny_scale(shared_data, tmp_path, monkeypatch):
     from gencraft.experiments import reproduce
+    from gencraft.nar import experiments
 
+    # The real tuning runs; its pick is then made distinct per model, so that a decode at
+    # another model's temperature shows in the report (tiny models often tie on the pick).
+    real_tune, forced = experiments._tune, {"rum-sundae": 0.5, "sundae-scratch": 1.0}
+
+    def tune(s, out, sampling):
+        return {**real_tune(s, out, sampling), "temperature": forced[out.name]}
+
+    monkeypatch.setattr(experiments, "_tune", tune)
     report = reproduce(
         "nar-tasks",
         scale="tiny",
@@ -401,9 +410,10 @@ def test_nar_experiment_runs_at_tiny_scale(shared_data, tmp_path):
     )
     text = report.read_text()
     units = json.loads((tmp_path / "results.json").read_text())["units"]
-    for name in ("rum-sundae", "sundae-scratch"):  # each SUNDAE model at its own temperature
-        t = units[f"tune {name}"]["temperature"]
-        assert f"| {name} | " in text and f"sundae (T={t})" in text.split(f"| {name} | ")[1]
+    for name, t in forced.items():  # each SUNDAE model decodes at its own temperature
+        assert units[f"tune {name}"]["temperature"] == t
+        assert set(units[f"tune {name}"]["validation bleu"]) == {"0.5", "1.0"}  # tiny grid
+        assert f"sundae (T={t})" in text.split(f"| {name} | ")[1].split("\n")[0]
     assert "| rum-sundae | MLM |" in text and "| autoregressive | MLM |" in text
     assert (tmp_path / "quality_vs_steps.png").is_file()
     assert math.isfinite(float(text.split("| rum-sundae | MLM | 3 |")[1].split("|")[3]))
