@@ -11,6 +11,27 @@ import sys
 
 M = [
     (
+        "E2E ROUGE-L with beta 1 instead of the scripts' 1.2",
+        "gencraft/metrics/data2text.py",
+        "    scorer.beta = beta\n",
+        "    scorer.beta = 1.0\n",
+        "tests/test_score_task.py -k beta",
+    ),
+    (
+        "score_task ignores lowercase=True",
+        "gencraft/metrics/tasks.py",
+        "    if lowercase:\n        preds = [p.lower() for p in preds]",
+        "    if False:\n        preds = [p.lower() for p in preds]",
+        "tests/test_score_task.py -k cased",
+    ),
+    (
+        "summaries scored without stemming",
+        "gencraft/metrics/tasks.py",
+        '"summarization", SUMMARY_METRICS, "rouge-score", True)',
+        '"summarization", SUMMARY_METRICS, "rouge-score", False)',
+        "tests/test_score_task.py -k stemmed",
+    ),
+    (
         "focus renormalise off by default",
         "gencraft/focus/decoding.py",
         "        renormalize: bool = True,\n    ) -> None:",

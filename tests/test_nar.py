@@ -370,7 +370,8 @@ def test_cli_train_resume_generate_eval_and_errors(shared_data, tmp_path, capsys
         )
         == 0
     )
-    assert "bleu" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "BLEU" in shown and "scored by score_task: E2E challenge convention" in shown
     assert main(["nar", "generate", str(out / "best"), "--sources", "x", "--temperature", "0"]) == 2
     assert "gencraft: error: temperature must be > 0" in capsys.readouterr().err
     bad = [

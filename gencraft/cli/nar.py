@@ -106,8 +106,10 @@ def cmd_eval(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(r, indent=2))
         return
+    convention = r.pop("convention")
     print(f"{args.model} on {args.task} {args.split} ({r['outputs']} inputs)")
     print(format_table([r]))
+    print(f"scored by score_task: {convention}")
 
 
 def add_parser(sub: Any, add_data_dir: Any) -> None:

@@ -95,12 +95,15 @@ def cmd_eval(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        row = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in result["scores"].items()}
+        scores = dict(result["scores"])
+        convention = scores.pop("convention")
+        row = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in scores.items()}
         print(
             f"{result['task']} {result['split']}, {result['examples']} inputs, "
             f"beam {args.num_beams}"
         )
         print(format_table([row]))
+        print(f"scored by score_task: {convention}")
 
 
 def cmd_analyze(args: argparse.Namespace) -> None:

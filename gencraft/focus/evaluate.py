@@ -28,8 +28,8 @@ from gencraft.metrics import (
     mean_length,
     mean_unique,
     repetition_rate,
-    rouge,
     rouge1_precision_vs_source,
+    score_task,
 )
 
 DECODINGS = (
@@ -130,10 +130,12 @@ def summary_metrics(
     documents: Sequence[str],
     *,
     with_bertscore: bool = True,
+    task: str = "xsum",
 ) -> dict[str, float]:
-    """Table 1 columns: R1/R2/RL, BERTScore F1 (local MiniLM), length (words), repetition (%),
-    ROUGE-1 precision against the document (%)."""
-    r = rouge(predictions, references)
+    """Table 1 columns: R1/R2/RL (``task``'s convention, :func:`~gencraft.metrics.score_task`),
+    BERTScore F1 (local MiniLM), length (words), repetition (%), ROUGE-1 precision against
+    the document (%)."""
+    r = score_task(task, predictions, references)
     row = {"R1": r["rouge1"], "R2": r["rouge2"], "RL": r["rougeL"]}
     if with_bertscore:
         from gencraft.metrics import bertscore

@@ -222,7 +222,7 @@ class FocusTrainer:
         """The validation loss, plus ROUGE-L (F, %) of beam-searched summaries of the first
         ``select_docs`` validation documents (computed on the main process)."""
         from gencraft.focus.evaluate import summarize
-        from gencraft.metrics import rouge
+        from gencraft.metrics import score_task
 
         metrics = mean_loss(self._loss, self.accelerator)(model, loader)
         docs = self.valid_examples[: self.cfg.select_docs]
@@ -236,7 +236,8 @@ class FocusTrainer:
             batch_size=self.cfg.batch_size,
             progress=False,
         )
-        metrics["rougeL"] = rouge([s[0] for s in summaries], [d.summary for d in docs])["rougeL"]
+        texts, refs = [s[0] for s in summaries], [d.summary for d in docs]
+        metrics["rougeL"] = score_task("xsum", texts, refs, metrics=("rougeL",))["rougeL"]
         return metrics
 
     def _save(self, model: nn.Module, directory: Path) -> None:

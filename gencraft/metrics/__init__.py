@@ -1,8 +1,12 @@
-"""Evaluation metrics: plain functions on lists of strings (and LM perplexity helpers)."""
+"""Evaluation metrics: plain functions on lists of strings (and LM perplexity helpers).
+
+A method scores a task only through :func:`score_task`, which fixes the task's case,
+tokenisation and stemming, so that every method's numbers on a task are comparable."""
 
 from gencraft.metrics.bertscore import bertscore
 from gencraft.metrics.entailment import EntailmentScorer
 from gencraft.metrics.lm import causal_lm_nll, perplexity, stream_perplexities, text_perplexity
+from gencraft.metrics.tasks import CONVENTIONS, bleu_interval, score_task
 from gencraft.metrics.text import (
     STOPWORDS,
     bleu,
@@ -19,10 +23,12 @@ from gencraft.metrics.text import (
 )
 
 __all__ = [
+    "CONVENTIONS",
     "STOPWORDS",
     "EntailmentScorer",
     "bertscore",
     "bleu",
+    "bleu_interval",
     "causal_lm_nll",
     "distinct_n",
     "mean_length",
@@ -33,6 +39,7 @@ __all__ = [
     "repetition_rate",
     "rouge",
     "rouge1_precision_vs_source",
+    "score_task",
     "stream_perplexities",
     "text_perplexity",
     "unique_count",

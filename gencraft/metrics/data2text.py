@@ -1,36 +1,39 @@
-"""Data-to-text metrics as the E2E/DART tables report them, from well-kept packages:
+"""Data-to-text metrics from well-kept packages, on text as given (no case folding here:
+:func:`gencraft.metrics.score_task` fixes each task's convention and calls these):
 
-* BLEU and TER: ``sacrebleu`` (corpus level; TER as a fraction, as DART tables print it);
 * NIST: ``nltk.translate.nist_score.corpus_nist`` (n = 5);
 * METEOR: ``pycocoevalcap``'s wrapper of METEOR 1.5 (Java; the jar ships with the package),
-  the METEOR version of the E2E challenge's scripts; reported as "n/a" when no ``java`` runs;
-* ROUGE-L: ``rouge-score`` (F-measure, best reference per output);
-* CIDEr: ``pycocoevalcap``'s CIDEr (the corpus-level tf-idf of the references given).
+  the METEOR version of the E2E challenge's scripts; NaN when no ``java`` runs;
+* CIDEr: ``pycocoevalcap``'s CIDEr (the corpus-level tf-idf of the references given);
+* ROUGE-L: ``pycocoevalcap``'s (the E2E scripts' ROUGE-L: LCS, β = 1.2).
 
-Every metric sees lower-cased text (the E2E scripts lower-case too); NIST and CIDEr see it
-split into words and punctuation. Multiple references per output are used by every metric.
+NIST, CIDEr and ROUGE-L see text split into words and punctuation. Every reference of an
+output is used.
 """
 
 from __future__ import annotations
 
 import math
+import re
 import shutil
 from collections.abc import Sequence
 
-import sacrebleu
-
-from gencraft.metrics.text import _check_parallel, rouge, words
-
 METEOR_IMPL = "METEOR 1.5 (pycocoevalcap, Java)"
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+def tokens(text: str) -> list[str]:
+    """Word and single-punctuation tokens of ``text``, case kept."""
+    return _TOKEN.findall(text)
 
 
 def _tok(text: str) -> str:
-    return " ".join(words(text))
+    return " ".join(tokens(text))
 
 
 def _line(text: str) -> str:
     """One line without METEOR's field separator (its stdio protocol is line based)."""
-    return " ".join(text.replace("|||", " ").split()).lower() or "."
+    return " ".join(text.replace("|||", " ").split()) or "."
 
 
 def meteor(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
@@ -57,8 +60,8 @@ def cider(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> fl
 def nist(predictions: Sequence[str], references: Sequence[Sequence[str]], n: int = 5) -> float:
     from nltk.translate.nist_score import corpus_nist
 
-    hyps = [words(p) or ["."] for p in predictions]
-    refs = [[words(r) for r in rs] for rs in references]
+    hyps = [tokens(p) or ["."] for p in predictions]
+    refs = [[tokens(r) for r in rs] for rs in references]
     # nltk divides by the count of each order's n-grams: no order beyond the longest output
     n = min(n, max(len(h) for h in hyps))
     try:
@@ -67,46 +70,17 @@ def nist(predictions: Sequence[str], references: Sequence[Sequence[str]], n: int
         return math.nan
 
 
-def _lowered(
-    predictions: Sequence[str], references: Sequence[Sequence[str]]
-) -> tuple[list[str], list[list[str]], list[list[str | None]]]:
-    """Lower-cased outputs, reference lists, and sacrebleu's reference streams (lists padded
-    with ``None``, which sacrebleu skips)."""
-    _check_parallel(predictions, references, "predictions", "references")
-    if any(not refs for refs in references):
-        raise ValueError("every output needs at least one reference")
-    preds = [p.lower() for p in predictions]
-    refs = [[r.lower() for r in rs] for rs in references]
-    width = max(len(r) for r in refs)
-    streams = [[r[j] if j < len(r) else None for r in refs] for j in range(width)]
-    return preds, refs, streams
+def coco_rouge_l(
+    predictions: Sequence[str], references: Sequence[Sequence[str]], beta: float = 1.2
+) -> float:
+    """ROUGE-L (x100) as ``pycocoevalcap`` (the E2E and COCO scripts) computes it: per output,
+    the best LCS precision and the best LCS recall over its references, combined with
+    β = 1.2; the mean over outputs. Text is split into word/punctuation tokens first."""
+    from pycocoevalcap.rouge.rouge import Rouge
 
-
-def bleu_interval(
-    predictions: Sequence[str], references: Sequence[Sequence[str]], resamples: int = 1000
-) -> tuple[float, float]:
-    """(bootstrap mean, 95% half-width) of corpus BLEU over test inputs resampled with
-    replacement: sacrebleu's own bootstrap (``n_bootstrap``, seeded by ``SACREBLEU_SEED``)."""
-    preds, _, streams = _lowered(predictions, references)
-    score = sacrebleu.BLEU().corpus_score(preds, streams, n_bootstrap=resamples)
-    return float(score._mean), float(score._ci)
-
-
-def data_to_text_scores(
-    predictions: Sequence[str],
-    references: Sequence[Sequence[str]],
-    *,
-    with_meteor: bool = True,
-) -> dict[str, float]:
-    """BLEU, NIST, METEOR, ROUGE-L, CIDEr (×1 as the tables print it) and TER for outputs and
-    their reference lists (E2E: every reference of the meaning representation)."""
-    preds, refs, streams = _lowered(predictions, references)
-    out = {
-        "BLEU": sacrebleu.corpus_bleu(preds, streams).score,
-        "NIST": nist(preds, refs),
-        "METEOR": meteor(preds, refs) if with_meteor else math.nan,
-        "ROUGE-L": rouge(preds, refs, ("rougeL",), use_stemmer=False)["rougeL"],
-        "CIDEr": cider(preds, refs),
-        "TER": sacrebleu.corpus_ter(preds, streams).score / 100.0,
-    }
-    return out
+    scorer = Rouge()
+    scorer.beta = beta
+    total = 0.0
+    for pred, refs in zip(predictions, references, strict=True):
+        total += scorer.calc_score([" ".join(tokens(pred))], [" ".join(tokens(r)) for r in refs])
+    return 100.0 * total / len(predictions)

@@ -95,6 +95,7 @@ class NARTasksSettings:
 )
 def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
     rows: list[dict[str, Any]] = []
+    conventions: list[dict[str, Any]] = []
     temperatures: dict[str, float] = {}  # each SUNDAE model decodes at its own tuned temperature
     for name in s.variants:
         objective, convert_kw, method = VARIANTS[name]
@@ -138,7 +139,7 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
                 data_dir=s.data_dir,
                 progress=True,
             )
-            r["examples"] = r.pop("predictions")[:5]
+            r["lower-cased"] = _rescore(s, r["predictions"])
             return r
 
         r = run.unit(f"test {name}", score)
@@ -148,9 +149,10 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
                 "init": "random" if scratch else "MLM",
                 "steps": summary["steps"],
                 "decoding": method + (f" (T={temperatures[name]})" if method == "sundae" else ""),
-                **{k: v for k, v in r.items() if k != "examples"},
+                **{k: v for k, v in r.items() if k not in ("predictions", "lower-cased")},
             }
         )
+        conventions.append({"model": name, **r["lower-cased"]})
     _relative_cost(rows)
     run.text(
         f"{s.model} converted to an encoder-decoder, trained on {s.task} train "
@@ -161,8 +163,15 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
         "lengths, temperature tuned on validation BLEU. Seconds are wall time per output, one "
         "input at a time; calls are decoder forward passes per output."
     )
-    cols = ["model", "init", "steps", "decoding", "outputs", "bleu", "rougeL"]
+    cols = ["model", "init", "steps", "decoding", "outputs", "BLEU", "ROUGE-L"]
     run.table(rows, [*cols, "seconds/output", "calls/output", "steps/output", "time vs AR"])
+    run.text(
+        f"Scored by score_task ({rows[0]['convention']}). The same outputs under the "
+        "lower-cased convention (MiniLM's tokenizer lower-cases, so its outputs cannot match "
+        "cased references) and under the scoring used before issue 25 (case-sensitive BLEU, "
+        "rouge-score ROUGE-L with stemming):"
+    )
+    run.table(conventions, ["model", *_RESCORED])
     curve_models = [v for v in s.variants if VARIANTS[v][2] in ("sundae", "mask-predict")]
     sundae_first = next((v for v in curve_models if VARIANTS[v][2] == "sundae"), None)
     mp_first = next((v for v in curve_models if VARIANTS[v][2] == "mask-predict"), None)
@@ -190,14 +199,16 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
                     method=method,
                     data_dir=s.data_dir,
                 )
-                return {k: r[k] for k in ("bleu", "rougeL", "calls/output", "seconds/output")}
+                return {k: r[k] for k in ("BLEU", "ROUGE-L", "calls/output", "seconds/output")}
 
             curve.append(
                 {"model": name, "max steps": steps, **run.unit(f"curve {name} {steps}", point)}
             )
     if curve:
         run.text(f"Quality against decoding steps ({s.curve_inputs} test inputs):")
-        run.table(curve, ["model", "max steps", "bleu", "rougeL", "calls/output", "seconds/output"])
+        run.table(
+            curve, ["model", "max steps", "BLEU", "ROUGE-L", "calls/output", "seconds/output"]
+        )
         _plot(run, curve, s)
 
 
@@ -216,9 +227,40 @@ def _tune(s: NARTasksSettings, out: Path, sampling: SamplingConfig) -> dict[str,
             method="sundae",
             data_dir=s.data_dir,
         )
-        scores[str(t)] = r["bleu"]
+        scores[str(t)] = r["BLEU"]
     best = max(s.temperatures, key=lambda t: scores[str(t)])
     return {"temperature": best, "validation bleu": scores}
+
+
+_RESCORED = (
+    "BLEU (lower-cased)",
+    "ROUGE-L (lower-cased)",
+    "BLEU (before issue 25)",
+    "ROUGE-L (before issue 25)",
+)
+
+
+def _rescore(s: NARTasksSettings, predictions: list[str]) -> dict[str, float]:
+    """The test outputs under the lower-cased convention of score_task, and under the scoring
+    this experiment used before it went through score_task (kept only for that comparison)."""
+    from gencraft.data.tasks import pick_examples, references_of, task_examples
+    from gencraft.metrics import bleu, rouge, score_task
+
+    examples = pick_examples(task_examples(s.task, "test", s.data_dir), s.test_limit, spread=True)
+    refs = [references_of(e) for e in examples]
+    low = score_task(s.task, predictions, refs, lowercase=True, metrics=("BLEU", "ROUGE-L"))
+    return dict(
+        zip(
+            _RESCORED,
+            (
+                low["BLEU"],
+                low["ROUGE-L"],
+                bleu(predictions, refs),
+                rouge(predictions, refs, ("rougeL",))["rougeL"],
+            ),
+            strict=True,
+        )
+    )
 
 
 def _relative_cost(rows: list[dict[str, Any]]) -> None:
@@ -237,7 +279,7 @@ def _plot(run: ExperimentRun, curve: list[dict], s: NARTasksSettings) -> None:
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for name in dict.fromkeys(r["model"] for r in curve):
         pts = [r for r in curve if r["model"] == name]
-        ax.plot([r["max steps"] for r in pts], [r["bleu"] for r in pts], marker="o", label=name)
+        ax.plot([r["max steps"] for r in pts], [r["BLEU"] for r in pts], marker="o", label=name)
     ax.set_xlabel("decoding steps (at most)")
     ax.set_ylabel(f"BLEU ({s.task} test, {s.curve_inputs} inputs)")
     ax.set_title(f"{s.model}: quality vs decoding steps")

@@ -262,11 +262,13 @@ def evaluate(
     method: str = "auto",
     num_beams: int = 4,
     data_dir: str | None = None,
+    lowercase: bool = False,
     progress: bool = False,
 ) -> dict[str, Any]:
-    """BLEU (sacrebleu, all references) and ROUGE-L of decoded outputs, with decoding time and
-    model calls per output."""
-    from gencraft.metrics.text import bleu, rouge
+    """BLEU and ROUGE-L of decoded outputs by the task's one convention
+    (:func:`gencraft.metrics.score_task`; ``lowercase``: references lower-cased like the
+    outputs of an uncased tokenizer), with decoding time and model calls per output."""
+    from gencraft.metrics import score_task
 
     examples = pick_examples(task_examples(task, split, data_dir), limit, spread=True)
     sources = [source_of(e) for e in examples]
@@ -281,10 +283,10 @@ def evaluate(
         progress=progress,
     )
     n = len(texts)
+    scores = score_task(task, texts, refs, lowercase=lowercase, metrics=("BLEU", "ROUGE-L"))
     return {
         "outputs": n,
-        "bleu": bleu(texts, refs),
-        "rougeL": rouge(texts, refs, ("rougeL",))["rougeL"],
+        **scores,
         "seconds/output": sum(out.seconds) / n,
         "calls/output": sum(out.model_calls) / n,
         "steps/output": sum(out.steps) / n,

@@ -210,9 +210,11 @@ def train_and_score(s: PrefixTaskSettings, variant: str, seed: int, progress: bo
         if s.bootstrap:
             unit["rougeL_bootstrap"] = bootstrap_mean(unit["rougeL_per_doc"], s.bootstrap)
     elif s.bootstrap:
-        from gencraft.metrics.data2text import bleu_interval
+        from gencraft.metrics import bleu_interval
 
-        unit["BLEU_bootstrap"] = bleu_interval(result["outputs"], refs, s.bootstrap)
+        unit["BLEU_bootstrap"] = bleu_interval(
+            s.task, result["outputs"], refs, resamples=s.bootstrap
+        )
     return unit
 
 

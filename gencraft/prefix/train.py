@@ -333,15 +333,9 @@ def evaluate(
         progress=progress,
     )
     seconds = time.time() - start
-    if task == "xsum":
-        from gencraft.metrics import rouge
+    from gencraft.metrics import score_task
 
-        scores = rouge(outputs, [r[0] for r in refs])
-    else:
-        from gencraft.metrics.data2text import METEOR_IMPL, data_to_text_scores
-
-        scores = data_to_text_scores(outputs, refs)
-        scores["METEOR_impl"] = METEOR_IMPL
+    scores = score_task(task, outputs, refs)
     return {
         "task": task,
         "split": split,

@@ -1,0 +1,165 @@
+"""One scorer per task: :func:`score_task` fixes case, tokenisation and stemming for each task,
+so every method's numbers on a task are comparable (with each other and with the papers).
+
+=========================  =============================================================
+task                       convention (:data:`CONVENTIONS`)
+=========================  =============================================================
+``e2e``, ``webnlg``,       the E2E challenge's: outputs and references as written (cased,
+``dart``                   detokenised). BLEU and TER: ``sacrebleu`` (mteval-13a
+                           tokenisation, case-sensitive); NIST: ``nltk`` (n = 5); METEOR
+                           1.5 and CIDEr: ``pycocoevalcap``; ROUGE-L: ``pycocoevalcap``'s
+                           (LCS, β = 1.2, best precision and recall over the references) on
+                           word/punctuation tokens. All references of an input are used.
+``xsum``, ``cnndm``        FAME's: ROUGE-1/2/L F1 of ``rouge-score`` with Porter stemming
+                           (pyrouge ``-m``); its tokenizer lower-cases.
+=========================  =============================================================
+
+``lowercase=True`` lower-cases outputs and references before every metric, for a model
+whose tokenizer lower-cases (MiniLM's): asked for by the caller only, and the returned
+``convention`` says so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gencraft.errors import ConfigError
+
+DATA_TO_TEXT_METRICS = ("BLEU", "NIST", "METEOR", "ROUGE-L", "CIDEr", "TER")
+SUMMARY_METRICS = ("rouge1", "rouge2", "rougeL")
+
+
+@dataclass(frozen=True)
+class TaskConvention:
+    """How a task is scored: its metrics, which ROUGE, whether ROUGE stems."""
+
+    family: Literal["data-to-text", "summarization"]
+    metrics: tuple[str, ...]
+    rouge: Literal["coco", "rouge-score"]
+    stem: bool
+
+    def describe(self, lowercase: bool) -> str:
+        if self.family == "summarization":
+            return "ROUGE F1 (rouge-score, Porter stemming, lower-cased by its tokenizer)"
+        case = (
+            "outputs and references lower-cased (asked for by the caller)"
+            if lowercase
+            else "cased, detokenised references"
+        )
+        return f"E2E challenge convention: {case}; ROUGE-L pycocoevalcap (beta=1.2)"
+
+
+_D2T = TaskConvention("data-to-text", DATA_TO_TEXT_METRICS, "coco", False)
+_SUMM = TaskConvention("summarization", SUMMARY_METRICS, "rouge-score", True)
+CONVENTIONS: dict[str, TaskConvention] = {
+    "e2e": _D2T,
+    "webnlg": _D2T,
+    "dart": _D2T,
+    "xsum": _SUMM,
+    "cnndm": _SUMM,
+}
+
+
+def _references(task: str, references: Sequence[Any], n: int) -> list[list[str]]:
+    if len(references) != n:
+        raise ConfigError(f"{n} outputs but {len(references)} references for task {task!r}")
+    out = [[r] if isinstance(r, str) else list(r) for r in references]
+    if any(not refs for refs in out):
+        raise ConfigError(f"every output needs at least one reference (task {task!r})")
+    return out
+
+
+def score_task(
+    task: str,
+    outputs: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    *,
+    lowercase: bool = False,
+    metrics: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Score ``outputs`` against ``references`` (per output a string or a list of strings) by
+    the convention of ``task`` (:data:`CONVENTIONS`).
+
+    Args:
+        lowercase: lower-case outputs and references first (data-to-text tasks; the
+            summarization convention is case-insensitive already).
+        metrics: a subset of the task's metrics (default: all of them).
+    Returns ``{metric: value, ..., "convention": text}``; percentages except NIST, CIDEr
+    (x1) and TER (a fraction), as the papers print them.
+    """
+    if task not in CONVENTIONS:
+        raise ConfigError(f"no scoring convention for task {task!r}; known: {sorted(CONVENTIONS)}")
+    conv = CONVENTIONS[task]
+    if not outputs:
+        raise ConfigError(f"no outputs to score for task {task!r}")
+    refs = _references(task, references, len(outputs))
+    wanted = tuple(metrics) if metrics is not None else conv.metrics
+    unknown = [m for m in wanted if m not in conv.metrics]
+    if unknown:
+        raise ConfigError(f"task {task!r} has no metric {unknown}; its metrics: {conv.metrics}")
+    preds = list(outputs)
+    if lowercase:
+        preds = [p.lower() for p in preds]
+        refs = [[r.lower() for r in rs] for rs in refs]
+    if conv.family == "summarization":
+        from gencraft.metrics.text import rouge
+
+        scores: dict[str, Any] = rouge(preds, refs, wanted, use_stemmer=conv.stem)
+    else:
+        scores = _data_to_text(preds, refs, wanted)
+    scores["convention"] = conv.describe(lowercase)
+    return scores
+
+
+def _data_to_text(
+    preds: list[str], refs: list[list[str]], wanted: tuple[str, ...]
+) -> dict[str, Any]:
+    import sacrebleu
+
+    from gencraft.metrics.data2text import cider, coco_rouge_l, meteor, nist
+
+    # sacrebleu takes one stream per reference position; None marks a missing reference
+    width = max(len(r) for r in refs)
+    streams = [[r[j] if j < len(r) else None for r in refs] for j in range(width)]
+    compute = {
+        "BLEU": lambda: sacrebleu.corpus_bleu(preds, streams).score,
+        "NIST": lambda: nist(preds, refs),
+        "METEOR": lambda: meteor(preds, refs),
+        "ROUGE-L": lambda: coco_rouge_l(preds, refs),
+        "CIDEr": lambda: cider(preds, refs),
+        "TER": lambda: sacrebleu.corpus_ter(preds, streams).score / 100.0,
+    }
+    out: dict[str, Any] = {}
+    for name in wanted:
+        value = compute[name]()
+        out[name] = float(value) if value is not None else math.nan
+    return out
+
+
+def bleu_interval(
+    task: str,
+    outputs: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    *,
+    lowercase: bool = False,
+    resamples: int = 1000,
+) -> tuple[float, float]:
+    """(bootstrap mean, 95% half-width) of a data-to-text task's corpus BLEU, by its
+    convention, over test inputs resampled with replacement (sacrebleu's own bootstrap,
+    seeded by ``SACREBLEU_SEED``)."""
+    import sacrebleu
+
+    if CONVENTIONS.get(task, _SUMM).family != "data-to-text":
+        raise ConfigError(f"BLEU intervals are for data-to-text tasks, not {task!r}")
+    refs = _references(task, references, len(outputs))
+    preds = list(outputs)
+    if lowercase:
+        preds = [p.lower() for p in preds]
+        refs = [[r.lower() for r in rs] for rs in refs]
+    width = max(len(r) for r in refs)
+    streams = [[r[j] if j < len(r) else None for r in refs] for j in range(width)]
+    score = sacrebleu.BLEU().corpus_score(preds, streams, n_bootstrap=resamples)
+    return float(score._mean), float(score._ci)
