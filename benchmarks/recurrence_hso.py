@@ -47,8 +47,9 @@ def _saved_bytes(model, ids) -> int:
 
 def main() -> None:
     from gencraft.hso import DynamicEvalConfig, HSOConfig, dynamic_eval_nll, hso_nll
+    from gencraft.metrics import windowed_nll
     from gencraft.models import load_model
-    from gencraft.recurrence import RecurrenceConfig, RecurrentLM, windowed_nll
+    from gencraft.recurrence import RecurrenceConfig, RecurrentLM
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny-llama")

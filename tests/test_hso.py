@@ -19,8 +19,8 @@ from gencraft.hso import (
     hso_prefill,
 )
 from gencraft.hso.fewshot import FewShotTask, classify, draw_prompt, label_token_ids
+from gencraft.metrics import windowed_nll
 from gencraft.models import load_model
-from gencraft.recurrence import windowed_nll
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from gencraft.errors import ConfigError
+from gencraft.metrics import window_schedule, windowed_nll
 from gencraft.models import load_model
-from gencraft.recurrence import window_schedule, windowed_nll
 
 
 def test_schedule_is_the_thesis_example():

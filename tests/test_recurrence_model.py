@@ -11,8 +11,9 @@ from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
 from gencraft.errors import ConfigError, GencraftError
+from gencraft.metrics import window_schedule, windowed_nll
 from gencraft.models import load_model
-from gencraft.recurrence import RecurrenceConfig, RecurrentLM, window_schedule, windowed_nll
+from gencraft.recurrence import RecurrenceConfig, RecurrentLM
 
 CFG = dict(window=8, overlap=2, insert_layer=1, ffn_hidden=(16, 16))
 

@@ -15,9 +15,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.data import subword_stream
     from gencraft.hso import DynamicEvalConfig, HSOConfig, dynamic_eval_nll, hso_nll
+    from gencraft.metrics import windowed_nll
     from gencraft.metrics.lm import stream_perplexities
     from gencraft.models import load_model
-    from gencraft.recurrence import windowed_nll
 
     cfg = dataclass_from_args(HSOConfig, args)
     model, tok = load_model(args.model)

@@ -25,9 +25,9 @@ from gencraft.hso.config import DynamicEvalConfig, HSOConfig
 from gencraft.hso.dynamic import dynamic_eval_nll
 from gencraft.hso.fewshot import METHODS, build_task, classify, draw_prompt, label_token_ids
 from gencraft.hso.optimize import hso_nll
+from gencraft.metrics import windowed_nll
 from gencraft.metrics.lm import stream_perplexities
 from gencraft.models import load_model
-from gencraft.recurrence import windowed_nll
 
 #: Table 3.3's rows (thesis values: GPT-2 345M, PG-19 validation), as HSOConfig overrides
 VARIANTS: dict[str, dict] = {

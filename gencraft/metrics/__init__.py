@@ -5,7 +5,16 @@ tokenisation and stemming, so that every method's numbers on a task are comparab
 
 from gencraft.metrics.bertscore import bertscore
 from gencraft.metrics.entailment import EntailmentScorer
-from gencraft.metrics.lm import causal_lm_nll, perplexity, stream_perplexities, text_perplexity
+from gencraft.metrics.lm import (
+    Window,
+    WindowedScorer,
+    causal_lm_nll,
+    perplexity,
+    stream_perplexities,
+    text_perplexity,
+    window_schedule,
+    windowed_nll,
+)
 from gencraft.metrics.tasks import CONVENTIONS, bleu_interval, score_task
 from gencraft.metrics.text import (
     STOPWORDS,
@@ -26,6 +35,8 @@ __all__ = [
     "CONVENTIONS",
     "STOPWORDS",
     "EntailmentScorer",
+    "Window",
+    "WindowedScorer",
     "bertscore",
     "bleu",
     "bleu_interval",
@@ -43,5 +54,7 @@ __all__ = [
     "stream_perplexities",
     "text_perplexity",
     "unique_count",
+    "window_schedule",
+    "windowed_nll",
     "words",
 ]

@@ -1,12 +1,17 @@
-"""Perplexity: from summed NLL, and sliding-window scoring of text with a causal LM."""
+"""Perplexity from summed NLL, and the one windowed log-loss (:func:`windowed_nll`) that every
+method scores text with: windows of T tokens every T - o tokens, each target scored once."""
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from gencraft.config import check
 
 
 def perplexity(nll_sum: float, n_tokens: int) -> float:
@@ -18,7 +23,81 @@ def perplexity(nll_sum: float, n_tokens: int) -> float:
     return math.exp(nll_sum / n_tokens)
 
 
+class Window(NamedTuple):
+    """One window over token positions: inputs ``ids[start:end]`` predict ``ids[start + 1:
+    end + 1]``, of which ``ids[first:end + 1]`` are scored (the ones no earlier window
+    predicted)."""
+
+    start: int
+    first: int
+    end: int
+
+
+def window_schedule(n: int, window: int, overlap: int) -> list[Window]:
+    """The windows that score targets 1..n-1 of ``n`` tokens (0-indexed): windows of
+    ``window`` input tokens that start every ``window - overlap`` tokens, each target scored
+    once, by the first window that predicts it (Yoshida 2023, §2.3).
+
+    With window 10 and overlap 3 the input windows are t[1:10], t[8:17], t[15:24], ...
+    (1-indexed) and they score t[2:11], t[12:18], t[19:25], ...: overlap 0 is disjoint
+    execution (a prediction sees 1 to T tokens of context), overlap T - 1 the usual "best
+    perplexity" sliding window."""
+    check(window >= 1, f"window must be >= 1, got {window}")
+    check(0 <= overlap < window, f"overlap must be in [0, window={window}), got {overlap}")
+    check(n >= 2, f"need at least 2 tokens to score one, got {n}")
+    out, start, done = [], 0, 0  # done: the last target scored so far
+    while done < n - 1:
+        end = min(start + window, n - 1)  # no input past the last target's predecessor
+        out.append(Window(start, done + 1, end))
+        done = end
+        start += window - overlap
+    return out
+
+
+@runtime_checkable
+class WindowedScorer(Protocol):
+    """The hook of :func:`windowed_nll` for a model that carries state between windows (the
+    recurrent LM): it scores the whole text itself, on the same window schedule."""
+
+    def windowed_token_nll(self, ids: torch.Tensor, *, window: int, overlap: int) -> torch.Tensor:
+        """Per-target NLL [N - 1] of ``ids`` [1, N] (or [N])."""
+        ...
+
+
 @torch.no_grad()
+def windowed_nll(
+    model: nn.Module,
+    ids: torch.Tensor,
+    *,
+    window: int,
+    overlap: int = 0,
+    progress: bool = False,
+) -> torch.Tensor:
+    """Per-target NLL (nats) of ``ids`` [1, N] (or [N]) under windowed evaluation
+    (:func:`window_schedule`): a float tensor [N - 1] whose entry j - 1 is
+    -log p(ids[j] | the window that scored it).
+
+    ``model`` is a causal LM returning ``.logits`` [1, T, V], each window a fresh forward
+    pass, or a :class:`WindowedScorer` that carries its own state across the windows."""
+    if isinstance(model, WindowedScorer):
+        window_schedule(ids.shape[-1], window, overlap)  # the same checks
+        return model.windowed_token_nll(ids, window=window, overlap=overlap)
+    if ids.dim() == 2:
+        check(ids.shape[0] == 1, f"ids must be [1, N] or [N], got shape {tuple(ids.shape)}")
+        ids = ids[0]
+    check(ids.dim() == 1, f"ids must be [1, N] or [N], got shape {tuple(ids.shape)}")
+    device = next(model.parameters()).device
+    ids = ids.to(device)
+    schedule = window_schedule(ids.numel(), window, overlap)  # checks N >= 2 first
+    out = torch.empty(ids.numel() - 1, dtype=torch.float32)
+    for w in tqdm(schedule, desc="windows", disable=not progress, leave=False):
+        logits = model(input_ids=ids[w.start : w.end].unsqueeze(0)).logits[0]  # [T, V]
+        rows = logits[w.first - 1 - w.start : w.end - w.start].float()  # predict first..end
+        nll = nn.functional.cross_entropy(rows, ids[w.first : w.end + 1], reduction="none")
+        out[w.first - 1 : w.end] = nll.cpu()
+    return out
+
+
 def causal_lm_nll(
     model: PreTrainedModel,
     input_ids: torch.Tensor,
@@ -29,10 +108,10 @@ def causal_lm_nll(
 ) -> tuple[float, int]:
     """Summed NLL (nats) of ``input_ids`` [N] under a causal LM, and the number of scored tokens.
 
-    Tokens 1..N-1 are each scored exactly once (token 0 has no context). Each forward pass
-    scores the next ``stride`` tokens in a window of at most ``max_length`` tokens that ends
-    with them, so every scored token sees at least ``max_length - stride`` tokens of context
-    (fewer only at the start of the text).
+    Tokens 1..N-1 are each scored exactly once (token 0 has no context), by
+    :func:`windowed_nll` with windows of ``max_length`` tokens (target included) that start
+    every ``stride`` tokens: every scored token sees at least ``max_length - stride`` tokens
+    of context (fewer only at the start of the text).
     """
     if input_ids.dim() != 1:
         raise ValueError(f"input_ids must be 1-D [N], got shape {tuple(input_ids.shape)}")
@@ -40,25 +119,10 @@ def causal_lm_nll(
         raise ValueError(
             f"need 0 < stride < max_length, got stride={stride}, max_length={max_length}"
         )
-    device = next(model.parameters()).device
-    n = input_ids.numel()
-    nll, count, done = 0.0, 0, 1  # done: first position not yet scored
-    bar = tqdm(
-        total=max(n - 1, 0), desc="perplexity", unit="tok", disable=not progress, leave=False
-    )
-    while done < n:
-        end = min(done + stride, n)
-        begin = max(0, end - max_length)
-        ids = input_ids[begin:end].unsqueeze(0).to(device)  # (1, T)
-        logits = model(input_ids=ids).logits[0]  # (T, V); row i predicts ids[i + 1]
-        rows = logits[done - 1 - begin : end - 1 - begin].float()  # positions done..end-1
-        targets = input_ids[done:end].to(device)
-        nll += float(torch.nn.functional.cross_entropy(rows, targets, reduction="sum"))
-        count += end - done
-        bar.update(end - done)
-        done = end
-    bar.close()
-    return nll, count
+    # a window of max_length tokens holds max_length - 1 inputs and the last target
+    window = max_length - 1
+    nll = windowed_nll(model, input_ids, window=window, overlap=window - stride, progress=progress)
+    return float(nll.double().sum()), nll.numel()
 
 
 def text_perplexity(

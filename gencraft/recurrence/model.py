@@ -29,6 +29,7 @@ from transformers.modeling_outputs import CausalLMOutput
 
 from gencraft.config import check
 from gencraft.errors import ConfigError, GencraftError
+from gencraft.metrics.lm import Window, window_schedule
 from gencraft.models.attention import (
     AttentionCall,
     AttentionPlugin,
@@ -43,7 +44,6 @@ from gencraft.models.attention import (
 from gencraft.models.introspect import hf_model, is_encoder_decoder, model_shape
 from gencraft.models.persistence import load_base, read_head, save_head
 from gencraft.recurrence.config import RecurrenceConfig
-from gencraft.recurrence.evaluate import Window, window_schedule
 
 _CONTEXT_KEY = "gencraft_recurrence"
 _ACT = {"gelu": nn.GELU, "relu": nn.ReLU, "tanh": nn.Tanh}
@@ -201,6 +201,15 @@ class RecurrentLM(nn.Module):
             raise GencraftError(f"ids must be [1, N] or [N], got shape {tuple(ids.shape)}")
         out = self.forward(ids, overlap=overlap, _want="nll")
         return out.logits[0, :-1].cpu()  # per-target NLL; the last position has no target
+
+    def windowed_token_nll(self, ids: torch.Tensor, *, window: int, overlap: int) -> torch.Tensor:
+        """:func:`gencraft.metrics.windowed_nll`'s hook: :meth:`token_nll` on this model's own
+        windows (``window`` must be its window)."""
+        check(
+            window == self.config.window,
+            f"this RecurrentLM runs windows of {self.config.window} tokens, not {window}",
+        )
+        return self.token_nll(ids, overlap=overlap)
 
     def recurrence_state_dict(self) -> dict[str, torch.Tensor]:
         """The recurrence's own tensors (α and the FFN), without the base model."""

@@ -19,10 +19,11 @@ import torch
 
 from gencraft.config import check, option
 from gencraft.data import subword_stream
+from gencraft.metrics import windowed_nll
 from gencraft.metrics.lm import stream_perplexities
 from gencraft.models.persistence import read_run_settings, write_run_settings
 from gencraft.recurrence.config import RecurrenceConfig
-from gencraft.recurrence.evaluate import flops_per_token, windowed_nll
+from gencraft.recurrence.evaluate import flops_per_token
 from gencraft.recurrence.model import RecurrentLM
 from gencraft.training import FitConfig, fit
 

@@ -1,0 +1,102 @@
+"""The package rules of docs/core.md, read off the source: no method package imports another,
+and no two gencraft modules import each other, directly or through others (imports inside
+functions count: they are the same design dependency)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "gencraft"
+METHODS = ("focus", "pointer", "search", "prefix", "recurrence", "hso", "nar")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for f in PACKAGE.rglob("*.py"):
+        parts = f.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the gencraft modules it imports (``from a.b import c`` counts ``a.b.c`` when
+    that is a module, else ``a.b``)."""
+    mods = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, f in mods.items():
+        package = name if f.name == "__init__.py" else name.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([node.module] if node.module else []))
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    deps.add(full if full in mods else base)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names)
+        graph[name] = {d for d in deps if d in mods and d != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _method(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in METHODS else None
+
+
+def test_no_method_package_imports_another():
+    crossing = [
+        f"{m} -> {d}"
+        for m, deps in import_graph().items()
+        for d in deps
+        if _method(m) and _method(d) and _method(m) != _method(d)
+    ]
+    assert crossing == []
+
+
+def test_no_import_cycles():
+    assert cycles(import_graph()) == []
+
+
+def test_the_checks_see_a_cycle_and_a_crossing():
+    graph = {"gencraft.hso.a": {"gencraft.recurrence.b"}, "gencraft.recurrence.b": set()}
+    assert _method("gencraft.hso.a") != _method("gencraft.recurrence.b")
+    graph["gencraft.recurrence.b"] = {"gencraft.recurrence.c"}
+    graph["gencraft.recurrence.c"] = {"gencraft.recurrence.b"}
+    assert cycles(graph) == [["gencraft.recurrence.b", "gencraft.recurrence.c"]]
+    assert "gencraft.metrics.lm" in import_graph()["gencraft.metrics"]
