@@ -284,10 +284,10 @@ def test_cli_generate_feeds_eval_rerun_says_finished_and_bad_k_is_refused(tmp_pa
     assert main(["focus", "train", *train, *data, "--output", str(out)]) == 0
     capsys.readouterr()
     # the same command again: nothing to do, and it says so (best/ is not overwritten)
-    before = (out / "best" / "focus_head.safetensors").read_bytes()
+    before = (out / "best" / "method_model.safetensors").read_bytes()
     assert main(["focus", "train", *train, *data, "--output", str(out)]) == 0
     assert "already finished" in capsys.readouterr().out
-    assert (out / "best" / "focus_head.safetensors").read_bytes() == before
+    assert (out / "best" / "method_model.safetensors").read_bytes() == before
     # another configuration into the same output is refused
     assert main(["focus", "train", *train, "--lr", "1", *data, "--output", str(out)]) == 2
     assert "other settings" in capsys.readouterr().err

@@ -190,9 +190,9 @@ def test_damaged_weight_files_are_named(tmp_path):
         load_model(str(tmp_path / "m"))
     head = PointerSentinelHead(model, window=4, base_name_or_path="tiny-llama")
     head.save_pretrained(tmp_path / "h")
-    hw = tmp_path / "h" / "pointer_head.safetensors"
+    hw = tmp_path / "h" / "method_model.safetensors"
     hw.write_bytes(hw.read_bytes()[:50])
-    with pytest.raises(GencraftError, match=r"pointer_head\.safetensors is damaged or truncated"):
+    with pytest.raises(GencraftError, match=r"method_model\.safetensors is damaged or truncated"):
         PointerSentinelHead.from_pretrained(tmp_path / "h")
 
 

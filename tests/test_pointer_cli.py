@@ -57,7 +57,7 @@ def trained(synthetic_lm_dir, tmp_path_factory):
 def test_train_writes_results_and_eval_reproduces_them(trained, synthetic_lm_dir, capsys):
     res = json.loads((trained / "ptr" / "results.json").read_text())
     assert res["steps"] == 6 and res["test_ppl"] > 1
-    assert (trained / "ptr" / "best" / "model.safetensors").is_file()
+    assert (trained / "ptr" / "best" / "method_model.safetensors").is_file()
     capsys.readouterr()
     rc = main(
         [
@@ -197,7 +197,7 @@ def test_max_steps_below_an_epoch_still_saves_best_and_reruns_say_so(
 ):
     out = tmp_path / "run"
     assert _train(synthetic_lm_dir, out, "--max-steps", "2") == 0  # no evaluation was due
-    assert (out / "best" / "model.safetensors").is_file()
+    assert (out / "best" / "method_model.safetensors").is_file()
     capsys.readouterr()
     assert _train(synthetic_lm_dir, out, "--max-steps", "2") == 0
     assert "already finished (max_steps at step 2" in capsys.readouterr().out

@@ -366,7 +366,7 @@ def test_lr_halves_when_validation_gets_worse_and_training_stops(corpus, tmp_pat
     best = min(range(len(ppls)), key=ppls.__getitem__)
     if hist[-1]["step"] < 40:  # stopped early: `patience` evaluations without a new best
         assert len(ppls) - 1 - best == 2
-    assert (tmp_path / "best" / "model.safetensors").is_file()
+    assert (tmp_path / "best" / "method_model.safetensors").is_file()
 
 
 def test_revert_on_worse_restores_the_best_weights(corpus, tmp_path):

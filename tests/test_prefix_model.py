@@ -350,7 +350,7 @@ def test_save_and_load_round_trip(tmp_path):
     model = _model("tiny-llama", encoder_segments=2, blocked_layers="lower", seed=1)
     model.save_pretrained(tmp_path / "p")
     files = sorted(p.name for p in (tmp_path / "p").iterdir())
-    assert files == ["prefix_config.json", "prefix_model.safetensors"]
+    assert files == ["method_config.json", "method_model.safetensors"]  # only the prefixes
     loaded = PrefixModel.from_pretrained(tmp_path / "p", build_tiny_model("tiny-llama", seed=1))
     ids, mask = _batch()
     with torch.no_grad():

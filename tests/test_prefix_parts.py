@@ -230,7 +230,7 @@ def test_peft_method_trains_like_dense_prefix(tmp_path):
     assert runs["peft"]["best_valid_loss"] == pytest.approx(
         runs["prefix"]["best_valid_loss"], rel=1e-5
     )
-    assert (tmp_path / "peft" / "best" / "prefix_model.safetensors").is_file()
+    assert (tmp_path / "peft" / "best" / "method_model.safetensors").is_file()
 
 
 @pytest.mark.skipif(not (DATA / "e2e").is_dir(), reason="needs ../shared/data/e2e")

@@ -190,11 +190,11 @@ def test_bptt_reaches_earlier_windows():
 def test_save_and_load(tmp_path):
     m = _model().eval()
     ids = _ids(1, 30, 4)
-    m.save_pretrained(tmp_path / "r", base_name="tiny-llama")
+    m.save_pretrained(tmp_path / "r", base_name_or_path="tiny-llama")
     assert (tmp_path / "r" / "base").is_dir()  # the base trains: saved with it
     again = RecurrentLM.from_pretrained(tmp_path / "r").eval()
     torch.testing.assert_close(again.token_nll(ids), m.token_nll(ids))
-    with pytest.raises(GencraftError, match="is not a saved recurrent LM"):
+    with pytest.raises(GencraftError, match="is not a saved RecurrentLM"):
         RecurrentLM.from_pretrained(tmp_path)
 
 

@@ -147,7 +147,7 @@ def test_training_reduces_loss_and_round_trips(sampled, tmp_path):
     assert result["best_valid_loss"] < result["history"][0]["valid_loss"]
     train_losses = [h["train_loss"] for h in result["history"][1:]]
     assert train_losses[-1] < train_losses[0]
-    assert (tmp_path / "last" / "classifier.safetensors").is_file()  # per-epoch checkpoint
+    assert (tmp_path / "last" / "method_model.safetensors").is_file()  # per-epoch checkpoint
     back = AttributeClassifier.from_pretrained(tmp_path / "best", model)
     r = rows[0]
     with torch.no_grad():
@@ -235,7 +235,7 @@ def test_cli_train_classifier(tmp_path, capsys):
         str(tmp_path / "data"),
     ]
     assert main(args) == 0
-    assert (out / "best" / "classifier_config.json").is_file()
+    assert (out / "best" / "method_config.json").is_file()
     length = [a if a != "degenerate" else "length" for a in args]
     assert main(length) == 2  # tiny-llama never ends within 4 tokens: no length is known
     assert "no sample ended" in capsys.readouterr().err

@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import torch
@@ -37,11 +36,12 @@ from gencraft.focus.decoding import FocusLogitsProcessor, focus_vocabulary
 from gencraft.focus.head import FocusHead
 from gencraft.focus.topic import topic_loss
 from gencraft.models.introspect import special_ids
-from gencraft.models.persistence import load_base, read_head, save_head
+from gencraft.models.method import MethodModel
 
+#: the files FAME wrote before the shared method format (still loaded)
 FOCUS_CONFIG = "focus_config.json"
-_WRAPPED = "_gencraft_focus_wrapped"
 FOCUS_WEIGHTS = "focus_head.safetensors"
+_WRAPPED = "_gencraft_focus_wrapped"
 
 
 @dataclass
@@ -94,8 +94,9 @@ def _first(output: Any) -> torch.Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output.last_hidden_state
 
 
-class FocusForConditionalGeneration(nn.Module):
-    """A base model plus a :class:`FocusHead`; ``forward``/``generate``/``save_pretrained``.
+class FocusForConditionalGeneration(MethodModel):
+    """A base model plus a :class:`FocusHead`; ``forward``/``generate`` and the
+    :class:`~gencraft.models.method.MethodModel` verbs (disabled: the base's own logits).
 
     Args:
         base: a Hugging Face encoder-decoder (BART, T5, Pegasus, ``EncoderDecoderModel``...) or
@@ -145,11 +146,10 @@ class FocusForConditionalGeneration(nn.Module):
                 "remove() on that wrapper first (or load a fresh base)"
             )
         if self.config.freeze_base:
-            base.requires_grad_(False)
+            self._freeze(base)
         self._store, self._capture_handle = install_capture(base, attention)
         setattr(base, _WRAPPED, True)
         self.state = FocusState()  # everything the hooks share, in one object
-        self.enabled = True
         self._hooks = [
             base.register_forward_pre_hook(self._before_forward, with_kwargs=True),
             base.register_forward_hook(self._after_forward),
@@ -166,15 +166,20 @@ class FocusForConditionalGeneration(nn.Module):
             self._hooks.append(body.register_forward_hook(self._after_body))
         self._hooks.append(out.register_forward_pre_hook(self._before_output_embedding))
 
-    def remove(self) -> nn.Module:
-        """Detach FAME from the base (hooks and attention plug-in); returns the plain base."""
+    method = "focus"
+    legacy_files = (FOCUS_CONFIG, FOCUS_WEIGHTS)
+
+    def _set_enabled(self, on: bool) -> None:
+        pass  # the hooks read self.enabled
+
+    def _detach(self) -> None:
+        """Take FAME's hooks and attention plug-in off the base."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
         self._capture_handle.remove()
         if hasattr(self.base, _WRAPPED):
             delattr(self.base, _WRAPPED)
-        return self.base
 
     # ---------------------------------------------------------------- hooks
     def _before_forward(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -460,50 +465,42 @@ class FocusForConditionalGeneration(nn.Module):
             self.state.source_len = self.state.n_docs = None
 
     # ---------------------------------------------------------------- persistence
-    def save_pretrained(self, directory: str | Path, *, save_base: bool | None = None) -> None:
-        """Head weights, F and config; the base too unless it is frozen and loadable by name."""
-        if save_base is None:
-            save_base = not self.config.freeze_base or not self.config.base_name_or_path
-        cfg = {**asdict(self.config), "task": self.task, "hidden_size": self.head.hidden_size}
+    @property
+    def method_config(self) -> FocusConfig:
+        return self.config
+
+    def saves_base(self) -> bool:
+        """The base is saved unless it is frozen and loadable by name."""
+        return not self.config.freeze_base or not self.config.base_name_or_path
+
+    def method_payload(self) -> dict[str, Any]:
+        return {**asdict(self.config), "task": self.task, "hidden_size": self.head.hidden_size}
+
+    def method_state_dict(self) -> dict[str, torch.Tensor]:
         tensors = {f"head.{k}": v for k, v in self.head.state_dict().items()}
         tensors["frequent_ids"] = self.frequent_ids
-        save_head(
-            directory,
-            config=cfg,
-            tensors=tensors,
-            base=self.base,
-            save_base=save_base,
-            config_name=FOCUS_CONFIG,
-            weights_name=FOCUS_WEIGHTS,
-        )
+        return tensors
 
     @property
     def task(self) -> str:
         return "seq2seq-lm" if self.is_encoder_decoder else "causal-lm"
 
     @classmethod
-    def from_pretrained(
-        cls, directory: str | Path, base_model: nn.Module | None = None, **load_kw: Any
+    def base_task(cls, payload: dict[str, Any]) -> str:
+        return payload["task"]
+
+    @classmethod
+    def from_method_payload(
+        cls, payload: dict[str, Any], tensors: dict[str, torch.Tensor], base: Any, **kwargs: Any
     ) -> FocusForConditionalGeneration:
-        """Load what :meth:`save_pretrained` wrote; the base from ``base_model``, else
-        ``directory/base``, else the recorded ``base_name_or_path``."""
-        cfg, state = read_head(
-            directory, config_name=FOCUS_CONFIG, weights_name=FOCUS_WEIGHTS, what="FAME model"
-        )
-        task, hidden = cfg.pop("task"), cfg.pop("hidden_size")
-        cfg.pop("base_saved", None)
-        base = load_base(
-            directory,
-            {**cfg, "base_saved": (Path(directory) / "base").is_dir()},
-            task,
-            base_model,
-            **load_kw,
-        )
-        model = cls(base, FocusConfig(**cfg), frequent_ids=state.pop("frequent_ids"))
-        if model.head.hidden_size != hidden:
+        fields = set(FocusConfig.__dataclass_fields__)
+        cfg = FocusConfig(**{k: v for k, v in payload.items() if k in fields})
+        state = dict(tensors)
+        model = cls(base, cfg, frequent_ids=state.pop("frequent_ids"))
+        if model.head.hidden_size != payload["hidden_size"]:
             raise GencraftError(
                 f"the base model's width {model.head.hidden_size} differs from the saved head's "
-                f"{hidden}"
+                f"{payload['hidden_size']}"
             )
         model.head.load_state_dict({k[len("head.") :]: v for k, v in state.items()})
         return model

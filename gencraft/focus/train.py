@@ -33,6 +33,7 @@ from gencraft.focus.data import SummaryEncoder, collate
 from gencraft.focus.features import HeadFeatures, collect_features, head_losses
 from gencraft.focus.model import FOCUS_CONFIG, FocusConfig, FocusForConditionalGeneration
 from gencraft.focus.topic import frequent_token_ids
+from gencraft.models.method import METHOD_CONFIG
 from gencraft.training import (
     FitConfig,
     fit,
@@ -52,7 +53,7 @@ def load_summarizer(
     from gencraft.models import load_model
 
     p = Path(path)
-    if (p / FOCUS_CONFIG).is_file():
+    if (p / METHOD_CONFIG).is_file() or (p / FOCUS_CONFIG).is_file():
         model = FocusForConditionalGeneration.from_pretrained(p, **load_kw)
         tok = AutoTokenizer.from_pretrained(p)
         return model.eval(), _causal_padding(model, tok)

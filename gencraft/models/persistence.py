@@ -1,9 +1,9 @@
-"""Saving and loading a method module that sits on a Hugging Face base model: the one way
-gencraft's wrappers (FAME, the pointer head) save, with one error type for a damaged or
-foreign directory (:class:`~gencraft.errors.GencraftError` naming the file).
+"""The file layer under :class:`gencraft.models.method.MethodModel` (the one save/load of
+every method model), with one error type for a damaged or foreign directory
+(:class:`~gencraft.errors.GencraftError` naming the file).
 
-Layout of a saved directory: ``<config>.json`` (the head's settings plus ``base_name_or_path``,
-``base_saved``), ``<weights>.safetensors`` (the head's tensors) and, when the base was trained or
+Layout of a saved directory: a config JSON (the method's settings plus ``base_name_or_path``,
+``base_saved``), a safetensors file (the method's tensors) and, when the base was trained or
 has no loadable name, ``base/`` written by the base's own ``save_pretrained``.
 """
 
@@ -99,58 +99,3 @@ def load_base(
     if config.get("base_name_or_path"):
         return load_model(config["base_name_or_path"], task=task, **load_kw)[0]
     raise GencraftError(f"{d} records no base model; pass base_model=")
-
-
-class PersistenceMixin:
-    """``save_pretrained``/``from_pretrained`` for a gencraft module that stands alone (no
-    base model): ``CONFIG_FILE`` (JSON of :meth:`config_dict`) and ``WEIGHTS_FILE``
-    (safetensors of the state dict), with one error type (:class:`GencraftError`, naming the
-    file) for a missing, damaged or mismatched save. A class sets ``CONFIG_FILE``,
-    ``WEIGHTS_FILE``, ``WHAT`` (for messages) and :meth:`from_config_dict`."""
-
-    CONFIG_FILE = "config.json"
-    WEIGHTS_FILE = "model.safetensors"
-    WHAT = "gencraft module"
-    #: state-dict keys that need not be saved (e.g. tied weights)
-    SKIP_KEYS: tuple[str, ...] = ()
-
-    def config_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return asdict(self.config)  # type: ignore[attr-defined]
-
-    @classmethod
-    def from_config_dict(cls, config: dict[str, Any]) -> Any:
-        raise NotImplementedError
-
-    def save_pretrained(self, directory: str | Path) -> None:
-        d = Path(directory)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / self.CONFIG_FILE).write_text(json.dumps(self.config_dict(), indent=2))
-        state = {
-            k: v.detach().contiguous().cpu()
-            for k, v in self.state_dict().items()  # type: ignore[attr-defined]
-            if k not in self.skip_keys()
-        }
-        save_file(state, str(d / self.WEIGHTS_FILE))
-
-    def skip_keys(self) -> tuple[str, ...]:
-        return self.SKIP_KEYS
-
-    @classmethod
-    def from_pretrained(cls, directory: str | Path, **kwargs: Any) -> Any:
-        config, state = read_head(
-            directory, config_name=cls.CONFIG_FILE, weights_name=cls.WEIGHTS_FILE, what=cls.WHAT
-        )
-        try:
-            module = cls.from_config_dict(config)
-        except (TypeError, ValueError) as err:
-            raise GencraftError(f"{Path(directory) / cls.CONFIG_FILE}: {err}") from None
-        missing, unexpected = module.load_state_dict(state, strict=False)
-        missing = [k for k in missing if k not in module.skip_keys()]
-        if missing or unexpected:
-            raise GencraftError(
-                f"{Path(directory) / cls.WEIGHTS_FILE} does not match its config: missing "
-                f"{missing[:5]}, unexpected {unexpected[:5]}"
-            )
-        return module

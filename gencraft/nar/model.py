@@ -19,7 +19,9 @@ same positions, with no shift. It saves and loads with ``save_pretrained`` /
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,18 +29,26 @@ from torch import nn
 from transformers import EncoderDecoderConfig, EncoderDecoderModel, PreTrainedModel
 
 from gencraft.errors import GencraftError
+from gencraft.models.method import FORMAT_VERSION, METHOD_CLASSES, METHOD_CONFIG, MethodModel
 from gencraft.nar.config import ConvertConfig
 
 _SUPPORTED = ("bert",)
 _SCRATCH_SEED_OFFSET = 10_000  # model types whose MLM has BERT's module names
 
 
-class NARSeq2Seq(EncoderDecoderModel):
+class NARSeq2Seq(EncoderDecoderModel, MethodModel):
     """An encoder-decoder made from a masked LM, with a target-length predictor.
 
     ``config.gencraft_nar`` holds the :class:`ConvertConfig` it was made with; with
     ``bidirectional`` the decoder attends to every target position.
+
+    Of the :class:`~gencraft.models.method.MethodModel` contract it keeps ``save_pretrained``
+    (``transformers``' files, plus ``method_config.json``), ``from_pretrained`` and
+    ``method_config``. It is the converted network itself, not a wrapper: there is no base to
+    switch back to, so ``disable`` and ``remove`` refuse, saying so.
     """
+
+    method = "nar"
 
     def __init__(
         self,
@@ -67,6 +77,47 @@ class NARSeq2Seq(EncoderDecoderModel):
     @property
     def nar_settings(self) -> ConvertConfig:
         return ConvertConfig(**self.config.gencraft_nar)
+
+    # the method contract -------------------------------------------------------------------
+    @property
+    def method_config(self) -> ConvertConfig:
+        return self.nar_settings
+
+    def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> None:
+        """``transformers``' ``config.json`` and ``model.safetensors``, and the shared
+        ``method_config.json`` that names this class."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        (Path(save_directory) / METHOD_CONFIG).write_text(
+            json.dumps(
+                {
+                    "method": self.method,
+                    "class": type(self).__name__,
+                    "format": FORMAT_VERSION,
+                    "config": asdict(self.nar_settings),
+                    "weights": "model.safetensors (transformers' format)",
+                },
+                indent=2,
+            )
+        )
+
+    @classmethod
+    def from_pretrained(cls, directory: str | Path, base: Any = None, **kwargs: Any) -> Any:
+        if base is not None:
+            raise GencraftError("a NARSeq2Seq holds its whole network: it takes no base=")
+        return super().from_pretrained(directory, **kwargs)
+
+    def _set_enabled(self, on: bool) -> None:
+        if not on:
+            raise GencraftError(
+                "a NARSeq2Seq is the masked LM converted and trained as a whole: there is no "
+                "base model to switch back to"
+            )
+
+    def remove(self) -> nn.Module:
+        raise GencraftError(
+            "a NARSeq2Seq is the converted model itself, not a wrapper: load the masked LM by "
+            "its name for the untouched original"
+        )
 
     @property
     def max_target_length(self) -> int:
@@ -122,6 +173,9 @@ class NARSeq2Seq(EncoderDecoderModel):
             return_dict=True,
         )
         return out.logits
+
+
+METHOD_CLASSES[NARSeq2Seq.__name__] = NARSeq2Seq  # transformers' __init_subclass__ runs first
 
 
 def _drop_causal_mask(decoder: nn.Module) -> None:

@@ -8,20 +8,20 @@ Shapes: B batch, T sequence length, H the base model's hidden size, V its vocabu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from gencraft.errors import GencraftError
-from gencraft.models.persistence import load_base, read_head, save_head
+from gencraft.errors import ConfigError, GencraftError
+from gencraft.models.method import MethodModel
 from gencraft.pointer.mixture import (
     pointer_target_log_probs,
     sequence_mixture_log_probs,
     sequence_pointer_attention,
 )
 
+#: the files the head wrote before the shared method format (still loaded)
 HEAD_CONFIG = "pointer_head_config.json"
 HEAD_WEIGHTS = "pointer_head.safetensors"
 
@@ -49,14 +49,18 @@ def _hidden_size(model: nn.Module) -> int:
     return int(out.weight.shape[1])
 
 
-class PointerSentinelHead(nn.Module):
+class PointerSentinelHead(MethodModel):
     """``PointerSentinelHead(base, window=100, freeze_base=True)``: wraps a causal LM.
 
     Position t scores token t + 1 with ``g * p_base + sum of a_i over the window positions
     t - L + 1 .. t holding that token`` (eq. 6), the window being the base model's last-layer
     hidden states of the same sequence. Padding (``attention_mask`` 0, left or right) never
     enters a window. With ``freeze_base`` the base runs without gradient and in eval mode.
+    Disabled (:meth:`disable`), the gate is 1 and the model is its base.
     """
+
+    method = "pointer"
+    legacy_files = (HEAD_CONFIG, HEAD_WEIGHTS)
 
     def __init__(
         self,
@@ -68,7 +72,7 @@ class PointerSentinelHead(nn.Module):
     ) -> None:
         super().__init__()
         if window < 1:
-            raise ValueError(f"window must be at least 1 position, got {window}")
+            raise ConfigError(f"window must be at least 1 position, got {window}")
         config = getattr(base_model, "config", None)
         if config is not None and getattr(config, "is_encoder_decoder", False):
             raise GencraftError(
@@ -87,7 +91,7 @@ class PointerSentinelHead(nn.Module):
         self.query.to(p.device)
         self.sentinel.data = self.sentinel.data.to(p.device)
         if freeze_base:
-            self.base.requires_grad_(False)
+            self._freeze(self.base)
             self.base.eval()
 
     def train(self, mode: bool = True) -> PointerSentinelHead:
@@ -131,9 +135,7 @@ class PointerSentinelHead(nn.Module):
         logits = out.logits
         valid = attention_mask.bool()
         query = torch.tanh(self.query(hidden))
-        log_attn, log_gate = sequence_pointer_attention(
-            query, hidden, self.sentinel, self.window, valid
-        )
+        log_attn, log_gate = self._attend(query, hidden, valid)
         loss = nll = None
         if labels is None:
             labels = input_ids.masked_fill(~valid, -100)
@@ -153,6 +155,16 @@ class PointerSentinelHead(nn.Module):
         return HeadOutput(
             loss, nll, log_gate.exp(), log_probs, log_attn if return_attention else None
         )
+
+    def _attend(
+        self, query: torch.Tensor, states: torch.Tensor, valid: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(log_attn [B, T, S], log_gate [B, T]); disabled: no attention and gate 1."""
+        if not self.enabled:
+            shape = (*query.shape[:2], states.shape[1])
+            log_attn = query.new_full(shape, float("-inf"))
+            return log_attn, query.new_zeros(query.shape[:2])
+        return sequence_pointer_attention(query, states, self.sentinel, self.window, valid)
 
     # -- stepping (gencraft's beam search and exact mode search) ----------------------------
     def gencraft_step(
@@ -186,7 +198,7 @@ class PointerSentinelHead(nn.Module):
         window = cache.layers[n_layers]
         states, state_ids = window.keys[:, 0], window.values[:, 0, :, 0].long()
         query = torch.tanh(self.query(last[:, -1:]))
-        log_attn, log_gate = sequence_pointer_attention(query, states, self.sentinel, self.window)
+        log_attn, log_gate = self._attend(query, states)
         log_probs = sequence_mixture_log_probs(out.logits[:, -1:], log_attn, log_gate, state_ids)[
             :, 0
         ]
@@ -196,55 +208,49 @@ class PointerSentinelHead(nn.Module):
         return StepOutput(log_probs, cache, h)
 
     # -- persistence ------------------------------------------------------------------------
-    def save_pretrained(self, directory: str | Path, *, save_base: bool | None = None) -> None:
-        """Head weights and config; the base too when it is trainable or has no loadable name
-        (``save_base`` overrides)."""
-        if save_base is None:
-            save_base = not self.freeze_base or not self.base_name_or_path
-        cfg = {
+    @property
+    def method_config(self) -> dict[str, Any]:
+        return {
             "window": self.window,
             "hidden_size": self.query.in_features,
             "freeze_base": self.freeze_base,
             "base_name_or_path": self.base_name_or_path,
         }
-        tensors = {
+
+    def method_payload(self) -> dict[str, Any]:
+        return dict(self.method_config)
+
+    def saves_base(self) -> bool:
+        """The base is saved when it trains or has no loadable name."""
+        return not self.freeze_base or not self.base_name_or_path
+
+    def method_state_dict(self) -> dict[str, torch.Tensor]:
+        return {
             "query.weight": self.query.weight,
             "query.bias": self.query.bias,
             "sentinel": self.sentinel,
         }
-        save_head(
-            directory,
-            config=cfg,
-            tensors=tensors,
-            base=self.base,
-            save_base=save_base,
-            config_name=HEAD_CONFIG,
-            weights_name=HEAD_WEIGHTS,
-        )
+
+    def _set_enabled(self, on: bool) -> None:
+        pass  # forward and gencraft_step read self.enabled
 
     @classmethod
-    def from_pretrained(
-        cls, directory: str | Path, base_model: nn.Module | None = None, **load_kw: Any
+    def from_method_payload(
+        cls, payload: dict[str, Any], tensors: dict[str, torch.Tensor], base: Any, **kwargs: Any
     ) -> PointerSentinelHead:
-        """Load a saved head; the base comes from ``base_model``, else ``directory/base``, else
-        :func:`gencraft.models.load_model` on the recorded name (``load_kw`` passed on)."""
-        cfg, state = read_head(
-            directory, config_name=HEAD_CONFIG, weights_name=HEAD_WEIGHTS, what="pointer head"
-        )
-        base_model = load_base(directory, cfg, "causal-lm", base_model, **load_kw)
         head = cls(
-            base_model,
-            cfg["window"],
-            freeze_base=cfg["freeze_base"],
-            base_name_or_path=cfg["base_name_or_path"],
+            base,
+            payload["window"],
+            freeze_base=payload["freeze_base"],
+            base_name_or_path=payload["base_name_or_path"],
         )
-        if head.query.in_features != cfg["hidden_size"]:
+        if head.query.in_features != payload["hidden_size"]:
             raise GencraftError(
                 f"the base model's hidden size {head.query.in_features} differs from the saved "
-                f"head's {cfg['hidden_size']}"
+                f"head's {payload['hidden_size']}"
             )
         with torch.no_grad():
-            head.query.weight.copy_(state["query.weight"])
-            head.query.bias.copy_(state["query.bias"])
-            head.sentinel.copy_(state["sentinel"])
+            head.query.weight.copy_(tensors["query.weight"])
+            head.query.bias.copy_(tensors["query.bias"])
+            head.sentinel.copy_(tensors["sentinel"])
         return head

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
-from gencraft.models.persistence import PersistenceMixin
+from gencraft.models.method import MethodModel
 from gencraft.pointer.config import PointerSentinelConfig
 from gencraft.pointer.mixture import (
     pointer_loss,
@@ -88,7 +88,7 @@ class PointerOutput:
     logits: torch.Tensor | None = None
 
 
-class PointerSentinelLSTM(PersistenceMixin, nn.Module):
+class PointerSentinelLSTM(MethodModel):
     """Embedding -> N-layer zoneout LSTM -> (softmax over V) mixed with a pointer over the last
     ``window`` outputs by a sentinel gate. ``pointer=False`` is the plain LSTM baseline.
 
@@ -206,7 +206,7 @@ class PointerSentinelLSTM(PersistenceMixin, nn.Module):
         scored = out[:, t - n_scored :]
         logits = self.decoder(scored)
         nll = pointer_nll = gate = log_attn = None
-        if c.pointer and not force_gate:
+        if c.pointer and not force_gate and self.enabled:  # disabled: the softmax alone
             states, ids, valid = out, input_ids, None
             if memory is not None:
                 if memory_ids is None or memory_ids.shape != memory.shape[:2]:
@@ -261,24 +261,48 @@ class PointerSentinelLSTM(PersistenceMixin, nn.Module):
             return 0
         return sum(p.numel() for p in (*self.query.parameters(), self.sentinel))
 
-    # persistence: PersistenceMixin (pointer_config.json + model.safetensors)
-    CONFIG_FILE = CONFIG_NAME
-    WEIGHTS_FILE = WEIGHTS_NAME
-    WHAT = "pointer model"
+    # -- the method contract (a model trained as a whole: no base to give back) -------------
+    method = "pointer"
+    legacy_files = (CONFIG_NAME, WEIGHTS_NAME)
 
-    def config_dict(self) -> dict[str, Any]:
-        return self.config.to_dict()
+    @property
+    def method_config(self) -> PointerSentinelConfig:
+        return self.config
 
-    def skip_keys(self) -> tuple[str, ...]:
-        return ("decoder.weight",) if self.config.tie_weights else ()
+    def method_payload(self) -> dict[str, Any]:
+        return {"config": self.config.to_dict()}
+
+    def method_state_dict(self) -> dict[str, torch.Tensor]:
+        skip = ("decoder.weight",) if self.config.tie_weights else ()  # tied to the embedding
+        return {k: v for k, v in self.state_dict().items() if k not in skip}
 
     @classmethod
-    def from_config_dict(cls, config: dict[str, Any]) -> PointerSentinelLSTM:
-        return cls(PointerSentinelConfig.from_dict(config))
+    def base_task(cls, payload: dict[str, Any]) -> None:
+        return None
+
+    def _set_enabled(self, on: bool) -> None:
+        if not self.config.pointer:
+            raise GencraftError("this is the plain LSTM (pointer=False): nothing to disable")
+
+    @classmethod
+    def from_method_payload(
+        cls, payload: dict[str, Any], tensors: dict[str, torch.Tensor], base: Any, **kwargs: Any
+    ) -> PointerSentinelLSTM:
+        saved = payload.get("config", payload)  # pre-format saves hold the settings at the top
+        model = cls(PointerSentinelConfig.from_dict(saved))
+        missing, unexpected = model.load_state_dict(tensors, strict=False)
+        tied = model.config.tie_weights
+        missing = [k for k in missing if not (tied and k == "decoder.weight")]
+        if missing or unexpected:
+            raise GencraftError(
+                f"the saved weights do not match their config: missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}"
+            )
+        return model
 
     @classmethod
     def from_pretrained(
-        cls, directory: str | Path, device: str | torch.device | None = None
+        cls, directory: str | Path, base: Any = None, device: str | torch.device | None = None
     ) -> PointerSentinelLSTM:
         model = super().from_pretrained(directory)
         return model.to(device) if device is not None else model

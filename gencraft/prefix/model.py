@@ -36,12 +36,13 @@ from gencraft.models.attention import (
     plugins_of,
 )
 from gencraft.models.introspect import decoder_start_id, hf_model, is_encoder_decoder, pad_id
-from gencraft.models.persistence import read_head, save_head
+from gencraft.models.method import MethodModel
 from gencraft.prefix.attention import CONTEXT_KEY, PrefixAttention, PrefixCall, PrefixKeyValues
 from gencraft.prefix.config import PrefixConfig, resolve_layers
 from gencraft.prefix.functional import prefix_block_mask
 from gencraft.prefix.segment import check_segment_ids, output_segment, segment
 
+#: the files PrefixModel wrote before the shared method format (still loaded)
 CONFIG_FILE = "prefix_config.json"
 WEIGHTS_FILE = "prefix_model.safetensors"
 #: the prefix groups: (stack, kind) -> name of the parameter module
@@ -122,7 +123,7 @@ def _probe(base: nn.Module, ids: torch.Tensor) -> dict[tuple[str, str, int], Any
     return probe.seen
 
 
-class PrefixModel(nn.Module):
+class PrefixModel(MethodModel):
     """Prefix-tuning with DASP's structure on a frozen Hugging Face model.
 
     Args:
@@ -130,7 +131,12 @@ class PrefixModel(nn.Module):
             ``EncoderDecoderModel`` (BERT2BERT).
         config: :class:`~gencraft.prefix.PrefixConfig`.
         tokenizer: needed by the ``"sentence"`` segmenter only.
+
+    Disabled (:meth:`disable`), forward and generate are the base's own.
     """
+
+    method = "prefix"
+    legacy_files = (CONFIG_FILE, WEIGHTS_FILE)
 
     def __init__(self, base: nn.Module, config: PrefixConfig, *, tokenizer: Any = None) -> None:
         super().__init__()
@@ -144,8 +150,7 @@ class PrefixModel(nn.Module):
                 "an encoder-decoder with a language-model head"
             )
         self.base, self.config, self.tokenizer = hf, config, tokenizer
-        for p in self.base.parameters():
-            p.requires_grad_(False)
+        self._freeze(self.base)
         self.is_encoder_decoder = is_encoder_decoder(hf)
         sites = attention_sites(hf)  # raises, naming the model, when unsupported
         if any(isinstance(q, PrefixAttention) for _, m in sites for q in plugins_of(m)):
@@ -243,12 +248,14 @@ class PrefixModel(nn.Module):
             handles.append(attach(self.base, plugin, kind=kind, stack=stack))
         return handles
 
-    def remove(self) -> nn.Module:
-        """Detach the plug-ins and return the (untouched) base model."""
+    def _detach(self) -> None:
+        """Take the plug-ins off the base."""
         for h in self._handles:
             h.remove()
         self._handles = []
-        return self.base
+
+    def _set_enabled(self, on: bool) -> None:
+        pass  # forward and generate read self.enabled
 
     # ------------------------------------------------------------------ prefixes
     @property
@@ -359,6 +366,15 @@ class PrefixModel(nn.Module):
         """
         if input_ids.dim() != 2:
             raise ConfigError(f"input_ids must be [B, T], got shape {list(input_ids.shape)}")
+        if not self.enabled:
+            if self.is_encoder_decoder:
+                kwargs.update(
+                    decoder_input_ids=decoder_input_ids,
+                    decoder_attention_mask=decoder_attention_mask,
+                )
+            return self.base(
+                input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs
+            )
         b = input_ids.shape[0]
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         p = self.config.num_virtual_tokens
@@ -450,6 +466,10 @@ class PrefixModel(nn.Module):
         else ``max_new_tokens``); the prompt's segments are the segmenter's (or
         ``segment_ids``).
         """
+        if not self.enabled:
+            return self.base.generate(
+                input_ids=input_ids, attention_mask=attention_mask, **generate_kw
+            )
         b = input_ids.shape[0]
         p = self.config.num_virtual_tokens
         gen_cfg = self.base.generation_config
@@ -536,27 +556,24 @@ class PrefixModel(nn.Module):
             "kv_shapes": {k: list(v) for k, v in self.kv_shapes.items()},
         }
 
-    def save_pretrained(self, directory: str | Path, *, base_name_or_path: str | None = None):
-        """Write the prefix weights and settings only (the base is named, not saved)."""
-        name = (
-            base_name_or_path
-            or getattr(self.base, "gencraft_name", None)
-            or getattr(self.base.config, "_name_or_path", "")
+    @property
+    def method_config(self) -> PrefixConfig:
+        return self.config
+
+    def method_payload(self) -> dict[str, Any]:
+        """The prefix settings, the base's name and its shape (checked on load); the base is
+        frozen and never saved."""
+        name = getattr(self.base, "gencraft_name", None) or getattr(
+            self.base.config, "_name_or_path", ""
         )
-        state = dict(self.prefix.state_dict())
-        return save_head(
-            directory,
-            config={
-                "prefix": self.config.to_dict(),
-                "base_name_or_path": name,
-                "base": self._signature(),
-            },
-            tensors=state,
-            base=self.base,
-            save_base=False,
-            config_name=CONFIG_FILE,
-            weights_name=WEIGHTS_FILE,
-        )
+        return {
+            "prefix": self.config.to_dict(),
+            "base_name_or_path": name,
+            "base": self._signature(),
+        }
+
+    def method_state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.prefix.state_dict())
 
     @classmethod
     def from_pretrained(
@@ -571,9 +588,7 @@ class PrefixModel(nn.Module):
         """Load saved prefixes onto ``base`` (a model, a name for ``load_model``, or None: the
         recorded name). Raises when ``base`` is not the model the prefixes were trained on.
         ``overrides``: PrefixConfig fields to change (e.g. ``output_length``)."""
-        saved, tensors = read_head(
-            directory, config_name=CONFIG_FILE, weights_name=WEIGHTS_FILE, what="PrefixModel"
-        )
+        saved, tensors = cls.read_saved(Path(directory))
         settings = dict(saved["prefix"])
         if settings.get("segmenter") == "callable" and segmenter is None:
             raise ConfigError(f"{directory} was trained with a callable segmenter; pass segmenter=")
@@ -583,7 +598,7 @@ class PrefixModel(nn.Module):
         try:
             config = PrefixConfig(**settings)
         except TypeError as err:
-            raise GencraftError(f"{Path(directory) / CONFIG_FILE}: {err}") from None
+            raise GencraftError(f"{directory}: the saved prefix settings: {err}") from None
         recorded = saved.get("base_name_or_path") or ""
         if base is None or isinstance(base, str):
             from gencraft.models import load_model
@@ -605,7 +620,7 @@ class PrefixModel(nn.Module):
         missing, unexpected = model.prefix.load_state_dict(tensors, strict=False)
         if missing or unexpected:
             raise GencraftError(
-                f"{Path(directory) / WEIGHTS_FILE} does not match its config: missing "
+                f"the weights in {directory} do not match their config: missing "
                 f"{missing[:5]}, unexpected {unexpected[:5]}"
             )
         return model

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -42,7 +43,7 @@ from gencraft.models.attention import (
     select_sites,
 )
 from gencraft.models.introspect import hf_model, is_encoder_decoder, model_shape
-from gencraft.models.persistence import load_base, read_head, save_head
+from gencraft.models.method import MethodModel
 from gencraft.recurrence.config import RecurrenceConfig
 
 _CONTEXT_KEY = "gencraft_recurrence"
@@ -67,13 +68,18 @@ class _HPrevSlot(AttentionPlugin):
         return ExtraKeyValues(k, v)
 
 
-class RecurrentLM(nn.Module):
+class RecurrentLM(MethodModel):
     """``base`` (a causal LM) with recurrence between windows.
 
     Args:
         base: a Hugging Face causal LM; its attention is routed through gencraft's dispatcher.
         config: :class:`RecurrenceConfig`.
+
+    Disabled (:meth:`disable`), no state passes between windows: each window is the base's.
     """
+
+    method = "recurrence"
+    legacy_files = ("recurrence_config.json", "recurrence.safetensors")
 
     def __init__(self, base: nn.Module, config: RecurrenceConfig | None = None) -> None:
         super().__init__()
@@ -106,8 +112,7 @@ class RecurrentLM(nn.Module):
         )
         self._handle = attach(hf, self.slot, modules=[module])
         if not self.config.train_base:
-            for p in hf.parameters():
-                p.requires_grad_(False)
+            self._freeze(hf)
 
     # ------------------------------------------------------------------ one window
     def pool(self, hidden_states: tuple[torch.Tensor, ...], n: int) -> torch.Tensor:
@@ -185,7 +190,7 @@ class RecurrentLM(nn.Module):
             else:
                 nll, h, rows = self._window(*args)
             total = total + nll
-            if not self.config.recurrent:  # the baseline: the same windows, no state
+            if not self.config.recurrent or not self.enabled:  # the same windows, no state
                 h = None
             if rows is not None:
                 logits.append(rows)
@@ -215,37 +220,55 @@ class RecurrentLM(nn.Module):
         """The recurrence's own tensors (α and the FFN), without the base model."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith("base.")}
 
-    # ------------------------------------------------------------------ save / load
-    CONFIG_FILE, WEIGHTS_FILE = "recurrence_config.json", "recurrence.safetensors"
+    # ------------------------------------------------------------------ the contract
+    @property
+    def method_config(self) -> RecurrenceConfig:
+        return self.config
 
-    def save_pretrained(self, directory: str | Path, *, base_name: str | None = None) -> None:
+    @property
+    def base_model(self) -> nn.Module:
+        return hf_model(self.base)
+
+    def method_payload(self) -> dict[str, Any]:
+        return {"recurrence": asdict(self.config), "base_name_or_path": None}
+
+    def method_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.recurrence_state_dict()
+
+    def saves_base(self) -> bool:
+        return True  # unless saved with base_name_or_path and a frozen base
+
+    def save_pretrained(
+        self,
+        directory: str | Path,
+        *,
+        save_base: bool | None = None,
+        base_name_or_path: str | None = None,
+    ) -> Path:
         """The recurrence's tensors and config, and the base under ``base/`` when it trains
-        (else only ``base_name``, reloaded by name)."""
-        save_head(
-            directory,
-            config={"recurrence": asdict(self.config), "base_name_or_path": base_name},
-            tensors=self.recurrence_state_dict(),
-            base=hf_model(self.base),
-            save_base=self.config.train_base or base_name is None,
-            config_name=self.CONFIG_FILE,
-            weights_name=self.WEIGHTS_FILE,
+        or is not named (``base_name_or_path``)."""
+        if save_base is None:
+            save_base = self.config.train_base or not base_name_or_path
+        return super().save_pretrained(
+            directory, save_base=save_base, base_name_or_path=base_name_or_path
         )
+
+    def _set_enabled(self, on: bool) -> None:
+        pass  # forward reads self.enabled
+
+    def _detach(self) -> None:
+        self._handle.remove()
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, base: nn.Module | None = None) -> RecurrentLM:
-        config, tensors = read_head(
-            directory,
-            config_name=cls.CONFIG_FILE,
-            weights_name=cls.WEIGHTS_FILE,
-            what="recurrent LM",
-        )
-        base = load_base(directory, config, "causal-lm", base)
-        model = cls(base, RecurrenceConfig(**config["recurrence"]))
+    def from_method_payload(
+        cls, payload: dict[str, Any], tensors: dict[str, torch.Tensor], base: Any, **kwargs: Any
+    ) -> RecurrentLM:
+        model = cls(base, RecurrenceConfig(**payload["recurrence"]))
         missing, unexpected = model.load_state_dict(tensors, strict=False)
         missing = [k for k in missing if not k.startswith("base.")]
         if missing or unexpected:
             raise GencraftError(
-                f"{Path(directory) / cls.WEIGHTS_FILE} does not match its config: missing "
+                f"the saved recurrence weights do not match its config: missing "
                 f"{missing[:5]}, unexpected {unexpected[:5]}"
             )
         return model

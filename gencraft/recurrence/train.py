@@ -117,7 +117,7 @@ def train(
     settings = {"train": run, "recurrence": asdict(rec), "sequences": len(train_rows)}
 
     def save_fn(m: RecurrentLM, d: Path) -> None:
-        m.save_pretrained(d, base_name=cfg.model)
+        m.save_pretrained(d, base_name_or_path=cfg.model)
         write_run_settings(d, RUN_FILE, settings)
 
     t0 = time.time()

@@ -171,6 +171,8 @@ def beam_search(
             f"force_length={force_length} needs 0 <= force_length < max_new_tokens "
             f"({max_new_tokens}): the EOS after the n tokens counts as a new token"
         )
+    if classifier is not None and not getattr(classifier, "enabled", True):
+        classifier, k = None, None  # a disabled classifier: plain beam search
     stepper, eos = resolve(
         model, input_ids, eos_token_id, max_new_tokens=max_new_tokens, hidden=classifier is not None
     )

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError, ModelLoadError
-from gencraft.models.persistence import PersistenceMixin
+from gencraft.models.method import MethodModel
 from gencraft.search.config import NUM_LENGTH_BUCKETS as NUM_LENGTH_BUCKETS
 from gencraft.search.config import ClassifierConfig
 
@@ -125,11 +125,16 @@ def state_dims(model: nn.Module) -> tuple[int | None, int | None, int]:
     return (layers + 1 if layers else None), hidden, model.get_input_embeddings().weight.shape[1]
 
 
-class AttributeClassifier(PersistenceMixin, nn.Module):
+class AttributeClassifier(MethodModel):
     """The §7.4.3 classifier. ``forward(hidden, next_tokens)``: ``hidden`` [B, T, M+1, H] the
     NLG model's states at positions 0..T-1, ``next_tokens`` [B, T] the token at each next
     position; returns logits [B, T, num_classes]. Bind the NLG model's input embeddings with
-    ``bind(model)`` before use."""
+    ``bind(model)`` before use. Disabled (:meth:`disable`), beam search ignores it.
+
+    It reads a model's states but wraps none: :meth:`remove` has no base to give back."""
+
+    method = "search"
+    legacy_files = (CONFIG_NAME, WEIGHTS_NAME)
 
     def __init__(self, config: ClassifierConfig) -> None:
         super().__init__()
@@ -241,24 +246,43 @@ class AttributeClassifier(PersistenceMixin, nn.Module):
         self.target_class = lambda t: length_bucket(max(n - t, 0))
         return self
 
-    # -- persistence ------------------------------------------------------------------------
-    # persistence: PersistenceMixin (classifier_config.json + classifier.safetensors); the
-    # NLG model's embeddings are bound at load time, never stored
-    CONFIG_FILE = CONFIG_NAME
-    WEIGHTS_FILE = WEIGHTS_NAME
-    WHAT = "trained classifier"
+    # -- the method contract ------------------------------------------------------------------
+    # the NLG model's embeddings are bound at load time, never stored
+    @property
+    def method_config(self) -> ClassifierConfig:
+        return self.config
+
+    def method_state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.state_dict())
 
     @classmethod
-    def from_config_dict(cls, config: dict[str, Any]) -> AttributeClassifier:
-        return cls(ClassifierConfig(**config))
+    def base_task(cls, payload: dict[str, Any]) -> None:
+        return None
+
+    def _set_enabled(self, on: bool) -> None:
+        pass  # beam_search reads self.enabled
+
+    @classmethod
+    def from_method_payload(
+        cls, payload: dict[str, Any], tensors: dict[str, torch.Tensor], base: Any, **kwargs: Any
+    ) -> AttributeClassifier:
+        saved = payload.get("config", payload)  # pre-format saves hold the settings at the top
+        clf = cls(ClassifierConfig(**saved))
+        missing, unexpected = clf.load_state_dict(tensors, strict=False)
+        if missing or unexpected:
+            raise GencraftError(
+                f"the saved weights do not match their config: missing {missing[:5]}, "
+                f"unexpected {unexpected[:5]}"
+            )
+        clf.eval()
+        return clf.bind(base) if base is not None else clf
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, model: nn.Module | None = None
+        cls, path: str | Path, model: nn.Module | None = None, **kwargs: Any
     ) -> AttributeClassifier:
+        """A saved classifier, bound to ``model`` (the NLG model it reads) when given."""
         try:
-            clf = super().from_pretrained(path)
+            return super().from_pretrained(path, model)
         except GencraftError as err:
             raise ModelLoadError(str(err)) from None
-        clf.eval()
-        return clf.bind(model) if model is not None else clf
