@@ -11,6 +11,13 @@ import sys
 
 M = [
     (
+        "load_run does not look in a run's best/",
+        "gencraft/training/run.py",
+        "    if not _is_model_directory(d) and (d / which).is_dir():\n        d = d / which",
+        "    if False:\n        d = d / which",
+        "tests/test_training.py -k load_run",
+    ),
+    (
         "FAME stays on when disabled",
         "gencraft/focus/model.py",
         "active = self.enabled or self.state.record is not None",

@@ -332,7 +332,7 @@ def test_cli_train_resume_generate_eval_and_errors(shared_data, tmp_path, capsys
         str(shared_data),
     ]
     assert main(train) == 0
-    assert (out / "best" / "gencraft_nar_run.json").is_file()
+    assert (out / "best" / "run_settings.json").is_file()
     assert main(train) == 0  # a finished run resumes and stops at once
     assert '"steps": 2' in capsys.readouterr().out
     assert (

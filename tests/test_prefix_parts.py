@@ -235,7 +235,8 @@ def test_peft_method_trains_like_dense_prefix(tmp_path):
 
 @pytest.mark.skipif(not (DATA / "e2e").is_dir(), reason="needs ../shared/data/e2e")
 def test_finetune_method_saves_and_loads_with_its_normaliser(tmp_path):
-    from gencraft.prefix.train import PrefixTrainConfig, evaluate, load_trained, train
+    from gencraft.prefix.train import PrefixTrainConfig, evaluate, rebuild_finetuned, train
+    from gencraft.training import load_run
 
     cfg = PrefixTrainConfig(
         model="tiny-llama",
@@ -255,7 +256,7 @@ def test_finetune_method_saves_and_loads_with_its_normaliser(tmp_path):
         data_dir=str(DATA),
         progress=False,
     )
-    model, tok, meta = load_trained(tmp_path / "ft" / "best")
+    model, tok, meta = load_run(tmp_path / "ft", build=rebuild_finetuned)
     assert meta["train"]["method"] == "finetune" and meta["prefix"]["normalizer"] == "truncsa"
     assert any(p.requires_grad for p in model.parameters())
     result = evaluate(

@@ -15,8 +15,15 @@ import torch
 from torch import nn
 
 from gencraft.errors import ConfigError, GencraftError
-from gencraft.models.persistence import read_run_settings, write_run_settings
-from gencraft.training import FitConfig, Interrupted, fit, warmup_schedule
+from gencraft.training import (
+    FitConfig,
+    Interrupted,
+    fit,
+    load_run,
+    model_directory,
+    save_run,
+    warmup_schedule,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -129,13 +136,40 @@ def test_run_summary_and_settings_files(tmp_path):
     on_disk = json.loads((tmp_path / "train_summary.json").read_text())
     assert on_disk == summary and summary["steps"] == 3 and summary["pairs"] == 24
     assert summary["history"][-1]["step"] == 3 and summary["stopped"] == "max_steps"
-    write_run_settings(tmp_path, "run.json", {"train": {"lr": 0.1}})
-    assert read_run_settings(tmp_path, "run.json", "toy") == {"train": {"lr": 0.1}}
-    with pytest.raises(ConfigError, match=r"is not a trained toy run \(no other.json\)"):
-        read_run_settings(tmp_path, "other.json", "toy")
-    (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(ConfigError, match=r"bad\.json is not valid JSON"):
-        read_run_settings(tmp_path, "bad.json", "toy")
+
+
+def test_save_run_and_load_run_one_format_for_every_method(tmp_path):
+    from gencraft.models import build_tiny_model, build_tiny_tokenizer
+    from gencraft.pointer import PointerSentinelHead
+
+    base = build_tiny_model("tiny-llama", seed=2)
+    head = PointerSentinelHead(base, window=4, base_name_or_path="tiny-llama")
+    tok = build_tiny_tokenizer()
+    settings = {"train": {"model": "tiny-llama", "lr": 0.1}}
+    for which in ("best", "last"):
+        save_run(tmp_path / "run" / which, head, tok, settings, save_base=True)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        want = head(ids, return_log_probs=True).log_probs
+    for where in (tmp_path / "run", tmp_path / "run" / "best", tmp_path / "run" / "last"):
+        model, tok2, got_settings = load_run(where)
+        assert type(model) is PointerSentinelHead and not model.training
+        assert got_settings == settings and tok2("ab")["input_ids"] == tok("ab")["input_ids"]
+        with torch.no_grad():
+            assert torch.equal(model(ids, return_log_probs=True).log_probs, want)
+    assert model_directory(tmp_path / "run", "last") == tmp_path / "run" / "last"
+    # a transformers model in a run (a fine-tuned baseline) loads with its tokenizer
+    save_run(tmp_path / "plain", base, tok, {"train": {}})
+    model, _, _ = load_run(tmp_path / "plain")
+    assert type(model) is type(base)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"empty is not a trained run"):
+        load_run(tmp_path / "empty")
+    with pytest.raises(ConfigError, match=r"does not exist"):
+        load_run(tmp_path / "nowhere")
+    (tmp_path / "run" / "best" / "run_settings.json").write_text("{")
+    with pytest.raises(ConfigError, match=r"run_settings\.json is not valid JSON"):
+        load_run(tmp_path / "run")
 
 
 def test_refusals_and_validation(tmp_path):

@@ -13,10 +13,10 @@ METHODS = ("auto", "sundae", "mask-predict", "beam")
 
 def _load(name_or_dir: str, seed: int = 0) -> tuple[Any, Any]:
     from gencraft.nar import load_mlm_seq2seq
-    from gencraft.nar.train import RUN_FILE, load_trained
+    from gencraft.training import load_run
 
-    if (Path(name_or_dir) / RUN_FILE).is_file():
-        model, tok, _ = load_trained(name_or_dir)
+    if Path(name_or_dir).is_dir():  # a trained run (its best/) or one of its model directories
+        model, tok, _ = load_run(name_or_dir)
         return model, tok
     # a masked LM converted on the spot (untrained for generation)
     return load_mlm_seq2seq(name_or_dir, seed=seed)

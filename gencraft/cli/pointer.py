@@ -71,10 +71,10 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from gencraft.pointer import PointerSentinelLSTM
     from gencraft.pointer.train import evaluate
+    from gencraft.training import load_run
 
-    model = PointerSentinelLSTM.from_pretrained(_model_dir(args.checkpoint), device=args.device)
+    model = load_run(args.checkpoint, device=args.device).model
     corpus_name = args.corpus or model.config.extra.get("corpus")
     if not corpus_name:
         raise GencraftError("the checkpoint records no corpus; pass --corpus")
@@ -99,15 +99,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     )
 
 
-def _model_dir(path: str) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise GencraftError(f"checkpoint {p} does not exist")
-    return p / "best" if (p / "best").is_dir() else p
-
-
 def cmd_analyze(args: argparse.Namespace) -> None:
-    from gencraft.pointer import PointerSentinelLSTM
     from gencraft.pointer.analysis import (
         bucket_gains,
         frequency_buckets,
@@ -116,8 +108,9 @@ def cmd_analyze(args: argparse.Namespace) -> None:
         plot_passage,
     )
     from gencraft.pointer.train import evaluate
+    from gencraft.training import load_run
 
-    ptr = PointerSentinelLSTM.from_pretrained(_model_dir(args.pointer))
+    ptr = load_run(args.pointer).model
     name = args.corpus or ptr.config.extra.get("corpus")
     if not name:
         raise GencraftError("the checkpoint records no corpus; pass --corpus")
@@ -126,7 +119,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"corpus": name, "split": args.split}
     if args.baseline:
-        base = PointerSentinelLSTM.from_pretrained(_model_dir(args.baseline))
+        base = load_run(args.baseline).model
         if base.config.vocab_size != ptr.config.vocab_size:
             raise GencraftError("the two checkpoints have different vocabularies")
         ids = corpus[args.split]

@@ -32,9 +32,10 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def _load(checkpoint: str) -> tuple[Any, Any, dict]:
-    from gencraft.prefix.train import load_trained
+    from gencraft.prefix.train import rebuild_finetuned
+    from gencraft.training import load_run
 
-    return load_trained(checkpoint)
+    return load_run(checkpoint, build=rebuild_finetuned)
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:

@@ -29,10 +29,11 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.evaluate import format_table
     from gencraft.errors import GencraftError
-    from gencraft.recurrence.train import RUN_FILE, evaluate, load_trained
+    from gencraft.recurrence.train import evaluate
+    from gencraft.training import load_run
 
-    if (Path(args.model) / RUN_FILE).is_file():
-        model, tok, meta = load_trained(args.model)
+    if Path(args.model).is_dir():  # a trained run (its best/) or one of its model directories
+        model, tok, meta = load_run(args.model)
         window = args.window or meta["recurrence"]["window"]
         corpus = args.corpus or meta["train"]["corpus"]
     else:  # any causal LM, each window run alone

@@ -25,18 +25,18 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 def _classifier(args: argparse.Namespace, model: Any) -> Any:
     """The trained classifier of ``--classifier DIR`` (``DIR`` or ``DIR/best``), aimed at
     ``--attribute``: a length (exactly N tokens) or ``not-degenerate``."""
-    from pathlib import Path
 
     from gencraft.errors import GencraftError
     from gencraft.search.classifier import AttributeClassifier
+    from gencraft.training import load_run
 
     if args.classifier is None:
         if args.attribute is not None:
             raise GencraftError("--attribute needs --classifier DIR")
         return None
-    path = Path(args.classifier)
-    path = path / "best" if (path / "best").is_dir() else path
-    clf = AttributeClassifier.from_pretrained(path, model)
+    clf = load_run(args.classifier, base=model).model
+    if not isinstance(clf, AttributeClassifier):
+        raise GencraftError(f"{args.classifier} holds a {type(clf).__name__}, not a classifier")
     kind = clf.config.attribute
     if kind == "length":
         n = args.force_length if args.attribute is None else None

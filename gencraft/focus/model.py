@@ -172,6 +172,14 @@ class FocusForConditionalGeneration(MethodModel):
     def _set_enabled(self, on: bool) -> None:
         pass  # the hooks read self.enabled
 
+    def use_tokenizer(self, tokenizer: Any) -> Any:
+        """A causal LM's prompts pad on the left (batched generation), EOS as padding."""
+        if not self.is_encoder_decoder:
+            tokenizer.padding_side = "left"
+            if tokenizer.pad_token is None:
+                tokenizer.pad_token = tokenizer.eos_token
+        return tokenizer
+
     def _detach(self) -> None:
         """Take FAME's hooks and attention plug-in off the base."""
         for h in self._hooks:

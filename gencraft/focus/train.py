@@ -31,41 +31,28 @@ from gencraft.errors import GencraftError
 from gencraft.focus.config import FocusTrainConfig
 from gencraft.focus.data import SummaryEncoder, collate
 from gencraft.focus.features import HeadFeatures, collect_features, head_losses
-from gencraft.focus.model import FOCUS_CONFIG, FocusConfig, FocusForConditionalGeneration
+from gencraft.focus.model import FocusConfig, FocusForConditionalGeneration
 from gencraft.focus.topic import frequent_token_ids
-from gencraft.models.method import METHOD_CONFIG
 from gencraft.training import (
     FitConfig,
     fit,
+    load_run,
     make_accelerator,
     mean_loss,
     save_directory,
-    write_json,
+    save_run,
 )
 
 
-def load_summarizer(
-    path: str, **load_kw: Any
-) -> tuple[nn.Module, Any]:  # (FocusForConditionalGeneration | PreTrainedModel, tokenizer)
-    """A trained FAME model or plain model from a directory, or any registered model name."""
-    from transformers import AutoTokenizer
-
+def load_summarizer(path: str, **load_kw: Any) -> tuple[nn.Module, Any]:
+    """A trained run (:func:`gencraft.training.load_run`: its ``best/``, or a model
+    directory), or any registered model name, as (model, tokenizer)."""
     from gencraft.models import load_model
 
-    p = Path(path)
-    if (p / METHOD_CONFIG).is_file() or (p / FOCUS_CONFIG).is_file():
-        model = FocusForConditionalGeneration.from_pretrained(p, **load_kw)
-        tok = AutoTokenizer.from_pretrained(p)
-        return model.eval(), _causal_padding(model, tok)
+    if Path(path).is_dir():
+        model, tok, _ = load_run(path, **load_kw)
+        return model, tok
     return load_model(path, **load_kw)
-
-
-def _causal_padding(model: FocusForConditionalGeneration, tok: Any) -> Any:
-    if not model.is_encoder_decoder:
-        tok.padding_side = "left"
-        if tok.pad_token is None:
-            tok.pad_token = tok.eos_token
-    return tok
 
 
 class FocusTrainer:
@@ -242,9 +229,8 @@ class FocusTrainer:
         return metrics
 
     def _save(self, model: nn.Module, directory: Path) -> None:
-        model.save_pretrained(directory)
-        self.tok.save_pretrained(directory)
-        write_json(directory / "train_config.json", asdict(self.cfg))
+        settings = {"train": asdict(self.cfg), "base": self.base_name_or_path}
+        save_run(directory, model, self.tok, settings)
 
     def save(self, directory: Path) -> None:
         """Write the model, tokenizer and training settings to ``directory`` (replacing it)."""

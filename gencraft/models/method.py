@@ -122,6 +122,11 @@ class MethodModel(nn.Module):
     def _detach(self) -> None:
         """Take the method's hooks and plug-ins off the base."""
 
+    def use_tokenizer(self, tokenizer: Any) -> Any:
+        """Called by :func:`gencraft.training.load_run` with the run's tokenizer; returns it
+        (set up as this model needs it, e.g. padding side or special ids)."""
+        return tokenizer
+
     def _freeze(self, base: nn.Module) -> None:
         """Stop gradients to ``base``; :meth:`remove` gives the flags back as they were."""
         if "_base_requires_grad" not in self.__dict__:

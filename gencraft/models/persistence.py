@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from gencraft.errors import ConfigError, GencraftError
+from gencraft.errors import GencraftError
 
 
 def save_head(
@@ -62,22 +62,15 @@ def read_head(
     return config, tensors
 
 
-def write_run_settings(directory: str | Path, filename: str, settings: dict[str, Any]) -> None:
-    """The settings of the training run beside the model it saved (read by
-    :func:`read_run_settings`)."""
-    (Path(directory) / filename).write_text(json.dumps(settings, indent=2))
+def load_saved_model(directory: str | Path) -> nn.Module:
+    """A ``transformers`` model saved in ``directory`` by ``save_pretrained`` (no tokenizer
+    needed), with the auto class of the task its config says, in eval mode."""
+    from transformers import AutoConfig
 
+    from gencraft.models.registry import _AUTO_CLASSES, infer_task
 
-def read_run_settings(directory: str | Path, filename: str, what: str) -> dict[str, Any]:
-    """The settings :func:`write_run_settings` wrote; a clear error when ``directory`` is not a
-    trained ``what`` run."""
-    path = Path(directory) / filename
-    if not path.is_file():
-        raise ConfigError(f"{path.parent} is not a trained {what} run (no {filename})")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{path} is not valid JSON ({err.msg})") from None
+    config = AutoConfig.from_pretrained(directory)
+    return _AUTO_CLASSES[infer_task(config)].from_pretrained(directory).eval()
 
 
 def load_base(

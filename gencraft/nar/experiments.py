@@ -23,7 +23,8 @@ from typing import Any
 
 from gencraft.experiments import ExperimentRun, register, settings_field
 from gencraft.nar.config import ConvertConfig, ObjectiveConfig, SamplingConfig
-from gencraft.nar.train import NARTrainConfig, evaluate, load_trained, train
+from gencraft.nar.train import NARTrainConfig, evaluate, train
+from gencraft.training import load_run
 
 #: name -> (objective, convert settings, decoding method)
 VARIANTS: dict[str, tuple[str, dict[str, Any], str]] = {
@@ -127,7 +128,7 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
             sampling = SamplingConfig(**{**asdict(sampling), "temperature": tuned["temperature"]})
 
         def score(out=out, sampling=sampling, method=method):
-            model, tok, _ = load_trained(out / "best")
+            model, tok, _ = load_run(out / "best")
             r = evaluate(
                 model,
                 tok,
@@ -181,7 +182,7 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
         for steps in s.curve_steps:
 
             def point(name=name, method=method, steps=steps):
-                model, tok, _ = load_trained(Path(run.directory) / name / "best")
+                model, tok, _ = load_run(Path(run.directory) / name / "best")
                 t = temperatures.get(name, 1.0)
                 sp = SamplingConfig(
                     steps=steps,
@@ -213,7 +214,7 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
 
 
 def _tune(s: NARTasksSettings, out: Path, sampling: SamplingConfig) -> dict[str, Any]:
-    model, tok, _ = load_trained(out / "best")
+    model, tok, _ = load_run(out / "best")
     scores = {}
     for t in s.temperatures:
         sp = SamplingConfig(**{**asdict(sampling), "temperature": t})

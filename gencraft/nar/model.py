@@ -106,6 +106,10 @@ class NARSeq2Seq(EncoderDecoderModel, MethodModel):
             raise GencraftError("a NARSeq2Seq holds its whole network: it takes no base=")
         return super().from_pretrained(directory, **kwargs)
 
+    def use_tokenizer(self, tokenizer: Any) -> Any:
+        configure_special_ids(self, tokenizer)
+        return tokenizer
+
     def _set_enabled(self, on: bool) -> None:
         if not on:
             raise GencraftError(

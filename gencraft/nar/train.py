@@ -21,7 +21,6 @@ import torch
 from gencraft.config import check, option
 from gencraft.data.tasks import pick_examples, references_of, source_of, task_examples
 from gencraft.errors import ConfigError, GencraftError
-from gencraft.models.persistence import read_run_settings, write_run_settings
 from gencraft.nar.config import ConvertConfig, ObjectiveConfig, SamplingConfig
 from gencraft.nar.decoding import (
     NAROutput,
@@ -29,10 +28,9 @@ from gencraft.nar.decoding import (
     mask_predict_generate,
     sundae_generate,
 )
-from gencraft.nar.model import NARSeq2Seq, configure_special_ids, load_mlm_seq2seq, special_ids
+from gencraft.nar.model import NARSeq2Seq, load_mlm_seq2seq, special_ids
 from gencraft.nar.objectives import collate, make_loss, noise_ids
 
-RUN_FILE = "gencraft_nar_run.json"
 NAR_TASKS = ("e2e", "webnlg", "dart")
 PRESETS: dict[str, dict[str, float]] = {
     "pretrained": {"lr": 1e-4, "weight_decay": 0.0, "label_smoothing": 0.0},
@@ -124,8 +122,8 @@ def train(
     restart: bool = False,
 ) -> dict[str, Any]:
     """Convert ``cfg.model`` and train it with ``objective``; ``best/`` and ``last/`` load with
-    :func:`load_trained`."""
-    from gencraft.training import FitConfig, fit, make_accelerator
+    :func:`gencraft.training.load_run`."""
+    from gencraft.training import FitConfig, fit, make_accelerator, save_run
 
     if objective.objective == "autoregressive" and convert.bidirectional:
         raise ConfigError("--objective autoregressive needs --no-bidirectional (a causal decoder)")
@@ -174,9 +172,7 @@ def train(
         return mean_loss(make_loss(objective, tok, gen), acc)(m, loader)
 
     def save_fn(m: NARSeq2Seq, d: Path) -> None:
-        m.save_pretrained(d)
-        tok.save_pretrained(d)
-        write_run_settings(d, RUN_FILE, settings)
+        save_run(d, m, tok, settings)
 
     model.train()
     t0 = time.time()
@@ -197,17 +193,6 @@ def train(
         restart=restart,
     )
     return result.write_summary(out, t0, pairs=len(train_pairs), dropped_long_targets=dropped)
-
-
-def load_trained(directory: str | Path) -> tuple[NARSeq2Seq, Any, dict[str, Any]]:
-    """(model, tokenizer, run settings) of a ``best/`` or ``last/`` directory."""
-    from transformers import AutoTokenizer
-
-    d = Path(directory)
-    meta = read_run_settings(d, RUN_FILE, "nar")
-    tok = AutoTokenizer.from_pretrained(d)
-    model = NARSeq2Seq.from_pretrained(d).eval()
-    return configure_special_ids(model, tok), tok, meta
 
 
 def decode(

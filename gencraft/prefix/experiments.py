@@ -144,12 +144,13 @@ def train_and_score(s: PrefixTaskSettings, variant: str, seed: int, progress: bo
     from gencraft.prefix.train import (
         PrefixTrainConfig,
         evaluate,
-        load_trained,
         pick_examples,
+        rebuild_finetuned,
         references_of,
         task_examples,
         train,
     )
+    from gencraft.training import load_run
 
     method, fields = VARIANTS[variant]
     out = run_dir(s, variant, seed)
@@ -176,7 +177,7 @@ def train_and_score(s: PrefixTaskSettings, variant: str, seed: int, progress: bo
     decoding = {"num_beams": s.num_beams, "max_new_tokens": s.max_new_tokens}
     result = json.loads(path.read_text()) if path.is_file() else {}
     if {k: result.get(k) for k in decoding} != decoding:
-        model, tok, _ = load_trained(out / "best")
+        model, tok, _ = load_run(out / "best", build=rebuild_finetuned)
         result = evaluate(
             model,
             tok,

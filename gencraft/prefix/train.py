@@ -30,13 +30,13 @@ from gencraft.data.tasks import (
 )
 from gencraft.errors import ConfigError
 from gencraft.models.introspect import eos_ids, is_encoder_decoder, pad_id
-from gencraft.models.persistence import read_run_settings, write_run_settings
+from gencraft.models.persistence import load_saved_model
 from gencraft.models.prompts import pad_batch
 from gencraft.prefix.config import PrefixConfig
+from gencraft.training import LoadedRun, save_run
 
 SEPARATOR = "\nText:"
 TASKS = ("e2e", "dart", "xsum")
-RUN_FILE = "gencraft_prefix_run.json"
 
 
 @dataclass
@@ -188,7 +188,7 @@ def train(
         return m(**batch).loss
 
     def save_fn(m: nn.Module, directory: Path) -> None:
-        save_trained(m, directory, cfg, prefix)
+        save_trained(m, directory, cfg, prefix, tok)
 
     fit_cfg = FitConfig(
         epochs=cfg.epochs,
@@ -220,41 +220,43 @@ def train(
     return result.write_summary(out, start, trainable_parameters=sum(p.numel() for p in params))
 
 
-def save_trained(model: nn.Module, directory: Path, cfg: PrefixTrainConfig, prefix: Any) -> None:
-    """Prefix weights (PrefixModel) or the whole fine-tuned base, plus the run settings."""
+def save_trained(
+    model: nn.Module, directory: Path, cfg: PrefixTrainConfig, prefix: Any, tokenizer: Any
+) -> None:
+    """One model directory of the run (:func:`gencraft.training.save_run`): the prefixes
+    (a PrefixModel; peft's saved as the PrefixModel it equals) or the whole fine-tuned base."""
     from gencraft.prefix.model import PrefixModel
 
-    directory = Path(directory)
     model = getattr(model, "module", model)
-    if hasattr(model, "peft_config"):  # saved as the PrefixModel it equals (from_peft)
+    settings = {"train": asdict(cfg), "prefix": prefix.to_dict()}
+    if hasattr(model, "peft_config"):
         as_prefix = PrefixModel.from_peft(model)
-        as_prefix.save_pretrained(directory, base_name_or_path=cfg.model)
+        save_run(directory, as_prefix, tokenizer, settings, base_name_or_path=cfg.model)
         as_prefix.remove()
     elif isinstance(model, PrefixModel):
-        model.save_pretrained(directory, base_name_or_path=cfg.model)
+        save_run(directory, model, tokenizer, settings, base_name_or_path=cfg.model)
     else:
-        model.save_pretrained(directory / "base")
-    write_run_settings(directory, RUN_FILE, {"train": asdict(cfg), "prefix": prefix.to_dict()})
+        save_run(directory, model, tokenizer, settings)
 
 
-def load_trained(directory: str | Path) -> tuple[nn.Module, Any, dict[str, Any]]:
-    """(model, tokenizer, run settings) of a directory written by :func:`save_trained`."""
+def rebuild_finetuned(directory: Path, settings: dict[str, Any]) -> LoadedRun | None:
+    """:func:`~gencraft.training.load_run`'s ``build`` for this package: a fine-tuned base
+    gets its attention normaliser back (None for a prefix run, which loads as a method
+    model)."""
+    if settings.get("train", {}).get("method") != "finetune":
+        return None
     from gencraft.models import load_model
-    from gencraft.prefix.model import PrefixModel
 
-    d = Path(directory)
-    meta = read_run_settings(d, RUN_FILE, "prefix")
-    prefix = PrefixConfig(**meta["prefix"])
-    if (d / "base").is_dir():  # fine-tuned: the weights here, the tokenizer of the named base
-        from gencraft.models.persistence import load_base
+    if (directory / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
 
-        named, tok = load_model(meta["train"]["model"])
-        task = "seq2seq-lm" if is_encoder_decoder(named) else "causal-lm"
-        base = load_base(d, {"base_saved": True}, task)
-        model, _ = build_model(base, tok, prefix, "finetune")
-        return model.eval(), tok, meta
-    base, tok = load_model(meta["train"]["model"])
-    return PrefixModel.from_pretrained(d, base, tokenizer=tok).eval(), tok, meta
+        tok = AutoTokenizer.from_pretrained(directory)
+    else:  # a run saved before the shared format: the named base's tokenizer
+        tok = load_model(settings["train"]["model"])[1]
+    saved = directory / "base" if (directory / "base").is_dir() else directory  # pre-format
+    base = load_saved_model(saved)
+    model, _ = build_model(base, tok, PrefixConfig(**settings["prefix"]), "finetune")
+    return LoadedRun(model.eval(), tok, settings)
 
 
 @torch.no_grad()

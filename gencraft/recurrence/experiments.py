@@ -14,7 +14,8 @@ from pathlib import Path
 
 from gencraft.experiments import ExperimentRun, register, settings_field
 from gencraft.recurrence.config import RecurrenceConfig
-from gencraft.recurrence.train import RecurrenceTrainConfig, evaluate, load_trained, train
+from gencraft.recurrence.train import RecurrenceTrainConfig, evaluate, train
+from gencraft.training import load_run
 
 
 @dataclass
@@ -101,7 +102,7 @@ def recurrence_lm(s: RecurrenceLMSettings, run: ExperimentRun) -> None:
         for split in s.splits:
 
             def score(split=split, out=out):
-                model, tok, _ = load_trained(out / "best")
+                model, tok, _ = load_run(out / "best")
                 return evaluate(
                     model,
                     tok,

@@ -21,13 +21,10 @@ from gencraft.config import check, option
 from gencraft.data import subword_stream
 from gencraft.metrics import windowed_nll
 from gencraft.metrics.lm import stream_perplexities
-from gencraft.models.persistence import read_run_settings, write_run_settings
 from gencraft.recurrence.config import RecurrenceConfig
 from gencraft.recurrence.evaluate import flops_per_token
 from gencraft.recurrence.model import RecurrentLM
-from gencraft.training import FitConfig, fit
-
-RUN_FILE = "gencraft_recurrence_run.json"
+from gencraft.training import FitConfig, fit, save_run
 
 
 @dataclass
@@ -77,7 +74,7 @@ def train(
     restart: bool = False,
 ) -> dict[str, Any]:
     """Fine-tune ``cfg.model`` with (or, ``rec.recurrent=False``, without) recurrence;
-    ``best/`` and ``last/`` are loadable with :func:`load_trained`."""
+    ``best/`` and ``last/`` are loadable with :func:`gencraft.training.load_run`."""
     from gencraft.models import load_model
 
     out = Path(output)
@@ -117,8 +114,7 @@ def train(
     settings = {"train": run, "recurrence": asdict(rec), "sequences": len(train_rows)}
 
     def save_fn(m: RecurrentLM, d: Path) -> None:
-        m.save_pretrained(d, base_name_or_path=cfg.model)
-        write_run_settings(d, RUN_FILE, settings)
+        save_run(d, m, tok, settings, base_name_or_path=cfg.model)
 
     t0 = time.time()
     result = fit(
@@ -136,16 +132,6 @@ def train(
         restart=restart,
     )
     return result.write_summary(out, t0, tokens_per_step=per_step)
-
-
-def load_trained(directory: str | Path) -> tuple[RecurrentLM, Any, dict[str, Any]]:
-    """(model, tokenizer, run settings) of a ``best/`` or ``last/`` directory."""
-    from gencraft.models import load_model
-
-    d = Path(directory)
-    meta = read_run_settings(d, RUN_FILE, "recurrence")
-    _, tok = load_model(meta["train"]["model"])
-    return RecurrentLM.from_pretrained(d).eval(), tok, meta
 
 
 def evaluate(

@@ -1,6 +1,7 @@
 """The training machinery every gencraft method shares: :func:`fit` (the one training loop, on
-``accelerate``), checkpoints that resume after an interrupt, schedules (warm-up/decay, the
-plateau rule, truncated BPTT) and RNG/atomic-file helpers."""
+``accelerate``), checkpoints that resume after an interrupt, the one run format
+(:func:`save_run` / :func:`load_run`), schedules (warm-up/decay, the plateau rule, truncated
+BPTT) and RNG/atomic-file helpers."""
 
 from gencraft.training.checkpoint import (
     Interrupted,
@@ -16,6 +17,14 @@ from gencraft.training.fit import (
     fit,
     make_accelerator,
     mean_loss,
+)
+from gencraft.training.run import (
+    RUN_SETTINGS,
+    LoadedRun,
+    load_run,
+    model_directory,
+    read_settings,
+    save_run,
 )
 from gencraft.training.schedules import (
     PlateauSchedule,
@@ -33,23 +42,29 @@ from gencraft.training.state import (
 )
 
 __all__ = [
+    "RUN_SETTINGS",
     "EpochSampler",
     "FitConfig",
     "FitResult",
     "InterruptGuard",
     "Interrupted",
+    "LoadedRun",
     "PlateauSchedule",
     "RunCheckpoint",
     "Step",
     "atomic_torch_save",
     "batchify",
     "fit",
+    "load_run",
     "load_torch",
     "make_accelerator",
     "mean_loss",
+    "model_directory",
+    "read_settings",
     "resume_command",
     "rng_state",
     "save_directory",
+    "save_run",
     "set_rng_state",
     "tbptt_schedule",
     "warmup_schedule",
