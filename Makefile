@@ -13,7 +13,7 @@ ifneq ($(wildcard $(SHARED_DATA)),)
 export GENCRAFT_DATA_DIR ?= $(SHARED_DATA)
 endif
 
-.PHONY: install demo test lint format clean
+.PHONY: install demo test test-fast mutations lint format clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,10 +29,23 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/gencraft demo
 
+# the whole suite (tests that load real weights included); prints its own duration
 test: $(STAMP)
-	$(VENV)/bin/ruff check gencraft tests benchmarks
-	$(VENV)/bin/ruff format --check gencraft tests benchmarks
-	$(PY) -m pytest
+	@start=$$(date +%s); \
+	$(VENV)/bin/ruff check gencraft tests benchmarks && \
+	$(VENV)/bin/ruff format --check gencraft tests benchmarks && \
+	$(PY) -m pytest; status=$$?; \
+	echo "make test: $$(( $$(date +%s) - start )) s in all (exit $$status)"; exit $$status
+
+# without the tests marked slow (real pretrained weights)
+test-fast: $(STAMP)
+	@start=$$(date +%s); \
+	$(PY) -m pytest -m "not slow"; status=$$?; \
+	echo "make test-fast: $$(( $$(date +%s) - start )) s (exit $$status)"; exit $$status
+
+# each mutation of .ci/mutations.py must make its test fail
+mutations: $(STAMP)
+	$(PY) .ci/mutations.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check gencraft tests benchmarks

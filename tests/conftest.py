@@ -31,6 +31,21 @@ def shared_data() -> Path:
 
 
 @pytest.fixture(autouse=True)
+def _real_weights_only_in_slow_tests(request, monkeypatch):
+    """A test that loads real pretrained weights (SmolLM2, MiniLM) must be marked ``slow``:
+    elsewhere the packaged weights are out of reach, so an unmarked one fails, naming this."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+    from gencraft.models import pretrained
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("this test loads real pretrained weights: mark it @pytest.mark.slow")
+
+    for name in ("smollm2_gguf_path", "smollm2_dir", "minilm_dir", "minilm_bert2bert"):
+        monkeypatch.setattr(pretrained, name, refuse)
+
+
+@pytest.fixture(autouse=True)
 def _no_ambient_data_dir(monkeypatch):
     """Tests pass data directories explicitly, so an exported GENCRAFT_DATA_DIR can't leak in."""
     monkeypatch.delenv("GENCRAFT_DATA_DIR", raising=False)

@@ -9,8 +9,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+REAL_WEIGHTS = re.compile(r"smollm2|minilm")
 SNIPPETS = [
-    pytest.param(block, id=f"{path.name}#{i}")
+    pytest.param(
+        block,
+        id=f"{path.name}#{i}",
+        marks=[pytest.mark.slow] if REAL_WEIGHTS.search(block) else [],
+    )
     for path in FILES
     for i, block in enumerate(re.findall(r"```python\n(.*?)```", path.read_text(), re.S))
 ]

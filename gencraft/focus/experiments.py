@@ -284,10 +284,9 @@ def _markdown(result: dict) -> str:
 
 
 def _plot_focus_top(curve: dict, table1: dict, path: Path) -> None:
-    import matplotlib
+    from gencraft.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     ks = sorted(curve)
     fig, ax = plt.subplots(figsize=(5, 3.5))

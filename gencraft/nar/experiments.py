@@ -272,10 +272,9 @@ def _relative_cost(rows: list[dict[str, Any]]) -> None:
 
 
 def _plot(run: ExperimentRun, curve: list[dict], s: NARTasksSettings) -> None:
-    import matplotlib
+    from gencraft.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for name in dict.fromkeys(r["model"] for r in curve):

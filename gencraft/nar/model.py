@@ -293,7 +293,7 @@ def _set_special_ids(model: NARSeq2Seq, mlm: nn.Module) -> None:
         c.eos_token_id = cfg.eos_token_id
 
 
-def special_ids(tokenizer: Any) -> dict[str, int]:
+def target_token_ids(tokenizer: Any) -> dict[str, int]:
     """The ids a model uses around its targets: ``start`` (the autoregressive decoder's first
     input, [CLS]), ``end`` (its EOS, [SEP]), ``pad`` and ``mask``."""
     ids = {
@@ -314,7 +314,7 @@ def special_ids(tokenizer: Any) -> dict[str, int]:
 
 def configure_special_ids(model: NARSeq2Seq, tokenizer: Any) -> NARSeq2Seq:
     """Point the model's generation config at the tokenizer's [CLS]/[SEP]/[PAD]."""
-    ids = special_ids(tokenizer)
+    ids = target_token_ids(tokenizer)
     for c in (model.config, model.generation_config):
         c.decoder_start_token_id, c.eos_token_id, c.pad_token_id = (
             ids["start"],

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from gencraft.errors import GencraftError
 from gencraft.nar.config import ObjectiveConfig
-from gencraft.nar.model import NARSeq2Seq, special_ids
+from gencraft.nar.model import NARSeq2Seq, target_token_ids
 
 
 def noise_ids(tokenizer: Any) -> torch.Tensor:
@@ -207,7 +207,7 @@ def make_loss(
     cfg: ObjectiveConfig, tokenizer: Any, generator: torch.Generator | None = None
 ) -> Callable[[NARSeq2Seq, dict], tuple[torch.Tensor, dict[str, float]]]:
     """``loss_fn(model, batch) -> (loss, parts)`` of ``cfg.objective``, for the shared ``fit``."""
-    ids = special_ids(tokenizer)
+    ids = target_token_ids(tokenizer)
     noise = noise_ids(tokenizer)
 
     def loss_fn(model: NARSeq2Seq, batch: dict) -> tuple[torch.Tensor, dict[str, float]]:

@@ -28,7 +28,7 @@ from gencraft.nar.decoding import (
     mask_predict_generate,
     sundae_generate,
 )
-from gencraft.nar.model import NARSeq2Seq, load_mlm_seq2seq, special_ids
+from gencraft.nar.model import NARSeq2Seq, load_mlm_seq2seq, target_token_ids
 from gencraft.nar.objectives import collate, make_loss, noise_ids
 
 NAR_TASKS = ("e2e", "webnlg", "dart")
@@ -160,7 +160,7 @@ def train(
         "weight_decay": wd,
         "pairs": len(train_pairs),
     }
-    pad = special_ids(tok)["pad"]
+    pad = target_token_ids(tok)["pad"]
 
     def collate_fn(rows: list) -> dict[str, torch.Tensor]:
         return collate(rows, pad)
@@ -221,7 +221,7 @@ def decode(
     if method == "sundae":
         out = sundae_generate(model, ids, mask, sampling, noise=noise_ids(tok), progress=progress)
     elif method == "mask-predict":
-        mask_id = special_ids(tok)["mask"]
+        mask_id = target_token_ids(tok)["mask"]
         out = mask_predict_generate(model, ids, mask, sampling, mask_id=mask_id, progress=progress)
     else:
         out = autoregressive_generate(

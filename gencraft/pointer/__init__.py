@@ -3,7 +3,7 @@
 * :func:`pointer_sentinel_log_probs` — the mixture (eqs. 2-8) on tensors.
 * :class:`PointerSentinelLSTM` — the paper's model (zoneout LSTM + sentinel pointer).
 * :class:`PointerSentinelHead` — the same mixture on top of any Hugging Face causal LM.
-* :class:`PointerTrainer` (old name: ``Trainer``), :func:`evaluate` — the paper's training
+* :class:`PointerTrainer`, :func:`evaluate` — the paper's training
   recipe through ``accelerate``.
 """
 
@@ -17,7 +17,7 @@ from gencraft.pointer.mixture import (
     sequence_pointer_attention,
 )
 from gencraft.pointer.rnn import LockedDropout, ZoneoutLSTM
-from gencraft.pointer.train import PointerTrainer, TrainConfig, Trainer, evaluate, tbptt_schedule
+from gencraft.pointer.train import PointerTrainer, TrainConfig, evaluate, tbptt_schedule
 
 __all__ = [
     "PRESETS",
@@ -27,7 +27,6 @@ __all__ = [
     "PointerSentinelLSTM",
     "PointerTrainer",
     "TrainConfig",
-    "Trainer",
     "ZoneoutLSTM",
     "evaluate",
     "pointer_attention",

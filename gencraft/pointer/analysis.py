@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from gencraft.data.lm import LMCorpus
+from gencraft.plotting import pyplot
 from gencraft.pointer.lstm import PointerSentinelLSTM
 
 
@@ -45,26 +46,17 @@ def bucket_gains(
     return rows
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; no display needed
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _save(fig: Any, path: str | Path) -> Path:
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return path
 
 
 def plot_bucket_gains(rows: list[dict[str, Any]], path: str | Path, title: str = "") -> Path:
-    plt = _pyplot()
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 3.5))
     ax.bar([r["bucket"] for r in rows], [r["gain"] for r in rows], color="tab:blue")
@@ -136,7 +128,7 @@ def plot_passage(view: PassageView, path: str | Path, max_distance: int | None =
     """Heat map of the pointer's own distribution a_i / (1 − g) (rows: predicted words; columns:
     distance back), so that it is visible whatever the gate, beside the gate g of each
     prediction (the share left to the softmax)."""
-    plt = _pyplot()
+    plt = pyplot()
 
     att = view.attention if max_distance is None else view.attention[:, :max_distance]
     att = att / (1.0 - view.gate).clamp_min(1e-6).unsqueeze(1)

@@ -465,7 +465,3 @@ class PointerTrainer:
         t1 = time.perf_counter()
         self.early_stopped = self._evaluate_and_schedule() or self.early_stopped
         self.eval_time += time.perf_counter() - t1
-
-
-#: the pointer trainer under its old name
-Trainer = PointerTrainer

@@ -79,10 +79,9 @@ def spectrum_by_depth(
 
 def plot_spectrum(curves: dict[str, dict[str, torch.Tensor]], path: str | Path, title: str) -> Path:
     """``curves[label][group]``: one line per model label and layer group -> PNG."""
-    import matplotlib
+    from gencraft.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5.5, 4))
     styles = {"lower": "-", "upper": "--"}
@@ -115,10 +114,9 @@ def plot_attention_maps(
 ) -> Path:
     """Head-averaged attention [T, P + T] of one input at a few layers (first, middle, last by
     default), the prefix columns left of the white line -> PNG."""
-    import matplotlib
+    from gencraft.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     n = len(attention)
     layers = list(layers) if layers is not None else sorted({0, n // 2, n - 1})

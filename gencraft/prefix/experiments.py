@@ -313,10 +313,9 @@ def prefix_tasks(s: PrefixTaskSettings, run: ExperimentRun) -> None:
 
 
 def _plot(run: ExperimentRun, variants, seeds, units, metric: str) -> None:
-    import matplotlib
+    from gencraft.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     means, halves = [], []
     for v in variants:

@@ -129,10 +129,9 @@ def recurrence_lm(s: RecurrenceLMSettings, run: ExperimentRun) -> None:
 
 
 def _plot(run: ExperimentRun, rows: list[dict], s: RecurrenceLMSettings) -> None:
-    import matplotlib
+    from gencraft.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     split = s.splits[0]
     fig, ax = plt.subplots(figsize=(5.5, 4))

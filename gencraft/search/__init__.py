@@ -6,9 +6,9 @@ early_stopping=True)`` returns. ``exact_mode`` finds the most probable output by
 pruning and O(depth) key/value memory on greedy paths.
 """
 
+from gencraft.models.stepping import HFStepper, StepOutput, Stepper
 from gencraft.search.beam import AttributeScorer, Hypothesis, beam_search
 from gencraft.search.exact import ModeResult, exact_mode
-from gencraft.search.stepper import HFStepper, StepOutput, Stepper
 
 __all__ = [
     "AttributeScorer",

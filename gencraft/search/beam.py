@@ -37,8 +37,7 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
-from gencraft.models.stepping import ProcessorChain
-from gencraft.search.stepper import Stepper, resolve
+from gencraft.models.stepping import ProcessorChain, Stepper, resolve
 
 NEG = -1.0e9  # transformers' "impossible" score; kept so that ties break as there
 

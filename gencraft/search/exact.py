@@ -30,8 +30,7 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
-from gencraft.models.stepping import ProcessorChain
-from gencraft.search.stepper import Stepper, resolve
+from gencraft.models.stepping import ProcessorChain, Stepper, resolve
 
 
 @dataclass

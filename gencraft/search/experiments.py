@@ -247,10 +247,9 @@ def empty(s: EmptySettings, run: ExperimentRun) -> None:
 
 
 def _plot_empty(summary: list[dict], path) -> None:
-    import matplotlib
+    from gencraft.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     xsum = [r for r in summary if r["prompts"].startswith("xsum")]
     fig, ax = plt.subplots(figsize=(5, 3.5))
@@ -342,7 +341,7 @@ def search_conditional(s: ConditionalSettings, run: ExperimentRun) -> None:
 
 def conditional_study(args) -> dict:
     """Beam vs conditional beam search: degenerate rate, and length-controlled generation."""
-    from gencraft.search.stepper import eos_ids
+    from gencraft.models.introspect import eos_ids
     from gencraft.search.train_classifier import (
         ClassifierTrainConfig,
         classifier_for,
@@ -611,10 +610,9 @@ def length_wins(rows: list[dict], beams: int, ratio: float, tol: float = 1e-4) -
 
 
 def _plot_length(summary: list[dict], path: Path, model: str) -> None:
-    import matplotlib
+    from gencraft.plotting import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     labels = [f"B={r['beams']}\n{r['ratio']:.1f}x" for r in summary]

@@ -37,7 +37,7 @@ import torch
 from transformers import DynamicCache
 
 from gencraft.errors import GencraftError
-from gencraft.search.stepper import StepOutput
+from gencraft.models.stepping import StepOutput
 
 EOS = 0
 

@@ -23,6 +23,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from gencraft.errors import GencraftError
+from gencraft.models.introspect import eos_ids
 from gencraft.search.classifier import (
     NUM_LENGTH_BUCKETS,
     AttributeClassifier,
@@ -33,7 +34,6 @@ from gencraft.search.classifier import (
     state_dims,
 )
 from gencraft.search.config import ClassifierTrainConfig
-from gencraft.search.stepper import eos_ids
 from gencraft.training import write_json
 
 

@@ -107,6 +107,10 @@ def test_errors_name_the_problem(monkeypatch):
         load_model("tiny-bart", task="causal-lm")
     with pytest.raises(ModelLoadError, match="unknown task 'lm'"):
         load_model("tiny-gpt2", task="lm")
+
+
+@pytest.mark.slow  # goes through the real-weights loader (with the package hidden)
+def test_a_missing_weights_package_names_the_pip_command(monkeypatch):
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util,

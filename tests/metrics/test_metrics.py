@@ -105,6 +105,7 @@ def test_causal_lm_nll_equals_brute_force():
         M.causal_lm_nll(model, ids, max_length=4, stride=4)
 
 
+@pytest.mark.slow
 def test_bertscore_with_local_minilm():
     pytest.importorskip("bert_score")
     same = M.bertscore(["the cat sat on the mat"], ["the cat sat on the mat"])

@@ -168,6 +168,7 @@ def test_a_prompt_beyond_the_context_is_refused_for_every_architecture(model, ca
     assert "exceeds the model's context" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_an_encoder_cannot_generate(capsys):
     from gencraft.cli.main import main
 

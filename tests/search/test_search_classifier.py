@@ -20,7 +20,7 @@ from gencraft.search.train_classifier import (
     sample_training_data,
     train_classifier,
 )
-from tests.test_search import PROMPT, small_llama
+from tests.search.test_search import PROMPT, small_llama
 
 
 def test_length_buckets_match_the_thesis():
@@ -268,8 +268,8 @@ def test_relabel_degenerate_gives_one_label_per_sample(sampled):
 @pytest.mark.parametrize("kind", ["causal", "encoder-decoder"])
 def test_sampled_states_are_the_ones_search_reads(kind):
     """Training states equal the states the search's stepper hands the classifier."""
-    from gencraft.search.stepper import HFStepper
-    from tests.test_search import small_bart
+    from gencraft.models.stepping import HFStepper
+    from tests.search.test_search import small_bart
 
     model = small_llama(1, vocab=6) if kind == "causal" else small_bart(1, vocab=6)
     eos = 0 if kind == "causal" else 2

@@ -25,7 +25,7 @@ from gencraft.training import (
     warmup_schedule,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Tiny(nn.Module):

@@ -4,6 +4,7 @@ pycocoevalcap ROUGE-L of the E2E scripts, checked by hand on small cases."""
 from __future__ import annotations
 
 import math
+import shutil
 
 import pytest
 import sacrebleu
@@ -89,3 +90,13 @@ def test_bad_input_names_the_problem(task, outputs, references, message):
 def test_meteor_is_nan_or_a_fraction():
     got = score_task("e2e", ["the cat sat ."], [["the cat sat ."]], metrics=("METEOR",))
     assert math.isnan(got["METEOR"]) or 0.9 < got["METEOR"] <= 1.0
+
+
+@pytest.mark.skipif(shutil.which("java") is None, reason="METEOR 1.5 needs java")
+def test_meteor_through_java_handles_newlines():
+    from gencraft.metrics.data2text import meteor
+
+    score = meteor(
+        ["the cat\nsat ||| on the mat", "a dog"], [["the cat sat on the mat"], ["a dog"]]
+    )
+    assert 0.5 < score <= 1.0

@@ -14,8 +14,8 @@ from gencraft.pointer import (
     LockedDropout,
     PointerSentinelConfig,
     PointerSentinelLSTM,
+    PointerTrainer,
     TrainConfig,
-    Trainer,
     ZoneoutLSTM,
     evaluate,
     pointer_sentinel_log_probs,
@@ -229,7 +229,7 @@ def test_bad_input_gives_clear_errors(corpus):
         PointerSentinelConfig(vocab_size=10, window=0)
     m = tiny(len(corpus.vocab) + 1)
     with pytest.raises(GencraftError, match="vocabulary mismatch"):
-        Trainer(m, corpus, TrainConfig(), "unused", progress=False)
+        PointerTrainer(m, corpus, TrainConfig(), "unused", progress=False)
     with pytest.raises(ValueError, match="input_ids must lie"):
         m(torch.tensor([[0, 10_000]]))
     with pytest.raises(ValueError, match="targets must be"):
@@ -263,7 +263,7 @@ def test_training_steps_score_exactly_what_full_evaluation_scores(corpus, opts):
     pass over the streams, whatever k1, k2 and the window refresh policy."""
     m = tiny(len(corpus.vocab), dropout=0.0, output_dropout=0.0, zoneout_c=0.0, zoneout_h=0.0)
     cfg = TrainConfig(batch_size=4, bptt=6, lr=0.0, **opts)
-    tr = Trainer(m, corpus, cfg, "unused", progress=False)
+    tr = PointerTrainer(m, corpus, cfg, "unused", progress=False)
     got = []
     for st in tr.steps()[:15]:
         tr.train_step(st)
@@ -280,7 +280,7 @@ def test_regenerated_window_uses_current_parameters_and_the_step_masks(corpus):
     import copy
 
     m = tiny(len(corpus.vocab), zoneout_c=0.0, zoneout_h=0.0, dropout=0.3, output_dropout=0.3)
-    tr = Trainer(
+    tr = PointerTrainer(
         m,
         corpus,
         TrainConfig(batch_size=4, bptt=6, lr=0.05, optimizer="adam"),
@@ -319,7 +319,7 @@ def test_regenerated_window_uses_current_parameters_and_the_step_masks(corpus):
 # -- persistence and resumption -----------------------------------------------------------------
 def test_train_save_load_gives_identical_eval_perplexity(corpus, tmp_path):
     m = tiny(len(corpus.vocab))
-    tr = Trainer(
+    tr = PointerTrainer(
         m, corpus, TrainConfig(batch_size=4, bptt=10, lr=1.0, max_steps=5), tmp_path, progress=False
     )
     tr.train()
@@ -336,7 +336,7 @@ def test_resumed_training_equals_uninterrupted_training(corpus, tmp_path):
     def run(out, max_steps):
         torch.manual_seed(123)  # a different ambient seed must not matter after resuming
         m = tiny(len(corpus.vocab))
-        Trainer(
+        PointerTrainer(
             m, corpus, TrainConfig(max_steps=max_steps, save_every=1, **cfg), out, progress=False
         ).train()
         return m
@@ -355,7 +355,7 @@ def test_lr_halves_when_validation_gets_worse_and_training_stops(corpus, tmp_pat
     cfg = TrainConfig(
         batch_size=4, bptt=10, lr=50.0, clip=5.0, eval_every=2, max_steps=40, patience=2
     )
-    hist = Trainer(m, corpus, cfg, tmp_path, progress=False).train()
+    hist = PointerTrainer(m, corpus, cfg, tmp_path, progress=False).train()
     ppls = [h["valid_ppl"] for h in hist]
     halvings = 0
     for i in range(1, len(hist) - 1):  # a row's lr is the one that led to its evaluation
@@ -380,7 +380,7 @@ def test_revert_on_worse_restores_the_best_weights(corpus, tmp_path):
         eval_every=2,
         revert_on_worse=True,
     )
-    tr = Trainer(m, corpus, cfg, tmp_path, progress=False)
+    tr = PointerTrainer(m, corpus, cfg, tmp_path, progress=False)
     tr.train()
     best = PointerSentinelLSTM.from_pretrained(tmp_path / "best").state_dict()
     with torch.no_grad():  # a diverged update

@@ -124,33 +124,6 @@ def test_recurrence_train_eval_and_resume(tmp_path, synthetic_lm_dir, capsys):
     assert "insert_layer must be in [0, 2)" in capsys.readouterr().err
 
 
-def test_hso_eval_cli(synthetic_lm_dir, capsys):
-    base = [
-        "hso",
-        "eval",
-        "--model",
-        "tiny-llama",
-        "--corpus",
-        "ptb",
-        "--max-words",
-        "120",
-        "--reset-every",
-        "40",
-        "--window",
-        "10",
-        "--data-dir",
-        str(synthetic_lm_dir),
-    ]
-    assert main([*base, "--dynamic-eval", "--json", "--quiet"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert [r["method"] for r in rows] == ["baseline", "hso", "dynamic eval"]
-    assert len({r["tokens"] for r in rows}) == 1
-    assert main([*base, "--lr", "-0.1"]) == 2
-    assert "lr must be >= 0" in capsys.readouterr().err
-    assert main([*base, "--model", "tiny-bart"]) == 2
-    assert "BartForConditionalGeneration is not one" in capsys.readouterr().err
-
-
 def test_experiments_run_at_tiny_scale(tmp_path, synthetic_lm_dir):
     for name in ("hso-lm", "recurrence-lm"):
         report = reproduce(
@@ -162,11 +135,3 @@ def test_experiments_run_at_tiny_scale(tmp_path, synthetic_lm_dir):
         text = report.read_text()
         assert "| baseline" in text or "| valid | baseline" in text
     assert (tmp_path / "recurrence-lm" / "ppl_vs_flops.png").stat().st_size > 1000
-
-
-def test_few_shot_experiment_at_tiny_scale(tmp_path, shared_data):
-    report = reproduce(
-        "hso-fewshot", scale="tiny", output=tmp_path, overrides={"data_dir": str(shared_data)}
-    )
-    text = report.read_text()
-    assert "| 2 |" in text and "Chance: 50 %" in text

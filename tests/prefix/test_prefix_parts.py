@@ -4,8 +4,6 @@ training loop (resume, gradients) and the CLI end to end on a tiny model."""
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,8 +13,6 @@ from gencraft.models.tiny import build_tiny_tokenizer
 from gencraft.prefix.analysis import prefix_spectrum, spectrum_by_depth
 from gencraft.prefix.config import PrefixConfig, lower_layer_count, resolve_layers
 from gencraft.prefix.segment import output_segment, segment, uniform_segments
-
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 
 def test_uniform_segments_by_hand():
@@ -73,18 +69,7 @@ def test_prefix_spectrum_by_hand():
     assert set(curves) == {"lower", "upper"} and curves["lower"].shape == (3,)
 
 
-@pytest.mark.skipif(shutil.which("java") is None, reason="METEOR 1.5 needs java")
-def test_meteor_through_java_handles_newlines():
-    from gencraft.metrics.data2text import meteor
-
-    score = meteor(
-        ["the cat\nsat ||| on the mat", "a dog"], [["the cat sat on the mat"], ["a dog"]]
-    )
-    assert 0.5 < score <= 1.0
-
-
-@pytest.mark.skipif(not (DATA / "e2e").is_dir(), reason="needs ../shared/data/e2e")
-def test_cli_train_resume_eval_analyze(tmp_path, capsys):
+def test_cli_train_resume_eval_analyze(tmp_path, capsys, shared_data):
     from gencraft.cli.main import main
 
     out = tmp_path / "run"
@@ -121,7 +106,7 @@ def test_cli_train_resume_eval_analyze(tmp_path, capsys):
         str(out),
         "--quiet",
         "--data-dir",
-        str(DATA),
+        str(shared_data),
     ]
     assert main([*common, "--max-steps", "2"]) == 0
     first = json.loads((out / "train_summary.json").read_text())
@@ -144,7 +129,7 @@ def test_cli_train_resume_eval_analyze(tmp_path, capsys):
                 "--quiet",
                 "--json",
                 "--data-dir",
-                str(DATA),
+                str(shared_data),
             ]
         )
         == 0
@@ -164,7 +149,7 @@ def test_cli_train_resume_eval_analyze(tmp_path, capsys):
                 "--output-dir",
                 str(tmp_path / "an"),
                 "--data-dir",
-                str(DATA),
+                str(shared_data),
             ]
         )
         == 0
@@ -198,8 +183,7 @@ def test_cli_bad_input_is_one_line(capsys):
     assert "Traceback" not in err
 
 
-@pytest.mark.skipif(not (DATA / "e2e").is_dir(), reason="needs ../shared/data/e2e")
-def test_peft_method_trains_like_dense_prefix(tmp_path):
+def test_peft_method_trains_like_dense_prefix(tmp_path, shared_data):
     """peft's PrefixTuning from the same start, on the same batches: the same losses."""
     from gencraft.prefix.train import PrefixTrainConfig, train
 
@@ -220,7 +204,7 @@ def test_peft_method_trains_like_dense_prefix(tmp_path):
             cfg,
             PrefixConfig(num_virtual_tokens=3, init="tokens"),
             tmp_path / method,
-            data_dir=str(DATA),
+            data_dir=str(shared_data),
             progress=False,
         )
         runs[method] = out
@@ -233,8 +217,7 @@ def test_peft_method_trains_like_dense_prefix(tmp_path):
     assert (tmp_path / "peft" / "best" / "method_model.safetensors").is_file()
 
 
-@pytest.mark.skipif(not (DATA / "e2e").is_dir(), reason="needs ../shared/data/e2e")
-def test_finetune_method_saves_and_loads_with_its_normaliser(tmp_path):
+def test_finetune_method_saves_and_loads_with_its_normaliser(tmp_path, shared_data):
     from gencraft.prefix.train import PrefixTrainConfig, evaluate, rebuild_finetuned, train
     from gencraft.training import load_run
 
@@ -253,7 +236,7 @@ def test_finetune_method_saves_and_loads_with_its_normaliser(tmp_path):
         cfg,
         PrefixConfig(num_virtual_tokens=1, normalizer="truncsa"),
         tmp_path / "ft",
-        data_dir=str(DATA),
+        data_dir=str(shared_data),
         progress=False,
     )
     model, tok, meta = load_run(tmp_path / "ft", build=rebuild_finetuned)
@@ -264,7 +247,7 @@ def test_finetune_method_saves_and_loads_with_its_normaliser(tmp_path):
         tok,
         "e2e",
         "test",
-        data_dir=str(DATA),
+        data_dir=str(shared_data),
         limit=2,
         num_beams=1,
         max_new_tokens=4,
