@@ -173,10 +173,17 @@ M = [
     ),
     (
         "best checkpoint by loss",
-        "gencraft/focus/train.py",
-        "            metric=cfg.select_by,",
-        '            metric="loss",',
+        "gencraft/focus/config.py",
+        "self.fit = replace(self.fit, metric=self.select_by, mode=mode)",
+        'self.fit = replace(self.fit, metric="loss", mode="min")',
         "tests/focus/test_focus_train.py -k rouge",
+    ),
+    (
+        "training-loop flags do not reach cfg.fit",
+        "gencraft/cli/flags.py",
+        "values[f.name] = dataclasses.replace(inner, **given) if given else inner",
+        "values[f.name] = inner",
+        "tests/cli/test_cli.py -k training_loop_flags",
     ),
 ]
 only = sys.argv[1:]

@@ -140,6 +140,7 @@ def _fame(model, tok, data_dir, out: Path, seconds: float) -> dict:
     from gencraft.focus.evaluate import summarize, summary_metrics
     from gencraft.focus.model import FocusForConditionalGeneration
     from gencraft.focus.train import FocusTrainConfig, FocusTrainer
+    from gencraft.training import FitConfig
 
     _section(
         "3. FAME: focus attention and focus sampling (gencraft.focus)",
@@ -156,9 +157,7 @@ frozen SmolLM2 (the base runs once per document).""",
     cfg = FocusTrainConfig(
         freeze_base=True,
         lr=1e-3,
-        epochs=10,
-        max_time=seconds,
-        batch_size=4,
+        fit=FitConfig(epochs=10, max_time=seconds, batch_size=4, warmup=0.1),
         max_source=256,
         max_target=48,
         frequent_size=500,

@@ -5,7 +5,10 @@ dataclass's ``__post_init__``).
 A field ``max_new_tokens: int = 64`` with ``metadata={"help": ...}`` becomes
 ``--max-new-tokens N`` (default 64); ``bool`` fields become ``--name`` / ``--no-name``;
 ``Literal[...]`` fields get ``choices``; ``X | None`` fields accept ``none``; tuples and lists
-take several values.
+take several values. A field holding a dataclass (a method's ``fit: FitConfig``, made by
+:func:`gencraft.training.fit_options`) is flattened: its fields become flags of the same
+command, with the defaults of the field's own instance, minus the names in its metadata's
+``hide`` (settings the method derives itself).
 """
 
 from __future__ import annotations
@@ -67,6 +70,14 @@ def add_dataclass_arguments(
     for f in dataclasses.fields(cls):
         if f.name in skip or not f.init:
             continue
+        nested = _nested(cls, f, hints)
+        if nested is not None:
+            inner_cls, inner, hidden = nested
+            inner_defaults = {**_field_values(inner), **defaults}
+            add_dataclass_arguments(
+                parser, inner_cls, exclude=skip | hidden, defaults=inner_defaults, prefix=prefix
+            )
+            continue
         name = prefix + f.name.replace("_", "-")
         dest = f.name
         help_text = f.metadata.get("help", "")
@@ -106,20 +117,51 @@ def add_dataclass_arguments(
         parser.add_argument(f"--{name}", **kw)
 
 
-def dataclass_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
-    """An instance of ``cls`` from the parsed flags (validated by ``__post_init__``); a
-    ``ValueError`` from validation becomes a :class:`GencraftError`."""
+def _nested(cls: type, f: dataclasses.Field, hints: dict[str, Any]) -> Any:
+    """(dataclass, its default instance, hidden names) for a field holding a dataclass whose
+    fields are flattened into flags; None for any other field."""
+    tp = hints[f.name]
+    if not (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
+        return None
+    inner = f.default_factory() if f.default_factory is not dataclasses.MISSING else tp()
+    own = {g.name for g in dataclasses.fields(cls)}
+    clash = own & {g.name for g in dataclasses.fields(tp)} - set(f.metadata.get("hide", ()))
+    if clash:  # one flag per name: a method may not re-declare what its nested config holds
+        raise TypeError(f"{cls.__name__} re-declares {sorted(clash)} of its {f.name} field")
+    return tp, inner, set(f.metadata.get("hide", ()))
+
+
+def _field_values(obj: Any) -> dict[str, Any]:
+    return {g.name: getattr(obj, g.name) for g in dataclasses.fields(obj)}
+
+
+def _values(cls: type, args: argparse.Namespace, skip: set[str]) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
-        if f.init and hasattr(args, f.name):
+        if not f.init or f.name in skip:
+            continue
+        nested = _nested(cls, f, hints)
+        if nested is not None:
+            inner_cls, inner, hidden = nested
+            given = _values(inner_cls, args, hidden)
+            values[f.name] = dataclasses.replace(inner, **given) if given else inner
+        elif hasattr(args, f.name):
             v = getattr(args, f.name)
             tp, _ = _unwrap_optional(hints[f.name])
             if get_origin(tp) is tuple and isinstance(v, list):
                 v = tuple(v)
             values[f.name] = v
-    values.update(overrides)
+    return values
+
+
+def dataclass_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
+    """An instance of ``cls`` from the parsed flags (validated by ``__post_init__``); a
+    ``ValueError`` from validation becomes a :class:`GencraftError`. Flattened fields
+    (``fit``) are rebuilt from their own flags."""
     try:
+        values = _values(cls, args, set())
+        values.update(overrides)
         return cls(**values)
     except ValueError as err:
         raise GencraftError(str(err)) from None

@@ -22,7 +22,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.utils import seed_everything
 
     cfg = dataclass_from_args(FocusTrainConfig, args)
-    seed_everything(cfg.seed)
+    seed_everything(cfg.fit.seed)
     train = _examples(args.data, "train", args.data_dir, args.max_train)
     valid = _examples(args.data, "validation", args.data_dir, args.max_valid)
     base, tok = load_model(args.model)

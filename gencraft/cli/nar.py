@@ -25,7 +25,8 @@ def _load(name_or_dir: str, seed: int = 0) -> tuple[Any, Any]:
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.nar import ConvertConfig, ObjectiveConfig
-    from gencraft.nar.train import NARTrainConfig, train
+    from gencraft.nar.config import NARTrainConfig
+    from gencraft.nar.train import train
 
     cfg = dataclass_from_args(NARTrainConfig, args)
     convert = dataclass_from_args(ConvertConfig, args)
@@ -115,7 +116,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 def add_parser(sub: Any, add_data_dir: Any) -> None:
     from gencraft.cli.flags import add_dataclass_arguments
     from gencraft.nar import ConvertConfig, ObjectiveConfig, SamplingConfig
-    from gencraft.nar.train import NAR_TASKS, NARTrainConfig
+    from gencraft.nar.config import NAR_TASKS, NARTrainConfig
 
     p = sub.add_parser("nar", help="non-autoregressive generation from a masked LM (ch. 4)")
     psub = p.add_subparsers(dest="nar_command", required=True)

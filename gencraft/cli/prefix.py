@@ -18,7 +18,8 @@ def _prefix_config(args: argparse.Namespace) -> Any:
 
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
-    from gencraft.prefix.train import PrefixTrainConfig, train
+    from gencraft.prefix.config import PrefixTrainConfig
+    from gencraft.prefix.train import train
 
     cfg = dataclass_from_args(PrefixTrainConfig, args)
     prefix = _prefix_config(args)
@@ -32,14 +33,14 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def _load(checkpoint: str) -> tuple[Any, Any, dict]:
-    from gencraft.prefix.train import rebuild_finetuned
+    from gencraft.prefix.variants import rebuild_finetuned
     from gencraft.training import load_run
 
     return load_run(checkpoint, build=rebuild_finetuned)
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
-    from gencraft.prefix.train import evaluate
+    from gencraft.prefix.evaluate import evaluate
 
     model, tok, meta = _load(args.checkpoint)
     task = args.task or meta["train"]["task"]
@@ -61,7 +62,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 def cmd_generate(args: argparse.Namespace) -> None:
     if args.source:
-        from gencraft.prefix.train import generate_outputs
+        from gencraft.prefix.evaluate import generate_outputs
 
         model, tok, _ = _load(args.checkpoint)
         outs = generate_outputs(
@@ -108,6 +109,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace) -> None:
+    from gencraft.data.tasks import source_of, task_examples
     from gencraft.models.prompts import pad_batch
     from gencraft.prefix.analysis import (
         collect_attention,
@@ -115,7 +117,6 @@ def cmd_analyze(args: argparse.Namespace) -> None:
         plot_spectrum,
         spectrum_by_depth,
     )
-    from gencraft.prefix.train import source_of, task_examples
 
     out = Path(args.output_dir)
     curves, maps = {}, None
@@ -153,7 +154,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
 def add_parser(sub: Any, add_data_dir: Any) -> None:
     from gencraft.cli.flags import add_dataclass_arguments
     from gencraft.prefix import PrefixConfig
-    from gencraft.prefix.train import PrefixTrainConfig
+    from gencraft.prefix.config import PrefixTrainConfig
 
     p = sub.add_parser(
         "prefix", help="DASP prefix-tuning: blocking (UniBlock/HierBlock), sparse attention"

@@ -12,7 +12,8 @@ from typing import Any
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.recurrence import RecurrenceConfig
-    from gencraft.recurrence.train import RecurrenceTrainConfig, train
+    from gencraft.recurrence.config import RecurrenceTrainConfig
+    from gencraft.recurrence.train import train
 
     cfg = dataclass_from_args(RecurrenceTrainConfig, args)
     rec = dataclass_from_args(RecurrenceConfig, args)
@@ -66,7 +67,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 def add_parser(sub: Any, add_data_dir: Any) -> None:
     from gencraft.cli.flags import add_dataclass_arguments
     from gencraft.recurrence import RecurrenceConfig
-    from gencraft.recurrence.train import RecurrenceTrainConfig
+    from gencraft.recurrence.config import RecurrenceTrainConfig
 
     p = sub.add_parser("recurrence", help="recurrence between windows of a pretrained LM (ch. 2)")
     psub = p.add_subparsers(dest="recurrence_command", required=True)

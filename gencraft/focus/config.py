@@ -3,10 +3,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from gencraft.config import check, option, positive
+from gencraft.training.fit import FitConfig, fit_options
 
 
 @dataclass
@@ -60,14 +61,7 @@ class FocusTrainConfig:
         None, "with a frozen base, train on stored base states (default: when frozen)"
     )
     lr: float = option(5e-5, "AdamW learning rate")
-    batch_size: int = option(8, "examples per batch")
-    grad_accum: int = option(1, "batches per optimizer step")
-    epochs: int = option(3, "passes over the training documents")
-    max_steps: int | None = option(None, "stop after this many optimizer steps")
-    max_time: float | None = option(None, "stop after this many seconds of training and validation")
-    warmup: float = option(0.1, "linear warm-up (fraction of the steps), then linear decay")
     weight_decay: float = option(0.0, "AdamW weight decay")
-    clip: float = option(1.0, "global gradient-norm clip")
     frequent_size: int = option(500, "|F| (paper: 500 for XSum, 1000 for CNN/DM)")
     select_by: Literal["loss", "rougeL"] = option(
         "loss",
@@ -82,28 +76,25 @@ class FocusTrainConfig:
     )
     max_source: int = option(512, "source tokens (paper: 512 for XSum)")
     max_target: int = option(64, "summary tokens (paper: 64 for XSum)")
-    seed: int = option(0, "seed")
+    fit: FitConfig = fit_options(epochs=3, batch_size=8, warmup=0.1, hide=("metric", "mode"))
 
     def __post_init__(self) -> None:
         check(
             not (self.freeze_base and not self.focus),
             "--freeze-base trains only the FAME head; it needs focus=True",
         )
-        positive(self, "batch_size", "grad_accum", "epochs", "frequent_size")
+        positive(self, "frequent_size")
         positive(self, "select_docs", "select_beams")
         check(
             self.select_by in ("loss", "rougeL"),
             f"select_by must be 'loss' or 'rougeL', got {self.select_by!r}",
         )
-        positive(self, "max_steps", allow_none=True)
         check(
             not (self.precompute and not self.freeze_base),
             "precompute needs a frozen base (freeze_base=True)",
         )
         if self.precompute is None:
             self.precompute = self.freeze_base
-        check(
-            self.max_time is None or self.max_time > 0,
-            f"max_time must be > 0 seconds (or unset), got {self.max_time}",
-        )
+        mode = "min" if self.select_by == "loss" else "max"
+        self.fit = replace(self.fit, metric=self.select_by, mode=mode)
         check(self.lr > 0, f"lr must be > 0, got {self.lr}")

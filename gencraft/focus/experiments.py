@@ -154,19 +154,23 @@ def speed(args) -> dict:
 def quality(args) -> dict:
     from gencraft.focus.evaluate import diversity_metrics, summarize, summary_metrics
     from gencraft.focus.train import FocusTrainConfig, FocusTrainer, load_summarizer
+    from gencraft.training import FitConfig
 
     out = Path(args.work_dir)
     train = load_summarization(args.data, "train", args.data_dir)
     valid = load_summarization(args.data, "validation", args.data_dir)
     test = load_summarization(args.data, "test", args.data_dir)[: args.test_docs]
     common = dict(
-        max_time=args.minutes * 60,
-        epochs=args.epochs,
+        fit=FitConfig(
+            max_time=args.minutes * 60,
+            epochs=args.epochs,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            warmup=0.1,
+        ),
         lr=args.lr,
-        batch_size=args.batch_size,
         max_source=args.max_source,
         max_target=args.max_target,
-        seed=args.seed,
         frequent_size=args.frequent_size,
         select_by=args.select_by,
         select_docs=args.select_docs,

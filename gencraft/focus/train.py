@@ -18,7 +18,6 @@ continues or says why not).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +33,13 @@ from gencraft.focus.features import HeadFeatures, collect_features, head_losses
 from gencraft.focus.model import FocusConfig, FocusForConditionalGeneration
 from gencraft.focus.topic import frequent_token_ids
 from gencraft.training import (
-    FitConfig,
     fit,
     load_run,
     make_accelerator,
     mean_loss,
     save_directory,
     save_run,
+    settings_of,
 )
 
 
@@ -81,9 +80,9 @@ class FocusTrainer:
             raise GencraftError("no training examples")
         self.cfg, self.tok, self.progress = config, tokenizer, progress
         self.out = Path(output_dir)
-        self.accelerator = make_accelerator(gradient_accumulation_steps=config.grad_accum)
+        self.accelerator = make_accelerator(gradient_accumulation_steps=config.fit.grad_accum)
         self.base_name_or_path = base_name_or_path
-        torch.manual_seed(config.seed)
+        torch.manual_seed(config.fit.seed)
         is_ed = bool(base.config.is_encoder_decoder)
         self.encoder = SummaryEncoder(tokenizer, is_ed, config.max_source, config.max_target)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -117,7 +116,7 @@ class FocusTrainer:
         feats: list[HeadFeatures] = []
         residual = None
         dev = next(self.model.parameters()).device
-        bs = self.cfg.batch_size
+        bs = self.cfg.fit.batch_size
         chunks = [rows[j : j + bs] for j in range(0, len(rows), bs)]
         for chunk in tqdm(chunks, desc=desc, disable=not self.progress):
             batch = {k: v.to(dev) for k, v in collate(chunk, self.pad_id).items()}
@@ -161,20 +160,8 @@ class FocusTrainer:
             def collate_fn(items: list) -> Any:
                 return collate(items, pad)
 
-        fit_cfg = FitConfig(
-            epochs=cfg.epochs,
-            max_steps=cfg.max_steps,
-            max_time=cfg.max_time,
-            batch_size=cfg.batch_size,
-            grad_accum=cfg.grad_accum,
-            clip=cfg.clip,
-            warmup=cfg.warmup,
-            seed=cfg.seed,
-            metric=cfg.select_by,
-            mode="min" if cfg.select_by == "loss" else "max",
-        )
         settings = {
-            "train_config": asdict(cfg),
+            "train_config": settings_of(cfg),
             "base": self.base_name_or_path,
             "train_examples": len(self.train_rows),
         }
@@ -183,7 +170,7 @@ class FocusTrainer:
             self.optimizer,
             train_items,
             loss_fn=self._loss,
-            config=fit_cfg,
+            config=cfg.fit,
             output_dir=self.out,
             valid=valid_items or None,
             collate_fn=collate_fn,
@@ -221,7 +208,7 @@ class FocusTrainer:
             num_beams=self.cfg.select_beams,
             max_source=self.cfg.max_source,
             max_new_tokens=self.cfg.max_target,
-            batch_size=self.cfg.batch_size,
+            batch_size=self.cfg.fit.batch_size,
             progress=False,
         )
         texts, refs = [s[0] for s in summaries], [d.summary for d in docs]
@@ -229,7 +216,7 @@ class FocusTrainer:
         return metrics
 
     def _save(self, model: nn.Module, directory: Path) -> None:
-        settings = {"train": asdict(self.cfg), "base": self.base_name_or_path}
+        settings = {"train": settings_of(self.cfg), "base": self.base_name_or_path}
         save_run(directory, model, self.tok, settings)
 
     def save(self, directory: Path) -> None:

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from gencraft.config import check, option, positive
+from gencraft.training.fit import FitConfig, fit_options
 
 OBJECTIVES = ("sundae", "mask-predict", "autoregressive")
 CROSS_ATTENTION = ("random", "copy")
@@ -102,3 +103,56 @@ class SamplingConfig:
             f"got {self.proportion}",
         )
         check(self.rerank in RERANK, f"rerank must be one of {RERANK}, got {self.rerank!r}")
+
+
+NAR_TASKS = ("e2e", "webnlg", "dart")
+PRESETS: dict[str, dict[str, float]] = {
+    "pretrained": {"lr": 1e-4, "weight_decay": 0.0, "label_smoothing": 0.0},
+    "scratch": {"lr": 5e-4, "weight_decay": 0.01, "label_smoothing": 0.1},
+}
+
+
+@dataclass
+class NARTrainConfig:
+    """``gencraft nar train``: the data and the optimisation (with the
+    :class:`ConvertConfig` and :class:`ObjectiveConfig` flags). ``fit.seed`` seeds the
+    initialisation, the shuffle and the corruption.
+
+    Presets (``--preset``) follow Appendix A of the thesis. A pretrained start uses no weight
+    decay and no label smoothing, so as not to damage what the MLM learned. A random start
+    (``scratch``) uses weight decay 0.01 and label smoothing 0.1, a common transformer recipe;
+    the thesis follows Savinov et al. there, and their values are not in the thesis text. Both
+    use AdamW with linear warm-up and decay."""
+
+    model: str = option("minilm-l6", "the masked LM (registered name or local path)")
+    task: Literal["e2e", "webnlg", "dart"] = option("e2e", "seq2seq task: e2e, webnlg or dart")
+    preset: Literal["auto", "pretrained", "scratch"] = option(
+        "auto", "Appendix A's settings: auto picks pretrained or scratch by --pretrained"
+    )
+    lr: float | None = option(None, "AdamW learning rate (default: the preset's)")
+    weight_decay: float | None = option(None, "AdamW weight decay (default: the preset's)")
+    train_examples: int | None = option(None, "the first N training pairs")
+    valid_examples: int = option(256, "validation pairs for the loss")
+    max_source_tokens: int = option(128, "source tokens kept")
+    fit: FitConfig = fit_options(batch_size=32, warmup=0.05)
+
+    def __post_init__(self) -> None:
+        check(self.task in NAR_TASKS, f"task must be one of {NAR_TASKS}, got {self.task!r}")
+        check(self.preset in ("auto", *PRESETS), f"unknown preset {self.preset!r}")
+        check(self.lr is None or self.lr > 0, f"lr must be > 0, got {self.lr}")
+        check(self.weight_decay is None or self.weight_decay >= 0, "weight_decay must be >= 0")
+        positive(self, "max_source_tokens", "valid_examples")
+
+    def resolved(self, convert: ConvertConfig, objective: ObjectiveConfig):
+        """(lr, weight decay, objective with its label smoothing) after the preset."""
+        name = (
+            self.preset
+            if self.preset != "auto"
+            else ("pretrained" if convert.pretrained else "scratch")
+        )
+        p = PRESETS[name]
+        ls = objective.label_smoothing
+        objective = replace(objective, label_smoothing=p["label_smoothing"] if ls is None else ls)
+        lr = self.lr if self.lr is not None else p["lr"]
+        wd = self.weight_decay if self.weight_decay is not None else p["weight_decay"]
+        return lr, wd, objective

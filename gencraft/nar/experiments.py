@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from gencraft.experiments import ExperimentRun, register, settings_field
-from gencraft.nar.config import ConvertConfig, ObjectiveConfig, SamplingConfig
-from gencraft.nar.train import NARTrainConfig, evaluate, train
-from gencraft.training import load_run
+from gencraft.nar.config import ConvertConfig, NARTrainConfig, ObjectiveConfig, SamplingConfig
+from gencraft.nar.train import evaluate, train
+from gencraft.training import FitConfig, load_run
 
 #: name -> (objective, convert settings, decoding method)
 VARIANTS: dict[str, tuple[str, dict[str, Any], str]] = {
@@ -105,10 +105,13 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
             model=s.model,
             task=s.task,
             lr=s.scratch_lr if scratch else s.lr,
-            batch_size=s.batch_size,
-            max_steps=s.scratch_steps if scratch else s.steps,
-            eval_every=max(1, (s.scratch_steps if scratch else s.steps) // 4),
-            seed=0,
+            fit=FitConfig(
+                batch_size=s.batch_size,
+                max_steps=s.scratch_steps if scratch else s.steps,
+                eval_every=max(1, (s.scratch_steps if scratch else s.steps) // 4),
+                warmup=0.05,
+                seed=0,
+            ),
         )
         convert = ConvertConfig(max_target_length=s.max_target_length, **convert_kw)
         obj = ObjectiveConfig(objective=objective)

@@ -12,16 +12,21 @@ linear warm-up and decay.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from gencraft.config import check, option
+from gencraft.config import check
 from gencraft.data.tasks import pick_examples, references_of, source_of, task_examples
 from gencraft.errors import ConfigError, GencraftError
-from gencraft.nar.config import ConvertConfig, ObjectiveConfig, SamplingConfig
+from gencraft.nar.config import (
+    ConvertConfig,
+    NARTrainConfig,
+    ObjectiveConfig,
+    SamplingConfig,
+)
 from gencraft.nar.decoding import (
     NAROutput,
     autoregressive_generate,
@@ -30,59 +35,6 @@ from gencraft.nar.decoding import (
 )
 from gencraft.nar.model import NARSeq2Seq, load_mlm_seq2seq, target_token_ids
 from gencraft.nar.objectives import collate, make_loss, noise_ids
-
-NAR_TASKS = ("e2e", "webnlg", "dart")
-PRESETS: dict[str, dict[str, float]] = {
-    "pretrained": {"lr": 1e-4, "weight_decay": 0.0, "label_smoothing": 0.0},
-    "scratch": {"lr": 5e-4, "weight_decay": 0.01, "label_smoothing": 0.1},
-}
-
-
-@dataclass
-class NARTrainConfig:
-    """``gencraft nar train``: the data and the optimisation (with the
-    :class:`ConvertConfig` and :class:`ObjectiveConfig` flags)."""
-
-    model: str = option("minilm-l6", "the masked LM (registered name or local path)")
-    task: Literal["e2e", "webnlg", "dart"] = option("e2e", "seq2seq task: e2e, webnlg or dart")
-    preset: Literal["auto", "pretrained", "scratch"] = option(
-        "auto", "Appendix A's settings: auto picks pretrained or scratch by --pretrained"
-    )
-    lr: float | None = option(None, "AdamW learning rate (default: the preset's)")
-    weight_decay: float | None = option(None, "AdamW weight decay (default: the preset's)")
-    batch_size: int = option(32, "pairs per batch")
-    grad_accum: int = option(1, "batches per optimizer step")
-    epochs: int = option(1, "passes over the training pairs")
-    max_steps: int | None = option(None, "stop after this many optimizer steps")
-    max_time: float | None = option(None, "stop after this many seconds")
-    warmup: float = option(0.05, "linear warm-up (a fraction of the steps below 1), then decay")
-    eval_every: int | None = option(None, "validate every N steps (default: each epoch)")
-    train_examples: int | None = option(None, "the first N training pairs")
-    valid_examples: int = option(256, "validation pairs for the loss")
-    max_source_tokens: int = option(128, "source tokens kept")
-    seed: int = option(0, "seed of the initialisation, the shuffle and the corruption")
-
-    def __post_init__(self) -> None:
-        check(self.task in NAR_TASKS, f"task must be one of {NAR_TASKS}, got {self.task!r}")
-        check(self.preset in ("auto", *PRESETS), f"unknown preset {self.preset!r}")
-        check(self.lr is None or self.lr > 0, f"lr must be > 0, got {self.lr}")
-        check(self.weight_decay is None or self.weight_decay >= 0, "weight_decay must be >= 0")
-        for name in ("batch_size", "grad_accum", "epochs", "max_source_tokens", "valid_examples"):
-            check(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-
-    def resolved(self, convert: ConvertConfig, objective: ObjectiveConfig):
-        """(lr, weight decay, objective with its label smoothing) after the preset."""
-        name = (
-            self.preset
-            if self.preset != "auto"
-            else ("pretrained" if convert.pretrained else "scratch")
-        )
-        p = PRESETS[name]
-        ls = objective.label_smoothing
-        objective = replace(objective, label_smoothing=p["label_smoothing"] if ls is None else ls)
-        lr = self.lr if self.lr is not None else p["lr"]
-        wd = self.weight_decay if self.weight_decay is not None else p["weight_decay"]
-        return lr, wd, objective
 
 
 def encode_pairs(
@@ -123,7 +75,7 @@ def train(
 ) -> dict[str, Any]:
     """Convert ``cfg.model`` and train it with ``objective``; ``best/`` and ``last/`` load with
     :func:`gencraft.training.load_run`."""
-    from gencraft.training import FitConfig, fit, make_accelerator, save_run
+    from gencraft.training import fit, make_accelerator, save_run, settings_of
 
     if objective.objective == "autoregressive" and convert.bidirectional:
         raise ConfigError("--objective autoregressive needs --no-bidirectional (a causal decoder)")
@@ -131,29 +83,16 @@ def train(
         raise ConfigError(f"--objective {objective.objective} needs a bidirectional decoder")
     lr, wd, objective = cfg.resolved(convert, objective)
     out = Path(output)
-    model, tok = load_mlm_seq2seq(cfg.model, seed=cfg.seed, **asdict(convert))
+    model, tok = load_mlm_seq2seq(cfg.model, seed=cfg.fit.seed, **asdict(convert))
     top = model.max_target_length
     enc = dict(max_source=cfg.max_source_tokens, max_target=top, data_dir=data_dir)
     train_pairs, dropped = encode_pairs(cfg.task, "train", tok, limit=cfg.train_examples, **enc)
     valid_pairs, _ = encode_pairs(cfg.task, "validation", tok, limit=cfg.valid_examples, **enc)
     check(bool(train_pairs), "no training pairs")
-    acc = make_accelerator(gradient_accumulation_steps=cfg.grad_accum)
-    fit_cfg = FitConfig(
-        epochs=cfg.epochs,
-        max_steps=cfg.max_steps,
-        max_time=cfg.max_time,
-        batch_size=cfg.batch_size,
-        grad_accum=cfg.grad_accum,
-        warmup=cfg.warmup,
-        decay="linear",
-        eval_every=cfg.eval_every,
-        seed=cfg.seed,
-        clip=1.0,
-    )
+    acc = make_accelerator(gradient_accumulation_steps=cfg.fit.grad_accum)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd)
-    budget = ("epochs", "max_steps", "max_time")
     settings = {
-        "train": {k: v for k, v in asdict(cfg).items() if k not in budget},
+        "train": settings_of(cfg),
         "convert": asdict(convert),
         "objective": asdict(objective),
         "lr": lr,
@@ -181,7 +120,7 @@ def train(
         optimizer,
         train_pairs,
         loss_fn=make_loss(objective, tok),
-        config=fit_cfg,
+        config=cfg.fit,
         output_dir=out,
         valid=valid_pairs or None,
         collate_fn=collate_fn,

@@ -1,6 +1,7 @@
 """DASP's settings: :class:`PrefixConfig` (the prefixes, their blocking and the attention
-normaliser). Field names follow peft's ``PrefixTuningConfig`` where peft has one
-(``num_virtual_tokens``, ``prefix_projection``, ``encoder_hidden_size``)."""
+normaliser) and :class:`PrefixTrainConfig` (``gencraft prefix train``). Field names follow
+peft's ``PrefixTuningConfig`` where peft has one (``num_virtual_tokens``,
+``prefix_projection``, ``encoder_hidden_size``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gencraft.config import check, option
+from gencraft.config import check, option, positive
 from gencraft.errors import ConfigError
+from gencraft.training.fit import FitConfig, fit_options
 
 NORMALIZERS = ("softmax", "truncsa", "softsa", "sparsemax", "entmax15")
 #: normalisers that are not in the DASP paper (labelled extensions)
@@ -231,3 +233,37 @@ def require_entmax() -> Any:
             "pip install entmax==1.3"
         ) from None
     return entmax
+
+
+TASKS = ("e2e", "dart", "xsum")
+
+
+@dataclass
+class PrefixTrainConfig:
+    """``gencraft prefix train``: what to train on and how (the prefix settings are the
+    :class:`PrefixConfig` flags); ``fit.seed`` seeds the shuffle, the prefix draws and
+    SoftSA's noise."""
+
+    model: str = option("smollm2-135m", "base model (registered name or local path)")
+    task: Literal["e2e", "dart", "xsum"] = option("e2e", "dataset: e2e, dart (dev split) or xsum")
+    method: Literal["prefix", "peft", "finetune"] = option(
+        "prefix",
+        "prefix-tuning (base frozen), the same through peft's PrefixTuning (same start), or "
+        "full fine-tuning (all weights)",
+    )
+    lr: float = option(5e-5, "AdamW learning rate (paper: 5e-5)")
+    train_examples: int | None = option(None, "use the first N training pairs (after shuffle)")
+    valid_examples: int = option(200, "validation pairs for the loss")
+    max_source_tokens: int = option(256, "source tokens kept (summaries: the document's head)")
+    max_target_tokens: int = option(64, "target tokens kept")
+    # the paper: 10 epochs for E2E/DART, batch 16 (8 for summarisation)
+    fit: FitConfig = fit_options(epochs=10, batch_size=16)
+
+    def __post_init__(self) -> None:
+        check(self.task in TASKS, f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        check(
+            self.method in ("prefix", "peft", "finetune"),
+            f"method: prefix, peft or finetune, not {self.method}",
+        )
+        check(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        positive(self, "max_source_tokens", "max_target_tokens")

@@ -140,17 +140,13 @@ def run_dir(s: PrefixTaskSettings, variant: str, seed: int) -> Path:
 def train_and_score(s: PrefixTaskSettings, variant: str, seed: int, progress: bool) -> dict:
     """Train one (variant, seed) run (resuming) and score its best checkpoint on the test
     split (reusing ``test-N.json`` written with the same decoding settings)."""
+    from gencraft.data.tasks import pick_examples, references_of, task_examples
     from gencraft.prefix import PrefixConfig
-    from gencraft.prefix.train import (
-        PrefixTrainConfig,
-        evaluate,
-        pick_examples,
-        rebuild_finetuned,
-        references_of,
-        task_examples,
-        train,
-    )
-    from gencraft.training import load_run
+    from gencraft.prefix.config import PrefixTrainConfig
+    from gencraft.prefix.evaluate import evaluate
+    from gencraft.prefix.train import train
+    from gencraft.prefix.variants import rebuild_finetuned
+    from gencraft.training import FitConfig, load_run
 
     method, fields = VARIANTS[variant]
     out = run_dir(s, variant, seed)
@@ -159,11 +155,9 @@ def train_and_score(s: PrefixTaskSettings, variant: str, seed: int, progress: bo
         task=s.task,
         method=method,
         lr=s.finetune_lr if method == "finetune" else s.lr,
-        batch_size=s.batch_size,
-        max_steps=s.steps,
         valid_examples=s.valid_examples,
         max_source_tokens=s.max_source_tokens,
-        seed=seed,
+        fit=FitConfig(epochs=10, batch_size=s.batch_size, max_steps=s.steps, seed=seed),
     )
     prefix = PrefixConfig(
         num_virtual_tokens=s.num_virtual_tokens or TASK_PREFIX[s.task],

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gencraft.config import check, option, positive
+from gencraft.training.fit import FitConfig, fit_options
 
 ACTIVATIONS = ("gelu", "relu", "tanh")
 
@@ -62,3 +63,28 @@ class RecurrenceConfig:
         """Tokens in one training sequence of ``bptt_windows`` windows (inputs and the last
         target)."""
         return self.window + (self.bptt_windows - 1) * self.stride + 1
+
+
+@dataclass
+class RecurrenceTrainConfig:
+    """What ``gencraft recurrence train`` trains on and how (with the
+    :class:`RecurrenceConfig` flags); ``fit.eval_every`` follows from ``eval_every_tokens``,
+    and ``fit.seed`` seeds the shuffle and the recurrence's initialisation."""
+
+    model: str = option("smollm2-135m", "base model (registered name or local path)")
+    corpus: str = option("wikitext-2", "word-level corpus: wikitext-2, wikitext-103 or ptb")
+    lr: float = option(5e-5, "Adam learning rate (after 100 warm-up steps, then constant)")
+    recurrence_lr: float | None = option(
+        1e-3, "learning rate of the new parameters (α and the FFN; None: lr)"
+    )
+    eval_every_tokens: int = option(2_000_000, "validate every this many training tokens")
+    train_words: int | None = option(None, "first N words of the training split")
+    valid_words: int | None = option(20000, "first N words of the validation split")
+    # the thesis: 100 warm-up steps, then constant; 2 epochs; early stopping after 3
+    fit: FitConfig = fit_options(
+        epochs=2, batch_size=1, warmup=100, decay="constant", patience=3, hide=("eval_every",)
+    )
+
+    def __post_init__(self) -> None:
+        check(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        check(self.eval_every_tokens >= 1, "eval_every_tokens must be >= 1")

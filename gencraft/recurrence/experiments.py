@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gencraft.experiments import ExperimentRun, register, settings_field
-from gencraft.recurrence.config import RecurrenceConfig
-from gencraft.recurrence.train import RecurrenceTrainConfig, evaluate, train
-from gencraft.training import load_run
+from gencraft.recurrence.config import RecurrenceConfig, RecurrenceTrainConfig
+from gencraft.recurrence.train import evaluate, train
+from gencraft.training import FitConfig, load_run
 
 
 @dataclass
@@ -86,11 +86,17 @@ def recurrence_lm(s: RecurrenceLMSettings, run: ExperimentRun) -> None:
             corpus=s.corpus,
             lr=s.lr,
             recurrence_lr=s.recurrence_lr,
-            max_time=s.max_time,
-            max_steps=s.max_steps,
             eval_every_tokens=s.eval_every_tokens,
             valid_words=s.valid_words,
-            warmup=min(100, s.max_steps or 100),
+            fit=FitConfig(
+                epochs=2,
+                batch_size=1,
+                max_time=s.max_time,
+                max_steps=s.max_steps,
+                warmup=min(100, s.max_steps or 100),
+                decay="constant",
+                patience=3,
+            ),
         )
         out = Path(run.directory) / name
 

@@ -11,48 +11,20 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gencraft.config import check, option
+from gencraft.config import check
 from gencraft.data import subword_stream
 from gencraft.metrics import windowed_nll
 from gencraft.metrics.lm import stream_perplexities
-from gencraft.recurrence.config import RecurrenceConfig
+from gencraft.recurrence.config import RecurrenceConfig, RecurrenceTrainConfig
 from gencraft.recurrence.evaluate import flops_per_token
 from gencraft.recurrence.model import RecurrentLM
-from gencraft.training import FitConfig, fit, save_run
-
-
-@dataclass
-class RecurrenceTrainConfig:
-    """What ``gencraft recurrence train`` trains on and how (with the
-    :class:`RecurrenceConfig` flags)."""
-
-    model: str = option("smollm2-135m", "base model (registered name or local path)")
-    corpus: str = option("wikitext-2", "word-level corpus: wikitext-2, wikitext-103 or ptb")
-    lr: float = option(5e-5, "Adam learning rate (after 100 warm-up steps, then constant)")
-    recurrence_lr: float | None = option(
-        1e-3, "learning rate of the new parameters (α and the FFN; None: lr)"
-    )
-    warmup: int = option(100, "linear warm-up steps (the thesis: 100)")
-    batch_size: int = option(1, "sequences per batch")
-    grad_accum: int = option(1, "batches per optimizer step")
-    epochs: int = option(2, "passes over the training text (the thesis: 2)")
-    max_steps: int | None = option(None, "stop after this many optimizer steps")
-    max_time: float | None = option(None, "stop after this many seconds")
-    eval_every_tokens: int = option(2_000_000, "validate every this many training tokens")
-    patience: int | None = option(3, "stop after this many validations without a new best")
-    train_words: int | None = option(None, "first N words of the training split")
-    valid_words: int | None = option(20000, "first N words of the validation split")
-    seed: int = option(0, "seed of the shuffle and of the recurrence's initialisation")
-
-    def __post_init__(self) -> None:
-        check(self.lr > 0, f"lr must be > 0, got {self.lr}")
-        check(self.eval_every_tokens >= 1, "eval_every_tokens must be >= 1")
+from gencraft.training import fit, save_run, settings_of
 
 
 def sequences(ids: torch.Tensor, length: int) -> list[torch.Tensor]:
@@ -79,7 +51,7 @@ def train(
 
     out = Path(output)
     base, tok = load_model(cfg.model)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.fit.seed)
     model = RecurrentLM(base, rec)
     n = rec.sequence_tokens()
     train_ids, _ = subword_stream(
@@ -90,28 +62,14 @@ def train(
     )
     train_rows, valid_rows = sequences(train_ids, n), sequences(valid_ids, n)
     check(bool(train_rows), f"the training text has fewer than the {n} tokens of one sequence")
-    per_step = n * cfg.batch_size * cfg.grad_accum
-    fit_cfg = FitConfig(
-        epochs=cfg.epochs,
-        max_steps=cfg.max_steps,
-        max_time=cfg.max_time,
-        batch_size=cfg.batch_size,
-        grad_accum=cfg.grad_accum,
-        warmup=float(cfg.warmup),
-        decay="constant",
-        eval_every=max(1, math.ceil(cfg.eval_every_tokens / per_step)),
-        patience=cfg.patience,
-        seed=cfg.seed,
-        clip=1.0,
-    )
+    per_step = n * cfg.fit.batch_size * cfg.fit.grad_accum
+    fit_cfg = replace(cfg.fit, eval_every=max(1, math.ceil(cfg.eval_every_tokens / per_step)))
     new = [p for n, p in model.named_parameters() if not n.startswith("base.")]
     old = [p for n, p in model.named_parameters() if n.startswith("base.") and p.requires_grad]
     optimizer = torch.optim.Adam(
         [{"params": old, "lr": cfg.lr}, {"params": new, "lr": cfg.recurrence_lr or cfg.lr}]
     )
-    budget = ("epochs", "max_steps", "max_time")  # fit's own settings carry these (resumable)
-    run = {k: v for k, v in asdict(cfg).items() if k not in budget}
-    settings = {"train": run, "recurrence": asdict(rec), "sequences": len(train_rows)}
+    settings = {"train": settings_of(cfg), "recurrence": asdict(rec), "sequences": len(train_rows)}
 
     def save_fn(m: RecurrentLM, d: Path) -> None:
         save_run(d, m, tok, settings, base_name_or_path=cfg.model)

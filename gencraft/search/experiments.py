@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
 
@@ -404,7 +404,8 @@ def conditional_study(args) -> dict:
         "samples": len(rows),
         "finished_samples": sum(bool(r["finished"]) for r in rows),
     }
-    cfg = ClassifierTrainConfig(epochs=args.epochs)
+    cfg = ClassifierTrainConfig()
+    cfg = replace(cfg, fit=replace(cfg.fit, epochs=args.epochs))
     clfs = {}
     for attr in args.studies:
         data = rows if attr == "length" else relabel_degenerate(rows, tok, train_texts, eos)

@@ -224,10 +224,8 @@ def train_classifier(
     (``output_dir/best``; ``last/``, ``checkpoint/`` and ``history.json`` beside it)."""
     import tempfile
 
-    from gencraft.training import FitConfig, fit
+    from gencraft.training import fit, settings_of
 
-    if config.epochs < 1:
-        raise GencraftError(f"epochs must be >= 1, got {config.epochs}")
     if len(rows) < 2:
         raise GencraftError(f"need at least 2 training sequences, got {len(rows)}")
     if all(bool((r["labels"] == -100).all()) for r in rows):
@@ -235,24 +233,17 @@ def train_classifier(
             "no labelled position: no sample ended within max_new_tokens, so no final length "
             "is known; sample with a larger max_new_tokens"
         )
-    rng = random.Random(config.seed)
+    rng = random.Random(config.fit.seed)
     order = list(range(len(rows)))
     rng.shuffle(order)
     n_valid = max(1, int(len(rows) * config.valid_fraction))
     valid = [rows[i] for i in order[:n_valid]]
     train = [rows[i] for i in order[n_valid:]]
-    torch.manual_seed(config.seed)
+    torch.manual_seed(config.fit.seed)
     clf.eval()
     with torch.no_grad():
         initial = _valid_loss(clf, [collate_rows(valid[i : i + 8]) for i in range(0, n_valid, 8)])
     opt = torch.optim.Adam(clf.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    fit_cfg = FitConfig(
-        epochs=config.epochs,
-        batch_size=config.batch_size,
-        clip=None,
-        decay="constant",
-        seed=config.seed,
-    )
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(output_dir) if output_dir is not None else Path(tmp)
         fitted = fit(
@@ -260,14 +251,14 @@ def train_classifier(
             opt,
             train,
             loss_fn=_loss,
-            config=fit_cfg,
+            config=config.fit,
             output_dir=out,
             valid=valid,
             collate_fn=collate_rows,
             evaluate_fn=_valid_loss,
             save_fn=lambda m, d: m.save_pretrained(d),
             settings={
-                "train_config": asdict(config),
+                "train_config": settings_of(config),
                 "sequences": len(rows),
                 "classifier": asdict(clf.config),
             },

@@ -15,8 +15,10 @@ from gencraft.training.fit import (
     FitConfig,
     FitResult,
     fit,
+    fit_options,
     make_accelerator,
     mean_loss,
+    settings_of,
 )
 from gencraft.training.run import (
     RUN_SETTINGS,
@@ -55,6 +57,7 @@ __all__ = [
     "atomic_torch_save",
     "batchify",
     "fit",
+    "fit_options",
     "load_run",
     "load_torch",
     "make_accelerator",
@@ -66,6 +69,7 @@ __all__ = [
     "save_directory",
     "save_run",
     "set_rng_state",
+    "settings_of",
     "tbptt_schedule",
     "warmup_schedule",
     "write_json",

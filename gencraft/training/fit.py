@@ -31,6 +31,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
 
+from gencraft.config import check, positive
 from gencraft.errors import GencraftError
 from gencraft.training.checkpoint import (
     Interrupted,
@@ -87,23 +88,44 @@ class FitConfig:
     seed: int = field(default=0, metadata={"help": "seed of the shuffle order and of torch"})
 
     def __post_init__(self) -> None:
-        for name in ("epochs", "batch_size", "grad_accum"):
-            if getattr(self, name) < 1:
-                raise GencraftError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "eval_every", "eval_batch_size", "patience"):
-            v = getattr(self, name)
-            if v is not None and v < 1:
-                raise GencraftError(f"{name} must be >= 1 (or unset), got {v}")
-        if self.max_time is not None and not self.max_time > 0:
-            raise GencraftError(f"max_time must be > 0 seconds (or unset), got {self.max_time}")
-        if self.clip is not None and not self.clip > 0:
-            raise GencraftError(f"clip must be > 0 (or unset), got {self.clip}")
-        if self.warmup < 0:
-            raise GencraftError(f"warmup must be >= 0, got {self.warmup}")
-        if self.save_every <= 0:
-            raise GencraftError(f"save_every must be > 0 seconds, got {self.save_every}")
-        if self.mode not in ("min", "max"):
-            raise GencraftError(f"mode must be 'min' or 'max', got {self.mode!r}")
+        positive(self, "epochs", "batch_size", "grad_accum")
+        positive(self, "max_steps", "eval_every", "eval_batch_size", "patience", allow_none=True)
+        check(
+            self.max_time is None or self.max_time > 0,
+            f"max_time must be > 0 seconds (or unset), got {self.max_time}",
+        )
+        check(self.clip is None or self.clip > 0, f"clip must be > 0 (or unset), got {self.clip}")
+        check(self.warmup >= 0, f"warmup must be >= 0, got {self.warmup}")
+        check(self.save_every > 0, f"save_every must be > 0 seconds, got {self.save_every}")
+        check(self.mode in ("min", "max"), f"mode must be 'min' or 'max', got {self.mode!r}")
+        check(
+            self.decay in ("linear", "constant", "cosine"),
+            f"decay must be linear, constant or cosine, got {self.decay!r}",
+        )
+
+
+def fit_options(*, hide: tuple[str, ...] = (), **defaults: Any) -> Any:
+    """The ``fit`` field of a method's training settings: a :class:`FitConfig` with this
+    method's defaults. Its fields become flags of the method's ``train`` command (minus
+    ``hide``: settings the method derives itself, e.g. the metric that picks ``best/``).
+
+    >>> @dataclass
+    ... class MyTrainConfig:
+    ...     lr: float = 1e-3
+    ...     fit: FitConfig = fit_options(epochs=3, batch_size=16)
+    """
+    FitConfig(**defaults)  # a wrong default fails where it is written
+    return field(
+        default_factory=lambda: FitConfig(**defaults),
+        metadata={"help": "settings of the training loop", "hide": hide},
+    )
+
+
+def settings_of(config: Any) -> dict[str, Any]:
+    """A method's training settings as the run records them (JSON-like), without the nested
+    ``fit``: :func:`fit` adds its own config to the settings it compares on resume, with the
+    budgets (epochs, max_steps, max_time) free to change."""
+    return {k: v for k, v in asdict(config).items() if k != "fit"}
 
 
 def make_accelerator(**kwargs: Any) -> Any:

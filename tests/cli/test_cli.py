@@ -193,30 +193,73 @@ def test_a_mistyped_name_fails_at_once_without_the_network(capsys, monkeypatch):
         assert "not a Hugging Face Hub id" in err
 
 
+TRAINERS = [
+    (["focus", "train", "--model", "tiny-bart"], "gencraft.focus.config:FocusTrainConfig"),
+    (["search", "train-classifier"], "gencraft.search.config:ClassifierTrainConfig"),
+    (["prefix", "train"], "gencraft.prefix.config:PrefixTrainConfig"),
+    (["recurrence", "train"], "gencraft.recurrence.config:RecurrenceTrainConfig"),
+    (["nar", "train"], "gencraft.nar.config:NARTrainConfig"),
+]
+
+
+def _config_class(path: str) -> type:
+    import importlib
+
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _flag_names(cls: type) -> set[str]:
+    """Every field of ``cls`` that is a flag; a nested ``fit`` contributes its own fields but
+    those its metadata hides."""
+    import dataclasses
+
+    names = set()
+    for f in dataclasses.fields(cls):
+        if f.type in ("dict[str, Any]",):
+            continue
+        if f.type == "FitConfig":
+            inner = {g.name for g in dataclasses.fields(f.default_factory())}
+            names |= inner - set(f.metadata["hide"])
+        else:
+            names.add(f.name)
+    return names
+
+
 @pytest.mark.parametrize(
     "argv, config",
     [
-        (["focus", "train", "--model", "tiny-bart"], "gencraft.focus.config:FocusTrainConfig"),
+        *TRAINERS,
         (["pointer", "train"], "gencraft.pointer.config:TrainConfig"),
-        (["search", "train-classifier"], "gencraft.search.config:ClassifierTrainConfig"),
         (["generate", "--model", "x"], "gencraft.models.generate:GenerationSettings"),
     ],
 )
 def test_flags_come_from_the_config_dataclasses(argv, config):
     """Defaults live in one place: a command's parsed defaults build the dataclass's defaults,
-    and every field of the dataclass (but free-form dicts) is a flag."""
-    import dataclasses
-    import importlib
-
+    and every field of the dataclass (but free-form dicts) is a flag, the nested training-loop
+    settings included."""
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.cli.main import build_parser
 
-    module, name = config.split(":")
-    cls = getattr(importlib.import_module(module), name)
+    cls = _config_class(config)
     args = build_parser().parse_args(argv)
     assert dataclass_from_args(cls, args) == cls()
-    flags = {f.name for f in dataclasses.fields(cls) if f.type not in ("dict[str, Any]",)}
-    assert flags <= set(vars(args))
+    assert _flag_names(cls) <= set(vars(args))
+
+
+@pytest.mark.parametrize("argv, config", TRAINERS)
+def test_every_trainer_takes_the_training_loop_flags(argv, config):
+    """The README's promise: --max-steps, --max-time, --epochs, --batch-size and --seed reach
+    the one training loop's settings (cfg.fit) of every trainer."""
+    from gencraft.cli.flags import dataclass_from_args
+    from gencraft.cli.main import build_parser
+
+    cls = _config_class(config)
+    flags = ["--max-steps", "3", "--max-time", "5", "--epochs", "4", "--batch-size", "2"]
+    args = build_parser().parse_args([*argv, *flags, "--seed", "7"])
+    fit = dataclass_from_args(cls, args).fit
+    assert (fit.max_steps, fit.max_time, fit.epochs, fit.batch_size, fit.seed) == (3, 5, 4, 2, 7)
+    assert cls().fit.max_steps is None  # and the defaults were the method's
 
 
 def test_config_validation_is_one_line_for_every_trainer(capsys):
@@ -226,6 +269,8 @@ def test_config_validation_is_one_line_for_every_trainer(capsys):
         (["focus", "train", "--model", "tiny-bart", "--batch-size", "0"], "batch_size must be"),
         (["pointer", "train", "--k1", "500"], "k1 must lie in [1, bptt = 100]"),
         (["search", "train-classifier", "--valid-fraction", "2"], "valid_fraction must lie"),
+        (["search", "train-classifier", "--max-steps", "0"], "max_steps must be >= 1"),
+        (["prefix", "train", "--max-time", "-1"], "max_time must be > 0"),
     ):
         assert main(argv) == 2
         err = capsys.readouterr().err

@@ -17,6 +17,7 @@ from gencraft.focus.evaluate import diversity_metrics, summarize, summary_metric
 from gencraft.focus.features import collect_features, head_losses
 from gencraft.focus.train import FocusTrainConfig, FocusTrainer, load_summarizer
 from gencraft.models import load_model
+from gencraft.training import FitConfig
 
 ALL = ["tiny-bart", "tiny-t5", "tiny-bert2bert", "tiny-llama", "tiny-gpt2"]
 
@@ -89,9 +90,8 @@ def test_training_lowers_validation_loss_and_saves_loadable_models(cfg, tmp_path
     base, tok = load_model("tiny-bart")
     before = {k: v.clone() for k, v in base.state_dict().items()}
     data = _examples(12)
-    config = FocusTrainConfig(
-        epochs=3, batch_size=4, frequent_size=3, lr=cfg.pop("lr", 3e-3), **cfg
-    )
+    fit = FitConfig(epochs=3, batch_size=4, warmup=0.1)
+    config = FocusTrainConfig(fit=fit, frequent_size=3, lr=cfg.pop("lr", 3e-3), **cfg)
     trainer = FocusTrainer(
         base, tok, data, data[:4], config, tmp_path, progress=False, base_name_or_path="tiny-bart"
     )
@@ -116,11 +116,9 @@ def test_best_checkpoint_by_validation_rouge_l(tmp_path):
     base, tok = load_model("tiny-bart")
     data = _examples(12)
     config = FocusTrainConfig(
-        epochs=6,
-        batch_size=4,
+        fit=FitConfig(epochs=6, batch_size=4),
         frequent_size=3,
         lr=1e-2,
-        warmup=0.0,
         select_by="rougeL",
         select_docs=4,
         select_beams=2,

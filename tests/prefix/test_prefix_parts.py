@@ -185,7 +185,9 @@ def test_cli_bad_input_is_one_line(capsys):
 
 def test_peft_method_trains_like_dense_prefix(tmp_path, shared_data):
     """peft's PrefixTuning from the same start, on the same batches: the same losses."""
-    from gencraft.prefix.train import PrefixTrainConfig, train
+    from gencraft.prefix.config import PrefixTrainConfig
+    from gencraft.prefix.train import train
+    from gencraft.training import FitConfig
 
     runs = {}
     for method in ("prefix", "peft"):
@@ -193,8 +195,7 @@ def test_peft_method_trains_like_dense_prefix(tmp_path, shared_data):
             model="tiny-llama",
             method=method,
             lr=1e-2,
-            batch_size=4,
-            max_steps=3,
+            fit=FitConfig(batch_size=4, max_steps=3),
             train_examples=12,
             valid_examples=4,
             max_source_tokens=32,
@@ -218,15 +219,17 @@ def test_peft_method_trains_like_dense_prefix(tmp_path, shared_data):
 
 
 def test_finetune_method_saves_and_loads_with_its_normaliser(tmp_path, shared_data):
-    from gencraft.prefix.train import PrefixTrainConfig, evaluate, rebuild_finetuned, train
-    from gencraft.training import load_run
+    from gencraft.prefix.config import PrefixTrainConfig
+    from gencraft.prefix.evaluate import evaluate
+    from gencraft.prefix.train import train
+    from gencraft.prefix.variants import rebuild_finetuned
+    from gencraft.training import FitConfig, load_run
 
     cfg = PrefixTrainConfig(
         model="tiny-llama",
         method="finetune",
         lr=1e-3,
-        batch_size=4,
-        max_steps=1,
+        fit=FitConfig(batch_size=4, max_steps=1),
         train_examples=4,
         valid_examples=4,
         max_source_tokens=32,
@@ -257,7 +260,7 @@ def test_finetune_method_saves_and_loads_with_its_normaliser(tmp_path, shared_da
 
 
 def test_pick_examples_first_or_evenly_spaced():
-    from gencraft.prefix.train import pick_examples
+    from gencraft.data.tasks import pick_examples
 
     items = list(range(10))
     assert pick_examples(items, 3) == [0, 1, 2]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -21,6 +23,11 @@ from gencraft.search.train_classifier import (
     train_classifier,
 )
 from tests.search.test_search import PROMPT, small_llama
+
+
+def _fit(**changes):
+    """The classifier's own training-loop defaults with ``changes``."""
+    return replace(ClassifierTrainConfig().fit, **changes)
 
 
 def test_length_buckets_match_the_thesis():
@@ -142,7 +149,7 @@ def test_training_reduces_loss_and_round_trips(sampled, tmp_path):
     model, _, rows = sampled
     clf = classifier_for(model, d_clf=24, num_heads=4, d_out=8, mlp_hidden=16, dropout=0.0)
     result = train_classifier(
-        clf, rows, ClassifierTrainConfig(epochs=15, lr=3e-3), tmp_path, progress=False
+        clf, rows, ClassifierTrainConfig(lr=3e-3, fit=_fit(epochs=15)), tmp_path, progress=False
     )
     assert result["best_valid_loss"] < result["history"][0]["valid_loss"]
     train_losses = [h["train_loss"] for h in result["history"][1:]]
@@ -289,7 +296,7 @@ def test_sampled_states_are_the_ones_search_reads(kind):
             if t + 1 < len(toks):
                 out = stepper.step(torch.tensor([tok]), out.cache)
     clf = classifier_for(model, d_clf=24, num_heads=4, d_out=8, mlp_hidden=16, dropout=0.0)
-    train_classifier(clf, rows, ClassifierTrainConfig(epochs=2), progress=False)
+    train_classifier(clf, rows, ClassifierTrainConfig(fit=_fit(epochs=2)), progress=False)
     hyps = beam_search(
         model, src, num_beams=2, max_new_tokens=6, classifier=clf.for_length(3), k=3, force_length=3
     )

@@ -219,7 +219,8 @@ def test_focus_trainer_resumes_after_an_interrupt(tmp_path, monkeypatch):
 
     def run(out: Path, stop: bool):
         base, tok = load_model("tiny-bart", seed=0)
-        cfg = FocusTrainConfig(epochs=2, batch_size=2, frequent_size=3, lr=3e-3, max_source=32)
+        fit_cfg = FitConfig(epochs=2, batch_size=2, warmup=0.1)
+        cfg = FocusTrainConfig(fit=fit_cfg, frequent_size=3, lr=3e-3, max_source=32)
         trainer = FocusTrainer(base, tok, data, data[:2], cfg, out, progress=False)
         if stop:  # Ctrl-C during the third batch (of four per epoch)
             loss, calls = trainer._loss, []
