@@ -185,6 +185,13 @@ M = [
         "values[f.name] = inner",
         "tests/cli/test_cli.py -k training_loop_flags",
     ),
+    (
+        "a trainer maps its settings into FitConfig by hand again",
+        "gencraft/recurrence/train.py",
+        "    fit_cfg = replace(cfg.fit,",
+        "    fit_cfg = replace(FitConfig(**asdict(cfg.fit)),",
+        "tests/test_layout.py",
+    ),
 ]
 only = sys.argv[1:]
 for name, path, a, b, test in M:

@@ -100,3 +100,51 @@ def test_the_checks_see_a_cycle_and_a_crossing():
     graph["gencraft.recurrence.c"] = {"gencraft.recurrence.b"}
     assert cycles(graph) == [["gencraft.recurrence.b", "gencraft.recurrence.c"]]
     assert "gencraft.metrics.lm" in import_graph()["gencraft.metrics"]
+
+
+#: docs/core.md's "Method layout": the standard files each method package has (where they
+#: apply; a method without a wrapper of its own has no model.py, one without a training
+#: loop no train.py).
+LAYOUT = {
+    "focus": {"config", "functional", "model", "train", "evaluate", "experiments"},
+    "pointer": {"config", "functional", "train", "evaluate", "experiments"},
+    "search": {"config", "train", "experiments"},
+    "prefix": {"config", "functional", "model", "train", "evaluate", "experiments"},
+    "recurrence": {"config", "model", "train", "evaluate", "experiments"},
+    "hso": {"config", "functional", "experiments"},
+    "nar": {"config", "functional", "model", "train", "evaluate", "experiments"},
+}
+#: the old names of the standard files, gone for good
+OLD_NAMES = {"topic", "mixture", "objectives", "optimize", "train_classifier", "stepper"}
+
+
+def test_every_method_package_has_the_standard_files():
+    for method, files in LAYOUT.items():
+        present = {f.stem for f in (PACKAGE / method).glob("*.py")}
+        assert files <= present, (method, sorted(files - present))
+        assert not present & OLD_NAMES, (method, sorted(present & OLD_NAMES))
+
+
+def test_settings_classes_live_in_config_py():
+    """Every ``...Config`` class of a method package (its settings, training and decoding
+    included) is defined in its config.py."""
+    elsewhere = []
+    for method in METHODS:
+        for f in (PACKAGE / method).glob("*.py"):
+            for node in ast.parse(f.read_text()).body:
+                if isinstance(node, ast.ClassDef) and node.name.endswith("Config"):
+                    if f.name != "config.py":
+                        elsewhere.append(f"{method}/{f.name}: {node.name}")
+    assert elsewhere == []
+
+
+def test_train_py_holds_no_settings_of_fit():
+    """train.py passes the settings class's own ``fit`` to ``fit``: no trainer maps fields into
+    a FitConfig by hand (the five copies of issue 25)."""
+    by_hand = [
+        f"{method}/train.py"
+        for method in METHODS
+        if (PACKAGE / method / "train.py").is_file()
+        and "FitConfig(" in (PACKAGE / method / "train.py").read_text()
+    ]
+    assert by_hand == []

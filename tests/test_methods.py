@@ -15,7 +15,7 @@ from gencraft.pointer import PointerSentinelConfig, PointerSentinelHead, Pointer
 from gencraft.prefix import PrefixConfig, PrefixModel
 from gencraft.recurrence import RecurrenceConfig, RecurrentLM
 from gencraft.search import beam_search
-from gencraft.search.train_classifier import classifier_for
+from gencraft.search.train import classifier_for
 
 
 def _prompt_span(ids: torch.Tensor) -> torch.Tensor:

@@ -52,7 +52,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_generate(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.nar import SamplingConfig
-    from gencraft.nar.train import decode
+    from gencraft.nar.evaluate import decode
 
     sampling = dataclass_from_args(SamplingConfig, args)
     model, tok = _load(args.model)
@@ -85,7 +85,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.evaluate import format_table
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.nar import SamplingConfig
-    from gencraft.nar.train import evaluate
+    from gencraft.nar.evaluate import evaluate
 
     sampling = dataclass_from_args(SamplingConfig, args)
     model, tok = _load(args.model)

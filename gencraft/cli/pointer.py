@@ -21,7 +21,8 @@ def _corpus(name: str, data_dir: str | None, splits: tuple[str, ...]) -> Any:
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.pointer import PointerSentinelLSTM, PointerTrainer, TrainConfig
-    from gencraft.pointer.train import evaluate, preset_k1
+    from gencraft.pointer.evaluate import evaluate
+    from gencraft.pointer.train import preset_k1
     from gencraft.utils import seed_everything
 
     cfg = dataclass_from_args(TrainConfig, args)  # settings are checked before any loading
@@ -71,7 +72,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    from gencraft.pointer.train import evaluate
+    from gencraft.pointer.evaluate import evaluate
     from gencraft.training import load_run
 
     model = load_run(args.checkpoint, device=args.device).model
@@ -107,7 +108,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
         plot_bucket_gains,
         plot_passage,
     )
-    from gencraft.pointer.train import evaluate
+    from gencraft.pointer.evaluate import evaluate
     from gencraft.training import load_run
 
     ptr = load_run(args.pointer).model

@@ -30,7 +30,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.evaluate import format_table
     from gencraft.errors import GencraftError
-    from gencraft.recurrence.train import evaluate
+    from gencraft.recurrence.evaluate import evaluate
     from gencraft.training import load_run
 
     if Path(args.model).is_dir():  # a trained run (its best/) or one of its model directories

@@ -120,7 +120,7 @@ def cmd_train_classifier(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.models import load_model
     from gencraft.search.prompts import encode_prompt, instruction_texts
-    from gencraft.search.train_classifier import (
+    from gencraft.search.train import (
         ClassifierTrainConfig,
         classifier_for,
         sample_training_data,

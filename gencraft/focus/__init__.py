@@ -14,9 +14,9 @@ from gencraft.focus.decoding import (
     oracle_vocabulary,
     peakiness,
 )
+from gencraft.focus.functional import frequent_token_ids, topic_loss, topic_targets
 from gencraft.focus.head import FocusHead, FocusOutput
 from gencraft.focus.model import FocusConfig, FocusForConditionalGeneration, FocusModelOutput
-from gencraft.focus.topic import frequent_token_ids, topic_loss, topic_targets
 
 __all__ = [
     "FocusConfig",

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from gencraft.errors import GencraftError
+from gencraft.focus.functional import topic_loss
 from gencraft.focus.model import FocusForConditionalGeneration
-from gencraft.focus.topic import topic_loss
 
 
 @dataclass

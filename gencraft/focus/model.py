@@ -33,8 +33,8 @@ from gencraft.errors import GencraftError
 from gencraft.focus.capture import find_attention_module, install_capture
 from gencraft.focus.config import FocusConfig
 from gencraft.focus.decoding import FocusLogitsProcessor, focus_vocabulary
+from gencraft.focus.functional import topic_loss
 from gencraft.focus.head import FocusHead
-from gencraft.focus.topic import topic_loss
 from gencraft.models.introspect import special_ids
 from gencraft.models.method import MethodModel
 

@@ -30,8 +30,8 @@ from gencraft.errors import GencraftError
 from gencraft.focus.config import FocusTrainConfig
 from gencraft.focus.data import SummaryEncoder, collate
 from gencraft.focus.features import HeadFeatures, collect_features, head_losses
+from gencraft.focus.functional import frequent_token_ids
 from gencraft.focus.model import FocusConfig, FocusForConditionalGeneration
-from gencraft.focus.topic import frequent_token_ids
 from gencraft.training import (
     fit,
     load_run,

@@ -7,7 +7,7 @@ for ``generate``; ``dynamic_eval_nll`` updates the weights instead (Krause et al
 
 from gencraft.hso.config import DynamicEvalConfig, HSOConfig
 from gencraft.hso.dynamic import dynamic_eval_nll, dynamically_evaluated
-from gencraft.hso.optimize import TokenScores, hso_nll, hso_prefill
+from gencraft.hso.functional import TokenScores, hso_nll, hso_prefill
 
 __all__ = [
     "DynamicEvalConfig",

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from gencraft.errors import GencraftError
 from gencraft.hso.config import DynamicEvalConfig
-from gencraft.hso.optimize import TokenScores, check_causal_lm, contexts
+from gencraft.hso.functional import TokenScores, check_causal_lm, contexts
 from gencraft.models.introspect import hf_model
 
 

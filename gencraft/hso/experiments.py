@@ -24,7 +24,7 @@ from gencraft.experiments import ExperimentRun, register, settings_field
 from gencraft.hso.config import DynamicEvalConfig, HSOConfig
 from gencraft.hso.dynamic import dynamic_eval_nll
 from gencraft.hso.fewshot import METHODS, build_task, classify, draw_prompt, label_token_ids
-from gencraft.hso.optimize import hso_nll
+from gencraft.hso.functional import hso_nll
 from gencraft.metrics import windowed_nll
 from gencraft.metrics.lm import stream_perplexities
 from gencraft.models import load_model

@@ -27,7 +27,7 @@ from torch import nn
 from gencraft.errors import GencraftError
 from gencraft.hso.config import DynamicEvalConfig, HSOConfig
 from gencraft.hso.dynamic import dynamically_evaluated
-from gencraft.hso.optimize import hso_prefill
+from gencraft.hso.functional import hso_prefill
 
 TASKS = ("e2e-family", "webnlg-topic")
 METHODS = ("baseline", "dynamic eval", "hso", "hso2")

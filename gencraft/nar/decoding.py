@@ -193,7 +193,7 @@ def sundae_generate(
     """SUNDAE sampling for each row of ``input_ids`` [B, S] (see the module doc).
 
     Args:
-        noise: the ids random starts are drawn from (:func:`~gencraft.nar.objectives.noise_ids`).
+        noise: the ids random starts are drawn from (:func:`~gencraft.nar.functional.noise_ids`).
         lengths: [B] or [B, k] target lengths to use instead of the predicted ones (oracle
             lengths, or a user's choice).
     """

@@ -23,7 +23,8 @@ from typing import Any
 
 from gencraft.experiments import ExperimentRun, register, settings_field
 from gencraft.nar.config import ConvertConfig, NARTrainConfig, ObjectiveConfig, SamplingConfig
-from gencraft.nar.train import evaluate, train
+from gencraft.nar.evaluate import evaluate
+from gencraft.nar.train import train
 from gencraft.training import FitConfig, load_run
 
 #: name -> (objective, convert settings, decoding method)

@@ -7,17 +7,18 @@
   recipe through ``accelerate``.
 """
 
-from gencraft.pointer.head import PointerSentinelHead
-from gencraft.pointer.lstm import PRESETS, PointerSentinelConfig, PointerSentinelLSTM
-from gencraft.pointer.mixture import (
+from gencraft.pointer.evaluate import evaluate
+from gencraft.pointer.functional import (
     pointer_attention,
     pointer_loss,
     pointer_sentinel_log_probs,
     pointer_target_log_probs,
     sequence_pointer_attention,
 )
+from gencraft.pointer.head import PointerSentinelHead
+from gencraft.pointer.lstm import PRESETS, PointerSentinelConfig, PointerSentinelLSTM
 from gencraft.pointer.rnn import LockedDropout, ZoneoutLSTM
-from gencraft.pointer.train import PointerTrainer, TrainConfig, evaluate, tbptt_schedule
+from gencraft.pointer.train import PointerTrainer, TrainConfig, tbptt_schedule
 
 __all__ = [
     "PRESETS",

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import torch
 
 from gencraft.experiments import ExperimentRun, register, settings_field
+from gencraft.pointer.evaluate import evaluate
 from gencraft.pointer.lstm import PointerSentinelLSTM
-from gencraft.pointer.train import PointerTrainer, TrainConfig, evaluate, preset_k1
+from gencraft.pointer.train import PointerTrainer, TrainConfig, preset_k1
 
 
 @dataclass

@@ -15,7 +15,7 @@ from torch import nn
 
 from gencraft.errors import ConfigError, GencraftError
 from gencraft.models.method import MethodModel
-from gencraft.pointer.mixture import (
+from gencraft.pointer.functional import (
     pointer_target_log_probs,
     sequence_mixture_log_probs,
     sequence_pointer_attention,

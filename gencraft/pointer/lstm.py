@@ -17,7 +17,7 @@ from torch import nn
 from gencraft.errors import GencraftError
 from gencraft.models.method import MethodModel
 from gencraft.pointer.config import PointerSentinelConfig
-from gencraft.pointer.mixture import (
+from gencraft.pointer.functional import (
     pointer_loss,
     pointer_target_log_probs,
     sequence_mixture_log_probs,

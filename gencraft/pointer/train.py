@@ -1,4 +1,4 @@
-"""Training and evaluation of :class:`PointerSentinelLSTM` on a token stream (PTB, WikiText).
+"""Training of :class:`PointerSentinelLSTM` on a token stream (PTB, WikiText).
 
 Truncated BPTT follows Merity et al.'s Algorithm 1: every ``k1`` tokens, backpropagate through
 the last ``k2`` (``k1 = k2 = bptt`` by default; the paper's ``k1 = 1, k2 = L`` is one option).
@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from gencraft.data.lm import LMCorpus
 from gencraft.errors import GencraftError
 from gencraft.pointer.config import TrainConfig
+from gencraft.pointer.evaluate import detach_state, evaluate
 from gencraft.pointer.lstm import PointerSentinelLSTM
 from gencraft.training import (
     Interrupted,
@@ -44,65 +45,6 @@ from gencraft.training import (
     write_json,
 )
 from gencraft.training.checkpoint import CHECKPOINT_DIR, budget_reason
-
-
-def _detach(state: Any) -> Any:
-    if state is None:
-        return None
-    return tuple(s.detach() for s in state)
-
-
-@torch.no_grad()
-def evaluate(
-    model: PointerSentinelLSTM,
-    ids: torch.Tensor,
-    *,
-    batch_size: int = 10,
-    bptt: int = 100,
-    progress: bool = False,
-    return_details: bool = False,
-    desc: str = "eval",
-) -> dict[str, Any]:
-    """Perplexity of ``ids`` [N] split into ``batch_size`` streams, run in chunks of ``bptt``
-    with the window carried across chunks (so the chunk size does not change the result).
-
-    Returns ``{"nll", "tokens", "ppl"}`` and, with ``return_details``, per-position ``token_nll``
-    [B, n], ``gate`` [B, n] (pointer only) and ``targets`` [B, n].
-    """
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    data = batchify(ids, batch_size).to(device)
-    n = data.shape[1] - 1
-    state = None
-    memory = memory_ids = None
-    total, count = 0.0, 0
-    nlls, gates = [], []
-    bar = tqdm(range(0, n, bptt), desc=desc, disable=not progress, leave=False, unit="chunk")
-    for s in bar:
-        e = min(s + bptt, n)
-        x, y = data[:, s:e], data[:, s + 1 : e + 1]
-        out = model(x, y, state, memory=memory, memory_ids=memory_ids)
-        state = out.state
-        keep = model.config.window - 1
-        if model.config.pointer and keep > 0:
-            memory = out.outputs if memory is None else torch.cat([memory, out.outputs], 1)
-            memory_ids = x if memory_ids is None else torch.cat([memory_ids, x], 1)
-            memory, memory_ids = memory[:, -keep:], memory_ids[:, -keep:]
-        total += float(out.nll.double().sum())
-        count += out.nll.numel()
-        if return_details:
-            nlls.append(out.nll.cpu())
-            if out.gate is not None:
-                gates.append(out.gate.cpu())
-    model.train(was_training)
-    result: dict[str, Any] = {"nll": total, "tokens": count, "ppl": math.exp(total / count)}
-    if return_details:
-        result["token_nll"] = torch.cat(nlls, 1)
-        result["gate"] = torch.cat(gates, 1) if gates else None
-        result["targets"] = data[:, 1 : n + 1].cpu()
-    return result
-
 
 MEDIUM_K1 = 1
 """k1 for ``--preset medium`` when none is given: the paper's schedule (k1 = 1, k2 = 100)."""
@@ -232,7 +174,7 @@ class PointerTrainer:
         if cfg.clip:
             self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.clip)
         self.optimizer.step()
-        self.carry = _detach(kept if kept is not None else out.kept_state)
+        self.carry = detach_state(kept if kept is not None else out.kept_state)
         if cfg.window_refresh == "stale" and m.config.pointer and m.config.window > 1:
             keep = m.config.window - 1
             outs, ids = out.outputs.detach(), x

@@ -5,7 +5,15 @@ carries h_prev between windows); the FLOPs accounting of the thesis's tables is 
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
+import torch
 from torch import nn
+
+from gencraft.data import subword_stream
+from gencraft.metrics import windowed_nll
+from gencraft.metrics.lm import stream_perplexities
 
 
 def flops_per_token(model: nn.Module, window: int, overlap: int = 0) -> float:
@@ -23,3 +31,27 @@ def flops_per_token(model: nn.Module, window: int, overlap: int = 0) -> float:
     weights = sum(p.numel() for p in hf.parameters() if id(p) not in skip and p.dim() > 1)
     per_window = 2 * weights * window + 2 * shape.layers * window**2 * shape.hidden
     return per_window / (window - overlap)
+
+
+def evaluate(
+    model: torch.nn.Module,
+    tok: Any,
+    *,
+    corpus: str,
+    split: str,
+    window: int,
+    overlaps: tuple[int, ...],
+    max_words: int | None = None,
+    data_dir: str | None = None,
+    progress: bool = False,
+) -> list[dict[str, Any]]:
+    """Per-token and per-word perplexity and FLOPs/token of ``model`` (a :class:`RecurrentLM`
+    carries its state; a plain LM runs each window alone) at each overlap."""
+    ids, words = subword_stream(corpus, split, tok, data_dir=data_dir, max_words=max_words)
+    rows = []
+    for o in overlaps:
+        t0 = time.perf_counter()
+        nll = windowed_nll(model, ids, window=window, overlap=o, progress=progress)
+        scores = stream_perplexities(nll, words, time.perf_counter() - t0)
+        rows.append({"overlap": o, **scores, "flops/token": flops_per_token(model, window, o)})
+    return rows

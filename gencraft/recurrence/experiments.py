@@ -14,7 +14,8 @@ from pathlib import Path
 
 from gencraft.experiments import ExperimentRun, register, settings_field
 from gencraft.recurrence.config import RecurrenceConfig, RecurrenceTrainConfig
-from gencraft.recurrence.train import evaluate, train
+from gencraft.recurrence.evaluate import evaluate
+from gencraft.recurrence.train import train
 from gencraft.training import FitConfig, load_run
 
 

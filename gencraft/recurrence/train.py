@@ -1,4 +1,4 @@
-"""Training and evaluating the recurrent model (Yoshida 2023, §2.5) on a word-level corpus
+"""Training the recurrent model (Yoshida 2023, §2.5) on a word-level corpus
 read as one subword stream, through the shared ``fit`` (resumable, ``accelerate``).
 
 The thesis's recipe: Adam, the learning rate warmed up linearly over 100 steps, validation
@@ -19,10 +19,7 @@ import torch
 
 from gencraft.config import check
 from gencraft.data import subword_stream
-from gencraft.metrics import windowed_nll
-from gencraft.metrics.lm import stream_perplexities
 from gencraft.recurrence.config import RecurrenceConfig, RecurrenceTrainConfig
-from gencraft.recurrence.evaluate import flops_per_token
 from gencraft.recurrence.model import RecurrentLM
 from gencraft.training import fit, save_run, settings_of
 
@@ -90,27 +87,3 @@ def train(
         restart=restart,
     )
     return result.write_summary(out, t0, tokens_per_step=per_step)
-
-
-def evaluate(
-    model: torch.nn.Module,
-    tok: Any,
-    *,
-    corpus: str,
-    split: str,
-    window: int,
-    overlaps: tuple[int, ...],
-    max_words: int | None = None,
-    data_dir: str | None = None,
-    progress: bool = False,
-) -> list[dict[str, Any]]:
-    """Per-token and per-word perplexity and FLOPs/token of ``model`` (a :class:`RecurrentLM`
-    carries its state; a plain LM runs each window alone) at each overlap."""
-    ids, words = subword_stream(corpus, split, tok, data_dir=data_dir, max_words=max_words)
-    rows = []
-    for o in overlaps:
-        t0 = time.perf_counter()
-        nll = windowed_nll(model, ids, window=window, overlap=o, progress=progress)
-        scores = stream_perplexities(nll, words, time.perf_counter() - t0)
-        rows.append({"overlap": o, **scores, "flops/token": flops_per_token(model, window, o)})
-    return rows

@@ -342,7 +342,7 @@ def search_conditional(s: ConditionalSettings, run: ExperimentRun) -> None:
 def conditional_study(args) -> dict:
     """Beam vs conditional beam search: degenerate rate, and length-controlled generation."""
     from gencraft.models.introspect import eos_ids
-    from gencraft.search.train_classifier import (
+    from gencraft.search.train import (
         ClassifierTrainConfig,
         classifier_for,
         relabel_degenerate,

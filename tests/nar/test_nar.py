@@ -21,7 +21,7 @@ from gencraft.nar.decoding import (
     sundae_generate,
     sundae_step,
 )
-from gencraft.nar.objectives import (
+from gencraft.nar.functional import (
     collate,
     corrupt,
     mask_predict_loss,
@@ -219,7 +219,7 @@ def test_update_proportion_zero_changes_nothing_and_one_takes_every_new_token(ti
 def _overfit(objective: str, steps: int = 600):
     """tiny-bert converted and trained on two pairs until it has learned them."""
     from gencraft.nar.config import ObjectiveConfig
-    from gencraft.nar.objectives import make_loss
+    from gencraft.nar.functional import make_loss
 
     torch.manual_seed(0)
     model, tok = load_mlm_seq2seq("tiny-bert", seed=0, max_target_length=16)

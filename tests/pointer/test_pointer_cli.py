@@ -112,7 +112,7 @@ def test_analyze_writes_pngs_and_the_bucket_gains_and_gates_computed_by_hand(
     # equal buckets by rank, mean of nll_lstm - nll_pointer over the test tokens of each
     from gencraft.data import load_lm_corpus
     from gencraft.pointer import PointerSentinelLSTM
-    from gencraft.pointer.train import evaluate
+    from gencraft.pointer.evaluate import evaluate
 
     corpus = load_lm_corpus("ptb", synthetic_lm_dir)
     models = {k: PointerSentinelLSTM.from_pretrained(trained / k / "best") for k in ("lstm", "ptr")}

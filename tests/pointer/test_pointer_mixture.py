@@ -178,7 +178,7 @@ def test_target_mass_gradient_is_finite_when_attention_underflows():
     the edge of float32: a present target whose weight is exp(-89.6) ~ 1e-39 (denormal) made
     1 / mass overflow and the gradient NaN. Loss and gradient must stay finite and equal the
     float64 computation."""
-    from gencraft.pointer.mixture import pointer_target_log_probs
+    from gencraft.pointer.functional import pointer_target_log_probs
 
     # window of 3 and the sentinel (last, far below): the target (5) sits at position 0 only
     scores = torch.tensor([[[-89.6, 0.0, -300.0, -200.0], [0.0, 1.0, 2.0, 0.5]]])

@@ -16,7 +16,7 @@ from gencraft.search.classifier import (
     length_bucket,
     length_labels,
 )
-from gencraft.search.train_classifier import (
+from gencraft.search.train import (
     ClassifierTrainConfig,
     classifier_for,
     sample_training_data,
@@ -255,7 +255,7 @@ def test_cli_train_classifier(tmp_path, capsys):
 
 
 def test_relabel_degenerate_gives_one_label_per_sample(sampled):
-    from gencraft.search.train_classifier import relabel_degenerate
+    from gencraft.search.train import relabel_degenerate
 
     class Words:
         def decode(self, ids, skip_special_tokens=True):
