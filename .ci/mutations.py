@@ -192,6 +192,27 @@ M = [
         "    fit_cfg = replace(FitConfig(**asdict(cfg.fit)),",
         "tests/test_layout.py",
     ),
+    (
+        "Alg. 1 picks slots by model score, not the selection score",
+        "gencraft/search/beam.py",
+        "cands.sort(key=lambda c: -c.sel)",
+        "cands.sort(key=lambda c: -c.unc)",
+        "tests/search",
+    ),
+    (
+        "a complete slot on the beam is continued",
+        "gencraft/search/beam.py",
+        "            if c.token is None:  # a complete hypothesis stays",
+        "            if c.token is None and False:",
+        "tests/search",
+    ),
+    (
+        "fit validates without resetting the running training loss",
+        "gencraft/training/fit.py",
+        "        self.running, self.running_n = 0.0, 0\n        value = None",
+        "        value = None",
+        "tests/training tests/test_methods.py",
+    ),
 ]
 only = sys.argv[1:]
 for name, path, a, b, test in M:

@@ -132,9 +132,9 @@ def test_settings_classes_live_in_config_py():
     for method in METHODS:
         for f in (PACKAGE / method).glob("*.py"):
             for node in ast.parse(f.read_text()).body:
-                if isinstance(node, ast.ClassDef) and node.name.endswith("Config"):
-                    if f.name != "config.py":
-                        elsewhere.append(f"{method}/{f.name}: {node.name}")
+                is_config = isinstance(node, ast.ClassDef) and node.name.endswith("Config")
+                if is_config and f.name != "config.py":
+                    elsewhere.append(f"{method}/{f.name}: {node.name}")
     assert elsewhere == []
 
 

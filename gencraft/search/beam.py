@@ -68,6 +68,19 @@ class _Slot:
 
 
 @dataclass
+class _Candidate:
+    """One choice at a step of Alg. 1: live beam ``beam`` continued by ``token``, or a complete
+    slot staying (``token`` None) with its frozen scores. ``sel``: the selection score (with
+    α times the classifier), ``unc``: the model's, ``cond``: the conditional score."""
+
+    sel: float
+    unc: float
+    cond: float
+    beam: int
+    token: int | None = None
+
+
+@dataclass
 class _Finished:
     """A hypothesis set aside (transformers' policy): its ranking ``key`` (the conditional
     score, or the model score under a forced length), model ``score``, tokens, EOS."""
@@ -98,6 +111,44 @@ class AttributeScorer(Protocol):
     ) -> tuple[torch.Tensor, Any]: ...
 
     def reorder(self, state: Any, index: torch.Tensor) -> Any: ...
+
+
+def _check_arguments(
+    num_beams: int,
+    max_new_tokens: int,
+    alpha: float,
+    finished: str,
+    force_length: int | None,
+    forced_eos: str,
+    length_includes_eos: bool,
+    forced_ranking: str,
+) -> int | None:
+    """:func:`beam_search`'s arguments checked; returns the forced length in tokens before
+    EOS."""
+    if num_beams < 1:
+        raise GencraftError(f"num_beams must be >= 1, got {num_beams}")
+    if alpha < 0:
+        raise GencraftError(f"alpha must be >= 0, got {alpha}")
+    if finished not in ("aside", "on_beam"):
+        raise GencraftError(f"finished must be 'aside' or 'on_beam', got {finished!r}")
+    if forced_eos not in ("model", "free"):
+        raise GencraftError(f"forced_eos must be 'model' or 'free', got {forced_eos!r}")
+    if forced_ranking not in ("score", "selection"):
+        raise GencraftError(
+            f"forced_ranking must be 'score' or 'selection', got {forced_ranking!r}"
+        )
+    if length_includes_eos and force_length is not None:
+        if force_length < 1:
+            raise GencraftError(
+                f"force_length={force_length} with length_includes_eos: the EOS alone is 1"
+            )
+        force_length -= 1
+    if force_length is not None and not 0 <= force_length < max_new_tokens:
+        raise GencraftError(
+            f"force_length={force_length} needs 0 <= force_length < max_new_tokens "
+            f"({max_new_tokens}): the EOS after the n tokens counts as a new token"
+        )
+    return force_length
 
 
 def beam_search(
@@ -147,29 +198,16 @@ def beam_search(
             ``"selection"``: the final beam's order under C' = S + α·log P_clf, which is what
             Alg. 1 returns for a deterministic attribute (b_best = 1).
     """
-    if num_beams < 1:
-        raise GencraftError(f"num_beams must be >= 1, got {num_beams}")
-    if alpha < 0:
-        raise GencraftError(f"alpha must be >= 0, got {alpha}")
-    if finished not in ("aside", "on_beam"):
-        raise GencraftError(f"finished must be 'aside' or 'on_beam', got {finished!r}")
-    if forced_eos not in ("model", "free"):
-        raise GencraftError(f"forced_eos must be 'model' or 'free', got {forced_eos!r}")
-    if forced_ranking not in ("score", "selection"):
-        raise GencraftError(
-            f"forced_ranking must be 'score' or 'selection', got {forced_ranking!r}"
-        )
-    if length_includes_eos and force_length is not None:
-        if force_length < 1:
-            raise GencraftError(
-                f"force_length={force_length} with length_includes_eos: the EOS alone is 1"
-            )
-        force_length -= 1
-    if force_length is not None and not 0 <= force_length < max_new_tokens:
-        raise GencraftError(
-            f"force_length={force_length} needs 0 <= force_length < max_new_tokens "
-            f"({max_new_tokens}): the EOS after the n tokens counts as a new token"
-        )
+    force_length = _check_arguments(
+        num_beams,
+        max_new_tokens,
+        alpha,
+        finished,
+        force_length,
+        forced_eos,
+        length_includes_eos,
+        forced_ranking,
+    )
     if classifier is not None and not getattr(classifier, "enabled", True):
         classifier, k = None, None  # a disabled classifier: plain beam search
     stepper, eos = resolve(
@@ -284,18 +322,24 @@ class _BeamSearch:
                 )
         return out
 
-    # -- transformers' policy ----------------------------------------------------------------
-    def _aside(self) -> list[Hypothesis]:
-        b = self.b
-        out = self._start()
-        dev = out.log_probs.device
-        rows0 = torch.zeros(b, dtype=torch.long, device=dev)
-        cache = self.s.reorder(out.cache, rows0)
+    def _first_rows(self, out: Any) -> tuple[Any, ...]:
+        """The first step's B rows: (log-probs, cache, hidden states, classifier state, scores
+        with only row 0 alive), every row a copy of the prompt's."""
+        b, dev = self.b, out.log_probs.device
+        cache = self.s.reorder(out.cache, torch.zeros(b, dtype=torch.long, device=dev))
         logp = out.log_probs.expand(b, -1)
         hidden = out.hidden.expand(b, *out.hidden.shape[1:]) if out.hidden is not None else None
         cstate = self.clf.init(b) if self.clf is not None else None
         scores = torch.full((b,), NEG, device=dev)
         scores[0] = 0.0
+        return logp, cache, hidden, cstate, scores
+
+    # -- transformers' policy ----------------------------------------------------------------
+    def _aside(self) -> list[Hypothesis]:
+        b = self.b
+        out = self._start()
+        dev = out.log_probs.device
+        logp, cache, hidden, cstate, scores = self._first_rows(out)
         tokens = torch.zeros(b, 0, dtype=torch.long, device=dev)
         eos = self.eos.to(dev)
         done: list[_Finished] = []
@@ -344,63 +388,16 @@ class _BeamSearch:
 
     # -- the thesis's Alg. 1 -----------------------------------------------------------------
     def _on_beam(self) -> list[Hypothesis]:
-        b = self.b
         out = self._start()
         dev = out.log_probs.device
-        cache = self.s.reorder(out.cache, torch.zeros(b, dtype=torch.long, device=dev))
-        logp = out.log_probs.expand(b, -1)
-        hidden = out.hidden.expand(b, *out.hidden.shape[1:]) if out.hidden is not None else None
-        cstate = self.clf.init(b) if self.clf is not None else None
-        scores = torch.full((b,), NEG, device=dev)
-        scores[0] = 0.0
-        eos = self.eos.to(dev)
-        beams = [_Slot() for _ in range(b)]
+        logp, cache, hidden, cstate, scores = self._first_rows(out)
+        beams = [_Slot() for _ in range(self.b)]
         for t in range(self.max_new):
-            live = [i for i in range(b) if not beams[i].done]
-            width = max(len(bm.tokens) for bm in beams)
-            rows = torch.tensor(
-                [[0] * (width - len(bm.tokens)) + bm.tokens for bm in beams], dtype=torch.long
-            ).view(b, width)
-            logp = self.process(logp, rows)
-            logp = self._transform(logp, t)
-            sel, unc, cond, beam, tok, cstate = self._candidates(logp, scores, hidden, cstate)
-            keep = torch.isin(beam, torch.tensor(live, device=dev))
-            # only the B best live continuations can be chosen; sort those (stable on ties)
-            masked = sel.masked_fill(~keep, 2 * NEG)
-            threshold = masked.topk(min(b, sel.numel())).values[-1]
-            top = torch.nonzero(keep & (masked >= threshold)).flatten().tolist()
-            cands = [
-                (float(sel[j]), float(unc[j]), float(cond[j]), int(beam[j]), int(tok[j]))
-                for j in top
-            ]
-            # complete hypotheses compete with their frozen scores
-            cands += [
-                (bm.sel, float(scores[i]), bm.cond, i, -1) for i, bm in enumerate(beams) if bm.done
-            ]
-            cands.sort(key=lambda c: -c[0])  # stable: earlier (live, lower index) first on ties
-            chosen = [c for c in cands if c[0] > NEG / 2][:b] or cands[:b]
-            new_beams, rows, new_tok, new_scores = [], [], [], []
-            for s_sel, s_unc, s_cond, i, w in chosen:
-                old = beams[i]
-                if w < 0:  # a complete hypothesis stays
-                    nb = replace(old)
-                else:
-                    ends = w in eos.tolist() or t + 1 == self.max_new
-                    is_eos = w in eos.tolist()
-                    seq = old.tokens + ([] if is_eos else [w])
-                    # a forced EOS at the limit completes the slot, but it was cut there
-                    nb = _Slot(seq, ends, is_eos and not self._limit(t), s_sel, s_cond)
-                new_beams.append(nb)
-                rows.append(i)
-                new_tok.append(max(w, 0) if w >= 0 else int(eos[0]))
-                new_scores.append(s_unc)
-            while len(new_beams) < b:  # fewer candidates than beams (tiny vocabularies)
-                new_beams.append(_Slot([], True, False, NEG, NEG))
-                rows.append(rows[0])
-                new_tok.append(int(eos[0]))
-                new_scores.append(NEG)
-            beams = new_beams
-            scores = torch.tensor(new_scores, device=dev)
+            logp = self._transform(self.process(logp, self._token_rows(beams)), t)
+            flat = self._candidates(logp, scores, hidden, cstate)
+            cstate = flat[-1]
+            chosen = self._choose(beams, scores, *flat[:-1])
+            beams, rows, new_tok, scores = self._advance(beams, chosen, t, dev)
             if all(bm.done for bm in beams):
                 break
             idx = torch.tensor(rows, device=dev)
@@ -410,6 +407,76 @@ class _BeamSearch:
             # complete rows are fed a dummy token; their outputs are never used
             out = self.s.step(torch.tensor(new_tok, device=dev), cache)
             logp, cache, hidden = out.log_probs, out.cache, out.hidden
+        return self._ranked(beams, scores)
+
+    def _token_rows(self, beams: list[_Slot]) -> torch.Tensor:
+        """The slots' tokens [B, width], left-padded with 0 (for the logits processors)."""
+        width = max(len(bm.tokens) for bm in beams)
+        rows = [[0] * (width - len(bm.tokens)) + bm.tokens for bm in beams]
+        return torch.tensor(rows, dtype=torch.long).view(len(beams), width)
+
+    def _choose(
+        self,
+        beams: list[_Slot],
+        scores: torch.Tensor,
+        sel: torch.Tensor,
+        unc: torch.Tensor,
+        cond: torch.Tensor,
+        beam: torch.Tensor,
+        tok: torch.Tensor,
+    ) -> list[_Candidate]:
+        """Alg. 1's selection: the B best of the live beams' continuations and the complete
+        slots (which compete with their frozen scores), by selection score."""
+        b = self.b
+        live = [i for i, bm in enumerate(beams) if not bm.done]
+        keep = torch.isin(beam, torch.tensor(live, device=beam.device))
+        # only the B best live continuations can be chosen; sort those (stable on ties)
+        masked = sel.masked_fill(~keep, 2 * NEG)
+        threshold = masked.topk(min(b, sel.numel())).values[-1]
+        top = torch.nonzero(keep & (masked >= threshold)).flatten().tolist()
+        cands = [
+            _Candidate(float(sel[j]), float(unc[j]), float(cond[j]), int(beam[j]), int(tok[j]))
+            for j in top
+        ]
+        cands += [
+            _Candidate(bm.sel, float(scores[i]), bm.cond, i)
+            for i, bm in enumerate(beams)
+            if bm.done
+        ]
+        cands.sort(key=lambda c: -c.sel)  # stable: earlier (live, lower index) first on ties
+        return [c for c in cands if c.sel > NEG / 2][:b] or cands[:b]
+
+    def _advance(
+        self, beams: list[_Slot], chosen: list[_Candidate], t: int, dev: torch.device
+    ) -> tuple[list[_Slot], list[int], list[int], torch.Tensor]:
+        """The next slots from the chosen candidates: (slots, the row each comes from, the
+        token each row is fed, model scores)."""
+        eos = self.eos.tolist()
+        slots, rows, feed, unc = [], [], [], []
+        for c in chosen:
+            old = beams[c.beam]
+            if c.token is None:  # a complete hypothesis stays
+                slot = replace(old)
+            else:
+                is_eos = c.token in eos
+                ends = is_eos or t + 1 == self.max_new
+                seq = old.tokens + ([] if is_eos else [c.token])
+                # a forced EOS at the limit completes the slot, but it was cut there
+                slot = _Slot(seq, ends, is_eos and not self._limit(t), c.sel, c.cond)
+            slots.append(slot)
+            rows.append(c.beam)
+            feed.append(eos[0] if c.token is None else c.token)
+            unc.append(c.unc)
+        while len(slots) < self.b:  # fewer candidates than beams (tiny vocabularies)
+            slots.append(_Slot([], True, False, NEG, NEG))
+            rows.append(rows[0])
+            feed.append(eos[0])
+            unc.append(NEG)
+        return slots, rows, feed, torch.tensor(unc, device=dev)
+
+    def _ranked(self, beams: list[_Slot], scores: torch.Tensor) -> list[Hypothesis]:
+        """The final slots, best first: by the conditional score (Alg. 1), or under a forced
+        length by the model score (or the selection score, ``forced_ranking``)."""
         final = {id(bm): sc for bm, sc in zip(beams, scores.tolist(), strict=True)}
 
         def key(bm: _Slot) -> float:
@@ -418,9 +485,7 @@ class _BeamSearch:
             # a forced length holds by construction: rank by S, or Alg. 1's C' order
             return -(bm.sel if self.forced_ranking == "selection" else final[id(bm)])
 
-        ranked = sorted(
-            (bm for bm, sc in zip(beams, scores.tolist(), strict=True) if sc > NEG / 2), key=key
-        )
+        ranked = sorted((bm for bm in beams if final[id(bm)] > NEG / 2), key=key)
         return [
             Hypothesis(bm.tokens, final[id(bm)], bm.eos, bm.cond if self.clf is not None else None)
             for bm in ranked

@@ -258,57 +258,101 @@ def fit(
         on_step: called after every optimizer step with ``(step, batch)``.
     Returns a :class:`FitResult`. Raises :class:`Interrupted` after saving on Ctrl-C.
     """
-    cfg = config
     if len(train) == 0:
         raise GencraftError("no training examples")
-    acc = accelerator or make_accelerator(gradient_accumulation_steps=cfg.grad_accum)
-    out = Path(output_dir) if output_dir is not None else None
-    fit_settings = {k: v for k, v in asdict(cfg).items() if k not in ("save_every",)}
-    ckpt = RunCheckpoint(out, {**(settings or {}), **fit_settings}) if out is not None else None
-    if ckpt is not None and acc.is_main_process:
-        if restart or not resume:  # start over (as PointerTrainer.train(resume=False))
-            ckpt.clear()
-        elif not ckpt.exists():
-            ckpt.check_fresh_output()
-    acc.wait_for_everyone()
+    loop = _Loop(model, optimizer, loss_fn, config, accelerator, output_dir, progress)
+    loop.evaluate_fn, loop.save_fn, loop.on_step = evaluate_fn, save_fn, on_step
+    loop.open_run(settings, resume=resume, restart=restart)
+    loop.prepare(train, valid, collate_fn)
+    if resume and not restart:
+        loop.restore()
+    return loop.run()
 
-    torch.manual_seed(cfg.seed)
-    sampler = EpochSampler(len(train), cfg.seed)
-    # the loader's own generator: iterating it never draws from torch's global RNG
-    loader = DataLoader(
-        train,
-        batch_size=cfg.batch_size,
-        sampler=sampler,
-        collate_fn=collate_fn,
-        generator=torch.Generator().manual_seed(cfg.seed),
-    )
-    valid_loader = None
-    if valid:
-        valid_loader = DataLoader(
-            valid, batch_size=cfg.eval_batch_size or cfg.batch_size, collate_fn=collate_fn
+
+class _Loop:
+    """One call of :func:`fit`: the prepared objects, the run's :class:`_State` and one method
+    per step of the loop (open the run, prepare, restore, train a batch, validate, save, end
+    an epoch)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: LossFn,
+        cfg: FitConfig,
+        accelerator: Any,
+        output_dir: str | Path | None,
+        progress: bool,
+    ) -> None:
+        self.model, self.optimizer, self.loss_fn, self.cfg = model, optimizer, loss_fn, cfg
+        self.acc = accelerator or make_accelerator(gradient_accumulation_steps=cfg.grad_accum)
+        self.out = Path(output_dir) if output_dir is not None else None
+        self.progress = progress
+        self.evaluate_fn: Callable[[nn.Module, Any], dict[str, float]] | None = None
+        self.save_fn: Callable[[nn.Module, Path], None] | None = None
+        self.on_step: Callable[[int, Any], None] | None = None
+        self.ckpt: RunCheckpoint | None = None
+        self.st = _State()
+        self.pending_rng: Any = None
+        self.resumed = False
+        self.running, self.running_n = 0.0, 0  # training loss since the last validation
+        self.last_save = time.perf_counter()
+
+    def open_run(self, settings: dict[str, Any] | None, *, resume: bool, restart: bool) -> None:
+        """The run's checkpoint, compared with ``settings`` and the config on resume;
+        ``restart`` clears an earlier run, a fresh run refuses an output holding results."""
+        if self.out is not None:
+            fit_settings = {k: v for k, v in asdict(self.cfg).items() if k != "save_every"}
+            self.ckpt = RunCheckpoint(self.out, {**(settings or {}), **fit_settings})
+            if self.acc.is_main_process:
+                if restart or not resume:  # start over (as PointerTrainer.train(resume=False))
+                    self.ckpt.clear()
+                elif not self.ckpt.exists():
+                    self.ckpt.check_fresh_output()
+        self.acc.wait_for_everyone()
+
+    def prepare(self, train: Sequence[Any], valid: Sequence[Any] | None, collate_fn: Any) -> None:
+        """Loaders (the shuffle depends only on the seed and the epoch), ``accelerate.prepare``
+        and the learning-rate schedule over the whole run."""
+        cfg, acc = self.cfg, self.acc
+        torch.manual_seed(cfg.seed)
+        self.sampler = EpochSampler(len(train), cfg.seed)
+        # the loader's own generator: iterating it never draws from torch's global RNG
+        loader = DataLoader(
+            train,
+            batch_size=cfg.batch_size,
+            sampler=self.sampler,
+            collate_fn=collate_fn,
+            generator=torch.Generator().manual_seed(cfg.seed),
         )
-    model, optimizer, loader = acc.prepare(model, optimizer, loader)
-    if valid_loader is not None:
-        valid_loader = acc.prepare(valid_loader)
-    steps_per_epoch = max(1, math.ceil(len(loader) / cfg.grad_accum))
-    total = cfg.max_steps or steps_per_epoch * cfg.epochs
-    # stepped by hand once per optimizer step (accelerate would step it once per process)
-    scheduler = warmup_schedule(optimizer, total, cfg.warmup, cfg.decay)
-    raw = acc.unwrap_model(model)
+        self.valid_loader = None
+        if valid:
+            batch = cfg.eval_batch_size or cfg.batch_size
+            self.valid_loader = DataLoader(valid, batch_size=batch, collate_fn=collate_fn)
+        self.model, self.optimizer, self.loader = acc.prepare(self.model, self.optimizer, loader)
+        if self.valid_loader is not None:
+            self.valid_loader = acc.prepare(self.valid_loader)
+        steps_per_epoch = max(1, math.ceil(len(self.loader) / cfg.grad_accum))
+        self.total = cfg.max_steps or steps_per_epoch * cfg.epochs
+        # stepped by hand once per optimizer step (accelerate would step it once per process)
+        self.scheduler = warmup_schedule(self.optimizer, self.total, cfg.warmup, cfg.decay)
+        self.raw = self.acc.unwrap_model(self.model)
 
-    st = _State()
-    pending_rng = None
-    resumed = False
-    if ckpt is not None and resume and not restart and ckpt.exists():
-        payload = ckpt.load()
-        load_trainable_state(raw, payload["model"], ckpt.path)
-        optimizer.load_state_dict(payload["optimizer"])
-        scheduler.load_state_dict(payload["scheduler"])
-        st = _State(**payload["state"])
-        pending_rng = payload["rng"]
-        resumed = True
+    def restore(self) -> None:
+        """Continue from the run's checkpoint, if it has one."""
+        if self.ckpt is None or not self.ckpt.exists():
+            return
+        payload = self.ckpt.load()
+        load_trainable_state(self.raw, payload["model"], self.ckpt.path)
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.scheduler.load_state_dict(payload["scheduler"])
+        self.st = _State(**payload["state"])
+        self.pending_rng = payload["rng"]
+        self.resumed = True
 
-    def budget_left() -> str | None:
+    def budget_left(self) -> str | None:
+        """Which budget has run out (None: train on)."""
+        cfg, st = self.cfg, self.st
         if cfg.patience is not None and st.bad_evals >= cfg.patience:
             return "patience"
         return budget_reason(
@@ -320,49 +364,44 @@ def fit(
             max_epochs=cfg.epochs,
         )
 
-    def save_checkpoint() -> None:
-        if ckpt is None:
-            return
-        if acc.is_main_process:
-            ckpt.save(
-                {
-                    "model": trainable_state(raw),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "state": asdict(st),
-                    "rng": rng_state(),
-                }
-            )
-        acc.wait_for_everyone()
+    def save_checkpoint(self) -> None:
+        if self.ckpt is not None:
+            if self.acc.is_main_process:
+                self.ckpt.save(
+                    {
+                        "model": trainable_state(self.raw),
+                        "optimizer": self.optimizer.state_dict(),
+                        "scheduler": self.scheduler.state_dict(),
+                        "state": asdict(self.st),
+                        "rng": rng_state(),
+                    }
+                )
+            self.acc.wait_for_everyone()
+        self.last_save = time.perf_counter()
 
-    def save_model(name: str) -> None:
-        if out is None or save_fn is None:
+    def save_model(self, name: str) -> None:
+        if self.out is None or self.save_fn is None:
             return
-        if acc.is_main_process:
-            save_directory(lambda d: save_fn(raw, d), out / name)
-        acc.wait_for_everyone()
+        if self.acc.is_main_process:
+            save_directory(lambda d: self.save_fn(self.raw, d), self.out / name)
+        self.acc.wait_for_everyone()
 
-    def evaluate(train_loss: float | None) -> None:
+    def validate(self) -> None:
+        """One row of the history (training loss since the last row, validation metrics);
+        a new best writes ``best/``."""
+        st, cfg = self.st, self.cfg
         row: dict[str, Any] = {
             "step": st.step,
-            "epoch": round(st.epoch + st.batch_in_epoch / max(1, len(loader)), 4),
+            "epoch": round(st.epoch + st.batch_in_epoch / max(1, len(self.loader)), 4),
             "train_time": round(st.train_time, 3),
         }
-        if train_loss is not None:
-            row["train_loss"] = train_loss
+        if self.running_n:
+            row["train_loss"] = self.running / self.running_n
+        self.running, self.running_n = 0.0, 0
         value = None
-        if valid_loader is not None:
-            t0 = time.perf_counter()
-            model.eval()
-            with torch.no_grad():
-                metrics = (evaluate_fn or mean_loss(loss_fn, acc))(model, valid_loader)
-            model.train()
-            st.eval_time += time.perf_counter() - t0
+        if self.valid_loader is not None:
+            metrics = self.validation_metrics()
             row.update({f"valid_{k}": v for k, v in metrics.items()})
-            if cfg.metric not in metrics:
-                raise GencraftError(
-                    f"validation gave {sorted(metrics)}, not the metric {cfg.metric!r}"
-                )
             value = float(metrics[cfg.metric])
         better = value is None or (
             st.best is None
@@ -371,130 +410,159 @@ def fit(
         )
         if better:
             st.best = value
-            save_model("best")
+            self.save_model("best")
         st.bad_evals = 0 if better else st.bad_evals + 1
         row["best"] = better
         st.history.append(row)
         st.last_eval_step = st.step
-        if out is not None and acc.is_main_process:
-            write_json(out / "history.json", st.history)
-        if progress and acc.is_main_process:
+        if self.out is not None and self.acc.is_main_process:
+            write_json(self.out / "history.json", st.history)
+        if self.progress and self.acc.is_main_process:
             shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}
             tqdm.write(f"eval: {shown}")
 
-    stopped = budget_left()
-    if stopped is not None and resumed:
-        if acc.is_main_process:
-            print(
-                f"{out} already finished ({stopped}: step {st.step}, {st.train_time:.0f} s, "
-                f"epoch {st.epoch}); raise --max-steps/--max-time/--epochs to continue, or "
-                "pass --restart"
+    def validation_metrics(self) -> dict[str, float]:
+        t0 = time.perf_counter()
+        self.model.eval()
+        with torch.no_grad():
+            run = self.evaluate_fn or mean_loss(self.loss_fn, self.acc)
+            metrics = run(self.model, self.valid_loader)
+        self.model.train()
+        self.st.eval_time += time.perf_counter() - t0
+        if self.cfg.metric not in metrics:
+            raise GencraftError(
+                f"validation gave {sorted(metrics)}, not the metric {self.cfg.metric!r}"
             )
+        return metrics
+
+    def train_batch(self, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        """Forward, backward and (at the end of an accumulation) the optimizer step."""
+        if self.pending_rng is not None:
+            # restored once the loader has drawn whatever it draws when it starts
+            # (as it did before the interrupted run saved this state)
+            set_rng_state(self.pending_rng)
+            self.pending_rng = None
+        st, acc = self.st, self.acc
+        t0 = time.perf_counter()
+        with acc.accumulate(self.model):
+            loss, parts = _split(self.loss_fn(self.model, batch))
+            acc.backward(loss)
+            if acc.sync_gradients and self.cfg.clip:
+                acc.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+        st.batch_in_epoch += 1
+        st.trained_examples += _batch_size(batch) * acc.num_processes
+        self.running += float(loss.detach())
+        self.running_n += 1
+        st.train_time += time.perf_counter() - t0
+        return loss, parts
+
+    def after_step(self, loss: torch.Tensor, parts: dict[str, float], batch: Any) -> None:
+        """The bookkeeping of one optimizer step: schedule, counters, progress, validation
+        every ``eval_every`` steps."""
+        self.scheduler.step()
+        self.st.step += 1
+        if not math.isfinite(float(loss.detach())):
+            raise GencraftError(
+                f"training loss became {float(loss)} at step {self.st.step}; lower the "
+                "learning rate"
+            )
+        if self.on_step is not None:
+            self.on_step(self.st.step, batch)
+        self.bar.update(1)
+        postfix = {k: f"{v:.3f}" for k, v in parts.items()}
+        self.bar.set_postfix(loss=f"{self.running / self.running_n:.4f}", **postfix)
+        if self.cfg.eval_every and self.st.step % self.cfg.eval_every == 0:
+            self.validate()
+            self.save_checkpoint()
+
+    def run_epoch(self, guard: InterruptGuard) -> tuple[str | None, bool]:
+        """The rest of the current epoch: (the budget that stopped it, interrupted)."""
+        st, loader = self.st, self.loader
+        batches = (
+            self.acc.skip_first_batches(loader, st.batch_in_epoch) if st.batch_in_epoch else loader
+        )
+        # accelerate's loaders set the sampler's epoch from their own counter when iterated
+        if hasattr(batches, "set_epoch"):
+            batches.set_epoch(st.epoch)
+        self.sampler.set_epoch(st.epoch)
+        stopped = None
+        for batch in batches:
+            loss, parts = self.train_batch(batch)
+            if not self.acc.sync_gradients:
+                continue
+            self.after_step(loss, parts, batch)
+            since_save = time.perf_counter() - self.last_save
+            interrupt, save_now = _agree(
+                self.acc, [guard.requested, since_save > self.cfg.save_every]
+            )
+            stopped = self.budget_left() if st.batch_in_epoch < len(loader) else None
+            if interrupt:
+                return stopped, True
+            if stopped is not None:
+                return stopped, False
+            if save_now:
+                self.save_checkpoint()
+        return self.end_epoch(), False
+
+    def end_epoch(self) -> str | None:
+        """Count a completed epoch (validating at its end unless ``eval_every`` is set)."""
+        st = self.st
+        if st.batch_in_epoch < len(self.loader):
+            return None
+        st.epoch += 1
+        st.batch_in_epoch = 0
+        if not self.cfg.eval_every:
+            self.validate()
+        self.save_checkpoint()
+        return self.budget_left()
+
+    def result(self, stopped: str | None, epochs_done: float) -> FitResult:
+        st = self.st
         return FitResult(
             st.step,
-            st.epoch,
+            epochs_done,
             st.train_time,
             st.best,
             stopped,
             st.history,
             st.trained_examples,
-            True,
+            self.resumed,
         )
 
-    model.train()
-    bar = tqdm(total=total, initial=st.step, desc="train", disable=not progress, unit="step")
-    running, running_n = 0.0, 0
-    last_save = time.perf_counter()
-    interrupted = False
-    with InterruptGuard() as guard:
-        while stopped is None:
-            batches = (
-                acc.skip_first_batches(loader, st.batch_in_epoch) if st.batch_in_epoch else loader
-            )
-            # accelerate's loaders set the sampler's epoch from their own counter when iterated
-            if hasattr(batches, "set_epoch"):
-                batches.set_epoch(st.epoch)
-            sampler.set_epoch(st.epoch)
-            for batch in batches:
-                if pending_rng is not None:
-                    # restored once the loader has drawn whatever it draws when it starts
-                    # (as it did before the interrupted run saved this state)
-                    set_rng_state(pending_rng)
-                    pending_rng = None
-                t0 = time.perf_counter()
-                with acc.accumulate(model):
-                    loss, parts = _split(loss_fn(model, batch))
-                    acc.backward(loss)
-                    if acc.sync_gradients and cfg.clip:
-                        acc.clip_grad_norm_(model.parameters(), cfg.clip)
-                    optimizer.step()
-                    optimizer.zero_grad()
-                st.batch_in_epoch += 1
-                st.trained_examples += _batch_size(batch) * acc.num_processes
-                running += float(loss.detach())
-                running_n += 1
-                st.train_time += time.perf_counter() - t0
-                if not acc.sync_gradients:
-                    continue
-                scheduler.step()
-                st.step += 1
-                if not math.isfinite(float(loss.detach())):
-                    raise GencraftError(
-                        f"training loss became {float(loss)} at step {st.step}; lower the "
-                        "learning rate"
-                    )
-                if on_step is not None:
-                    on_step(st.step, batch)
-                bar.update(1)
-                bar.set_postfix(
-                    loss=f"{running / running_n:.4f}", **{k: f"{v:.3f}" for k, v in parts.items()}
+    def run(self) -> FitResult:
+        """Train until a budget runs out; Ctrl-C saves and raises :class:`Interrupted`."""
+        st = self.st
+        stopped = self.budget_left()
+        if stopped is not None and self.resumed:
+            if self.acc.is_main_process:
+                print(
+                    f"{self.out} already finished ({stopped}: step {st.step}, "
+                    f"{st.train_time:.0f} s, epoch {st.epoch}); raise --max-steps/--max-time/"
+                    "--epochs to continue, or pass --restart"
                 )
-                if cfg.eval_every and st.step % cfg.eval_every == 0:
-                    evaluate(running / running_n)
-                    running, running_n = 0.0, 0
-                    save_checkpoint()
-                    last_save = time.perf_counter()
-                flags = _agree(
-                    acc, [guard.requested, time.perf_counter() - last_save > cfg.save_every]
-                )
-                stopped = budget_left() if st.batch_in_epoch < len(loader) else None
-                if flags[0]:
-                    interrupted = True
-                    break
-                if stopped is not None:
-                    break
-                if flags[1]:
-                    save_checkpoint()
-                    last_save = time.perf_counter()
+            return self.result(stopped, st.epoch)
+        self.model.train()
+        show = self.progress
+        self.bar = tqdm(
+            total=self.total, initial=st.step, desc="train", disable=not show, unit="step"
+        )
+        self.last_save = time.perf_counter()
+        interrupted = False
+        with InterruptGuard() as guard:
+            while stopped is None and not interrupted:
+                stopped, interrupted = self.run_epoch(guard)
+            self.bar.close()
             if interrupted:
-                break
-            if st.batch_in_epoch >= len(loader):  # the epoch is complete
-                st.epoch += 1
-                st.batch_in_epoch = 0
-                if not cfg.eval_every:
-                    evaluate(running / running_n if running_n else None)
-                    running, running_n = 0.0, 0
-                save_checkpoint()
-                last_save = time.perf_counter()
-                stopped = budget_left()
-        bar.close()
-        if interrupted:
-            save_checkpoint()
-            raise Interrupted(ckpt.directory if ckpt else Path("."), resume_command())
-    if st.last_eval_step != st.step or not st.history:
-        evaluate(running / running_n if running_n else None)
-    save_model("last")
-    save_checkpoint()
-    return FitResult(
-        st.step,
-        st.epoch + st.batch_in_epoch / max(1, len(loader)),
-        st.train_time,
-        st.best,
-        stopped,
-        st.history,
-        st.trained_examples,
-        resumed,
-    )
+                self.save_checkpoint()
+                directory = self.ckpt.directory if self.ckpt else Path(".")
+                raise Interrupted(directory, resume_command())
+        if st.last_eval_step != st.step or not st.history:
+            self.validate()
+        self.save_model("last")
+        self.save_checkpoint()
+        return self.result(stopped, st.epoch + st.batch_in_epoch / max(1, len(self.loader)))
 
 
 def _agree(acc: Any, flags: list[bool]) -> list[bool]:

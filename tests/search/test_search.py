@@ -294,6 +294,30 @@ def test_alpha_steers_selection_but_not_the_final_on_beam_ranking():
     assert [h.tokens for h in thesis] == [[2], [1]]
 
 
+class RootEndingPenalty(EndingScorer):
+    """log P_clf = -3 for ending at the root, 0 for everything else."""
+
+    def score(self, state, hidden, candidates):
+        root = hidden[:, 0, :1] < 0  # [N, 1]
+        return (candidates == 0).float() * torch.where(root, -3.0, 0.0), state
+
+
+def test_a_complete_slot_competes_by_its_selection_score():
+    """B = 3, L = 3. Step 1 keeps "a", "b" and the empty output (EOS: S = ln .5 = -0.693 but
+    C' = -3.693 after the classifier's -3). Step 2: the best live continuations are "a a"
+    (-1.427), "b EOS" (-2.120) and "b a" (-3.219): all three beat the empty output's frozen
+    C' (-3.693), which leaves the beam, though its model score (-0.693) is the best of all."""
+    hyps = beam_search(
+        LastTokenStepper(),
+        num_beams=3,
+        max_new_tokens=3,
+        eos_token_id=0,
+        classifier=RootEndingPenalty(),
+        finished="on_beam",
+    )
+    assert sorted(h.tokens for h in hyps) == [[1, 1], [2], [2, 1]]
+
+
 def test_force_length_gives_exact_lengths_and_renormalises():
     model = small_llama(0)
     ids = torch.tensor([PROMPT])
