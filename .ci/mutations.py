@@ -213,6 +213,27 @@ M = [
         "        value = None",
         "tests/training tests/test_methods.py",
     ),
+    (
+        "greedy AR decoding scores the processed logits",
+        "gencraft/nar/decoding.py",
+        "torch.stack(gen.logits, 1)[0]",
+        "torch.stack(gen.scores, 1)[0]",
+        "tests/nar/test_nar.py -k one_beam",
+    ),
+    (
+        "speed ratio as the ratio of medians",
+        "gencraft/timing.py",
+        "            median(ratios),",
+        "            median(times[k]) / median(times[baseline]),",
+        "tests/test_timing.py",
+    ),
+    (
+        "speed rounds do not rotate",
+        "gencraft/timing.py",
+        "order = names[r % len(names) :] + names[: r % len(names)]",
+        "order = names",
+        "tests/test_timing.py",
+    ),
 ]
 only = sys.argv[1:]
 for name, path, a, b, test in M:

@@ -318,10 +318,12 @@ def autoregressive_generate(
     *,
     num_beams: int = 4,
     max_new_tokens: int = 64,
+    min_new_tokens: int = 0,
     progress: bool = False,
 ) -> NAROutput:
     """Beam search with ``generate`` on a causal-decoder model (the BERT2BERT baseline), one
-    input at a time; a model call is one decoder step over the beams."""
+    input at a time; a model call is one decoder step over the beams. ``min_new_tokens``
+    keeps EOS away until then (``nar-speed`` fixes every output's length with it)."""
     attention_mask = _check_source(model, input_ids, attention_mask, bidirectional=False)
     dev = next(model.parameters()).device
     end, pad = model.generation_config.eos_token_id, model.generation_config.pad_token_id
@@ -334,7 +336,9 @@ def autoregressive_generate(
             num_beams=num_beams,
             do_sample=False,
             max_new_tokens=max_new_tokens,
+            min_new_tokens=min_new_tokens,
             output_scores=True,
+            output_logits=num_beams == 1,
             return_dict_in_generate=True,
         )
         seq = gen.sequences[0, 1:].tolist()
@@ -343,7 +347,12 @@ def autoregressive_generate(
             if end in seq
             else [t for t in seq if t != pad]
         )
-        score = gen.sequences_scores[0] if gen.sequences_scores is not None else torch.tensor(0.0)
+        score = getattr(gen, "sequences_scores", None)
+        if score is None:  # greedy: its tokens' log-probabilities, before any processor
+            step_lp = torch.stack(gen.logits, 1)[0].float().log_softmax(-1)  # [T, V]
+            score = step_lp.gather(1, gen.sequences[0, 1:, None]).sum()
+        else:
+            score = score[0]
         steps = len(gen.scores)
         out.add(seq, float(score), steps, steps, time.perf_counter() - t0)
     return out

@@ -17,7 +17,7 @@ Mask-Predict. Each training and each evaluation is a unit that resumes.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -291,3 +291,115 @@ def _plot(run: ExperimentRun, curve: list[dict], s: NARTasksSettings) -> None:
     fig.tight_layout()
     fig.savefig(run.plot_path("quality_vs_steps.png", "quality vs decoding steps"), dpi=120)
     plt.close(fig)
+
+
+@dataclass
+class NARSpeedSettings:
+    model: str = settings_field("minilm-l6", "the masked LM converted (registered name or path)")
+    task: str = settings_field("e2e", "whose test sources are decoded")
+    inputs: int = settings_field(8, "test inputs decoded per case and round")
+    length: int = settings_field(32, "target tokens of every output (all methods alike)")
+    steps: int = settings_field(15, "SUNDAE steps and Mask-Predict iterations (thesis: 15)")
+    samples: int = settings_field(16, "SUNDAE samples per input (thesis: best of 16)")
+    num_beams: int = settings_field(4, "the autoregressive baseline's beam")
+    rounds: int = settings_field(5, "interleaved rounds (each case once per round)")
+    threads: int | None = settings_field(None, "torch CPU threads (default: torch's)")
+    data_dir: str | None = settings_field(None, "datasets directory")
+
+
+def nar_speed_unit(s: NARSpeedSettings) -> dict[str, Any]:
+    """Decoding time per output of SUNDAE, Mask-Predict and autoregressive beam search, every
+    output ``s.length`` tokens long, interleaved in one process."""
+    import torch
+
+    from gencraft.data.tasks import pick_examples, source_of, task_examples
+    from gencraft.experiments import machine
+    from gencraft.nar.decoding import (
+        autoregressive_generate,
+        mask_predict_generate,
+        sundae_generate,
+    )
+    from gencraft.nar.functional import noise_ids
+    from gencraft.nar.model import load_mlm_seq2seq, target_token_ids
+    from gencraft.timing import interleaved
+
+    if s.threads:
+        torch.set_num_threads(s.threads)
+    top = max(s.length + 2, 64)
+    nar, tok = load_mlm_seq2seq(s.model, max_target_length=top)
+    ar, _ = load_mlm_seq2seq(s.model, max_target_length=top, bidirectional=False)
+    nar.eval(), ar.eval()
+    examples = pick_examples(task_examples(s.task, "test", s.data_dir), s.inputs, spread=True)
+    enc = tok([source_of(e) for e in examples], truncation=True, max_length=128, padding=True)
+    ids = torch.tensor(enc["input_ids"])
+    mask = torch.tensor(enc["attention_mask"])
+    lengths = torch.full((ids.shape[0],), s.length)
+    sundae = SamplingConfig(steps=s.steps, samples=s.samples, length_candidates=1)
+    mp = SamplingConfig(steps=s.steps, length_candidates=1)
+    noise, mask_id = noise_ids(tok), target_token_ids(tok)["mask"]
+    n = s.length
+    beam = f"autoregressive, beam {s.num_beams}"
+    cases = {
+        beam: lambda: autoregressive_generate(
+            ar, ids, mask, num_beams=s.num_beams, max_new_tokens=n + 1, min_new_tokens=n + 1
+        ),
+        "autoregressive, greedy": lambda: autoregressive_generate(
+            ar, ids, mask, num_beams=1, max_new_tokens=n + 1, min_new_tokens=n + 1
+        ),
+        f"SUNDAE, {s.steps} steps × {s.samples} samples": lambda: sundae_generate(
+            nar, ids, mask, sundae, noise=noise, lengths=lengths
+        ),
+        f"SUNDAE, {s.steps} steps × 1 sample": lambda: sundae_generate(
+            nar, ids, mask, replace(sundae, samples=1), noise=noise, lengths=lengths
+        ),
+        f"Mask-Predict, {s.steps} iterations": lambda: mask_predict_generate(
+            nar, ids, mask, mp, mask_id=mask_id, lengths=lengths
+        ),
+    }
+    with torch.no_grad():
+        calls = {k: fn() for k, fn in cases.items()}  # also the warm-up
+        timings = interleaved(cases, beam, rounds=s.rounds, warmup=0)
+    per = ids.shape[0]
+    rows = {}
+    for k, t in timings.items():
+        out = calls[k]
+        rows[k] = {
+            "s/output": t.seconds / per,
+            **{c: v for c, v in t.row().items() if c != "median s"},
+            "calls/output": sum(out.model_calls) / per,
+        }
+    return {"cases": rows, "inputs": per, **machine()}
+
+
+@register(
+    "nar-speed",
+    title="decoding time per output: SUNDAE and Mask-Predict against autoregressive beam search",
+    settings=NARSpeedSettings,
+    scales={
+        "tiny": {
+            "model": "tiny-bert",
+            "inputs": 2,
+            "length": 6,
+            "steps": 3,
+            "samples": 2,
+            "rounds": 2,
+        },
+        "cpu": {},
+        "gpu": {"inputs": 64, "rounds": 9},
+    },
+    cpu_minutes=10,
+)
+def nar_speed(s: NARSpeedSettings, run: ExperimentRun) -> None:
+    """Decode the same test sources at one fixed output length with every method, interleaved
+    in one process; time per output as a ratio to autoregressive beam search."""
+    r = run.unit("speed", lambda: nar_speed_unit(s))
+    run.text(
+        f"{s.model} converted (untrained: the cost of decoding does not depend on the weights "
+        f"once every output has the same length), {r['inputs']} {s.task} test sources, every "
+        f"output {s.length} tokens (oracle lengths for SUNDAE and Mask-Predict, EOS held off "
+        f"for the autoregressive decoder), {s.rounds} interleaved rounds on {r['device']} "
+        f"({r['threads']} threads). Ratio: median over rounds of the round's time ratio to "
+        "beam search, q25–q75 beside it. SUNDAE runs every step (an untrained model's samples "
+        "keep changing; a trained one may stop earlier)."
+    )
+    run.table([{"case": k, **v} for k, v in r["cases"].items()])

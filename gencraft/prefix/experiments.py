@@ -327,3 +327,161 @@ def _plot(run: ExperimentRun, variants, seeds, units, metric: str) -> None:
     fig.tight_layout()
     fig.savefig(run.plot_path(f"{metric.lower()}_by_variant.png", f"{metric} by variant"))
     plt.close(fig)
+
+
+# ---- prefix-speed -------------------------------------------------------------------------
+#: the variants timed by prefix-speed (peft: the baseline), as PrefixConfig fields
+SPEED_VARIANTS: dict[str, dict[str, Any]] = {
+    "peft": {},
+    **{v: f for v, (method, f) in VARIANTS.items() if method == "prefix"},
+}
+
+
+@dataclass
+class PrefixSpeedSettings:
+    model: str = settings_field("smollm2-135m", "causal LM (registered name or local path)")
+    variants: str = settings_field(",".join(SPEED_VARIANTS), "comma-separated; peft first")
+    num_virtual_tokens: int = settings_field(10, "P")
+    batch_size: int = settings_field(8, "sequences per training step")
+    length: int = settings_field(64, "tokens per sequence (loss on the second half)")
+    new_tokens: int = settings_field(32, "generated tokens (dense prefixes vs the base)")
+    rounds: int = settings_field(7, "interleaved rounds (each variant once per round)")
+    threads: int | None = settings_field(None, "torch CPU threads (default: torch's)")
+
+
+def _speed_models(s: PrefixSpeedSettings, names: list[str]) -> dict[str, Any]:
+    """One fresh base per variant (a PrefixModel and peft each change their base), the
+    prefixes on it; all in train mode."""
+    import torch
+
+    from gencraft.models import load_model
+    from gencraft.prefix import PrefixConfig, PrefixModel
+
+    models = {}
+    for name in names:
+        torch.manual_seed(0)
+        base, _ = load_model(s.model)
+        if name == "peft":
+            from peft import PrefixTuningConfig, TaskType, get_peft_model
+
+            cfg = PrefixTuningConfig(
+                task_type=TaskType.CAUSAL_LM, num_virtual_tokens=s.num_virtual_tokens
+            )
+            model = get_peft_model(base, cfg)
+        else:
+            fields = SPEED_VARIANTS[name]
+            model = PrefixModel(
+                base, PrefixConfig(num_virtual_tokens=s.num_virtual_tokens, **fields)
+            )
+        models[name] = model.to(_device()).train()
+    return models
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def prefix_speed_unit(s: PrefixSpeedSettings) -> dict[str, Any]:
+    """Training-step time and saved activations of every variant against peft's, interleaved
+    in one process; dense prefixes' generate against the base model's."""
+    import torch
+
+    from gencraft.experiments import machine
+    from gencraft.timing import cuda_peak_bytes, interleaved, saved_tensor_bytes
+
+    if s.threads:
+        torch.set_num_threads(s.threads)
+    names = [v.strip() for v in s.variants.split(",") if v.strip()]
+    unknown = sorted(set(names) - set(SPEED_VARIANTS))
+    if unknown or not names or names[0] != "peft":
+        raise ConfigError(
+            f"variants: peft first, then any of {', '.join(SPEED_VARIANTS)}; got {s.variants!r}"
+        )
+    models = _speed_models(s, names)
+    vocab = models["peft"].get_output_embeddings().weight.shape[0]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(10, min(1000, vocab), (s.batch_size, s.length), generator=g)
+    ids = ids.to(_device())
+    mask, labels = torch.ones_like(ids), ids.clone()
+    labels[:, : s.length // 2] = -100
+    optimizers = {
+        k: torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-3)
+        for k, m in models.items()
+    }
+
+    def loss(name: str) -> torch.Tensor:
+        return models[name](input_ids=ids, attention_mask=mask, labels=labels).loss
+
+    def step(name: str) -> None:
+        loss(name).backward()
+        optimizers[name].step()
+        optimizers[name].zero_grad()
+
+    train = interleaved({k: (lambda k=k: step(k)) for k in names}, "peft", rounds=s.rounds)
+    saved = {k: saved_tensor_bytes(lambda k=k: loss(k)) for k in names}
+    peaks = {k: cuda_peak_bytes(lambda k=k: step(k)) for k in names}
+    result: dict[str, Any] = {"train": {}, **machine()}
+    for k in names:
+        result["train"][k] = {
+            **train[k].row(),
+            "saved MiB": saved[k] / 2**20,
+            "saved ratio": saved[k] / saved["peft"],
+        }
+        if peaks[k] is not None:  # CUDA only
+            result["train"][k]["cuda peak MiB"] = peaks[k] / 2**20
+    if "dense" in models:
+        from gencraft.models import load_model
+
+        dense = models["dense"].eval()
+        base, _ = load_model(s.model)
+        base = base.to(_device()).eval()
+        prompt = dict(input_ids=ids[:1, :16], attention_mask=mask[:1, :16])
+        kw = {"max_new_tokens": s.new_tokens, "min_new_tokens": s.new_tokens, "do_sample": False}
+        with torch.no_grad():
+            gen = interleaved(
+                {
+                    "base": lambda: base.generate(**prompt, **kw),
+                    "dense prefixes": lambda: dense.generate(**prompt, **kw),
+                },
+                "base",
+                rounds=s.rounds,
+            )
+        result["generate"] = {k: t.row() for k, t in gen.items()}
+    return result
+
+
+@register(
+    "prefix-speed",
+    title="DASP training-step cost against peft's prefix-tuning, and generation with prefixes",
+    settings=PrefixSpeedSettings,
+    scales={
+        "tiny": {
+            "model": "tiny-llama",
+            "rounds": 3,
+            "batch_size": 2,
+            "length": 16,
+            "new_tokens": 4,
+        },
+        "cpu": {},
+        "gpu": {"rounds": 21, "batch_size": 16, "length": 256},
+    },
+    cpu_minutes=8,
+)
+def prefix_speed(s: PrefixSpeedSettings, run: ExperimentRun) -> None:
+    """A training step of each DASP variant against peft's prefix-tuning on the same model and
+    batch, interleaved in one process (ratio: median of per-round ratios, with quartiles);
+    saved activations from autograd's hooks; dense prefixes' generate against the base."""
+    r = run.unit("speed", lambda: prefix_speed_unit(s))
+    run.text(
+        f"{s.model}, P = {s.num_virtual_tokens}, batch {s.batch_size} × {s.length} tokens, "
+        f"{s.rounds} interleaved rounds on {r['device']} ({r['threads']} threads). Ratios are "
+        "to peft's PrefixTuning: the median over rounds of the round's time ratio, q25–q75 "
+        "beside it; ± spread = half the quartile range over the ratio. Saved MiB: what "
+        "autograd keeps for backward in one step (exact on any device)."
+    )
+    run.table([{"variant": k, **v} for k, v in r["train"].items()])
+    if "generate" in r:
+        run.text(f"Generate {s.new_tokens} tokens greedily from a 16-token prompt:")
+        run.table([{"case": k, **v} for k, v in r["generate"].items()])

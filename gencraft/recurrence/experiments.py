@@ -158,3 +158,112 @@ def _plot(run: ExperimentRun, rows: list[dict], s: RecurrenceLMSettings) -> None
     fig.tight_layout()
     fig.savefig(run.plot_path("ppl_vs_flops.png", "perplexity vs FLOPs/token"), dpi=120)
     plt.close(fig)
+
+
+@dataclass
+class RecurrenceSpeedSettings:
+    model: str = settings_field("smollm2-135m", "base model")
+    window: int = settings_field(128, "T: tokens per window")
+    bptt_windows: int = settings_field(4, "windows per training sequence")
+    insert_layer: int = settings_field(2, "layer that gets h_prev")
+    memory_windows: tuple[int, ...] = settings_field((1, 2, 4, 8), "sequence lengths (windows)")
+    rounds: int = settings_field(7, "interleaved rounds (each variant once per round)")
+    threads: int | None = settings_field(None, "torch CPU threads (default: torch's)")
+
+
+def recurrence_speed_unit(s: RecurrenceSpeedSettings) -> dict:
+    """A training step with recurrence (with and without bottleneck checkpointing) against
+    the same windows without it, interleaved; the bytes autograd saves against length."""
+    import torch
+
+    from gencraft.experiments import machine
+    from gencraft.models import load_model
+    from gencraft.recurrence import RecurrentLM
+    from gencraft.timing import interleaved, saved_tensor_bytes
+
+    if s.threads:
+        torch.set_num_threads(s.threads)
+    torch.manual_seed(0)
+    base, _ = load_model(s.model)
+    layer = min(s.insert_layer, base.config.num_hidden_layers - 1)
+    model = RecurrentLM(base, RecurrenceConfig(window=s.window, insert_layer=layer)).train()
+    vocab = base.get_output_embeddings().weight.shape[0]
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, vocab, (1, s.window * s.bptt_windows + 1), generator=g)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-6)
+    modes = {
+        "plain windows": (False, False),
+        "recurrent": (True, False),
+        "recurrent, checkpointed": (True, True),
+    }
+
+    def step(mode: str) -> None:
+        model.config.recurrent, model.config.checkpoint = modes[mode]
+        opt.zero_grad(set_to_none=True)
+        model(ids, return_logits=False).loss.backward()
+        opt.step()
+
+    cases = {k: (lambda k=k: step(k)) for k in modes}
+    timings = interleaved(cases, "plain windows", rounds=s.rounds)
+    memory = []
+    for w in s.memory_windows:
+        x = torch.randint(3, vocab, (1, s.window * w + 1), generator=g)
+        row: dict = {"windows": w, "tokens": x.shape[1]}
+        for name, (rec, ckpt) in modes.items():
+            model.config.recurrent, model.config.checkpoint = rec, ckpt
+            row[f"{name} MiB"] = saved_tensor_bytes(lambda x=x: model(x, return_logits=False).loss)
+            row[f"{name} MiB"] /= 2**20
+            model.zero_grad(set_to_none=True)
+        memory.append(row)
+    return {"train": {k: t.row() for k, t in timings.items()}, "memory": memory, **machine()}
+
+
+@register(
+    "recurrence-speed",
+    title="the cost of recurrence: training-step time and activation memory (§2.4)",
+    settings=RecurrenceSpeedSettings,
+    scales={
+        "tiny": {
+            "model": "tiny-llama",
+            "window": 16,
+            "bptt_windows": 3,
+            "insert_layer": 1,
+            "memory_windows": (1, 2),
+            "rounds": 3,
+        },
+        "cpu": {},
+        "gpu": {"window": 300, "bptt_windows": 20, "memory_windows": (1, 5, 10, 20), "rounds": 21},
+    },
+    cpu_minutes=6,
+)
+def recurrence_speed(s: RecurrenceSpeedSettings, run: ExperimentRun) -> None:
+    """Recurrent training steps against plain windowed fine-tuning, interleaved in one
+    process; saved activations against sequence length, with and without checkpointing."""
+    r = run.unit("speed", lambda: recurrence_speed_unit(s))
+    run.text(
+        f"{s.model}, windows of {s.window}, {s.bptt_windows} windows per sequence, "
+        f"{s.rounds} interleaved rounds on {r['device']} ({r['threads']} threads). Ratio: the "
+        "median over rounds of the round's time ratio to plain windows (the same windows and "
+        "loss, no state carried), q25–q75 beside it (target without checkpointing: <= 1.10)."
+    )
+    run.table([{"variant": k, **v} for k, v in r["train"].items()])
+    run.text("Bytes autograd saves for backward in one step (MiB), by sequence length:")
+    run.table(r["memory"])
+    from gencraft.plotting import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    x = [m["tokens"] for m in r["memory"]]
+    for name, marker in (
+        ("plain windows", "^"),
+        ("recurrent", "o"),
+        ("recurrent, checkpointed", "s"),
+    ):
+        ax.plot(x, [m[f"{name} MiB"] for m in r["memory"]], marker=marker, label=name)
+    ax.set_xlabel("sequence length (tokens)")
+    ax.set_ylabel("bytes saved for backward (MiB)")
+    ax.set_title(f"{s.model}, windows of {s.window}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(run.plot_path("memory.png", "activation memory against length"), dpi=120)
+    plt.close(fig)

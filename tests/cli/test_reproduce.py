@@ -138,3 +138,28 @@ def test_settings_given_as_none_are_kept_not_dropped():
     given = _overrides(PrefixTaskSettings, ["--test-limit", "none", "--test-spread"], "x")
     assert given == {"test_limit": None, "test_spread": True}  # None overrides the default 80
     assert _overrides(PrefixTaskSettings, [], "x") == {}
+
+
+@pytest.mark.parametrize(
+    "name, baseline, rows",
+    [
+        ("prefix-speed", "peft", ("dense", "uniblock", "hierblock", "htruncsa", "hsoftsa")),
+        ("recurrence-speed", "plain windows", ("recurrent", "recurrent, checkpointed")),
+        ("nar-speed", "autoregressive, beam 4", ("SUNDAE, 3 steps × 2 samples",)),
+    ],
+)
+def test_speed_experiments_interleave_against_their_baseline(
+    name, baseline, rows, shared_data, tmp_path
+):
+    """Each speed experiment runs end to end on tiny models: one table with every variant's
+    median-of-ratios and its quartiles, the baseline at exactly 1."""
+    overrides = {"data_dir": str(shared_data)} if name == "nar-speed" else {}
+    report = reproduce(name, scale="tiny", output=tmp_path, overrides=overrides).read_text()
+    assert "| ratio | ratio q25 | ratio q75 | ± spread |" in report
+    assert f"| {baseline} | " in report
+    line = next(row for row in report.splitlines() if row.startswith(f"| {baseline} | "))
+    assert "| 1 | 1 | 1 | 0.0% |" in line
+    for r in rows:
+        assert f"| {r} | " in report
+    units = json.loads((tmp_path / "results.json").read_text())["units"]
+    assert units["speed"]["threads"] >= 1

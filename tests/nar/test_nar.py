@@ -418,3 +418,20 @@ def test_nar_experiment_runs_at_tiny_scale(shared_data, tmp_path, monkeypatch):
     assert "| rum-sundae | MLM |" in text and "| autoregressive | MLM |" in text
     assert (tmp_path / "quality_vs_steps.png").is_file()
     assert math.isfinite(float(text.split("| rum-sundae | MLM | 3 |")[1].split("|")[3]))
+
+
+def test_autoregressive_decoding_at_one_beam_and_a_fixed_length():
+    """num_beams=1 (greedy) works and scores its output by the summed log-probabilities of its
+    tokens before the processors, as beam search does (``generate`` gives no sequences_scores
+    there); min_new_tokens fixes the length (EOS held off)."""
+    model, tok = load_mlm_seq2seq("tiny-bert", seed=0, max_target_length=16, bidirectional=False)
+    b = _batch(tok, [("x y", "ab")])
+    kw = dict(max_new_tokens=6, min_new_tokens=6)
+    greedy = autoregressive_generate(model, b["input_ids"], num_beams=1, **kw)
+    assert greedy.steps == [6]
+    ids = torch.tensor([[model.generation_config.decoder_start_token_id, *greedy.sequences[0]]])
+    with torch.no_grad():
+        enc = model.get_encoder()(input_ids=b["input_ids"]).last_hidden_state
+        logits = model(encoder_outputs=(enc,), decoder_input_ids=ids).logits[0, :-1]
+    want = logits.log_softmax(-1).gather(1, ids[0, 1:, None]).sum()
+    assert greedy.scores[0] == pytest.approx(float(want), abs=1e-4)

@@ -1,0 +1,147 @@
+"""Speed and memory measurements that hold on a shared machine: every speed experiment
+(``gencraft reproduce *-speed``) times the variants it compares in one process, interleaved,
+and reports each variant's ratio to the baseline as the median of per-round ratios.
+
+Why interleave: on a shared 2-core machine the load changes from second to second; variants
+run one after another (or in separate processes) see different loads, and their ratios moved
+by ±30% from run to run. Within one round every variant runs back to back, in an order that
+rotates from round to round (ABC, BCA, CAB...), so a burst of load hits them alike and
+cancels in the round's ratio; the median over rounds drops the rounds a burst split.
+
+Memory: :func:`saved_tensor_bytes` counts the bytes autograd keeps for backward, exact and the
+same on every device (the activation memory a method adds); on CUDA
+:func:`cuda_peak_bytes` gives the allocator's peak as well.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from statistics import median
+from typing import Any
+
+import torch
+
+from gencraft.errors import GencraftError
+
+
+@dataclass
+class Timing:
+    """One variant: ``seconds`` (median of its rounds), ``ratio`` (median over rounds of its
+    time over the baseline's in the same round) and the spread of those ratios: ``low`` and
+    ``high`` (the quartiles), ``spread`` = (high - low) / 2 / ratio, a relative ±."""
+
+    seconds: float
+    ratio: float
+    low: float
+    high: float
+    rounds: int
+
+    @property
+    def spread(self) -> float:
+        return (self.high - self.low) / 2 / self.ratio if self.ratio else float("nan")
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "median s": self.seconds,
+            "ratio": self.ratio,
+            "ratio q25": self.low,
+            "ratio q75": self.high,
+            "± spread": f"{100 * self.spread:.1f}%",
+        }
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    """Linear-interpolated quantile (numpy's default)."""
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def synchronize() -> None:
+    """Wait for queued CUDA work, so a timer sees it (no-op on CPU)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def interleaved(
+    cases: dict[str, Callable[[], Any]],
+    baseline: str,
+    *,
+    rounds: int,
+    warmup: int = 1,
+    progress: bool = False,
+) -> dict[str, Timing]:
+    """Time every case once per round, the order rotating each round, after ``warmup``
+    untimed calls of each; per case the median seconds and the median per-round ratio to
+    ``baseline`` (with its quartiles).
+
+    >>> import time
+    >>> t = interleaved({"a": lambda: time.sleep(0.002), "b": lambda: time.sleep(0.004)},
+    ...                 "a", rounds=5)
+    >>> 1.5 < t["b"].ratio < 2.5 and t["a"].ratio == 1.0
+    True
+    """
+    if baseline not in cases:
+        raise GencraftError(f"baseline {baseline!r} is not one of the cases {sorted(cases)}")
+    if rounds < 1:
+        raise GencraftError(f"rounds must be >= 1, got {rounds}")
+    from tqdm.auto import tqdm
+
+    names = list(cases)
+    for _ in range(warmup):
+        for fn in cases.values():
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in names}
+    for r in tqdm(range(rounds), desc="rounds", disable=not progress):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for k in order:
+            synchronize()
+            t0 = time.perf_counter()
+            cases[k]()
+            synchronize()
+            times[k].append(time.perf_counter() - t0)
+    out = {}
+    for k in names:
+        ratios = [a / b for a, b in zip(times[k], times[baseline], strict=True)]
+        out[k] = Timing(
+            median(times[k]),
+            median(ratios),
+            _quantile(ratios, 0.25),
+            _quantile(ratios, 0.75),
+            rounds,
+        )
+    return out
+
+
+def saved_tensor_bytes(fn: Callable[[], torch.Tensor]) -> int:
+    """Bytes of the tensors autograd saves for backward while ``fn()`` builds its loss (the
+    backward pass is then run and freed). Tensors saved twice count twice: an upper bound on
+    the activation memory, exact for what the method adds to it."""
+    total = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = fn()
+    loss.backward()
+    return total
+
+
+def cuda_peak_bytes(fn: Callable[[], Any]) -> int | None:
+    """Peak CUDA memory allocated during ``fn()`` above what was allocated before (None on
+    CPU)."""
+    if not torch.cuda.is_available():
+        return None
+    synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    fn()
+    synchronize()
+    return torch.cuda.max_memory_allocated() - start
