@@ -234,6 +234,27 @@ M = [
         "order = names",
         "tests/test_timing.py",
     ),
+    (
+        "generated flags are not marked as such",
+        "gencraft/cli/flags.py",
+        "    action.from_config = True\n",
+        "\n",
+        "tests/cli/test_cli.py -k generated",
+    ),
+    (
+        "an old spelling sets another field",
+        "gencraft/cli/flags.py",
+        "parser.add_argument(alias, dest=f.name, **hidden)",
+        "parser.add_argument(alias, dest=f.name + '_old', **hidden)",
+        "tests/cli/test_cli.py -k aliases",
+    ),
+    (
+        "old spellings shown in the help",
+        "gencraft/cli/flags.py",
+        'hidden = {**kw, "help": argparse.SUPPRESS, "default": argparse.SUPPRESS}',
+        'hidden = {**kw, "default": argparse.SUPPRESS}',
+        "tests/cli/test_cli.py -k one_name",
+    ),
 ]
 only = sys.argv[1:]
 for name, path, a, b, test in M:

@@ -9,13 +9,35 @@ from typing import Any
 
 from gencraft.errors import ConfigError
 
+#: ``option(REQUIRED, ...)``: a field without a default (a required flag)
+REQUIRED: Any = object()
 
-def option(default: Any, help: str, **kwargs: Any) -> Any:
-    """A dataclass field with its help text (the CLI flag's)."""
+
+def option(
+    default: Any,
+    help: str,
+    *,
+    positional: bool = False,
+    aliases: tuple[str, ...] = (),
+    repeat: bool = False,
+    **kwargs: Any,
+) -> Any:
+    """A dataclass field with its help text (the CLI flag's). ``positional``: an argument
+    without ``--``; ``aliases``: old spellings the CLI still accepts, unlisted; ``repeat``: a
+    list given as ``--x a --x b``."""
+    meta: dict[str, Any] = {"help": help}
+    if positional:
+        meta["positional"] = True
+    if aliases:
+        meta["aliases"] = tuple(aliases)
+    if repeat:
+        meta["repeat"] = True
+    if default is REQUIRED:
+        return field(metadata=meta, **kwargs)
     if isinstance(default, (list, dict, set)):
         value = default
-        return field(default_factory=lambda: type(value)(value), metadata={"help": help}, **kwargs)
-    return field(default=default, metadata={"help": help}, **kwargs)
+        return field(default_factory=lambda: type(value)(value), metadata=meta, **kwargs)
+    return field(default=default, metadata=meta, **kwargs)
 
 
 def check(condition: bool, message: str) -> None:

@@ -59,16 +59,23 @@ def add_dataclass_arguments(
     cls: type,
     *,
     exclude: Iterable[str] = (),
+    only: Iterable[str] | None = None,
     defaults: dict[str, Any] | None = None,
     prefix: str = "",
 ) -> None:
-    """Add one flag per field of dataclass ``cls`` (minus ``exclude``) to ``parser``;
-    ``defaults`` overrides the dataclass's defaults for this command only."""
+    """Add one flag per field of dataclass ``cls`` (``only`` those named, minus ``exclude``)
+    to ``parser``; ``defaults`` overrides the dataclass's defaults for this command only.
+
+    Field metadata (:func:`gencraft.config.option`'s keywords): ``help``; ``positional``
+    (an argument without ``--``); ``aliases`` (old spellings, accepted but not shown);
+    ``repeat`` (``--x a --x b`` collects a list). A field without a default is required.
+    """
     hints = typing.get_type_hints(cls)
     skip = set(exclude)
+    keep = set(only) if only is not None else None
     defaults = defaults or {}
     for f in dataclasses.fields(cls):
-        if f.name in skip or not f.init:
+        if f.name in skip or not f.init or (keep is not None and f.name not in keep):
             continue
         nested = _nested(cls, f, hints)
         if nested is not None:
@@ -78,29 +85,34 @@ def add_dataclass_arguments(
                 parser, inner_cls, exclude=skip | hidden, defaults=inner_defaults, prefix=prefix
             )
             continue
-        name = prefix + f.name.replace("_", "-")
-        dest = f.name
-        help_text = f.metadata.get("help", "")
-        if f.name in defaults:
-            default = defaults[f.name]
-        elif f.default is not dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = None
-        tp, optional = _unwrap_optional(hints[f.name])
-        shown = f"{help_text} (default: {default})" if help_text else f"default: {default}"
-        if tp is bool:
-            parser.add_argument(
-                f"--{name}",
-                dest=dest,
-                action=argparse.BooleanOptionalAction,
-                default=default,
-                help=help_text or None,
-            )
-            continue
-        kw: dict[str, Any] = {"dest": dest, "default": default, "help": shown}
+        _add_field(parser, f, hints[f.name], defaults, prefix)
+
+
+def _add_field(
+    parser: argparse.ArgumentParser,
+    f: dataclasses.Field,
+    hint: Any,
+    defaults: dict[str, Any],
+    prefix: str,
+) -> None:
+    name = prefix + f.name.replace("_", "-")
+    help_text = f.metadata.get("help", "")
+    required = False
+    if f.name in defaults:
+        default = defaults[f.name]
+    elif f.default is not dataclasses.MISSING:
+        default = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        default = f.default_factory()
+    else:
+        default, required = None, True
+    tp, optional = _unwrap_optional(hint)
+    positional = f.metadata.get("positional", False)
+    shown = help_text if required or positional else _with_default(help_text, default)
+    kw: dict[str, Any] = {"default": default, "help": shown}
+    if tp is bool:
+        kw.update(action=argparse.BooleanOptionalAction, help=help_text or None)
+    else:
         origin = get_origin(tp)
         if origin is Literal:
             choices = list(get_args(tp))
@@ -108,13 +120,48 @@ def add_dataclass_arguments(
             kw["type"] = _converter(type(choices[0]), optional, name)
         elif origin in (tuple, list):
             inner = get_args(tp)[0] if get_args(tp) else str
-            kw["nargs"] = "+"
             kw["type"] = _converter(inner, False, name)
+            if f.metadata.get("repeat"):
+                kw["action"] = "append"
+            else:
+                kw["nargs"] = "*" if positional else "+"
         elif tp in (int, float, str) or isinstance(tp, list):
             kw["type"] = _converter(tp, optional, name)
         else:  # dicts and other structures are not flags
+            return
+    if positional:
+        if not required and "nargs" not in kw:
+            kw["nargs"] = "?"
+        action = parser.add_argument(f.name, metavar=f.name.upper(), **kw)
+    else:
+        action = parser.add_argument(f"--{name}", dest=f.name, required=required, **kw)
+    action.from_config = True
+    for alias in f.metadata.get("aliases", ()):
+        hidden = {**kw, "help": argparse.SUPPRESS, "default": argparse.SUPPRESS}
+        if kw.get("action") is argparse.BooleanOptionalAction:
+            hidden["action"] = "store_true"
+        parser.add_argument(alias, dest=f.name, **hidden).from_config = True
+
+
+def _with_default(help_text: str, default: Any) -> str:
+    return f"{help_text} (default: {default})" if help_text else f"default: {default}"
+
+
+def census(parser: argparse.ArgumentParser) -> tuple[int, int]:
+    """(arguments, of which generated from dataclasses) over ``parser`` and every subcommand;
+    help and the hidden aliases of generated flags not counted."""
+    total = generated = 0
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
             continue
-        parser.add_argument(f"--{name}", **kw)
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                t, g = census(sub)
+                total, generated = total + t, generated + g
+            continue
+        total += 1
+        generated += bool(getattr(action, "from_config", False))
+    return total, generated
 
 
 def _nested(cls: type, f: dataclasses.Field, hints: dict[str, Any]) -> Any:

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gencraft.config import option
+
+
+@dataclass
+class FocusEvalCommand:
+    bertscore: bool = option(True, "BERTScore beside ROUGE (--no-bertscore: skip it)")
 
 
 def _examples(name: str, split: str, data_dir: str | None, limit: int | None) -> list:
@@ -23,14 +31,14 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     cfg = dataclass_from_args(FocusTrainConfig, args)
     seed_everything(cfg.fit.seed)
-    train = _examples(args.data, "train", args.data_dir, args.max_train)
-    valid = _examples(args.data, "validation", args.data_dir, args.max_valid)
+    train = _examples(args.task, "train", args.data_dir, args.train_examples)
+    valid = _examples(args.task, "validation", args.data_dir, args.valid_examples)
     base, tok = load_model(args.model)
     tag = "fame" if cfg.focus else "base"
-    out = Path(args.output or f"outputs/focus-{args.data}-{Path(args.model).name}-{tag}")
+    out = Path(args.output or f"outputs/focus-{args.task}-{Path(args.model).name}-{tag}")
     print(
         f"{'FAME' if cfg.focus else 'baseline'} on {args.model}: {len(train)} train / "
-        f"{len(valid)} valid {args.data} documents -> {out}"
+        f"{len(valid)} valid {args.task} documents -> {out}"
     )
     trainer = FocusTrainer(
         base, tok, train, valid, cfg, out, base_name_or_path=args.model, progress=not args.quiet
@@ -49,7 +57,7 @@ def _summaries(args: argparse.Namespace) -> tuple[list, list[list[str]]]:
     from gencraft.focus.evaluate import summarize
 
     model, tok = _load(args.checkpoint, args.device)
-    docs = _examples(args.data, args.split, args.data_dir, args.limit)
+    docs = _examples(args.task, args.split, args.data_dir, args.limit)
     groups = summarize(
         model,
         tok,
@@ -97,14 +105,14 @@ def cmd_eval(args: argparse.Namespace) -> None:
             + (" (all of them: is this model trained?)" if empty == total else ""),
             file=sys.stderr,
         )
-    bs = not args.no_bertscore
+    bs = args.bertscore
     if args.samples > 1:
         row = diversity_metrics(groups, refs, texts, with_bertscore=bs)
     else:
         row = summary_metrics([g[0] for g in groups], refs, texts, with_bertscore=bs)
     result = {
         "checkpoint": args.checkpoint,
-        "data": args.data,
+        "data": args.task,
         "split": args.split,
         "documents": len(docs),
         "decoding": args.decoding,
@@ -119,25 +127,18 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 def add_parser(sub: Any, add_data_dir: Any) -> None:
     from gencraft.cli.flags import add_dataclass_arguments
-    from gencraft.focus.config import FocusTrainConfig
-    from gencraft.focus.evaluate import DECODINGS
+    from gencraft.cli.options import DataOptions, DecodeOptions, ModelInput, RunInput, RunOptions
+    from gencraft.focus.config import FocusDecodeConfig, FocusTrainConfig
 
     p = sub.add_parser("focus", help="FAME focus attention and focus sampling (summarization)")
     fsub = p.add_subparsers(dest="focus_command", required=True)
 
     t = fsub.add_parser("train", help="fine-tune a model with FAME (or the plain baseline)")
-    t.add_argument(
-        "--model",
-        required=True,
-        help="minilm-l6-bert2bert, smollm2-135m, a tiny-* model, a path or hub id",
-    )
-    t.add_argument("--data", choices=("xsum", "cnndm"), default="xsum")
+    add_dataclass_arguments(t, ModelInput)
+    tasks = ("task", "train_examples", "valid_examples")
+    add_dataclass_arguments(t, DataOptions, only=tasks, defaults={"task": "xsum"})
     add_dataclass_arguments(t, FocusTrainConfig)
-    t.add_argument("--max-train", type=int, default=None, help="use the first N train docs")
-    t.add_argument("--max-valid", type=int, default=None)
-    t.add_argument("--output", default=None, help="output directory (a re-run resumes it)")
-    t.add_argument("--restart", action="store_true", help="discard a run already in --output")
-    t.add_argument("--quiet", action="store_true")
+    add_dataclass_arguments(t, RunOptions, only=("output", "restart", "quiet"))
     add_data_dir(t)
     t.set_defaults(func=cmd_train)
 
@@ -147,27 +148,13 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     )
     for name, func, text in commands:
         g = fsub.add_parser(name, help=text)
-        g.add_argument("checkpoint", help="a trained directory (best/, last/) or a model name")
-        g.add_argument("--data", choices=("xsum", "cnndm"), default="xsum")
-        g.add_argument("--split", default="test")
-        g.add_argument("--decoding", choices=DECODINGS, default="beam")
-        g.add_argument("--samples", type=int, default=1, help="summaries per document")
-        g.add_argument(
-            "--focus-k",
-            type=int,
-            default=None,
-            help="|V_k| (default 10,000, or the whole vocabulary when it is smaller)",
-        )
-        g.add_argument("--num-beams", type=int, default=4)
-        g.add_argument("--max-source", type=int, default=512)
-        g.add_argument("--max-new-tokens", type=int, default=64)
-        g.add_argument("--batch-size", type=int, default=8)
-        g.add_argument("--limit", type=int, default=None, help="first N documents")
-        g.add_argument("--seed", type=int, default=0)
-        g.add_argument("--device", default=None)
-        g.add_argument("--output", default=None)
-        g.add_argument("--quiet", action="store_true")
+        add_dataclass_arguments(g, RunInput)
+        data = ("task", "split", "limit")
+        add_dataclass_arguments(g, DataOptions, only=data, defaults={"task": "xsum"})
+        add_dataclass_arguments(g, FocusDecodeConfig)
+        add_dataclass_arguments(g, DecodeOptions)
+        add_dataclass_arguments(g, RunOptions, only=("seed", "device", "output", "quiet"))
         if name == "eval":
-            g.add_argument("--no-bertscore", action="store_true")
+            add_dataclass_arguments(g, FocusEvalCommand)
         add_data_dir(g)
         g.set_defaults(func=func)

@@ -7,7 +7,16 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
+
+from gencraft.config import option
+
+
+@dataclass
+class HSOEvalCommand:
+    dynamic_eval: bool = option(False, "also run dynamic evaluation")
+    de_lr: float = option(1e-4, "dynamic evaluation's SGD learning rate")
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -52,19 +61,17 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 def add_parser(sub: Any, add_data_dir: Any) -> None:
     from gencraft.cli.flags import add_dataclass_arguments
+    from gencraft.cli.options import DataOptions, ModelInput, RunOptions
     from gencraft.hso import HSOConfig
 
     p = sub.add_parser("hso", help="hidden-state optimisation of a frozen LM (ch. 3)")
     psub = p.add_subparsers(dest="hso_command", required=True)
     e = psub.add_parser("eval", help="perplexity: plain model vs HSO (vs dynamic evaluation)")
-    e.add_argument("--model", default="smollm2-135m")
-    e.add_argument("--corpus", default="wikitext-2")
-    e.add_argument("--split", default="valid")
-    e.add_argument("--max-words", type=int, default=None, help="first N words of the split")
+    add_dataclass_arguments(e, ModelInput, defaults={"model": "smollm2-135m"})
+    data = {"corpus": "wikitext-2", "split": "valid"}
+    add_dataclass_arguments(e, DataOptions, only=("corpus", "split", "max_words"), defaults=data)
     add_dataclass_arguments(e, HSOConfig, defaults={"reset_every": 1024})
-    e.add_argument("--dynamic-eval", action="store_true", help="also run dynamic evaluation")
-    e.add_argument("--de-lr", type=float, default=1e-4, help="dynamic evaluation's SGD lr")
-    e.add_argument("--json", action="store_true")
-    e.add_argument("--quiet", action="store_true")
+    add_dataclass_arguments(e, HSOEvalCommand)
+    add_dataclass_arguments(e, RunOptions, only=("json", "quiet"))
     add_data_dir(e)
     e.set_defaults(func=cmd_eval)

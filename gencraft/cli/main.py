@@ -7,7 +7,9 @@ import importlib
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from gencraft.config import REQUIRED, option
 from gencraft.errors import GencraftError
 
 #: command modules with ``add_parser(subparsers, add_data_dir)``; a new method adds its own
@@ -24,11 +26,46 @@ METHOD_COMMANDS = (
 
 
 def _add_data_dir(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--data-dir",
-        default=None,
-        help="directory holding the dataset folders (default: $GENCRAFT_DATA_DIR)",
+    from gencraft.cli.flags import add_dataclass_arguments
+    from gencraft.cli.options import DataOptions
+
+    add_dataclass_arguments(p, DataOptions, only=("data_dir",))
+
+
+@dataclass
+class DataStatsCommand:
+    name: str = option(
+        REQUIRED, "wikitext-2, wikitext-103, ptb, xsum, cnndm, e2e, webnlg or dart", positional=True
     )
+    split: str | None = option(None, "one split only (default: all)")
+
+
+@dataclass
+class GenerateCommand:
+    model: str = option(REQUIRED, "registered name, local path or hub id")
+    prompt: list[str] = option([], "a prompt (repeatable)", repeat=True)
+    prompt_file: str | None = option(None, "a text file with one prompt per line")
+
+
+@dataclass
+class EvalCommand:
+    predictions: str = option(REQUIRED, ".txt (one per line) or .jsonl")
+    references: str = option(
+        REQUIRED, ".txt or .jsonl (a 'references' list allows several per item)"
+    )
+    sources: str | None = option(None, "source documents (for novel, r1p_source)")
+    metrics: str = option(
+        "rouge,bleu,length",
+        "comma-separated: rouge,bleu,bertscore,distinct,repetition,length,novel,r1p_source",
+    )
+    field: str | None = option(None, "jsonl field holding the predictions")
+
+
+@dataclass
+class DemoCommand:
+    ppl_tokens: int = option(4000, "WikiText-2 test words to score")
+    fame_seconds: float = option(60.0, "FAME head training budget (seconds)")
+    pointer_seconds: float = option(45.0, "pointer head training budget (seconds)")
 
 
 def data_stats(name: str, split: str | None, data_dir: str | None) -> list[dict]:
@@ -157,6 +194,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from gencraft.cli.flags import add_dataclass_arguments
+    from gencraft.cli.options import RunOptions
     from gencraft.models.generate import GenerationSettings
 
     parser = argparse.ArgumentParser(prog="gencraft", description=__doc__.splitlines()[0])
@@ -168,51 +206,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("data", help="dataset utilities")
     dsub = p.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
     s = dsub.add_parser("stats", help="statistics of a dataset (Table-1 style for LM corpora)")
-    s.add_argument("name", help="wikitext-2, wikitext-103, ptb, xsum, cnndm, e2e, webnlg, dart")
-    s.add_argument("--split", default=None, help="one split only (default: all)")
-    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_dataclass_arguments(s, DataStatsCommand)
+    add_dataclass_arguments(s, RunOptions, only=("json",))
     _add_data_dir(s)
     s.set_defaults(func=cmd_data_stats)
 
     p = sub.add_parser("generate", help="generate text with a model")
-    p.add_argument("--model", required=True, help="registered name, local path or hub id")
-    p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
-    p.add_argument("--prompt-file", help="a text file with one prompt per line")
+    add_dataclass_arguments(p, GenerateCommand)
     add_dataclass_arguments(p, GenerationSettings)
-    p.add_argument("--device", default=None)
-    p.add_argument("--json", action="store_true", help="one JSON line per prompt")
+    add_dataclass_arguments(p, RunOptions, only=("device", "json"))
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("eval", help="score predictions against references")
-    p.add_argument("--predictions", required=True, help=".txt (one per line) or .jsonl")
-    p.add_argument(
-        "--references",
-        required=True,
-        help=".txt or .jsonl (a 'references' list allows several per item)",
-    )
-    p.add_argument("--sources", default=None, help="source documents (for novel, r1p_source)")
-    p.add_argument(
-        "--metrics",
-        default="rouge,bleu,length",
-        help="comma-separated: rouge,bleu,bertscore,distinct,repetition,length,novel,r1p_source",
-    )
-    p.add_argument("--field", default=None, help="jsonl field holding the predictions")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_dataclass_arguments(p, EvalCommand)
+    add_dataclass_arguments(p, RunOptions, only=("json",))
     p.set_defaults(func=cmd_eval)
 
     for module in METHOD_COMMANDS:  # each method (and reproduce) adds its own subcommands
         importlib.import_module(module).add_parser(sub, _add_data_dir)
 
     p = sub.add_parser("demo", help="the offline walk through every method (SmolLM2-135M)")
-    p.add_argument(
-        "--ppl-tokens", type=int, default=4000, help="WikiText-2 test words to score (default 4000)"
+    add_dataclass_arguments(p, DemoCommand)
+    add_dataclass_arguments(
+        p, RunOptions, only=("output", "device"), defaults={"output": "outputs/demo"}
     )
-    p.add_argument("--output", default="outputs/demo", help="where the trained heads and PNGs go")
-    p.add_argument("--fame-seconds", type=float, default=60.0, help="FAME head training budget")
-    p.add_argument(
-        "--pointer-seconds", type=float, default=45.0, help="pointer head training budget"
-    )
-    p.add_argument("--device", default=None)
     _add_data_dir(p)
     p.set_defaults(func=cmd_demo)
     return parser

@@ -5,10 +5,30 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from gencraft.config import REQUIRED, option
 
 METHODS = ("auto", "sundae", "mask-predict", "beam")
+
+
+@dataclass
+class NARDecodeCommand:
+    model: str = option(
+        REQUIRED,
+        "a trained run's best/ or last/, or a masked LM (converted, untrained)",
+        positional=True,
+    )
+    method: Literal["auto", "sundae", "mask-predict", "beam"] = option(
+        "auto", "auto: beam for a causal decoder, else SUNDAE"
+    )
+
+
+@dataclass
+class NARGenerateCommand:
+    sources: list[str] = option(REQUIRED, "source texts (linearised inputs)")
 
 
 def _load(name_or_dir: str, seed: int = 0) -> tuple[Any, Any]:
@@ -62,7 +82,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         list(args.sources),
         sampling,
         method=args.method,
-        num_beams=args.beams,
+        num_beams=args.num_beams,
         progress=False,
     )
     rows = [
@@ -97,13 +117,13 @@ def cmd_eval(args: argparse.Namespace) -> None:
         limit=args.limit,
         sampling=sampling,
         method=args.method,
-        num_beams=args.beams,
+        num_beams=args.num_beams,
         data_dir=args.data_dir,
         progress=not args.quiet,
     )
     preds = r.pop("predictions")
-    if args.predictions:
-        Path(args.predictions).write_text("\n".join(preds) + "\n")
+    if args.output:
+        Path(args.output).write_text("\n".join(preds) + "\n")
     if args.json:
         print(json.dumps(r, indent=2))
         return
@@ -115,8 +135,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 def add_parser(sub: Any, add_data_dir: Any) -> None:
     from gencraft.cli.flags import add_dataclass_arguments
+    from gencraft.cli.options import DataOptions, DecodeOptions, RunOptions
     from gencraft.nar import ConvertConfig, ObjectiveConfig, SamplingConfig
-    from gencraft.nar.config import NAR_TASKS, NARTrainConfig
+    from gencraft.nar.config import NARTrainConfig
 
     p = sub.add_parser("nar", help="non-autoregressive generation from a masked LM (ch. 4)")
     psub = p.add_subparsers(dest="nar_command", required=True)
@@ -124,37 +145,26 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     add_dataclass_arguments(t, NARTrainConfig)
     add_dataclass_arguments(t, ConvertConfig)
     add_dataclass_arguments(t, ObjectiveConfig)
-    t.add_argument("--output", default=None, help="output directory (a re-run resumes it)")
-    t.add_argument("--restart", action="store_true", help="discard a run already in --output")
-    t.add_argument("--quiet", action="store_true")
+    add_dataclass_arguments(t, RunOptions, only=("output", "restart", "quiet"))
     add_data_dir(t)
     t.set_defaults(func=cmd_train)
 
     def decoding_flags(q: argparse.ArgumentParser) -> None:
-        q.add_argument(
-            "model", help="a trained run's best/ or last/, or a masked LM (converted, untrained)"
-        )
-        q.add_argument(
-            "--method",
-            choices=METHODS,
-            default="auto",
-            help="auto: beam for a causal decoder, else SUNDAE",
-        )
-        q.add_argument("--beams", type=int, default=4, help="beam size of the autoregressive model")
+        add_dataclass_arguments(q, NARDecodeCommand)
+        add_dataclass_arguments(q, DecodeOptions, only=("num_beams",))
         add_dataclass_arguments(q, SamplingConfig)
-        q.add_argument("--json", action="store_true")
+        add_dataclass_arguments(q, RunOptions, only=("json",))
 
     g = psub.add_parser("generate", help="decode the given sources")
     decoding_flags(g)
-    g.add_argument("--sources", nargs="+", required=True, help="source texts (linearised inputs)")
+    add_dataclass_arguments(g, NARGenerateCommand)
     g.set_defaults(func=cmd_generate)
 
     e = psub.add_parser("eval", help="BLEU, ROUGE-L, seconds and model calls per output")
     decoding_flags(e)
-    e.add_argument("--task", choices=NAR_TASKS, default="e2e")
-    e.add_argument("--split", default="test")
-    e.add_argument("--limit", type=int, default=None, help="N inputs, evenly spaced")
-    e.add_argument("--predictions", default=None, help="write the outputs here, one per line")
-    e.add_argument("--quiet", action="store_true")
+    add_dataclass_arguments(
+        e, DataOptions, only=("task", "split", "limit"), defaults={"task": "e2e"}
+    )
+    add_dataclass_arguments(e, RunOptions, only=("output", "quiet"))
     add_data_dir(e)
     e.set_defaults(func=cmd_eval)

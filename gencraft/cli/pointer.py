@@ -4,12 +4,42 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from gencraft.config import REQUIRED, option
 from gencraft.errors import GencraftError
 
 CORPORA = ("ptb", "wikitext-2", "wikitext-103")
+
+
+@dataclass
+class PointerTrainCommand:
+    """The model ``pointer train`` builds (the preset, and fields that override it)."""
+
+    corpus: Literal["ptb", "wikitext-2", "wikitext-103"] = option("ptb", "word-level corpus")
+    preset: Literal["small", "medium", "tiny"] = option("small", "model size (the paper's)")
+    pointer: bool = option(True, "the pointer sentinel (--no-pointer: the plain LSTM baseline)")
+    window: int | None = option(None, "pointer window L (default: the preset's, 100)")
+    hidden_size: int | None = option(None, "LSTM width (default: the preset's)")
+    dropout: float | None = option(None, "locked dropout on layer inputs")
+    zoneout: float | None = option(None, "zoneout rate of c and h")
+    final_eval_batch_size: int = option(1, "streams for the final valid/test perplexity")
+
+
+@dataclass
+class PointerEvalCommand:
+    bptt: int = option(100, "tokens per evaluated chunk (the state carries across them)")
+
+
+@dataclass
+class PointerAnalyzeCommand:
+    pointer: str = option(REQUIRED, "the pointer model's run or model directory", positional=True)
+    baseline: str | None = option(None, "plain LSTM run (frequency buckets)")
+    start: int = option(1000, "first word of the viewed passage")
+    length: int = option(40, "words in the viewed passage")
+    max_distance: int | None = option(None, "furthest pointer distance drawn")
 
 
 def _corpus(name: str, data_dir: str | None, splits: tuple[str, ...]) -> Any:
@@ -30,7 +60,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         cfg.k1 = k1
         print(f"--preset {args.preset}: k1 = {k1} (the paper's schedule; --k1 {cfg.bptt}: k1 = k2)")
     corpus = _corpus(args.corpus, args.data_dir, ("train", "valid", "test"))
-    overrides: dict[str, Any] = {"pointer": not args.no_pointer, "extra": {"corpus": args.corpus}}
+    overrides: dict[str, Any] = {"pointer": args.pointer, "extra": {"corpus": args.corpus}}
     for key in ("window", "hidden_size", "dropout", "zoneout"):
         value = getattr(args, key)
         if value is not None:
@@ -42,10 +72,10 @@ def cmd_train(args: argparse.Namespace) -> None:
     model = PointerSentinelLSTM.from_preset(args.preset, len(corpus.vocab), **overrides)
     out = Path(
         args.output
-        or f"outputs/pointer-{args.corpus}-{args.preset}{'-lstm' if args.no_pointer else ''}"
+        or f"outputs/pointer-{args.corpus}-{args.preset}{'' if args.pointer else '-lstm'}"
     )
     n_params = sum(p.numel() for p in model.parameters())
-    kind = "plain LSTM" if args.no_pointer else "pointer sentinel-LSTM"
+    kind = "pointer sentinel-LSTM" if args.pointer else "plain LSTM"
     n_ptr = model.num_pointer_parameters()
     print(f"{kind} ({args.preset}): {n_params:,} parameters ({n_ptr:,} in the pointer) -> {out}")
     trainer = PointerTrainer(model, corpus, cfg, out, progress=not args.quiet)
@@ -156,51 +186,33 @@ def cmd_analyze(args: argparse.Namespace) -> None:
 
 def add_parser(sub: Any, data_dir_arg: Any) -> None:
     from gencraft.cli.flags import add_dataclass_arguments
+    from gencraft.cli.options import DataOptions, DecodeOptions, RunInput, RunOptions
     from gencraft.pointer.config import TrainConfig
 
     p = sub.add_parser("pointer", help="pointer sentinel-LSTM language models (Merity et al.)")
     psub = p.add_subparsers(dest="pointer_command", required=True, metavar="SUBCOMMAND")
 
     t = psub.add_parser("train", help="train a pointer sentinel-LSTM (or --no-pointer LSTM)")
-    t.add_argument("--corpus", choices=CORPORA, default="ptb")
-    t.add_argument("--preset", choices=("small", "medium", "tiny"), default="small")
-    t.add_argument("--no-pointer", action="store_true", help="the plain LSTM baseline")
-    t.add_argument("--output", default=None, help="output directory (resumes if it has one)")
-    t.add_argument("--restart", action="store_true", help="ignore an existing checkpoint")
-    t.add_argument("--window", type=int, default=None, help="pointer window L (preset: 100)")
-    t.add_argument("--hidden-size", type=int, default=None)
-    t.add_argument("--dropout", type=float, default=None, help="locked dropout on layer inputs")
-    t.add_argument("--zoneout", type=float, default=None, help="zoneout rate of c and h")
+    add_dataclass_arguments(t, PointerTrainCommand)
     add_dataclass_arguments(t, TrainConfig)
-    t.add_argument(
-        "--final-eval-batch-size",
-        type=int,
-        default=1,
-        help="streams for the final valid/test perplexity (default 1)",
-    )
-    t.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_dataclass_arguments(t, RunOptions, only=("output", "restart", "quiet"))
     data_dir_arg(t)
     t.set_defaults(func=cmd_train)
 
     e = psub.add_parser("eval", help="perplexity of a trained checkpoint")
-    e.add_argument("checkpoint", help="a training output directory or a saved model directory")
-    e.add_argument("--split", default="test")
-    e.add_argument("--corpus", choices=CORPORA, default=None, help="default: the training one")
-    e.add_argument("--batch-size", type=int, default=1)
-    e.add_argument("--bptt", type=int, default=100)
-    e.add_argument("--device", default=None)
+    add_dataclass_arguments(e, RunInput)
+    add_dataclass_arguments(e, DataOptions, only=("split", "corpus"))
+    add_dataclass_arguments(e, DecodeOptions, only=("batch_size",), defaults={"batch_size": 1})
+    add_dataclass_arguments(e, PointerEvalCommand)
+    add_dataclass_arguments(e, RunOptions, only=("device",))
     data_dir_arg(e)
     e.set_defaults(func=cmd_eval)
 
     a = psub.add_parser("analyze", help="frequency-bucket gains and a pointer/gate view (PNG)")
-    a.add_argument("pointer", help="pointer model checkpoint")
-    a.add_argument("--baseline", default=None, help="plain LSTM checkpoint (frequency buckets)")
-    a.add_argument("--split", default="test")
-    a.add_argument("--corpus", choices=CORPORA, default=None)
-    a.add_argument("--start", type=int, default=1000, help="first word of the viewed passage")
-    a.add_argument("--length", type=int, default=40)
-    a.add_argument("--max-distance", type=int, default=None)
-    a.add_argument("--batch-size", type=int, default=1)
-    a.add_argument("--output", default="outputs/pointer-analysis")
+    add_dataclass_arguments(a, PointerAnalyzeCommand)
+    add_dataclass_arguments(a, DataOptions, only=("split", "corpus"))
+    add_dataclass_arguments(a, DecodeOptions, only=("batch_size",), defaults={"batch_size": 1})
+    out = {"output": "outputs/pointer-analysis"}
+    add_dataclass_arguments(a, RunOptions, only=("output",), defaults=out)
     data_dir_arg(a)
     a.set_defaults(func=cmd_analyze)

@@ -5,8 +5,28 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from gencraft.config import option
+
+
+@dataclass
+class PrefixTrainCommand:
+    segmenter: Literal["uniform", "sentence"] = option(
+        "uniform", "how tokens get segments (a callable: the Python API)"
+    )
+
+
+@dataclass
+class PrefixGenerateCommand:
+    source: list[str] | None = option(None, "inputs given as text (instead of a task's split)")
+
+
+@dataclass
+class PrefixAnalyzeCommand:
+    compare: list[str] = option([], "more checkpoints whose spectra share the plot")
 
 
 def _prefix_config(args: argparse.Namespace) -> Any:
@@ -118,7 +138,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
         spectrum_by_depth,
     )
 
-    out = Path(args.output_dir)
+    out = Path(args.output)
     curves, maps = {}, None
     for checkpoint in [args.checkpoint, *args.compare]:
         model, tok, meta = _load(checkpoint)
@@ -153,6 +173,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
 
 def add_parser(sub: Any, add_data_dir: Any) -> None:
     from gencraft.cli.flags import add_dataclass_arguments
+    from gencraft.cli.options import DataOptions, DecodeOptions, RunInput, RunOptions
     from gencraft.prefix import PrefixConfig
     from gencraft.prefix.config import PrefixTrainConfig
 
@@ -163,15 +184,8 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     t = psub.add_parser("train", help="train prefixes (or fine-tune) on e2e, dart or xsum")
     add_dataclass_arguments(t, PrefixTrainConfig)
     add_dataclass_arguments(t, PrefixConfig, exclude=("segmenter",))
-    t.add_argument(
-        "--segmenter",
-        choices=("uniform", "sentence"),
-        default="uniform",
-        help="how tokens get segments (default: uniform)",
-    )
-    t.add_argument("--output", default=None, help="output directory (a re-run resumes it)")
-    t.add_argument("--restart", action="store_true", help="discard a run already in --output")
-    t.add_argument("--quiet", action="store_true")
+    add_dataclass_arguments(t, PrefixTrainCommand)
+    add_dataclass_arguments(t, RunOptions, only=("output", "restart", "quiet"))
     add_data_dir(t)
     t.set_defaults(func=cmd_train)
 
@@ -181,40 +195,22 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     )
     for name, func, text in commands:
         g = psub.add_parser(name, help=text)
-        g.add_argument("checkpoint", help="a trained directory (best/ or last/)")
-        g.add_argument(
-            "--task",
-            choices=("e2e", "dart", "xsum"),
-            default=None,
-            help="default: the task it was trained on",
-        )
-        g.add_argument("--split", default="test")
-        g.add_argument("--limit", type=int, default=None, help="first N inputs")
-        g.add_argument(
-            "--spread",
-            action="store_true",
-            help="with --limit: N inputs evenly spaced over the split",
-        )
-        g.add_argument("--num-beams", type=int, default=5, help="beam size (paper: 5)")
-        g.add_argument("--max-new-tokens", type=int, default=None)
-        g.add_argument("--batch-size", type=int, default=16)
-        g.add_argument("--output", default=None)
-        g.add_argument("--quiet", action="store_true")
+        add_dataclass_arguments(g, RunInput)
+        add_dataclass_arguments(g, DataOptions, only=("task", "split", "limit", "spread"))
+        decode = {"num_beams": 5, "max_new_tokens": 64, "batch_size": 16}  # the paper's beam
+        add_dataclass_arguments(g, DecodeOptions, defaults=decode)
+        add_dataclass_arguments(g, RunOptions, only=("output", "quiet", "json"))
         if name == "generate":
-            g.add_argument("--source", nargs="+", default=None, help="inputs given as text")
-        else:
-            g.add_argument("--json", action="store_true")
+            add_dataclass_arguments(g, PrefixGenerateCommand)
         add_data_dir(g)
         g.set_defaults(func=func)
 
     a = psub.add_parser("analyze", help="attention maps and the spectrum plot (PNG)")
-    a.add_argument("checkpoint")
-    a.add_argument(
-        "--compare", nargs="+", default=[], help="more checkpoints whose spectra share the plot"
-    )
-    a.add_argument("--task", choices=("e2e", "dart", "xsum"), default=None)
-    a.add_argument("--split", default="validation")
-    a.add_argument("--limit", type=int, default=64, help="inputs averaged (paper: 1000)")
-    a.add_argument("--output-dir", required=True)
+    add_dataclass_arguments(a, RunInput)
+    add_dataclass_arguments(a, PrefixAnalyzeCommand)
+    data = {"split": "validation", "limit": 64}  # the paper averages 1000 inputs
+    add_dataclass_arguments(a, DataOptions, only=("task", "split", "limit"), defaults=data)
+    out = {"output": "outputs/prefix-analysis"}
+    add_dataclass_arguments(a, RunOptions, only=("output",), defaults=out)
     add_data_dir(a)
     a.set_defaults(func=cmd_analyze)

@@ -5,8 +5,22 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gencraft.config import REQUIRED, option
+
+
+@dataclass
+class RecurrenceEvalCommand:
+    model: str = option(
+        REQUIRED,
+        "a trained run's best/ or last/, or any causal LM (with --window)",
+        positional=True,
+    )
+    window: int | None = option(None, "T (default: the run's)")
+    overlaps: tuple[int, ...] = option((0,), "overlaps o to score")
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -66,6 +80,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 def add_parser(sub: Any, add_data_dir: Any) -> None:
     from gencraft.cli.flags import add_dataclass_arguments
+    from gencraft.cli.options import DataOptions, RunOptions
     from gencraft.recurrence import RecurrenceConfig
     from gencraft.recurrence.config import RecurrenceTrainConfig
 
@@ -74,20 +89,13 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     t = psub.add_parser("train", help="fine-tune with (or --no-recurrent, without) recurrence")
     add_dataclass_arguments(t, RecurrenceTrainConfig)
     add_dataclass_arguments(t, RecurrenceConfig)
-    t.add_argument("--output", default=None, help="output directory (a re-run resumes it)")
-    t.add_argument("--restart", action="store_true", help="discard a run already in --output")
-    t.add_argument("--quiet", action="store_true")
+    add_dataclass_arguments(t, RunOptions, only=("output", "restart", "quiet"))
     add_data_dir(t)
     t.set_defaults(func=cmd_train)
 
     e = psub.add_parser("eval", help="per-token/per-word perplexity and FLOPs/token by overlap")
-    e.add_argument("model", help="a trained run's best/ or last/, or any causal LM (with --window)")
-    e.add_argument("--window", type=int, default=None, help="T (default: the run's)")
-    e.add_argument("--overlaps", type=int, nargs="+", default=[0], help="overlaps o to score")
-    e.add_argument("--corpus", default=None, help="default: the run's, else wikitext-2")
-    e.add_argument("--split", default="test")
-    e.add_argument("--max-words", type=int, default=None, help="first N words of the split")
-    e.add_argument("--json", action="store_true")
-    e.add_argument("--quiet", action="store_true")
+    add_dataclass_arguments(e, RecurrenceEvalCommand)
+    add_dataclass_arguments(e, DataOptions, only=("corpus", "split", "max_words"))
+    add_dataclass_arguments(e, RunOptions, only=("json", "quiet"))
     add_data_dir(e)
     e.set_defaults(func=cmd_eval)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
+from gencraft.config import option
 from gencraft.errors import GencraftError
 
 
@@ -60,7 +62,22 @@ def _overrides(settings: type, extra: list[str], name: str) -> dict[str, Any]:
     return out
 
 
+@dataclass
+class ReproduceCommand:
+    name: str | None = option(None, "the experiment (see --list)", positional=True)
+    list: bool = option(False, "list the experiments")
+    scale: Literal["tiny", "cpu", "gpu"] = option("cpu", "the experiment's size")
+
+
+@dataclass
+class BenchmarkCommand:
+    threads: int | None = option(None, "torch CPU threads")
+
+
 def add_parser(sub: Any, add_data_dir: Any) -> None:
+    from gencraft.cli.flags import add_dataclass_arguments
+    from gencraft.cli.options import RunOptions
+
     p = sub.add_parser(
         "reproduce",
         help="run a named experiment of docs/results.md and write its report",
@@ -68,11 +85,8 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         "its tables and PNG plots; re-running resumes. Settings of the experiment can follow "
         "as --field value (e.g. --model tiny-llama).",
     )
-    p.add_argument("name", nargs="?", help="the experiment (see --list)")
-    p.add_argument("--list", action="store_true", help="list the experiments")
-    p.add_argument("--scale", choices=("tiny", "cpu", "gpu"), default="cpu")
-    p.add_argument("--output", default=None, help="default outputs/reproduce/NAME-SCALE")
-    p.add_argument("--restart", action="store_true", help="discard an earlier run in --output")
+    add_dataclass_arguments(p, ReproduceCommand)
+    add_dataclass_arguments(p, RunOptions, only=("output", "restart"))
     p.set_defaults(func=cmd_reproduce, takes_extra=True)
 
 
@@ -85,6 +99,7 @@ def benchmark_main(doc: str, commands: dict[str, str], argv: list[str] | None = 
     import torch
 
     from gencraft.cli.flags import add_dataclass_arguments, dataclass_from_args
+    from gencraft.cli.options import RunOptions
     from gencraft.experiments import get_experiment, reproduce
 
     ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
@@ -93,14 +108,14 @@ def benchmark_main(doc: str, commands: dict[str, str], argv: list[str] | None = 
         exp = get_experiment(name)
         p = sub.add_parser(command, help=f"{name}: {exp.title}")
         add_dataclass_arguments(p, exp.settings)  # defaults: the settings dataclass's
-        p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-        p.add_argument("--output", default=None, help="default outputs/reproduce/NAME-cpu")
-        p.add_argument("--restart", action="store_true")
+        own = {f.name for f in fields(exp.settings)}
+        add_dataclass_arguments(p, BenchmarkCommand, exclude=own)  # unless a setting
+        add_dataclass_arguments(p, RunOptions, only=("output", "restart"))
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(commands) == 1 and (not argv or argv[0] not in commands):
         argv.insert(0, next(iter(commands)))  # a single experiment needs no command word
     args = ap.parse_args(argv)
-    if args.threads:
+    if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
     name = commands[args.command]
     try:

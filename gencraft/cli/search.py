@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from gencraft.config import REQUIRED, option
+
+
+@dataclass
+class PromptInput:
+    prompt: str = option(
+        REQUIRED, "the instruction (one user turn for chat models)", positional=True
+    )
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
@@ -67,7 +77,7 @@ def cmd_beam(args: argparse.Namespace) -> None:
     hyps = beam_search(
         model,
         ids,
-        num_beams=args.beams,
+        num_beams=args.num_beams,
         max_new_tokens=args.max_new_tokens,
         finished=args.finished or ("aside" if clf is None else "on_beam"),
         force_length=args.force_length,
@@ -163,7 +173,12 @@ def cmd_train_classifier(args: argparse.Namespace) -> None:
 
 def add_parser(sub: Any, add_data_dir: Any) -> None:
     from gencraft.cli.flags import add_dataclass_arguments
-    from gencraft.search.config import ClassifierTrainConfig
+    from gencraft.cli.options import DecodeOptions, ModelInput, RunOptions
+    from gencraft.search.config import (
+        ClassifierDataConfig,
+        ClassifierTrainConfig,
+        SearchDecodeConfig,
+    )
 
     p = sub.add_parser("search", help="beam search and exact mode search (Yoshida 2023 ch. 6-7)")
     ssub = p.add_subparsers(dest="search_command", required=True)
@@ -172,84 +187,25 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         ("mode", cmd_mode, "the exact mode by DFS with pruning"),
     ):
         g = ssub.add_parser(name, help=text)
-        g.add_argument("prompt", help="the instruction (one user turn for chat models)")
-        g.add_argument("--model", default="smollm2-135m")
-        g.add_argument("--raw", action="store_true", help="no chat template: the prompt as is")
-        g.add_argument("--max-new-tokens", type=int, default=32)
-        g.add_argument("--device", default=None)
-        g.add_argument(
-            "--length-includes-eos",
-            action="store_true",
-            help="lengths (--force-length, --length, --attribute N) count the EOS, as the "
-            "thesis's tables do (default: tokens before EOS)",
-        )
+        add_dataclass_arguments(g, PromptInput)
+        add_dataclass_arguments(g, ModelInput, defaults={"model": "smollm2-135m"})
+        beam = ("num_beams", "max_new_tokens") if name == "beam" else ("max_new_tokens",)
+        add_dataclass_arguments(g, DecodeOptions, only=beam, defaults={"max_new_tokens": 32})
+        mode = {"raw", "length_includes_eos", "length", "max_nodes"}
         if name == "beam":
-            g.add_argument("--beams", type=int, default=4)
-            g.add_argument(
-                "--finished",
-                choices=("aside", "on_beam"),
-                default=None,
-                help="completed hypotheses (default: aside; on_beam, the thesis's Alg. 1, "
-                "with --classifier)",
-            )
-            g.add_argument(
-                "--force-length", type=int, default=None, help="exactly N tokens before EOS"
-            )
-            g.add_argument(
-                "--classifier",
-                default=None,
-                help="a classifier trained by `search train-classifier` (its output folder): "
-                "conditional beam search",
-            )
-            g.add_argument(
-                "--attribute",
-                default=None,
-                help="the classifier's target: N tokens (length) or not-degenerate (default)",
-            )
-            g.add_argument("--k", type=int, default=100, help="candidates scored per beam")
-            g.add_argument(
-                "--forced-eos",
-                choices=("model", "free"),
-                default="model",
-                help="the forced EOS (forced length; on the beam, at --max-new-tokens) scores "
-                "the model's log P(EOS), or 0 (Alg. 1)",
-            )
-            g.add_argument(
-                "--forced-ranking",
-                choices=("score", "selection"),
-                default="score",
-                help="with --force-length on the beam: rank by the model score, or by the "
-                "selection score C' (what Alg. 1 returns)",
-            )
+            add_dataclass_arguments(g, SearchDecodeConfig, exclude={"length", "max_nodes"})
         else:
-            g.add_argument(
-                "--length", type=int, default=None, help="the best output of exactly N tokens"
-            )
-            g.add_argument("--max-nodes", type=int, default=None)
+            add_dataclass_arguments(g, SearchDecodeConfig, only=mode)
+        add_dataclass_arguments(g, RunOptions, only=("device",))
         g.set_defaults(func=func)
 
     t = ssub.add_parser(
         "train-classifier", help="train an attribute classifier on the model's own samples"
     )
-    t.add_argument("--model", default="smollm2-135m")
+    add_dataclass_arguments(t, ModelInput, defaults={"model": "smollm2-135m"})
     add_dataclass_arguments(t, ClassifierTrainConfig)
-    t.add_argument(
-        "--prompts",
-        choices=("xsum", "e2e", "both"),
-        default="both",
-        help="instruction prompts built from these training splits",
-    )
-    t.add_argument("--num-prompts", type=int, default=200)
-    t.add_argument("--samples-per-prompt", type=int, default=8, help="samples per prompt (>= 1)")
-    t.add_argument("--max-new-tokens", type=int, default=64)
-    t.add_argument(
-        "--censored",
-        action="store_true",
-        help="length: train on the lower-bound labels of samples cut at "
-        "--max-new-tokens instead of ignoring them",
-    )
-    t.add_argument("--device", default=None)
-    t.add_argument("--output", default=None)
-    t.add_argument("--restart", action="store_true", help="discard a run already in --output")
+    add_dataclass_arguments(t, ClassifierDataConfig)
+    add_dataclass_arguments(t, DecodeOptions, only=("max_new_tokens",))
+    add_dataclass_arguments(t, RunOptions, only=("device", "output", "restart"))
     add_data_dir(t)
     t.set_defaults(func=cmd_train_classifier)

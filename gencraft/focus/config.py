@@ -98,3 +98,28 @@ class FocusTrainConfig:
         mode = "min" if self.select_by == "loss" else "max"
         self.fit = replace(self.fit, metric=self.select_by, mode=mode)
         check(self.lr > 0, f"lr must be > 0, got {self.lr}")
+
+
+@dataclass
+class FocusDecodeConfig:
+    """How ``gencraft focus generate|eval`` summarises (beam size, lengths and the seed are
+    the shared decode and run options)."""
+
+    decoding: Literal[
+        "beam",
+        "top_k",
+        "nucleus",
+        "focus_sample",
+        "focus_sample+top_k",
+        "focus_sample+nucleus",
+        "focus_top",
+    ] = option("beam", "beam search, or one of the decodings of Table 2")
+    samples: int = option(1, "summaries per document")
+    focus_k: int | None = option(
+        None, "|V_k| (default 10,000, or the whole vocabulary when it is smaller)"
+    )
+    max_source: int = option(512, "source tokens read")
+
+    def __post_init__(self) -> None:
+        positive(self, "samples", "max_source")
+        positive(self, "focus_k", allow_none=True)

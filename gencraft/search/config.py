@@ -58,3 +58,58 @@ class ClassifierTrainConfig:
             0 < self.valid_fraction < 1,
             f"valid_fraction must lie in (0, 1), got {self.valid_fraction}",
         )
+
+
+@dataclass
+class SearchDecodeConfig:
+    """``gencraft search beam|mode``: how to search (beam size and length limit are the shared
+    decode options)."""
+
+    raw: bool = option(False, "no chat template: the prompt as is")
+    length_includes_eos: bool = option(
+        False,
+        "lengths (--force-length, --length, --attribute N) count the EOS, as the thesis's "
+        "tables do (default: tokens before EOS)",
+    )
+    finished: Literal["aside", "on_beam"] | None = option(
+        None,
+        "completed hypotheses (default: aside; on_beam, the thesis's Alg. 1, with --classifier)",
+    )
+    force_length: int | None = option(None, "exactly N tokens before EOS")
+    classifier: str | None = option(
+        None,
+        "a classifier trained by `search train-classifier` (its output folder): conditional "
+        "beam search",
+    )
+    attribute: str | None = option(
+        None, "the classifier's target: N tokens (length) or not-degenerate (default)"
+    )
+    k: int = option(100, "candidates scored per beam")
+    forced_eos: Literal["model", "free"] = option(
+        "model",
+        "the forced EOS (forced length; on the beam, at --max-new-tokens) scores the model's "
+        "log P(EOS), or 0 (Alg. 1)",
+    )
+    forced_ranking: Literal["score", "selection"] = option(
+        "score",
+        "with --force-length on the beam: rank by the model score, or by the selection score "
+        "C' (what Alg. 1 returns)",
+    )
+    length: int | None = option(None, "mode search: the best output of exactly N tokens")
+    max_nodes: int | None = option(None, "mode search: stop after this many expanded nodes")
+
+
+@dataclass
+class ClassifierDataConfig:
+    """The samples ``gencraft search train-classifier`` trains on."""
+
+    prompts: Literal["xsum", "e2e", "both"] = option(
+        "both", "instruction prompts built from these training splits"
+    )
+    num_prompts: int = option(200, "prompts sampled from")
+    samples_per_prompt: int = option(8, "samples per prompt (>= 1)")
+    censored: bool = option(
+        False,
+        "length: train on the lower-bound labels of samples cut at --max-new-tokens instead of "
+        "ignoring them",
+    )
