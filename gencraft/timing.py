@@ -4,9 +4,9 @@ and reports each variant's ratio to the baseline as the median of per-round rati
 
 Why interleave: on a shared 2-core machine the load changes from second to second; variants
 run one after another (or in separate processes) see different loads, and their ratios moved
-by ±30% from run to run. Within one round every variant runs back to back, in an order that
-rotates from round to round (ABC, BCA, CAB...), so a burst of load hits them alike and
-cancels in the round's ratio; the median over rounds drops the rounds a burst split.
+by ±30% from run to run. Here each variant runs right beside a run of the baseline (ABAB...,
+the pair's order alternating), so a burst of load hits both alike and cancels in the pair's
+ratio; the median over rounds drops the pairs a burst split.
 
 Memory: :func:`saved_tensor_bytes` counts the bytes autograd keeps for backward, exact and the
 same on every device (the activation memory a method adds); on CUDA
@@ -75,9 +75,11 @@ def interleaved(
     warmup: int = 1,
     progress: bool = False,
 ) -> dict[str, Timing]:
-    """Time every case once per round, the order rotating each round, after ``warmup``
-    untimed calls of each; per case the median seconds and the median per-round ratio to
-    ``baseline`` (with its quartiles).
+    """Time every case against ``baseline`` in adjacent pairs, ABAB...: in each round, each
+    other case runs right after (or, every other round, right before) a run of the baseline,
+    the cases taken in an order that rotates from round to round. Per case: the median
+    seconds and the median over rounds of its pair's ratio (with the quartiles), after
+    ``warmup`` untimed calls of each.
 
     >>> import time
     >>> t = interleaved({"a": lambda: time.sleep(0.002), "b": lambda: time.sleep(0.004)},
@@ -91,30 +93,41 @@ def interleaved(
         raise GencraftError(f"rounds must be >= 1, got {rounds}")
     from tqdm.auto import tqdm
 
-    names = list(cases)
+    others = [k for k in cases if k != baseline]
     for _ in range(warmup):
         for fn in cases.values():
             fn()
-    times: dict[str, list[float]] = {k: [] for k in names}
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    ratios: dict[str, list[float]] = {k: [] for k in others}
     for r in tqdm(range(rounds), desc="rounds", disable=not progress):
-        order = names[r % len(names) :] + names[: r % len(names)]
-        for k in order:
-            synchronize()
-            t0 = time.perf_counter()
-            cases[k]()
-            synchronize()
-            times[k].append(time.perf_counter() - t0)
-    out = {}
-    for k in names:
-        ratios = [a / b for a, b in zip(times[k], times[baseline], strict=True)]
+        turn = r % len(others) if others else 0
+        for k in others[turn:] + others[:turn]:
+            pair = (baseline, k) if r % 2 == 0 else (k, baseline)
+            got = {name: _time(cases[name]) for name in pair}
+            for name, t in got.items():
+                times[name].append(t)
+            ratios[k].append(got[k] / got[baseline])
+        if not others:
+            times[baseline].append(_time(cases[baseline]))
+    out = {baseline: Timing(median(times[baseline]), 1.0, 1.0, 1.0, rounds)}
+    for k in others:
+        q = ratios[k]
         out[k] = Timing(
             median(times[k]),
-            median(ratios),
-            _quantile(ratios, 0.25),
-            _quantile(ratios, 0.75),
+            median(q),
+            _quantile(q, 0.25),
+            _quantile(q, 0.75),
             rounds,
         )
-    return out
+    return {k: out[k] for k in cases}
+
+
+def _time(fn: Callable[[], Any]) -> float:
+    synchronize()
+    t0 = time.perf_counter()
+    fn()
+    synchronize()
+    return time.perf_counter() - t0
 
 
 def saved_tensor_bytes(fn: Callable[[], torch.Tensor]) -> int:

@@ -19,7 +19,7 @@ class FakeClock:
         return self.now
 
 
-def test_rounds_rotate_and_the_ratio_is_the_median_of_per_round_ratios(monkeypatch):
+def test_pairs_alternate_and_the_ratio_is_the_median_of_per_pair_ratios(monkeypatch):
     clock = FakeClock()
     monkeypatch.setattr(timing.time, "perf_counter", clock)
     # A takes 1, 2, 3 s in rounds 0-2 and B 3, 2, 9 s: per-round ratios 3, 1, 3 -> median 3
@@ -54,3 +54,25 @@ def test_saved_tensor_bytes_counts_what_backward_keeps():
     w = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
     # mul keeps both factors when both need a gradient: 48 + 96 bytes
     assert timing.saved_tensor_bytes(lambda: (x * w).sum()) == 48 + 96
+
+
+def test_each_case_is_paired_with_its_own_baseline_run(monkeypatch):
+    """Three cases: per round, B and C each run beside a baseline run of their own, in an
+    order that rotates and alternates; a slow spell during one pair cancels in its ratio."""
+    clock = FakeClock()
+    monkeypatch.setattr(timing.time, "perf_counter", clock)
+    calls: list[str] = []
+    cost = {"A": 1.0, "B": 2.0, "C": 3.0}
+
+    def case(name: str):
+        def run() -> None:
+            slow = 10.0 if len(calls) in (5, 6) else 1.0  # the load of one pair (round 0, A C)
+            clock.now += cost[name] * slow
+            calls.append(name)
+
+        return run
+
+    out = timing.interleaved({k: case(k) for k in "ABC"}, "A", rounds=2)
+    assert calls[3:] == ["A", "B", "A", "C", "C", "A", "B", "A"]
+    assert out["B"].ratio == pytest.approx(2.0) and out["C"].ratio == pytest.approx(3.0)
+    assert out["C"].spread == pytest.approx(0.0)

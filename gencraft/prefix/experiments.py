@@ -345,7 +345,7 @@ class PrefixSpeedSettings:
     batch_size: int = settings_field(8, "sequences per training step")
     length: int = settings_field(64, "tokens per sequence (loss on the second half)")
     new_tokens: int = settings_field(32, "generated tokens (dense prefixes vs the base)")
-    rounds: int = settings_field(7, "interleaved rounds (each variant once per round)")
+    rounds: int = settings_field(9, "rounds (each variant once per round, beside a peft step)")
     threads: int | None = settings_field(None, "torch CPU threads (default: torch's)")
 
 
@@ -477,7 +477,7 @@ def prefix_speed(s: PrefixSpeedSettings, run: ExperimentRun) -> None:
     run.text(
         f"{s.model}, P = {s.num_virtual_tokens}, batch {s.batch_size} × {s.length} tokens, "
         f"{s.rounds} interleaved rounds on {r['device']} ({r['threads']} threads). Ratios are "
-        "to peft's PrefixTuning: the median over rounds of the round's time ratio, q25–q75 "
+        "to peft's PrefixTuning: the median over rounds of the time ratio to an adjacent peft step, q25–q75 "
         "beside it; ± spread = half the quartile range over the ratio. Saved MiB: what "
         "autograd keeps for backward in one step (exact on any device)."
     )
