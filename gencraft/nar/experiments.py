@@ -399,7 +399,7 @@ def nar_speed(s: NARSpeedSettings, run: ExperimentRun) -> None:
         f"output {s.length} tokens (oracle lengths for SUNDAE and Mask-Predict, EOS held off "
         f"for the autoregressive decoder), {s.rounds} interleaved rounds on {r['device']} "
         f"({r['threads']} threads). Ratio: median over rounds of the time ratio to an "
-        "adjacent run of beam search, q25–q75 beside it. SUNDAE runs every step (an untrained model's samples "
-        "keep changing; a trained one may stop earlier)."
+        "adjacent run of beam search, q25–q75 beside it. SUNDAE runs every step (an "
+        "untrained model's samples keep changing; a trained one may stop earlier)."
     )
     run.table([{"case": k, **v} for k, v in r["cases"].items()])

@@ -478,8 +478,8 @@ def prefix_speed(s: PrefixSpeedSettings, run: ExperimentRun) -> None:
         f"{s.model}, P = {s.num_virtual_tokens}, batch {s.batch_size} × {s.length} tokens, "
         f"{s.rounds} interleaved rounds on {r['device']} ({r['threads']} threads). Ratios are "
         "to peft's PrefixTuning: the median over rounds of the time ratio to an adjacent peft "
-        "step, q25–q75 beside it; ± spread = half the quartile range over the ratio. Saved MiB: what "
-        "autograd keeps for backward in one step (exact on any device)."
+        "step, q25–q75 beside it; ± spread = half the quartile range over the ratio. Saved "
+        "MiB: what autograd keeps for backward in one step (exact on any device)."
     )
     run.table([{"variant": k, **v} for k, v in r["train"].items()])
     if "generate" in r:

@@ -244,7 +244,8 @@ def recurrence_speed(s: RecurrenceSpeedSettings, run: ExperimentRun) -> None:
         f"{s.model}, windows of {s.window}, {s.bptt_windows} windows per sequence, "
         f"{s.rounds} interleaved rounds on {r['device']} ({r['threads']} threads). Ratio: the "
         "median over rounds of the time ratio to an adjacent plain-windows step (the same "
-        "windows and loss, no state carried), q25–q75 beside it (target without checkpointing: <= 1.10)."
+        "windows and loss, no state carried), q25–q75 beside it (target without "
+        "checkpointing: <= 1.10)."
     )
     run.table([{"variant": k, **v} for k, v in r["train"].items()])
     run.text("Bytes autograd saves for backward in one step (MiB), by sequence length:")
