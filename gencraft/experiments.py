@@ -1,7 +1,7 @@
-"""Named experiments behind the tables of docs/results.md, and ``gencraft reproduce``.
+"""Named experiments behind the tables of docs/results/, and ``gencraft reproduce``.
 
 Each method registers its experiments in its own ``experiments.py`` (:func:`register`): a
-name (the one docs/results.md gives beside the table), a settings dataclass whose defaults are
+name (the one docs/results/ gives beside the table), a settings dataclass whose defaults are
 the documented CPU run, overrides per scale (``tiny``: random tiny models, seconds, for tests;
 ``cpu``: the documented CPU run; ``gpu``: the documented GPU run), an estimate of its CPU
 time, and a function that fills an :class:`ExperimentRun`.

@@ -1,4 +1,4 @@
-"""``gencraft reproduce NAME``: run a named experiment of docs/results.md into a report."""
+"""``gencraft reproduce NAME``: run a named experiment of docs/results/ into a report."""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
 
     p = sub.add_parser(
         "reproduce",
-        help="run a named experiment of docs/results.md and write its report",
+        help="run a named experiment of docs/results/ and write its report",
         description="Run a named experiment (`--list` shows them) into OUTPUT/report.md with "
         "its tables and PNG plots; re-running resumes. Settings of the experiment can follow "
         "as --field value (e.g. --model tiny-llama).",

@@ -1,4 +1,4 @@
-"""The FAME experiments of docs/results.md, runnable with ``gencraft reproduce``:
+"""The FAME experiments of docs/results/focus.md, runnable with ``gencraft reproduce``:
 
 * ``focus-speed``: interleaved rounds (machine load hits both alike) of a forward pass with
   labels (base vs FAME, topic loss included) and of ``generate`` with beam search (the base vs

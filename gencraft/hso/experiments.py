@@ -1,4 +1,4 @@
-"""The HSO experiments of docs/results.md, runnable with ``gencraft reproduce``:
+"""The HSO experiments of docs/results/hso.md, runnable with ``gencraft reproduce``:
 
 * ``hso-lm``: Tables 3.2, 3.3 and 3.5 analogues. A pretrained causal LM (SmolLM2-135M) on
   WikiText-2 valid/test as one subword stream cut into non-overlapping contexts (the thesis's

@@ -1,4 +1,4 @@
-"""The RUM-SUNDAE experiment of docs/results.md, runnable with ``gencraft reproduce``:
+"""The RUM-SUNDAE experiment of docs/results/nar.md, runnable with ``gencraft reproduce``:
 
 ``nar-tasks``: on one local seq2seq task (E2E by default; WebNLG or DART), train
 

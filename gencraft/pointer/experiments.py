@@ -1,4 +1,4 @@
-"""The pointer experiment of docs/results.md, runnable with ``gencraft reproduce``:
+"""The pointer experiment of docs/results/pointer.md, runnable with ``gencraft reproduce``:
 
 ``pointer-vs-lstm``: a plain LSTM and a pointer sentinel-LSTM of the same size, under the same
 time budget. Training throughput is measured interleaved in this run (plain and pointer steps

@@ -1,4 +1,4 @@
-"""The DASP experiment of docs/results.md, runnable with ``gencraft reproduce``:
+"""The DASP experiment of docs/results/prefix.md, runnable with ``gencraft reproduce``:
 
 ``prefix-tasks``: full fine-tuning, dense prefix-tuning, peft's PrefixTuning and the DASP
 variants (UniBlock, HierBlock, HTruncSA, HSoftSA, HierBlock+SoftSA) trained with the same

@@ -1,4 +1,4 @@
-"""The recurrence experiment of docs/results.md, runnable with ``gencraft reproduce``:
+"""The recurrence experiment of docs/results/recurrence.md, runnable with ``gencraft reproduce``:
 
 * ``recurrence-lm``: a Table 2.1 analogue. The base model fine-tuned on a word-level corpus
   (one subword stream) with and without recurrence at one window size, under the same budget;

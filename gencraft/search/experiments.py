@@ -1,4 +1,4 @@
-"""The search experiments of docs/results.md, runnable with ``gencraft reproduce``:
+"""The search experiments of docs/results/search.md, runnable with ``gencraft reproduce``:
 
 * ``search-speed``: gencraft's ``beam_search`` against ``generate(num_beams=B,
   do_sample=False, length_penalty=0.0, early_stopping=True)`` on the same prompts, in
