@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from gencraft.config import check, option, positive
 from gencraft.training.fit import FitConfig, fit_options
@@ -100,20 +100,25 @@ class FocusTrainConfig:
         check(self.lr > 0, f"lr must be > 0, got {self.lr}")
 
 
+#: the decodings of ``summarize`` (Table 2's, and beam search)
+Decoding = Literal[
+    "beam",
+    "top_k",
+    "nucleus",
+    "focus_sample",
+    "focus_sample+top_k",
+    "focus_sample+nucleus",
+    "focus_top",
+]
+DECODINGS: tuple[str, ...] = get_args(Decoding)
+
+
 @dataclass
 class FocusDecodeConfig:
     """How ``gencraft focus generate|eval`` summarises (beam size, lengths and the seed are
     the shared decode and run options)."""
 
-    decoding: Literal[
-        "beam",
-        "top_k",
-        "nucleus",
-        "focus_sample",
-        "focus_sample+top_k",
-        "focus_sample+nucleus",
-        "focus_top",
-    ] = option("beam", "beam search, or one of the decodings of Table 2")
+    decoding: Decoding = option("beam", "beam search, or one of the decodings of Table 2")
     samples: int = option(1, "summaries per document")
     focus_k: int | None = option(
         None, "|V_k| (default 10,000, or the whole vocabulary when it is smaller)"

@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from gencraft.errors import GencraftError
+from gencraft.focus.config import DECODINGS
 from gencraft.focus.data import SummaryEncoder, collate
 from gencraft.focus.model import FocusForConditionalGeneration
 from gencraft.metrics import (
@@ -30,16 +31,6 @@ from gencraft.metrics import (
     repetition_rate,
     rouge1_precision_vs_source,
     score_task,
-)
-
-DECODINGS = (
-    "beam",
-    "top_k",
-    "nucleus",
-    "focus_sample",
-    "focus_sample+top_k",
-    "focus_sample+nucleus",
-    "focus_top",
 )
 
 
