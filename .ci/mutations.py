@@ -262,6 +262,13 @@ M = [
         'hidden = {**kw, "default": argparse.SUPPRESS}',
         "tests/cli/test_cli.py -k one_name",
     ),
+    (
+        "nar eval ignores --lowercase",
+        "gencraft/cli/nar.py",
+        "        lowercase=args.lowercase,\n",
+        "",
+        "tests/nar/test_nar.py -k cli",
+    ),
 ]
 only = sys.argv[1:]
 for name, path, a, b, test in M:

@@ -27,6 +27,13 @@ class NARDecodeCommand:
 
 
 @dataclass
+class NAREvalCommand:
+    lowercase: bool = option(
+        False, "score against lower-cased references (an uncased tokenizer's outputs)"
+    )
+
+
+@dataclass
 class NARGenerateCommand:
     sources: list[str] = option(REQUIRED, "source texts (linearised inputs)")
 
@@ -119,6 +126,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         method=args.method,
         num_beams=args.num_beams,
         data_dir=args.data_dir,
+        lowercase=args.lowercase,
         progress=not args.quiet,
     )
     preds = r.pop("predictions")
@@ -165,6 +173,7 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     add_dataclass_arguments(
         e, DataOptions, only=("task", "split", "limit"), defaults={"task": "e2e"}
     )
+    add_dataclass_arguments(e, NAREvalCommand)
     add_dataclass_arguments(e, RunOptions, only=("output", "quiet"))
     add_data_dir(e)
     e.set_defaults(func=cmd_eval)

@@ -287,6 +287,7 @@ def test_every_flag_is_generated_from_a_dataclass_field():
 
     total, generated = census(build_parser())
     assert total > 300 and generated / total >= 0.9, (total, generated)
+
     def subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
         sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
         return sub.choices[name]

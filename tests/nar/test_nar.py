@@ -364,6 +364,7 @@ def test_cli_train_resume_generate_eval_and_errors(shared_data, tmp_path, capsys
                 "--steps",
                 "2",
                 "--quiet",
+                "--lowercase",
                 "--data-dir",
                 str(shared_data),
             ]
@@ -372,6 +373,7 @@ def test_cli_train_resume_generate_eval_and_errors(shared_data, tmp_path, capsys
     )
     shown = capsys.readouterr().out
     assert "BLEU" in shown and "scored by score_task: E2E challenge convention" in shown
+    assert "lower-cased (asked for by the caller)" in shown  # --lowercase says so
     assert main(["nar", "generate", str(out / "best"), "--sources", "x", "--temperature", "0"]) == 2
     assert "gencraft: error: temperature must be > 0" in capsys.readouterr().err
     bad = [
