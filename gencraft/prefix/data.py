@@ -25,16 +25,22 @@ def encode_pairs(
 ) -> list[dict[str, list[int]]]:
     """Token rows: causal LM ``input_ids``/``labels`` (-100 on the source), encoder-decoder
     ``input_ids`` and ``labels``."""
+    if not pairs:
+        return []
     eos = eos_ids(model)[0]
+    # one batched call each (the fast tokenizers' batch path): the same ids as pair by pair
+    sources = tokenizer([p.source for p in pairs], add_special_tokens=False)["input_ids"]
+    targets = [" " + p.target.strip() for p in pairs]
+    targets = tokenizer(targets, add_special_tokens=False)["input_ids"]
+    sep = tokenizer(SEPARATOR, add_special_tokens=False)["input_ids"]
+    seq2seq = is_encoder_decoder(model)
     rows = []
-    for p in pairs:
-        src = tokenizer(p.source, add_special_tokens=False)["input_ids"][:max_source_tokens]
-        tgt = tokenizer(" " + p.target.strip(), add_special_tokens=False)["input_ids"]
+    for src, tgt in zip(sources, targets, strict=True):
+        src = src[:max_source_tokens]
         tgt = [*tgt[:max_target_tokens], eos]
-        if is_encoder_decoder(model):
+        if seq2seq:
             rows.append({"input_ids": [*src, eos], "labels": tgt})
         else:
-            sep = tokenizer(SEPARATOR, add_special_tokens=False)["input_ids"]
             rows.append({"input_ids": src + sep + tgt, "labels": [-100] * len(src + sep) + tgt})
     return rows
 

@@ -105,6 +105,9 @@ class PrefixTaskSettings:
     lr: float = settings_field(5e-3, "AdamW learning rate of the prefixes")
     finetune_lr: float = settings_field(5e-5, "AdamW learning rate of full fine-tuning")
     valid_examples: int = settings_field(64, "validation pairs (best checkpoint by their loss)")
+    train_examples: int | None = settings_field(
+        None, "the first N training pairs after the shuffle (default: all)"
+    )
     max_source_tokens: int = settings_field(256, "source tokens kept")
     test_limit: int | None = settings_field(80, "N test inputs (None: the whole split)")
     test_spread: bool = settings_field(
@@ -156,6 +159,7 @@ def train_and_score(s: PrefixTaskSettings, variant: str, seed: int, progress: bo
         method=method,
         lr=s.finetune_lr if method == "finetune" else s.lr,
         valid_examples=s.valid_examples,
+        train_examples=s.train_examples,
         max_source_tokens=s.max_source_tokens,
         fit=FitConfig(epochs=10, batch_size=s.batch_size, max_steps=s.steps, seed=seed),
     )
@@ -245,6 +249,7 @@ def _cell(values: list[float]) -> str:
             "batch_size": 4,
             "lr": 1e-2,
             "valid_examples": 4,
+            "train_examples": 64,
             "test_limit": 3,
             "num_beams": 2,
             "max_new_tokens": 8,

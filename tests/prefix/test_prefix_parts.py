@@ -267,3 +267,29 @@ def test_pick_examples_first_or_evenly_spaced():
     assert pick_examples(items, 3, spread=True) == [0, 3, 6]
     assert pick_examples(items, 4, spread=True) == [0, 2, 5, 7]
     assert pick_examples(items, None, spread=True) == items == pick_examples(items, 20)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-bart"])
+def test_training_rows_are_the_pair_by_pair_encoding(name, shared_data):
+    """encode_pairs tokenizes in batches; its rows are each pair's own encoding: source
+    (truncated) + separator + target + EOS with the loss on the target (causal), or source +
+    EOS and target + EOS (encoder-decoder)."""
+    from gencraft.data.tasks import training_pairs
+    from gencraft.models import load_model
+    from gencraft.models.introspect import eos_ids, is_encoder_decoder
+    from gencraft.prefix.data import SEPARATOR, encode_pairs
+
+    model, tok = load_model(name)
+    pairs = training_pairs("e2e", "train", str(shared_data))[:40]
+    eos = eos_ids(model)[0]
+    want = []
+    for p in pairs:
+        src = tok(p.source, add_special_tokens=False)["input_ids"][:12]
+        tgt = [*tok(" " + p.target.strip(), add_special_tokens=False)["input_ids"][:8], eos]
+        if is_encoder_decoder(model):
+            want.append({"input_ids": [*src, eos], "labels": tgt})
+        else:
+            sep = tok(SEPARATOR, add_special_tokens=False)["input_ids"]
+            want.append({"input_ids": src + sep + tgt, "labels": [-100] * len(src + sep) + tgt})
+    assert encode_pairs(pairs, tok, model, 12, 8) == want
+    assert encode_pairs([], tok, model, 12, 8) == []
