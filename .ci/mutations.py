@@ -269,6 +269,13 @@ M = [
         "",
         "tests/nar/test_nar.py -k cli",
     ),
+    (
+        "batched training rows lose the separator",
+        "gencraft/prefix/data.py",
+        'rows.append({"input_ids": src + sep + tgt, "labels": [-100] * len(src + sep) + tgt})',
+        'rows.append({"input_ids": src + tgt, "labels": [-100] * len(src) + tgt})',
+        "tests/prefix/test_prefix_parts.py -k pair_by_pair",
+    ),
 ]
 only = sys.argv[1:]
 for name, path, a, b, test in M:
