@@ -276,6 +276,20 @@ M = [
         'rows.append({"input_ids": src + tgt, "labels": [-100] * len(src) + tgt})',
         "tests/prefix/test_prefix_parts.py -k pair_by_pair",
     ),
+    (
+        "bland template's tie count at equal probabilities (issue 26 §8)",
+        "gencraft/search/toy.py",
+        "ties = (self.rare + 1) ** n if self.p_common == self.p_rare else 1",
+        "ties = 2**n if self.p_common == self.p_rare else 1",
+        "tests/search/test_search_toy.py -k exact_enumeration",
+    ),
+    (
+        "bland template's tie test of an ulp",
+        "gencraft/search/toy.py",
+        "        if self.p_common >= self.p_rare:",
+        "        if self.p_common >= self.p_rare or math.isclose(self.p_common, self.p_rare):",
+        "tests/search/test_search_toy.py -k exact_enumeration",
+    ),
 ]
 only = sys.argv[1:]
 for name, path, a, b, test in M:

@@ -328,7 +328,8 @@ class BlandTemplate(Toy):
             return self.conditional_mode(self.rare_words)
         n = self.slots
         if self.p_common >= self.p_rare:
-            ties = 2**n if self.p_common == self.p_rare else 1
+            # equal probabilities: every slot's rare + 1 words tie, so every string does
+            ties = (self.rare + 1) ** n if self.p_common == self.p_rare else 1
             tokens = tuple(self.common_id(s) for s in range(n))
             return ToyMode(tokens, n * math.log(self.p_common), ties)
         tokens = tuple(self.common_id(s) + 1 for s in range(n))

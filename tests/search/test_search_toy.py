@@ -129,3 +129,33 @@ def test_bad_input():
         LengthStrings([0.5, 0.5]).conditional(3)
     with pytest.raises(GencraftError, match="p_common"):
         BlandTemplate(p_common=0.5, rare=90, p_rare=0.01)
+
+
+@pytest.mark.parametrize(
+    "step", [0, -1, 1], ids=["equal", "rare one ulp below", "rare one ulp above"]
+)
+def test_bland_template_ties_against_exact_enumeration(step):
+    """The mode's tie count against enumeration in exact arithmetic (each string's probability
+    the product of its steps' floats as fractions), with the rare words' probability equal
+    to the common word's or one ulp from it: equal gives (rare + 1)^slots ties, one ulp below
+    the all-common string alone, one ulp above rare^slots."""
+    from fractions import Fraction
+
+    p_rare = 0.25
+    for _ in range(abs(step)):
+        p_rare = math.nextafter(p_rare, math.inf if step > 0 else -math.inf)
+    toy = BlandTemplate(slots=3, p_common=0.25, rare=3, p_rare=p_rare)
+    probs = {}
+    for seq in itertools.product(*[range(toy.vocab_size)] * toy.slots):
+        p, prefix = Fraction(1), ()
+        for t in seq:
+            p *= Fraction(toy.next_probs(prefix)[t])
+            prefix = (*prefix, t)
+        if p > 0:
+            probs[seq] = p
+    best = max(probs.values())
+    mode = toy.mode()
+    assert mode.ties == sum(1 for p in probs.values() if p == best)
+    assert probs[mode.tokens] == best
+    assert mode.ties == {0: 64, -1: 1, 1: 27}[step]
+    assert BlandTemplate(4, 0.25, 3).mode().ties == 256  # the issue's example
