@@ -290,6 +290,13 @@ M = [
         "        if self.p_common >= self.p_rare or math.isclose(self.p_common, self.p_rare):",
         "tests/search/test_search_toy.py -k exact_enumeration",
     ),
+    (
+        "toy empty-mode condition made non-strict (issue 26 §2.8)",
+        "gencraft/search/toy.py",
+        "p / p0 < self.letters**ell",
+        "p / p0 <= self.letters**ell",
+        "tests/search/test_search_toy.py -k exact_tie",
+    ),
 ]
 only = sys.argv[1:]
 for name, path, a, b, test in M:

@@ -118,6 +118,17 @@ def test_empty_mode_condition_against_enumeration():
         assert (toy.mode().tokens == ()) == math.isclose(support[()], best, abs_tol=1e-12)
 
 
+def test_an_exact_tie_with_the_empty_string_is_not_an_empty_mode():
+    """p_1 / p_0 = 2^1 exactly: "a" and "b" tie with the empty string, so the thesis's strict
+    condition fails and the mode has 3 ties; a hair less on p_1 makes the empty string the
+    mode alone."""
+    tie = LengthStrings([0.2, 0.4, 0.4])
+    assert 0.4 / 0.2 == 2.0 and not tie.empty_is_mode()
+    assert tie.mode().ties == 3 and tie.mode().tokens == ()
+    below = LengthStrings([0.2, 0.4 - 1e-9, 0.4 + 1e-9])
+    assert below.empty_is_mode() and below.mode().ties == 1
+
+
 def test_bad_input():
     with pytest.raises(GencraftError, match="p_heads"):
         BiasedCoin(10, 1.0)
