@@ -297,6 +297,13 @@ M = [
         "p / p0 <= self.letters**ell",
         "tests/search/test_search_toy.py -k exact_tie",
     ),
+    (
+        "focus decoding settings not validated",
+        "gencraft/focus/config.py",
+        '        positive(self, "samples", "max_source")\n',
+        "",
+        "tests/cli/test_cli.py -k one_line_for_every_trainer",
+    ),
 ]
 only = sys.argv[1:]
 for name, path, a, b, test in M:

@@ -1,4 +1,4 @@
-"""Small shared helpers: cache location, offline detection, seeding."""
+"""Small shared helpers: cache location, offline detection, seeding, the default device."""
 
 from __future__ import annotations
 
@@ -36,3 +36,8 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def default_device() -> str:
+    """``"cuda"`` when a GPU is there, else ``"cpu"`` (where experiments run by default)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -54,19 +54,22 @@ def _load(checkpoint: str, device: str | None) -> tuple[Any, Any]:
 
 
 def _summaries(args: argparse.Namespace) -> tuple[list, list[list[str]]]:
+    from gencraft.cli.flags import dataclass_from_args
+    from gencraft.focus.config import FocusDecodeConfig
     from gencraft.focus.evaluate import summarize
 
+    decode = dataclass_from_args(FocusDecodeConfig, args)  # checked before any loading
     model, tok = _load(args.checkpoint, args.device)
     docs = _examples(args.task, args.split, args.data_dir, args.limit)
     groups = summarize(
         model,
         tok,
         [d.document for d in docs],
-        decoding=args.decoding,
-        samples=args.samples,
-        focus_k=args.focus_k,
+        decoding=decode.decoding,
+        samples=decode.samples,
+        focus_k=decode.focus_k,
         num_beams=args.num_beams,
-        max_source=args.max_source,
+        max_source=decode.max_source,
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         seed=args.seed,

@@ -27,8 +27,9 @@ from gencraft.experiments import ExperimentRun, machine, register, settings_fiel
 from gencraft.focus.data import SummaryEncoder, collate
 from gencraft.focus.model import FocusForConditionalGeneration
 from gencraft.models import load_model
+from gencraft.utils import default_device
 
-_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+_DEVICE = default_device()
 
 
 @dataclass

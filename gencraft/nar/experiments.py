@@ -322,13 +322,14 @@ def nar_speed_unit(s: NARSpeedSettings) -> dict[str, Any]:
     from gencraft.nar.functional import noise_ids
     from gencraft.nar.model import load_mlm_seq2seq, target_token_ids
     from gencraft.timing import interleaved
+    from gencraft.utils import default_device
 
     if s.threads:
         torch.set_num_threads(s.threads)
     top = max(s.length + 2, 64)
     nar, tok = load_mlm_seq2seq(s.model, max_target_length=top)
     ar, _ = load_mlm_seq2seq(s.model, max_target_length=top, bidirectional=False)
-    nar.eval(), ar.eval()
+    nar, ar = nar.to(default_device()).eval(), ar.to(default_device()).eval()
     examples = pick_examples(task_examples(s.task, "test", s.data_dir), s.inputs, spread=True)
     enc = tok([source_of(e) for e in examples], truncation=True, max_length=128, padding=True)
     ids = torch.tensor(enc["input_ids"])

@@ -22,6 +22,7 @@ from typing import Any
 
 from gencraft.errors import ConfigError
 from gencraft.experiments import ExperimentRun, register, settings_field
+from gencraft.utils import default_device
 
 #: variant -> (training method, PrefixConfig fields); "lower" = the paper's 7-of-12 split
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -378,14 +379,8 @@ def _speed_models(s: PrefixSpeedSettings, names: list[str]) -> dict[str, Any]:
             model = PrefixModel(
                 base, PrefixConfig(num_virtual_tokens=s.num_virtual_tokens, **fields)
             )
-        models[name] = model.to(_device()).train()
+        models[name] = model.to(default_device()).train()
     return models
-
-
-def _device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def prefix_speed_unit(s: PrefixSpeedSettings) -> dict[str, Any]:
@@ -408,7 +403,7 @@ def prefix_speed_unit(s: PrefixSpeedSettings) -> dict[str, Any]:
     vocab = models["peft"].get_output_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(10, min(1000, vocab), (s.batch_size, s.length), generator=g)
-    ids = ids.to(_device())
+    ids = ids.to(default_device())
     mask, labels = torch.ones_like(ids), ids.clone()
     labels[:, : s.length // 2] = -100
     optimizers = {
@@ -441,7 +436,7 @@ def prefix_speed_unit(s: PrefixSpeedSettings) -> dict[str, Any]:
 
         dense = models["dense"].eval()
         base, _ = load_model(s.model)
-        base = base.to(_device()).eval()
+        base = base.to(default_device()).eval()
         prompt = dict(input_ids=ids[:1, :16], attention_mask=mask[:1, :16])
         kw = {"max_new_tokens": s.new_tokens, "min_new_tokens": s.new_tokens, "do_sample": False}
         with torch.no_grad():

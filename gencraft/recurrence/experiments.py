@@ -180,16 +180,19 @@ def recurrence_speed_unit(s: RecurrenceSpeedSettings) -> dict:
     from gencraft.models import load_model
     from gencraft.recurrence import RecurrentLM
     from gencraft.timing import interleaved, saved_tensor_bytes
+    from gencraft.utils import default_device
 
     if s.threads:
         torch.set_num_threads(s.threads)
     torch.manual_seed(0)
     base, _ = load_model(s.model)
     layer = min(s.insert_layer, base.config.num_hidden_layers - 1)
-    model = RecurrentLM(base, RecurrenceConfig(window=s.window, insert_layer=layer)).train()
+    model = RecurrentLM(base, RecurrenceConfig(window=s.window, insert_layer=layer))
+    model = model.to(default_device()).train()
     vocab = base.get_output_embeddings().weight.shape[0]
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (1, s.window * s.bptt_windows + 1), generator=g)
+    ids = ids.to(default_device())
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     modes = {
         "plain windows": (False, False),
@@ -207,7 +210,7 @@ def recurrence_speed_unit(s: RecurrenceSpeedSettings) -> dict:
     timings = interleaved(cases, "plain windows", rounds=s.rounds)
     memory = []
     for w in s.memory_windows:
-        x = torch.randint(3, vocab, (1, s.window * w + 1), generator=g)
+        x = torch.randint(3, vocab, (1, s.window * w + 1), generator=g).to(default_device())
         row: dict = {"windows": w, "tokens": x.shape[1]}
         for name, (rec, ckpt) in modes.items():
             model.config.recurrent, model.config.checkpoint = rec, ckpt

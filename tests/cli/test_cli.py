@@ -271,6 +271,7 @@ def test_config_validation_is_one_line_for_every_trainer(capsys):
         (["search", "train-classifier", "--valid-fraction", "2"], "valid_fraction must lie"),
         (["search", "train-classifier", "--max-steps", "0"], "max_steps must be >= 1"),
         (["prefix", "train", "--max-time", "-1"], "max_time must be > 0"),
+        (["focus", "eval", "no/such/run", "--samples", "0"], "samples must be >= 1"),
     ):
         assert main(argv) == 2
         err = capsys.readouterr().err

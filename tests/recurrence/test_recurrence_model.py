@@ -144,16 +144,9 @@ def test_checkpointing_gives_the_same_loss_and_gradients():
 
 
 def _saved_bytes(m: RecurrentLM, ids: torch.Tensor) -> int:
-    total = 0
+    from gencraft.timing import saved_tensor_bytes
 
-    def pack(t):
-        nonlocal total
-        total += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        m(ids, return_logits=False).loss.backward()
-    return total
+    return saved_tensor_bytes(lambda: m(ids, return_logits=False).loss)
 
 
 def test_checkpointed_memory_grows_by_the_bottleneck_only():
