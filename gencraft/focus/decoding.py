@@ -90,6 +90,9 @@ class FocusLogitsProcessor(LogitsProcessor):
             log-probabilities over the allowed set (eq. 5); False only masks.
     """
 
+    #: its choices do not depend on a constant added to a row (gencraft.search's beam at 1)
+    shift_invariant = True
+
     def __init__(
         self,
         allowed_ids: Sequence[torch.Tensor],

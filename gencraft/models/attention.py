@@ -180,6 +180,13 @@ class AttentionCall:
     mask: torch.Tensor | None
     kwargs: dict[str, Any]
 
+    @property
+    def autoregressive(self) -> bool:
+        """Whether the queries are the positions of an autoregressive stack (a causal
+        self-attention, or a decoder's cross-attention), so that query t's output must not
+        depend on later queries."""
+        return self.site.kind == "cross" or _is_causal(self.module, self.kwargs)
+
 
 @dataclass
 class ExtraKeyValues:

@@ -21,15 +21,17 @@ start), ``cache`` its own state from the previous call (None at the start).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 
 from gencraft.errors import GencraftError
+from gencraft.models.attention import attention_context, current_context
 from gencraft.models.introspect import context_size, decoder_start_id, eos_ids, hf_model
 
 
@@ -310,3 +312,61 @@ class KVStates(DynamicCache):
     def states(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer ``(key, value)`` [B, n_kv, S, d], cached and new."""
         return [(layer.keys, layer.values) for layer in self.layers]
+
+
+#: the attention-context key under which plug-ins find the current RowStateCache's store
+ROW_STATE = "gencraft_row_state"
+
+
+class RowStateCache(DynamicCache):
+    """A ``DynamicCache`` that also carries per-row tensors (dim 0: the cache's rows) for
+    attention plug-ins whose rows depend on earlier queries' attention (e.g. causal TruncSA's
+    running column mass). ``generate`` reorders, repeats and selects them with the keys and
+    values, so beam search keeps each hypothesis's own state. Plug-ins reach the store through
+    :func:`current_row_state` inside :func:`carrying_row_state`.
+
+    Args:
+        layers: per layer ``(key, value)`` [B, n_kv, S, d] to start from (None: empty).
+    """
+
+    def __init__(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
+        super().__init__(layers)
+        self.row_state: dict[Any, torch.Tensor] = {}
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        for k, v in self.row_state.items():
+            self.row_state[k] = v.index_select(0, beam_idx.to(v.device))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        for k, v in self.row_state.items():
+            self.row_state[k] = v.repeat_interleave(repeats, dim=0)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        for k, v in self.row_state.items():
+            self.row_state[k] = v[indices]
+
+
+def row_state_cache(model: nn.Module) -> Cache:
+    """An empty cache for ``model`` whose self-attention part is a :class:`RowStateCache`."""
+    if getattr(hf_model(model).config, "is_encoder_decoder", False):
+        return EncoderDecoderCache(RowStateCache(), DynamicCache())
+    return RowStateCache()
+
+
+@contextmanager
+def carrying_row_state(cache: Cache) -> Iterator[dict[Any, torch.Tensor]]:
+    """Within the block, :func:`current_row_state` is ``cache``'s row store (the
+    :class:`RowStateCache` itself, or an ``EncoderDecoderCache``'s self-attention part)."""
+    rows = getattr(cache, "self_attention_cache", cache)
+    if not isinstance(rows, RowStateCache):
+        raise GencraftError(f"expected a RowStateCache, got {type(rows).__name__}")
+    with attention_context(**{ROW_STATE: rows.row_state}):
+        yield rows.row_state
+
+
+def current_row_state() -> dict[Any, torch.Tensor] | None:
+    """The row store of the enclosing :func:`carrying_row_state` (None outside one)."""
+    return current_context().get(ROW_STATE)

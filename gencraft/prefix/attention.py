@@ -21,14 +21,16 @@ from typing import Any
 
 import torch
 
+from gencraft.errors import ConfigError
 from gencraft.models.attention import (
     AttentionCall,
     AttentionPlugin,
     ExtraKeyValues,
     current_context,
 )
+from gencraft.models.stepping import current_row_state
 from gencraft.prefix.config import require_entmax
-from gencraft.prefix.functional import soft_sparse_attention, trunc_sparse_attention
+from gencraft.prefix.functional import column_mass, nucleus_rows, soft_sparse_attention
 
 CONTEXT_KEY = "gencraft_prefix"
 
@@ -96,18 +98,26 @@ def normalize_rows(
     trunc_renormalize: bool,
     noise: bool,
     query_mask: torch.Tensor | None = None,
+    causal: bool = False,
+    past_mass: torch.Tensor | None = None,
+    mass_out: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """One of DASP's normalisers over the last axis of ``scores`` [B, n, T, K] (disallowed
     entries already at the dtype's minimum; ``allowed`` bool, broadcastable). Disallowed
-    entries and fully masked rows come out exactly 0. ``query_mask`` [B, 1, T]: the queries
-    that count in TruncSA's column sums."""
+    entries and fully masked rows come out exactly 0. TruncSA: ``query_mask`` [B, 1, T] the
+    queries that count in the column sums; ``causal``/``past_mass`` [B, n, K0] as in
+    :func:`~gencraft.prefix.functional.column_mass`; ``mass_out["last"]`` receives the column
+    mass [B, n, K] after the last query (causal)."""
     if name == "softmax":
         probs = torch.softmax(scores, dim=-1)
     elif name == "truncsa":
+        if not 0.0 < top_p <= 1.0:
+            raise ConfigError(f"top_p must lie in (0, 1], got {top_p}")
         probs = torch.softmax(scores, dim=-1) * allowed
-        probs = trunc_sparse_attention(
-            probs, top_p, renormalize=trunc_renormalize, query_mask=query_mask
-        )
+        mass = column_mass(probs, query_mask, causal=causal, past=past_mass)
+        if mass_out is not None:
+            mass_out["last"] = mass[..., -1, :]
+        probs = nucleus_rows(probs, mass, top_p, trunc_renormalize)
     elif name == "softsa":
         probs = soft_sparse_attention(scores, tau, noise=noise)
     elif name in ("sparsemax", "entmax15"):
@@ -118,6 +128,10 @@ def normalize_rows(
         raise ValueError(name)
     probs = probs * allowed
     return probs * allowed.any(dim=-1, keepdim=True)
+
+
+def _site_key(call: AttentionCall) -> tuple[str, str, str, int]:
+    return ("truncsa", call.site.stack, call.site.kind, call.site.layer)
 
 
 class PrefixAttention(AttentionPlugin):
@@ -159,6 +173,41 @@ class PrefixAttention(AttentionPlugin):
                 return True
         return call.site.layer in self.sparse or self._table(call) is not None
 
+    def _trunc_inputs(
+        self,
+        scores: torch.Tensor,
+        allowed: torch.Tensor,
+        call: AttentionCall,
+        state: PrefixCall | None,
+    ) -> dict[str, Any]:
+        """TruncSA's query mask and, on a causal stack, the column mass of earlier steps."""
+        t, k = scores.shape[-2:]
+        p = self.num_prefix
+        query_mask = None
+        if call.site.kind == "self" and t <= k - p:
+            # a query counts when it may see itself (padding may not: its column is masked)
+            own = torch.arange(t, device=scores.device) + (k - t)
+            a = allowed.expand(torch.broadcast_shapes(allowed.shape, scores.shape))
+            query_mask = a[:, :1, torch.arange(t, device=scores.device), own]  # [B, 1, T]
+        if not call.autoregressive:
+            return {"query_mask": query_mask}
+        # a causal stack: each query's key importance comes from the queries up to itself
+        store = current_row_state()
+        past = store.get(_site_key(call)) if store is not None else None
+        earlier = k - p - t  # cached queries before these (self-attention)
+        if past is None and call.site.kind == "self" and earlier > 0:
+            raise ConfigError(
+                "TruncSA on a causal stack needs the column mass of the earlier queries, which "
+                "a RowStateCache carries: decode through PrefixModel.generate or the "
+                "generate of a model under sparse_attention(), or with use_cache=False"
+            )
+        if past is not None and past.shape[0] != scores.shape[0]:
+            raise RuntimeError(
+                f"TruncSA's running column mass has {past.shape[0]} rows, the call "
+                f"{scores.shape[0]}"
+            )
+        return {"query_mask": query_mask, "causal": True, "past_mass": past, "mass_out": {}}
+
     def normalize(
         self, scores: torch.Tensor, allowed: torch.Tensor, call: AttentionCall
     ) -> torch.Tensor:
@@ -174,12 +223,10 @@ class PrefixAttention(AttentionPlugin):
             allowed[..., :p] &= rows[:, None]
             scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
         name = self.config.normalizer if call.site.layer in self.sparse else "softmax"
-        query_mask = None
-        if name == "truncsa" and call.site.kind == "self" and t <= k - p:
-            # a query counts when it may see itself (padding may not: its column is masked)
-            own = torch.arange(t, device=scores.device) + (k - t)
-            a = allowed.expand(torch.broadcast_shapes(allowed.shape, scores.shape))
-            query_mask = a[:, :1, torch.arange(t, device=scores.device), own]  # [B, 1, T]
+        state = _state(self.owner) if self.owner is not None else None
+        trunc: dict[str, Any] = {}
+        if name == "truncsa":
+            trunc = self._trunc_inputs(scores, allowed, call, state)
         probs = normalize_rows(
             name,
             scores,
@@ -188,9 +235,11 @@ class PrefixAttention(AttentionPlugin):
             tau=self.config.tau,
             trunc_renormalize=self.config.trunc_renormalize,
             noise=call.module.training or self.config.softsa_eval_noise,
-            query_mask=query_mask,
+            **trunc,
         )
-        state = _state(self.owner) if self.owner is not None else None
+        store = current_row_state()
+        if trunc.get("causal") and store is not None:
+            store[_site_key(call)] = trunc["mass_out"]["last"]
         if state is not None and state.record is not None:
             state.record[(call.site.stack, call.site.kind, call.site.layer)] = probs.detach()
         return probs

@@ -9,7 +9,10 @@ Shapes: B batch, T queries, P prefix columns (virtual tokens), K = P + T key col
 * :func:`trunc_sparse_attention`: TruncSA, eq. 2: each key column's attention summed over the
   queries and normalised over the keys gives a key-importance distribution; the keys outside
   its top-p nucleus are zeroed in every row; rows are re-normalised (the paper does not say; it
-  is the default here and can be turned off).
+  is the default here and can be turned off). The paper sparsifies BART's bidirectional
+  encoder. In a causal stack (a decoder-only model, a decoder), summing over all queries would
+  let later tokens choose the columns earlier positions see, so there each query uses the mass
+  of the queries up to itself (``causal=True``; a deviation the paper never needed).
 * :func:`soft_sparse_attention`: SoftSA, eqs. 3-4: a Gumbel-softmax sample of each attention
   row, softmax((log a + g) / τ) with a = softmax(scores), g = -log(-log u), u ~ U(0, 1) (the
   reading "π = the attention probabilities" of the paper's two).
@@ -60,12 +63,71 @@ def prefix_block_mask(
     return segment_ids.long()[..., None] == group  # [B, T, 1] vs [P] -> [B, T, P]
 
 
+def column_mass(
+    probs: torch.Tensor,
+    query_mask: torch.Tensor | None = None,
+    *,
+    causal: bool = False,
+    past: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """ā of eq. 2: each key column's attention summed over the queries, in float32.
+
+    Args:
+        probs: [..., T, K] attention rows.
+        query_mask: [..., T] bool (broadcastable), the queries that count (e.g. not padding).
+        causal: each query gets the mass of the queries up to and including itself (a causal
+            stack: query t's output must not depend on later tokens); else all queries share
+            one sum (the paper's bidirectional encoder).
+        past: causal only, [..., K0] (K0 <= K) the mass of the queries before these T, over
+            the first K0 keys (cached decoding: the keys of earlier steps come first).
+
+    Returns:
+        [..., T, K] (causal) or [..., 1, K].
+    """
+    weights = probs.float()
+    if query_mask is not None:
+        weights = weights * query_mask[..., None].to(weights.dtype)
+    if not causal:
+        if past is not None:
+            raise ValueError("past column mass is for causal stacks only")
+        return weights.sum(dim=-2, keepdim=True)
+    mass = weights.cumsum(dim=-2)
+    if past is not None:
+        k0, k = past.shape[-1], mass.shape[-1]
+        if k0 > k:
+            raise ValueError(f"past column mass covers {k0} keys, the call has {k}")
+        mass = mass + torch.nn.functional.pad(past.float(), (0, k - k0))[..., None, :]
+    return mass
+
+
+def nucleus_rows(
+    probs: torch.Tensor, mass: torch.Tensor, top_p: float, renormalize: bool = True
+) -> torch.Tensor:
+    """Zero the keys outside the top-p nucleus of ``mass`` [..., T|1, K] (normalised over the
+    keys: the key-importance distribution) in ``probs`` [..., T, K]; the key that crosses
+    ``top_p`` is kept (at least one key). ``renormalize``: rows re-normalised over the kept
+    keys; a row with no mass left on them stays all zero (no NaN)."""
+    importance = mass / mass.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float).tiny)
+    sorted_imp, order = importance.sort(dim=-1, descending=True)
+    before = sorted_imp.cumsum(dim=-1) - sorted_imp  # mass of the more important keys
+    keep_sorted = before < top_p
+    keep_sorted[..., 0] = True
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # [..., T|1, K]
+    out = probs * keep.to(probs.dtype)
+    if renormalize:
+        total = out.sum(dim=-1, keepdim=True)
+        out = torch.where(total > 0, out / total.clamp_min(torch.finfo(out.dtype).tiny), out)
+    return out
+
+
 def trunc_sparse_attention(
     probs: torch.Tensor,
     top_p: float,
     renormalize: bool = True,
     *,
     query_mask: torch.Tensor | None = None,
+    causal: bool = False,
+    past_mass: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """TruncSA (eq. 2) on attention probabilities.
 
@@ -76,27 +138,17 @@ def trunc_sparse_attention(
             stays all zero (no NaN).
         query_mask: [..., T] bool (broadcastable), the queries whose rows count in the column
             sums (e.g. not padding); default all.
+        causal: key importance from the queries up to each query (see :func:`column_mass`);
+            default: from all queries, one nucleus for every row (the paper's encoder).
+        past_mass: causal only, [..., K0] the column mass of earlier queries (cached decoding).
 
     Returns:
         [..., T, K], the rows with the keys outside the nucleus zeroed.
     """
     if not 0.0 < top_p <= 1.0:
         raise ConfigError(f"top_p must lie in (0, 1], got {top_p}")
-    weights = probs.float()
-    if query_mask is not None:
-        weights = weights * query_mask[..., None].to(weights.dtype)
-    column = weights.sum(dim=-2)  # [..., K]: ā, each key's attention from all queries
-    importance = column / column.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float).tiny)
-    sorted_imp, order = importance.sort(dim=-1, descending=True)
-    before = sorted_imp.cumsum(dim=-1) - sorted_imp  # mass of the more important keys
-    keep_sorted = before < top_p
-    keep_sorted[..., 0] = True
-    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # [..., K]
-    out = probs * keep[..., None, :].to(probs.dtype)
-    if renormalize:
-        total = out.sum(dim=-1, keepdim=True)
-        out = torch.where(total > 0, out / total.clamp_min(torch.finfo(out.dtype).tiny), out)
-    return out
+    mass = column_mass(probs, query_mask, causal=causal, past=past_mass)
+    return nucleus_rows(probs, mass, top_p, renormalize)
 
 
 def soft_sparse_attention(

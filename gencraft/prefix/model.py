@@ -17,7 +17,9 @@ adapter loads by copying (:meth:`PrefixModel.from_peft`).
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ from gencraft.models.attention import (
 )
 from gencraft.models.introspect import decoder_start_id, hf_model, is_encoder_decoder, pad_id
 from gencraft.models.method import MethodModel
+from gencraft.models.stepping import RowStateCache, carrying_row_state, row_state_cache
 from gencraft.prefix.attention import CONTEXT_KEY, PrefixAttention, PrefixCall, PrefixKeyValues
 from gencraft.prefix.config import PrefixConfig, resolve_layers
 from gencraft.prefix.functional import prefix_block_mask
@@ -269,12 +272,14 @@ class PrefixModel(MethodModel):
             for k, v in self.prefix[name].layer_kv()
         ]
 
-    def prefix_cache(self, batch_size: int) -> DynamicCache:
+    def prefix_cache(self, batch_size: int) -> RowStateCache:
         """The decoder self-attention prefixes as a ``DynamicCache`` (per layer [B, n_kv, P, d],
-        after any projection), exactly what :meth:`forward` and :meth:`generate` use."""
+        after any projection), exactly what :meth:`forward` and :meth:`generate` use (a
+        :class:`~gencraft.models.stepping.RowStateCache`: causal TruncSA keeps its running
+        column mass in it)."""
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-        return DynamicCache(self._kv("decoder", batch_size))
+        return RowStateCache(self._kv("decoder", batch_size))
 
     def _cache(self, batch_size: int) -> Any:
         cache = self.prefix_cache(batch_size)
@@ -282,9 +287,16 @@ class PrefixModel(MethodModel):
             return EncoderDecoderCache(cache, DynamicCache())
         return cache
 
-    def _call(self, tables: dict[str, torch.Tensor | None], record: Any = None) -> PrefixCall:
+    @contextmanager
+    def _context(
+        self, tables: dict[str, torch.Tensor | None], cache: Any, record: Any = None
+    ) -> Iterator[None]:
+        """The plug-ins' state for one base call over ``cache`` (prefixes, block tables,
+        the record store, and the cache's row store for causal TruncSA)."""
         kv = {g: self._kv(GROUPS[g], 1) for g in self.groups if g != ("decoder", "self")}
-        return PrefixCall(owner=id(self), kv=kv, tables=tables, record=record)
+        call = PrefixCall(owner=id(self), kv=kv, tables=tables, record=record)
+        with attention_context(**{CONTEXT_KEY: call}), carrying_row_state(cache):
+            yield
 
     # ------------------------------------------------------------------ segments
     def _blocks(self, segment_ids: torch.Tensor, num_segments: int) -> torch.Tensor:
@@ -391,11 +403,12 @@ class PrefixModel(MethodModel):
                     input_ids, mask, segment_ids, output_mask.bool()
                 )
             full_mask = torch.cat([mask.new_ones(b, p), mask], dim=1)
-            with attention_context(**{CONTEXT_KEY: self._call(tables, record)}):
+            cache = self._cache(b)
+            with self._context(tables, cache, record):
                 return self.base(
                     input_ids=input_ids,
                     attention_mask=full_mask,
-                    past_key_values=self._cache(b),
+                    past_key_values=cache,
                     labels=labels,
                     **kwargs,
                 )
@@ -412,13 +425,14 @@ class PrefixModel(MethodModel):
                 ],
                 dim=1,
             )
-        with attention_context(**{CONTEXT_KEY: self._call(tables, record)}):
+        cache = self._cache(b)
+        with self._context(tables, cache, record):
             return self.base(
                 input_ids=input_ids,
                 attention_mask=mask,
                 decoder_input_ids=decoder_input_ids,
                 decoder_attention_mask=decoder_attention_mask,
-                past_key_values=self._cache(b),
+                past_key_values=cache,
                 labels=labels,
                 **kwargs,
             )
@@ -496,11 +510,12 @@ class PrefixModel(MethodModel):
                 prompt = self._input_blocks(input_ids, mask, segment_ids)
                 tables["decoder"] = torch.cat([prompt, out_blocks], dim=1)
             # the P dummies are covered by the prefix cache, so generate starts at position P
-            with attention_context(**{CONTEXT_KEY: self._call(tables)}):
+            cache = self._cache(b * copies)
+            with self._context(tables, cache):
                 out = self.base.generate(
                     input_ids=torch.cat([dummies, input_ids], dim=1),
                     attention_mask=torch.cat([mask.new_ones(b, p), mask], dim=1),
-                    past_key_values=self._cache(b * copies),
+                    past_key_values=cache,
                     **generate_kw,
                 )
             if hasattr(out, "sequences"):  # return_dict_in_generate=True
@@ -514,14 +529,15 @@ class PrefixModel(MethodModel):
         start = torch.full(
             (b, 1), decoder_start_id(self.base), dtype=input_ids.dtype, device=input_ids.device
         )
-        with attention_context(**{CONTEXT_KEY: self._call(tables)}):
+        cache = self._cache(b * copies)
+        with self._context(tables, cache):
             out = self.base.generate(
                 input_ids=input_ids,
                 attention_mask=mask,
                 # an encoder-decoder's generate feeds all decoder inputs at the first step,
                 # after the P cached prefix positions
                 decoder_input_ids=start,
-                past_key_values=self._cache(b * copies),
+                past_key_values=cache,
                 **generate_kw,
             )
         return out
@@ -690,21 +706,43 @@ class PrefixModel(MethodModel):
 
 
 class SparseAttentionHandle:
-    """Returned by :func:`sparse_attention`; ``remove()`` restores the model's softmax."""
+    """Returned by :func:`sparse_attention`; ``remove()`` restores the model's softmax (and
+    its own ``generate``)."""
 
-    def __init__(self, handles: list[Any]) -> None:
-        self.handles = handles
+    def __init__(self, handles: list[Any], model: nn.Module | None = None) -> None:
+        self.handles, self.model = handles, model
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
+        if self.model is not None and "generate" in vars(self.model):
+            del self.model.generate
+        self.model = None
+
+
+def _generate_carrying_row_state(model: nn.Module) -> None:
+    """Make ``model.generate`` decode over a :class:`~gencraft.models.stepping.RowStateCache`
+    (causal TruncSA keeps each hypothesis's running column mass in it)."""
+    generate = model.generate
+
+    @functools.wraps(generate)
+    def wrapped(*args: Any, **kw: Any) -> Any:
+        if kw.get("use_cache") is False:
+            return generate(*args, **kw)
+        if kw.get("past_key_values") is None:
+            kw["past_key_values"] = row_state_cache(model)
+        with carrying_row_state(kw["past_key_values"]):
+            return generate(*args, **kw)
+
+    model.generate = wrapped
 
 
 def sparse_attention(model: nn.Module, config: PrefixConfig) -> SparseAttentionHandle:
     """DASP's normalisers on a model without prefixes (the paper's full fine-tuning control
     rows, "FT TruncSA/SoftSA"): ``config.normalizer`` on ``config.sparse_layers`` of
     ``config.sparse_stack``'s self-attention; the prefix settings are ignored. The model's
-    weights are untouched and stay trainable."""
+    weights are untouched and stay trainable. With TruncSA, ``model.generate`` decodes over a
+    cache that carries the causal column mass (until ``remove()``)."""
     hf = hf_model(model)
     stacks = config.sparse_stacks(is_encoder_decoder(hf))
     counts: dict[str, int] = {}
@@ -721,4 +759,7 @@ def sparse_attention(model: nn.Module, config: PrefixConfig) -> SparseAttentionH
         raise ConfigError(
             f"no self-attention layer selected by sparse_layers={config.sparse_layers!r}"
         )
+    if config.normalizer == "truncsa" and hasattr(model, "generate"):
+        _generate_carrying_row_state(model)
+        return SparseAttentionHandle(handles, model)
     return SparseAttentionHandle(handles)

@@ -5,10 +5,17 @@ and the KV cache is reordered to follow the surviving beams (no prefix is recomp
 
 With ``classifier=None`` and ``finished="aside"`` this is ``transformers``' beam search with
 ``do_sample=False, length_penalty=0.0, early_stopping=True`` and no logits processors: each step
-keeps the 2B best continuations of all live beams; the first B of them that end (EOS, or
-``max_new_tokens`` reached) join the finished set unless it is full; the best B that do not end
-stay live; search stops when B hypotheses have finished. Scores are summed log-probabilities
-including the EOS step.
+keeps the max(2, 1 + E)·B best continuations of all live beams (E: the number of EOS ids, so
+that B of them never end); the first B of them that end (EOS, or ``max_new_tokens`` reached)
+join the finished set unless it is full; the best B that do not end stay live (an ended
+hypothesis never continues); search stops when B hypotheses have finished. Scores are summed
+log-probabilities including the EOS step.
+
+At ``num_beams=1`` this is beam search with one beam, not ``generate``'s greedy path: logits
+processors act on log-probabilities (as in ``generate``'s beam search), while greedy
+``generate`` applies them to raw logits. The two agree for processors that commute with adding
+a constant to a row (n-gram blocking, suppressed tokens, minimum lengths, top-k, a focus
+vocabulary) and can differ for value-changing ones (a repetition penalty); a warning says so.
 
 Conditional beam search ranks candidates by S(x_{1:t+1}) + alpha * log P_clf(a | x_{1:t+1})
 (eq. 7.4): the classifier term is added fresh at each step, only to select, and never
@@ -29,6 +36,7 @@ Lengths: ``force_length=n`` counts the tokens before EOS; the thesis's tables co
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
@@ -41,17 +49,53 @@ from gencraft.models.stepping import ProcessorChain, Stepper, resolve
 
 NEG = -1.0e9  # transformers' "impossible" score; kept so that ties break as there
 
+# processors whose choices do not change when a constant is added to a row: on log-probabilities
+# (beam search) they act as on raw logits (generate's greedy path); a processor can also say so
+# with a ``shift_invariant = True`` attribute (FAME's focus vocabulary does)
+SHIFT_INVARIANT = {
+    "NoRepeatNGramLogitsProcessor",
+    "EncoderNoRepeatNGramLogitsProcessor",
+    "SuppressTokensLogitsProcessor",
+    "SuppressTokensAtBeginLogitsProcessor",
+    "MinLengthLogitsProcessor",
+    "MinNewTokensLengthLogitsProcessor",
+    "NoBadWordsLogitsProcessor",
+    "PrefixConstrainedLogitsProcessor",
+    "ForcedBOSTokenLogitsProcessor",
+    "ForcedEOSTokenLogitsProcessor",
+    "TopKLogitsWarper",
+    "LogitNormalization",
+}
+
+
+def _warn_one_beam(processors: Sequence[Any]) -> None:
+    """``num_beams=1`` with a processor whose choice may depend on the logits' offset."""
+    odd = [
+        type(p).__name__
+        for p in processors
+        if not getattr(p, "shift_invariant", False) and type(p).__name__ not in SHIFT_INVARIANT
+    ]
+    if odd:
+        warnings.warn(
+            f"beam_search with num_beams=1 applies {', '.join(odd)} to log-probabilities, as "
+            "generate's beam search does; generate's greedy path applies it to raw logits, so "
+            "the two can choose differently",
+            stacklevel=3,
+        )
+
 
 @dataclass
 class Hypothesis:
     """``tokens``: generated ids, EOS excluded; ``score``: summed log-probability (EOS step
     included when ``finished``); ``finished``: ended with EOS (False: cut at max_new_tokens);
-    ``conditional_score``: score + log P_clf(a | x) at completion (classifier runs only)."""
+    ``conditional_score``: score + log P_clf(a | x) at completion (classifier runs only);
+    ``eos_token``: the EOS id that ended it (one of several ``eos_token_id``), None if cut."""
 
     tokens: list[int]
     score: float
     finished: bool
     conditional_score: float | None = None
+    eos_token: int | None = None
 
 
 @dataclass
@@ -65,6 +109,7 @@ class _Slot:
     eos: bool = False
     sel: float = 0.0
     cond: float = 0.0
+    eos_token: int | None = None
 
 
 @dataclass
@@ -89,6 +134,7 @@ class _Finished:
     score: float
     tokens: list[int]
     eos: bool
+    eos_token: int | None = None
 
 
 class AttributeScorer(Protocol):
@@ -210,6 +256,8 @@ def beam_search(
     )
     if classifier is not None and not getattr(classifier, "enabled", True):
         classifier, k = None, None  # a disabled classifier: plain beam search
+    if num_beams == 1 and logits_processor:
+        _warn_one_beam(logits_processor)
     stepper, eos = resolve(
         model, input_ids, eos_token_id, max_new_tokens=max_new_tokens, hidden=classifier is not None
     )
@@ -347,14 +395,14 @@ class _BeamSearch:
             logp = self.process(logp, tokens)
             logp = self._transform(logp, t)
             sel, unc, cond, beam, tok, cstate = self._candidates(logp, scores, hidden, cstate)
-            n_keep = min(2 * b, sel.numel())
+            n_keep = min(max(2, 1 + len(eos)) * b, sel.numel())
             top_sel, idx = sel[None].topk(n_keep, dim=-1)
             idx = idx[0]
             c_beam, c_tok = beam[idx], tok[idx]
             c_unc, c_cond = unc[idx], cond[idx]
             is_eos = torch.isin(c_tok, eos)
             ends = is_eos | (t + 1 == self.max_new)
-            # finished: the first B of the 2B that end, while the finished set has room
+            # finished: the first B of the kept candidates that end, while the finished set has room
             if len(done) < b:
                 new = []
                 for j in torch.nonzero(ends[:b]).flatten().tolist():
@@ -362,15 +410,17 @@ class _BeamSearch:
                         continue
                     seq = tokens[c_beam[j]].tolist() + ([] if is_eos[j] else [int(c_tok[j])])
                     key = c_unc[j] if self.force_length is not None else c_cond[j]
-                    new.append(_Finished(float(key), float(c_unc[j]), seq, bool(is_eos[j])))
+                    end = int(c_tok[j]) if is_eos[j] else None
+                    new.append(_Finished(float(key), float(c_unc[j]), seq, end is not None, end))
                 done = sorted(done + new, key=lambda r: -r.key)[:b]
             if len(done) >= b or bool(ends.all()):
                 break
-            # live: the best B of the 2B that do not end
+            # live: the best B of the kept candidates that do not end
             # (-inf, not NEG: an ended candidate must never come back as a live one)
             keep_key = top_sel[0].masked_fill(ends, float("-inf"))
             if not bool((keep_key > NEG / 2).any()):
                 break  # no live continuation is possible (e.g. force_length=0 after its EOS)
+            # (with max(2, 1 + E)·B kept, at least B of them do not end)
             nxt = keep_key.topk(b).indices
             rows = c_beam[nxt]
             scores = c_unc[nxt].clone()
@@ -382,7 +432,9 @@ class _BeamSearch:
             out = self.s.step(new_tok, cache)
             logp, cache, hidden = out.log_probs, out.cache, out.hidden
         return [
-            Hypothesis(f.tokens, f.score, f.eos, f.key if self.clf is not None else None)
+            Hypothesis(
+                f.tokens, f.score, f.eos, f.key if self.clf is not None else None, f.eos_token
+            )
             for f in done
         ]
 
@@ -462,7 +514,8 @@ class _BeamSearch:
                 ends = is_eos or t + 1 == self.max_new
                 seq = old.tokens + ([] if is_eos else [c.token])
                 # a forced EOS at the limit completes the slot, but it was cut there
-                slot = _Slot(seq, ends, is_eos and not self._limit(t), c.sel, c.cond)
+                ended = is_eos and not self._limit(t)
+                slot = _Slot(seq, ends, ended, c.sel, c.cond, c.token if ended else None)
             slots.append(slot)
             rows.append(c.beam)
             feed.append(eos[0] if c.token is None else c.token)
@@ -487,6 +540,12 @@ class _BeamSearch:
 
         ranked = sorted((bm for bm in beams if final[id(bm)] > NEG / 2), key=key)
         return [
-            Hypothesis(bm.tokens, final[id(bm)], bm.eos, bm.cond if self.clf is not None else None)
+            Hypothesis(
+                bm.tokens,
+                final[id(bm)],
+                bm.eos,
+                bm.cond if self.clf is not None else None,
+                bm.eos_token,
+            )
             for bm in ranked
         ]

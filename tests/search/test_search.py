@@ -695,6 +695,157 @@ def test_beam_search_with_logits_processors_equals_generate(name):
             assert [h.tokens for h in hyps] != [h.tokens for h in plain]
 
 
+class _EndHeavy:
+    """The top non-EOS token gets probability 0.3, the EOS ids 0.2, 0.19, 0.18..., the other
+    tokens the rest in the model's proportions: more hypotheses end at a step than there are
+    beams. (Equal EOS probabilities would make the finished set a matter of tie-breaking.)"""
+
+    def __init__(self, eos: list[int]) -> None:
+        self.eos = torch.tensor(eos)
+
+    def __call__(self, input_ids, scores):
+        rows = torch.arange(scores.shape[0])
+        eos_p = 0.2 - 0.01 * torch.arange(len(self.eos))
+        others = scores.index_fill(1, self.eos, float("-inf"))
+        top = others.argmax(-1)
+        others[rows, top] = float("-inf")
+        # the rest of the mass over the other tokens, in the model's proportions
+        out = math.log(0.7 - float(eos_p.sum())) + torch.log_softmax(others, dim=-1)
+        out[rows, top] = math.log(0.3)
+        out[:, self.eos] = torch.log(eos_p)[None]
+        return out
+
+
+class _EndsAtFirst:
+    """At the first step, EOS ids 0.3, 0.2, 0.15 around a top token of 0.25 (the others share
+    0.1): of the 2·B best candidates more than B end, while the first B hold one EOS only.
+    Afterwards the top token's path can never end, so a live beam filled from below matters."""
+
+    def __init__(self, eos: list[int]) -> None:
+        self.eos, self.first, self.top = torch.tensor(eos), None, None
+
+    def __call__(self, input_ids, scores):
+        if self.first is None:
+            self.first = input_ids.shape[1]
+        if input_ids.shape[1] > self.first:
+            after_top = input_ids[:, self.first] == self.top  # [N]
+            is_eos = torch.zeros(scores.shape[-1], dtype=torch.bool)
+            is_eos[self.eos] = True
+            return scores.masked_fill(after_top[:, None] & is_eos[None], float("-inf"))
+        others = scores.index_fill(1, self.eos, float("-inf"))
+        self.top = int(others[0].argmax())
+        others[:, self.top] = float("-inf")
+        out = math.log(0.1) + torch.log_softmax(others, dim=-1)
+        out[:, self.top] = math.log(0.25)
+        out[:, self.eos] = torch.log(torch.tensor([0.3, 0.2, 0.15][: len(self.eos)]))[None]
+        return out
+
+
+def _same_as_generate_several_eos(hyps, hf, eos: list[int], pad: int) -> None:
+    """The same hypotheses with the same scores, best first (hypotheses with tied scores may
+    come in either order: transformers ranks its finished set by its own sort)."""
+    assert len(hyps) == len(hf)
+    ours, theirs = [], []
+    for h, (seq, score) in zip(hyps, hf, strict=True):
+        assert not set(h.tokens) & set(eos), "an EOS id inside a hypothesis"
+        assert h.finished == (h.eos_token is not None)
+        mine = h.tokens + ([h.eos_token] if h.finished else [])
+        assert all(t in (pad, *eos) for t in seq[len(mine) :])  # what generate pads with
+        assert h.score == pytest.approx(score, abs=1e-4)
+        ours.append(mine)
+        theirs.append(seq[: len(mine)])
+    assert sorted(ours) == sorted(theirs)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_beam_search_equals_generate_with_several_eos_ids(seed):
+    """Random configurations with 2-3 EOS ids, beams 2-4, with and without a processor that
+    makes more hypotheses end at once than there are beams (issue 26 §7)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = 12
+    cases = (
+        (small_llama(seed, vocab=vocab), torch.tensor([PROMPT]), 0),
+        (small_bart(seed, vocab=vocab), torch.tensor([[0, 3, 4, 2]]), 1),
+    )
+    for model, ids, pad in cases:
+        for beams in (2, 3, 4):
+            n_eos = int(torch.randint(2, 4, (1,), generator=g))
+            eos = sorted(int(t) for t in torch.randperm(vocab - 3, generator=g)[:n_eos] + 3)
+            for procs in ([], [_EndHeavy(eos)], [_EndsAtFirst(eos)]):
+                hyps = beam_search(
+                    model,
+                    ids,
+                    num_beams=beams,
+                    max_new_tokens=5,
+                    eos_token_id=eos,
+                    logits_processor=procs,
+                )
+                hf = _hf_beams(
+                    model,
+                    ids,
+                    beams,
+                    5,
+                    eos_token_id=eos,
+                    pad_token_id=pad,
+                    logits_processor=procs,
+                )
+                _same_as_generate_several_eos(hyps, hf, eos, pad)
+
+
+def test_ended_hypotheses_never_continue_when_more_end_than_there_are_beams():
+    """The issue's case: 2 beams, 3 EOS ids, each about 0.2 and the top token 0.3. With 2·B
+    candidates kept, ended ones filled the live beams and came back with EOS inside."""
+    model = small_llama(0, vocab=12)
+    eos = [5, 7, 9]
+    hyps = beam_search(
+        model,
+        torch.tensor([PROMPT]),
+        num_beams=2,
+        max_new_tokens=5,
+        eos_token_id=eos,
+        logits_processor=[_EndHeavy(eos)],
+    )
+    assert hyps and all(not set(h.tokens) & set(eos) for h in hyps)
+    # step 1 keeps top, EOS 5, 7, 9; only EOS 5 is among the first B; top goes on, then EOS 5
+    assert [(h.tokens, h.eos_token) for h in hyps] == [([], 5), ([hyps[1].tokens[0]], 5)]
+    assert [h.score for h in hyps] == pytest.approx([math.log(0.2), math.log(0.3 * 0.2)], abs=1e-5)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-bart"])
+def test_one_beam_equals_greedy_generate_for_offset_free_processors(name):
+    """num_beams=1 is greedy generate's choice for processors unmoved by a row offset, and
+    warns for a value-changing one (a repetition penalty), whose greedy choice differs."""
+    import warnings
+
+    from transformers import NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
+
+    model, tok = load_model(name, seed=0)
+    ids = torch.tensor([tok("hello hello there")["input_ids"]])
+    start = 1 if model.config.is_encoder_decoder else ids.shape[1]
+    eos = model.generation_config.eos_token_id
+    for procs in ([], [NoRepeatNGramLogitsProcessor(2)]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            (hyp,) = beam_search(model, ids, num_beams=1, max_new_tokens=8, logits_processor=procs)
+        greedy = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            num_beams=1,
+            max_new_tokens=8,
+            logits_processor=procs,
+        )[0, start:].tolist()
+        assert greedy[: len(hyp.tokens) + hyp.finished] == hyp.tokens + [eos] * hyp.finished
+    with pytest.warns(UserWarning, match="RepetitionPenaltyLogitsProcessor"):
+        beam_search(
+            model,
+            ids,
+            num_beams=1,
+            max_new_tokens=4,
+            logits_processor=[RepetitionPenaltyLogitsProcessor(2.0)],
+        )
+
+
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_exact_mode_under_a_focus_vocabulary_equals_brute_force(renormalize):
     """FAME composes with exact search: the mode of a FAME model restricted to V_k ∪ F (focus
