@@ -29,12 +29,15 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/gencraft demo
 
-# the whole suite (tests that load real weights included); prints its own duration
+# the whole suite (tests that load real weights included), then CI's share of the mutation
+# checks (a rotating subset by commit hash, plus those of the files the last commit touched);
+# prints its own duration
 test: $(STAMP)
 	@start=$$(date +%s); \
 	$(VENV)/bin/ruff check gencraft tests benchmarks && \
 	$(VENV)/bin/ruff format --check gencraft tests benchmarks && \
-	$(PY) -m pytest; status=$$?; \
+	$(PY) -m pytest && \
+	$(PY) .ci/mutations.py --ci; status=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s in all (exit $$status)"; exit $$status
 
 # without the tests marked slow (real pretrained weights)

@@ -1,13 +1,34 @@
-"""Mutation checks of issue 13: each mutation of the library must make its test fail.
+"""Mutation checks: each mutation of the library must make its named test fail.
 
-Run from the repository root: ``.venv/bin/python .ci/mutations.py [name filter...]``. Each
-mutation is applied to the source, the named tests run, the source is restored; the script
-prints CAUGHT (a test failed, as it should) or MISSED. Not part of ``.ci/run`` (about 4 min).
+Each entry is (name, file, source pattern, replacement, pytest selection). The runner copies
+the ``gencraft`` package to a temporary directory, applies the mutation to the copy, and runs
+the selection with that copy first on the import path (``PYTHONPATH`` plus ``PYTHONSAFEPATH``,
+so neither the checkout's directory nor the editable install serves ``gencraft``; the test
+session checks which copy it imported, see tests/conftest.py). The checkout is never written.
+
+    .venv/bin/python .ci/mutations.py                 # all (make mutations)
+    .venv/bin/python .ci/mutations.py --ci            # CI's subset, see below
+    .venv/bin/python .ci/mutations.py --list          # the mutations per group
+    .venv/bin/python .ci/mutations.py WORD...         # those whose name holds a word
+
+``--ci`` runs a rotating subset chosen by the commit hash (every group's mutations take
+turns) plus every mutation whose file the last commit touched. Each mutation prints CAUGHT
+(a test failed, as it should), MISSED (all passed), or ERROR (its pattern no longer matches
+the source, its selection collects no test, or the run broke); the exit status is 1 unless
+every one was CAUGHT.
 """
 
-import pathlib
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = ("focus", "pointer", "search", "prefix", "recurrence", "hso", "nar")
+CI_ROTATING = 8  # mutations per CI run besides those of the touched files
 
 M = [
     (
@@ -90,8 +111,8 @@ M = [
     (
         "score_task ignores lowercase=True",
         "gencraft/metrics/tasks.py",
-        "    if lowercase:\n        preds = [p.lower() for p in preds]",
-        "    if False:\n        preds = [p.lower() for p in preds]",
+        "    if lowercase:\n        return [p.lower() for p in outputs]",
+        "    if False:\n        return [p.lower() for p in outputs]",
         "tests/metrics/test_score_task.py -k cased",
     ),
     (
@@ -304,23 +325,318 @@ M = [
         "",
         "tests/cli/test_cli.py -k one_line_for_every_trainer",
     ),
+    # -- issue 26 §1: TruncSA causality
+    (
+        "TruncSA sums over all queries on a causal stack",
+        "gencraft/prefix/attention.py",
+        '        if not call.autoregressive:\n            return {"query_mask": query_mask}',
+        '        if True:\n            return {"query_mask": query_mask}',
+        "tests/prefix/test_prefix_causality.py -k 'later_tokens and truncsa'",
+    ),
+    (
+        "causal TruncSA's column mass not carried between decoding steps",
+        "gencraft/prefix/attention.py",
+        '            store[_site_key(call)] = trunc["mass_out"]["last"]',
+        "            pass",
+        "tests/prefix/test_prefix_causality.py -k 'cached_greedy and truncsa'",
+    ),
+    (
+        "the row state does not follow the beams",
+        "gencraft/models/stepping.py",
+        "            self.row_state[k] = v.index_select(0, beam_idx.to(v.device))",
+        "            pass",
+        "tests/prefix/test_prefix_causality.py -k beam_scores",
+    ),
+    (
+        "causal column mass as one sum over all queries",
+        "gencraft/prefix/functional.py",
+        "    mass = weights.cumsum(dim=-2)",
+        "    mass = weights.sum(dim=-2, keepdim=True).expand_as(weights)",
+        "tests/prefix/test_prefix_causality.py -k column_mass_is_a_prefix_sum",
+    ),
+    # -- issue 26 §2: the eight that survived
+    (
+        "encoder-decoder decoder segments from labels not shifted",
+        "gencraft/prefix/model.py",
+        "        shifted = torch.cat([seg.new_zeros(seg.shape[0], 1), seg[:, :-1]], dim=1)",
+        "        shifted = seg",
+        "tests/prefix/test_prefix_model.py -k shifted_right",
+    ),
+    (
+        "TruncSA counts padding queries",
+        "gencraft/prefix/attention.py",
+        '        if call.site.kind == "self" and t <= k - p:',
+        "        if False:",
+        "tests/prefix/test_prefix_model.py -k padding_queries",
+    ),
+    (
+        "sparse_stack auto is the decoder of an encoder-decoder",
+        "gencraft/prefix/config.py",
+        '            "auto": {"encoder"},',
+        '            "auto": {"decoder"},',
+        "tests/prefix/test_prefix_model.py -k auto_sparse_stack",
+    ),
+    (
+        "FLOPs/token without the attention term",
+        "gencraft/recurrence/evaluate.py",
+        "    per_window = 2 * weights * window + 2 * shape.layers * window**2 * shape.hidden",
+        "    per_window = 2 * weights * window",
+        "tests/recurrence/test_recurrence_model.py -k flops",
+    ),
+    (
+        "dynamic evaluation does not reset the weights at a new context",
+        "gencraft/hso/dynamic.py",
+        "            if t == c0:  # a new context",
+        "            if t == 0:  # a new context",
+        "tests/hso/test_hso.py -k resets_the_weights",
+    ),
+    (
+        "Mask-Predict re-masks the most confident tokens",
+        "gencraft/nar/decoding.py",
+        "    rank = logp.masked_fill(~mask, torch.inf).argsort(dim=1, stable=True).argsort(dim=1)",
+        "    rank = (-logp).masked_fill(~mask, torch.inf).argsort(dim=1, stable=True).argsort(dim=1)",
+        "tests/nar/test_nar.py -k remasks",
+    ),
+    (
+        "SUNDAE reranking keeps the worst sample",
+        "gencraft/nar/decoding.py",
+        "    return int(scores.argmax()), scores",
+        "    return int(scores.argmin()), scores",
+        "tests/nar/test_nar.py -k rerank_keeps",
+    ),
+    # -- issue 26 §7: beam search with several EOS ids
+    (
+        "beam search keeps 2B candidates whatever the number of EOS ids",
+        "gencraft/search/beam.py",
+        "            n_keep = min(max(2, 1 + len(eos)) * b, sel.numel())",
+        "            n_keep = min(2 * b, sel.numel())",
+        "tests/search/test_search.py -k several_eos",
+    ),
+    # -- issue 26 §3: four per method, the dispatcher, fit's resume
+    (
+        "recurrence pools without the softmax over layers",
+        "gencraft/recurrence/model.py",
+        "        w = torch.softmax(self.layer_logits, dim=0)",
+        "        w = self.layer_logits",
+        "tests/recurrence/test_recurrence_model.py -k pooling",
+    ),
+    (
+        "recurrence mean pooling sums",
+        "gencraft/recurrence/model.py",
+        '        return z / n if self.config.pooling == "mean" else z',
+        "        return z",
+        "tests/recurrence/test_recurrence_model.py -k pooling",
+    ),
+    (
+        "HSO's Adam without the second moment's bias correction",
+        "gencraft/hso/functional.py",
+        "    bc2 = (1 - b2**c).float()[:, None]",
+        "    bc2 = torch.ones_like(c).float()[:, None]",
+        "tests/hso/test_hso.py -k per_block_adam",
+    ),
+    (
+        "HSO's SGD climbs the loss",
+        "gencraft/hso/functional.py",
+        "                x - cfg.lr * torch.where(upd[:, None].to(g.device), g, 0).to(x.dtype)",
+        "                x + cfg.lr * torch.where(upd[:, None].to(g.device), g, 0).to(x.dtype)",
+        "tests/hso/test_hso.py -k per_block_adam",
+    ),
+    (
+        "HSO keeps the states across a context reset",
+        "gencraft/hso/functional.py",
+        "            if t == c0:\n                st = _States(layers)",
+        "            if t == 0:\n                st = _States(layers)",
+        "tests/hso/test_hso.py -k 'lr_zero or per_block_adam or prefill'",
+    ),
+    (
+        "HSO's update reaches the gradient of the present states only",
+        "gencraft/models/stepping.py",
+        "        return super().update(key_states + dk, value_states + dv, *args, **kwargs)",
+        "        return super().update(key_states + dk.detach(), value_states + dv, *args, **kwargs)",
+        "tests/hso/test_hso.py -k per_block_adam",
+    ),
+    (
+        "a fair coin's mode counts one tie too few",
+        "gencraft/search/toy.py",
+        "            return ToyMode((1,) * n, n * math.log(0.5), 2**n)",
+        "            return ToyMode((1,) * n, n * math.log(0.5), 2**n - 1)",
+        "tests/search/test_search_toy.py",
+    ),
+    (
+        "dispatcher puts extra key columns after the real keys",
+        "gencraft/models/attention.py",
+        "        key = torch.cat([*(e.key for e in extras), key], dim=-2)",
+        "        key = torch.cat([key, *(e.key for e in extras)], dim=-2)",
+        "tests/models/test_attention.py -k extra_key_values_equal",
+    ),
+    (
+        "dispatcher ignores the module's own attention scaling (T5: none)",
+        "gencraft/models/attention.py",
+        "    scale = scale if scale is not None else query.shape[-1] ** -0.5",
+        "    scale = query.shape[-1] ** -0.5",
+        "tests/models/test_attention.py",
+    ),
+    (
+        "dispatcher reads an additive mask's blocked entries as allowed",
+        "gencraft/models/attention.py",
+        "        return m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min / 2",
+        "        return m if m.dtype == torch.bool else m <= 0",
+        "tests/models/test_attention.py",
+    ),
+    (
+        "dispatcher routes calls of inactive plug-ins",
+        "gencraft/models/attention.py",
+        "    live = [p for p in plugins if p.active(call)]",
+        "    live = list(plugins)",
+        "tests/models/test_attention.py",
+    ),
+    (
+        "fit's resume forgets the optimiser state",
+        "gencraft/training/fit.py",
+        '        self.optimizer.load_state_dict(payload["optimizer"])',
+        "        pass",
+        "tests/training/test_training.py -k interrupt_then_resume",
+    ),
+    (
+        "fit's resume forgets the weights",
+        "gencraft/training/fit.py",
+        '        load_trainable_state(self.raw, payload["model"], self.ckpt.path)',
+        "        pass",
+        "tests/training/test_training.py -k interrupt_then_resume",
+    ),
+    (
+        "fit's resume forgets the random state",
+        "gencraft/training/fit.py",
+        '        self.pending_rng = payload["rng"]',
+        "        self.pending_rng = None",
+        "tests/training/test_training.py -k interrupt_then_resume",
+    ),
+    (
+        "fit's resume restarts the step count",
+        "gencraft/training/fit.py",
+        '        self.st = _State(**payload["state"])',
+        "        pass",
+        "tests/training/test_training.py -k interrupt_then_resume",
+    ),
+    (
+        "toy attribute-mode ties by exact float equality",
+        "gencraft/search/toy.py",
+        "        return min(a for a, p in dist.items() if math.isclose(p, best, rel_tol=1e-12))",
+        "        return min(a for a, p in dist.items() if p == best)",
+        "tests/search/test_search_toy.py -k closed_forms",
+    ),
+    # -- issue 26 §6: bad input
+    (
+        "a truncated run saved in the transformers format loads with a traceback",
+        "gencraft/models/method.py",
+        "    except Exception as err:  # e.g. a truncated file read by transformers' own loader",
+        "    except ZeroDivisionError as err:",
+        "tests/cli/test_bad_input.py -k truncated",
+    ),
+    (
+        "HSO takes a masked LM for a causal one",
+        "gencraft/hso/functional.py",
+        "    if is_encoder_decoder(hf) or not hasattr(hf, \"get_output_embeddings\") or not causal:",
+        "    if is_encoder_decoder(hf) or not hasattr(hf, \"get_output_embeddings\"):",
+        "tests/cli/test_bad_input.py -k 'wrong_model_kind and hso'",
+    ),
 ]
-only = sys.argv[1:]
-for name, path, a, b, test in M:
-    if only and not any(o in name for o in only):
-        continue
-    p = pathlib.Path(path)
-    src = p.read_text()
-    assert a in src, (name, a)
-    p.write_text(src.replace(a, b))
-    try:
-        r = subprocess.run(
-            f"HF_HUB_OFFLINE=1 .venv/bin/python -m pytest -q -x -p no:cacheprovider {test}",
-            shell=True,
-            capture_output=True,
-            text=True,
+
+
+def group(path: str) -> str:
+    """The part of gencraft a mutation belongs to (a method, the toys, the dispatcher...)."""
+    if path == "gencraft/search/toy.py":
+        return "toys"
+    if path == "gencraft/models/attention.py":
+        return "dispatcher"
+    if path == "gencraft/training/fit.py":
+        return "fit"
+    part = path.split("/")[1].removesuffix(".py")
+    if part == "cli" and Path(path).stem in METHODS:  # a method's own commands
+        return Path(path).stem
+    return part
+
+
+def touched_files() -> set[str]:
+    """Files the last commit changed (empty when there is no parent, e.g. a shallow clone)."""
+    r = subprocess.run(
+        ["git", "diff", "--name-only", "HEAD~1", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    )
+    return set(r.stdout.split()) if r.returncode == 0 else set()
+
+
+def ci_subset() -> list[int]:
+    """Rotating subset by the commit hash, plus the mutations of the files HEAD touched."""
+    r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    seed = int(r.stdout.strip() or "0", 16)
+    # interleave the groups so that consecutive picks come from different parts
+    by_group: dict[str, list[int]] = {}
+    for i, m in enumerate(M):
+        by_group.setdefault(group(m[1]), []).append(i)
+    order, lists = [], [by_group[g] for g in sorted(by_group)]
+    while any(lists):
+        for lst in lists:
+            if lst:
+                order.append(lst.pop(0))
+    start = seed % len(order)
+    rotating = {order[(start + j) % len(order)] for j in range(min(CI_ROTATING, len(order)))}
+    touched = touched_files()
+    return sorted(rotating | {i for i, m in enumerate(M) if m[1] in touched})
+
+
+def run_one(name: str, path: str, pattern: str, replacement: str, test: str) -> str:
+    """CAUGHT, MISSED or ERROR (with the reason) for one mutation."""
+    src = (ROOT / path).read_text()
+    if src.count(pattern) != 1:
+        return f"ERROR: the pattern occurs {src.count(pattern)} times in {path} (stale?)"
+    with tempfile.TemporaryDirectory(prefix="gencraft-mutant-") as tmp:
+        shutil.copytree(
+            ROOT / "gencraft", Path(tmp) / "gencraft", ignore=shutil.ignore_patterns("__pycache__")
         )
-        last = r.stdout.strip().splitlines()[-1]
-        print(f"{'CAUGHT' if r.returncode else 'MISSED'}: {name}: {last}", flush=True)
-    finally:
-        p.write_text(src)
+        (Path(tmp) / path).write_text(src.replace(pattern, replacement))
+        env = {
+            **os.environ,
+            "PYTHONPATH": tmp + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "PYTHONSAFEPATH": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "GENCRAFT_MUTANT_ROOT": tmp,
+            "HF_HUB_OFFLINE": "1",
+        }
+        cmd = f"{sys.executable} -m pytest -q -x -p no:cacheprovider -p no:randomly {test}"
+        r = subprocess.run(cmd, shell=True, cwd=ROOT, env=env, capture_output=True, text=True)
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    last = lines[-1] if lines else ""
+    if r.returncode == 1:
+        return f"CAUGHT: {last}"
+    if r.returncode == 0:
+        return f"MISSED: {last}"
+    return f"ERROR (pytest exit {r.returncode}): {last}"
+
+
+def main(argv: list[str]) -> int:
+    if "--list" in argv:
+        counts: dict[str, int] = {}
+        for m in M:
+            counts[group(m[1])] = counts.get(group(m[1]), 0) + 1
+        for g in sorted(counts):
+            print(f"{g:12s} {counts[g]}")
+        print(f"{'all':12s} {len(M)}")
+        return 0
+    if "--ci" in argv:
+        chosen = ci_subset()
+    else:
+        words = [a for a in argv if not a.startswith("--")]
+        chosen = [i for i, m in enumerate(M) if not words or any(w in m[0] for w in words)]
+    t0, bad = time.perf_counter(), 0
+    print(f"mutations: {len(chosen)} of {len(M)}", flush=True)
+    for i in chosen:
+        name, path, pattern, replacement, test = M[i]
+        verdict = run_one(name, path, pattern, replacement, test)
+        bad += not verdict.startswith("CAUGHT")
+        print(f"[{group(path)}] {name}: {verdict}", flush=True)
+    print(f"mutations: {len(chosen) - bad} caught, {bad} not, {time.perf_counter() - t0:.0f} s")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -12,6 +12,18 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
 
+# a mutation run (.ci/mutations.py) must test the mutated copy, not the checkout
+_MUTANT = os.environ.get("GENCRAFT_MUTANT_ROOT")
+if _MUTANT:
+    import gencraft
+
+    if not Path(gencraft.__file__).resolve().is_relative_to(Path(_MUTANT).resolve()):
+        pytest.exit(
+            f"mutation run: gencraft was imported from {gencraft.__file__}, not the mutated "
+            f"copy in {_MUTANT}",
+            returncode=3,
+        )
+
 
 def _shared_data() -> Path | None:
     env = os.environ.get("GENCRAFT_DATA_DIR")

@@ -7,7 +7,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "gencraft"
+import gencraft
+
+# the package imported (a mutation run imports a mutated copy, not the checkout)
+PACKAGE = Path(gencraft.__file__).resolve().parent
 METHODS = ("focus", "pointer", "search", "prefix", "recurrence", "hso", "nar")
 
 

@@ -24,6 +24,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.data import subword_stream
     from gencraft.hso import DynamicEvalConfig, HSOConfig, dynamic_eval_nll, hso_nll
+    from gencraft.hso.functional import check_causal_lm
     from gencraft.metrics import windowed_nll
     from gencraft.metrics.lm import stream_perplexities
     from gencraft.models import load_model
@@ -34,6 +35,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     ids, words = subword_stream(
         args.corpus, args.split, tok, data_dir=args.data_dir, max_words=args.max_words
     )
+    check_causal_lm(model, ids, what="HSO")  # before the baseline: a clear refusal
     context = cfg.reset_every or ids.numel()
     runs = [
         ("baseline", lambda: windowed_nll(model, ids, window=context, progress=not args.quiet)),

@@ -56,9 +56,14 @@ class TokenScores:
 # ------------------------------------------------------------------------------ checks
 def check_causal_lm(model: nn.Module, ids: torch.Tensor, *, what: str) -> torch.Tensor:
     """``ids`` [1, N] or [N] for a causal LM with a KV cache -> [N] on the model's device."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
     hf = hf_model(model)
     name = type(hf).__name__
-    if is_encoder_decoder(hf) or not hasattr(hf, "get_output_embeddings"):
+    causal = name in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()) or getattr(
+        hf.config, "is_decoder", False
+    )
+    if is_encoder_decoder(hf) or not hasattr(hf, "get_output_embeddings") or not causal:
         raise GencraftError(f"{what} needs a causal LM with a KV cache; {name} is not one")
     if "past_key_values" not in inspect.signature(hf.forward).parameters:
         raise GencraftError(f"{what} needs a KV cache; {name} takes no past_key_values")
@@ -184,7 +189,9 @@ def _window_nll(model, x, targets, cache, positions) -> torch.Tensor:
     out = model(
         input_ids=x[None], past_key_values=cache, position_ids=positions[None], use_cache=True
     )
-    return nn.functional.cross_entropy(out.logits[0].float(), targets, reduction="none")
+    logits = out.logits[0]
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float64 stays
+    return nn.functional.cross_entropy(logits, targets, reduction="none")
 
 
 def _pairs(flat) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -72,6 +72,15 @@ def _references(task: str, references: Sequence[Any], n: int) -> list[list[str]]
     return out
 
 
+def _cased(
+    outputs: Sequence[str], refs: list[list[str]], lowercase: bool
+) -> tuple[list[str], list[list[str]]]:
+    """The outputs and references as scored: lower-cased both when ``lowercase``."""
+    if lowercase:
+        return [p.lower() for p in outputs], [[r.lower() for r in rs] for rs in refs]
+    return list(outputs), refs
+
+
 def score_task(
     task: str,
     outputs: Sequence[str],
@@ -100,10 +109,7 @@ def score_task(
     unknown = [m for m in wanted if m not in conv.metrics]
     if unknown:
         raise ConfigError(f"task {task!r} has no metric {unknown}; its metrics: {conv.metrics}")
-    preds = list(outputs)
-    if lowercase:
-        preds = [p.lower() for p in preds]
-        refs = [[r.lower() for r in rs] for rs in refs]
+    preds, refs = _cased(outputs, refs, lowercase)
     if conv.family == "summarization":
         from gencraft.metrics.text import rouge
 
@@ -155,10 +161,7 @@ def bleu_interval(
     if CONVENTIONS.get(task, _SUMM).family != "data-to-text":
         raise ConfigError(f"BLEU intervals are for data-to-text tasks, not {task!r}")
     refs = _references(task, references, len(outputs))
-    preds = list(outputs)
-    if lowercase:
-        preds = [p.lower() for p in preds]
-        refs = [[r.lower() for r in rs] for rs in refs]
+    preds, refs = _cased(outputs, refs, lowercase)
     width = max(len(r) for r in refs)
     streams = [[r[j] if j < len(r) else None for r in refs] for j in range(width)]
     score = sacrebleu.BLEU().corpus_score(preds, streams, n_bootstrap=resamples)

@@ -271,4 +271,16 @@ def load_method(directory: str | Path, base: nn.Module | None = None, **kwargs: 
         )
     if name not in METHOD_CLASSES:
         raise GencraftError(f"{d / METHOD_CONFIG} names an unknown model class {name!r}")
-    return METHOD_CLASSES[name].from_pretrained(d, base, **kwargs)
+    try:
+        return METHOD_CLASSES[name].from_pretrained(d, base, **kwargs)
+    except GencraftError:
+        raise
+    except Exception as err:  # e.g. a truncated file read by transformers' own loader
+        from gencraft.models.registry import damaged_weights
+
+        damaged = damaged_weights(d)
+        if damaged is None:
+            raise
+        raise GencraftError(
+            f"{damaged} is damaged or truncated ({str(err).splitlines()[0]})"
+        ) from None

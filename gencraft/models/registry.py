@@ -182,7 +182,7 @@ def _load_hf(path_or_id: str, task: str | None, dtype: torch.dtype | None, **kw)
         model = cls.from_pretrained(path_or_id, dtype=dtype or torch.float32, **gguf_kw, **kw)
         tokenizer = AutoTokenizer.from_pretrained(path_or_id, **gguf_kw)
     except Exception as err:  # missing/damaged weights or tokenizer files, wrong Auto class
-        damaged = _damaged_weights(local if local.exists() else None)
+        damaged = damaged_weights(local if local.exists() else None)
         if damaged is not None:
             raise ModelLoadError(
                 f"{damaged} is damaged or truncated ({str(err).splitlines()[0]}); save or "
@@ -198,7 +198,7 @@ def _load_hf(path_or_id: str, task: str | None, dtype: torch.dtype | None, **kw)
     return model, tokenizer, task
 
 
-def _damaged_weights(directory: Path | None) -> Path | None:
+def damaged_weights(directory: Path | None) -> Path | None:
     """The first weights file of ``directory`` that cannot be opened, if any."""
     if directory is None or not directory.is_dir():
         return None

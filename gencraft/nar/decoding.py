@@ -171,12 +171,26 @@ def _token_logp(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) 
     return lp * mask
 
 
-def _rerank(token_logp: torch.Tensor, mask: torch.Tensor, len_logp: torch.Tensor, how: str):
+def rerank(
+    token_logp: torch.Tensor, mask: torch.Tensor, len_logp: torch.Tensor, how: str
+) -> tuple[int, torch.Tensor]:
+    """(index of the best sample, scores [N]) of N samples: ``token_logp`` [N, L] each
+    token's log-probability (0 at padding), ``mask`` [N, L] valid positions, ``len_logp`` [N]
+    the log-probability of each sample's length; ``how``: ``SamplingConfig.rerank``."""
     total = token_logp.sum(1)
     if how == "sum-logprob":
-        return total
-    mean = total / mask.sum(1)
-    return mean + len_logp if how == "mean-logprob+length" else mean
+        scores = total
+    else:
+        mean = total / mask.sum(1)
+        scores = mean + len_logp if how == "mean-logprob+length" else mean
+    return int(scores.argmax()), scores
+
+
+def least_confident(logp: torch.Tensor, mask: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Mask-Predict's re-masking: bool [N, L], the ``k[n]`` valid positions of row n whose
+    predicted tokens have the lowest log-probability ``logp`` [N, L] (ties: leftmost first)."""
+    rank = logp.masked_fill(~mask, torch.inf).argsort(dim=1, stable=True).argsort(dim=1)
+    return (rank < k[:, None]) & mask
 
 
 @torch.no_grad()
@@ -248,8 +262,9 @@ def sundae_generate(
                 tokens[live], enc_n[live], src_mask_n[live], mask[live].long()
             )
             calls += 1
-        scores = _rerank(_token_logp(final_logits, tokens, mask), mask, cand_lp[pick], cfg.rerank)
-        best = int(scores.argmax())
+        best, scores = rerank(
+            _token_logp(final_logits, tokens, mask), mask, cand_lp[pick], cfg.rerank
+        )
         seq = tokens[best, : row_len[best]].tolist()
         out.add(seq, float(scores[best]), calls, steps, time.perf_counter() - t0)
     return out
@@ -300,8 +315,7 @@ def mask_predict_generate(
             k = torch.tensor([int(ell * (big_t - 1 - t) / big_t) for ell in row_len], device=dev)
             if int(k.max()) == 0:
                 break
-            rank = logp.masked_fill(~mask, torch.inf).argsort(dim=1).argsort(dim=1)
-            todo = (rank < k[:, None]) & mask
+            todo = least_confident(logp, mask, k)
             tokens = tokens.masked_fill(todo, mask_id)
         scores = (logp * mask).sum(1) / mask.sum(1)
         best = int(scores.argmax())

@@ -170,7 +170,8 @@ def soft_sparse_attention(
     """
     if not tau > 0:
         raise ConfigError(f"tau must be > 0, got {tau}")
-    log_a = torch.log_softmax(scores.float(), dim=-1)
+    work = torch.promote_types(scores.dtype, torch.float32)  # float32 at least (float64 stays)
+    log_a = torch.log_softmax(scores.to(work), dim=-1)
     if noise:
         u = torch.rand(scores.shape, generator=generator, device=scores.device)
         u = u.clamp(min=torch.finfo(torch.float).tiny)  # u = 0 would give g = -inf

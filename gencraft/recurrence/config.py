@@ -1,6 +1,7 @@
 """The recurrent model's settings (Yoshida 2023, ch. 2). Defaults are the thesis's (GPT-2
-small, 300-token windows, 20 windows of BPTT, FFN 3 × 200, insertion at layer 2); the
-choices it leaves open are fields, documented in docs/recurrence.md."""
+small, 300-token windows, 20 windows of BPTT, FFN 3 × 200, insertion at ℓ_ins = 2, which
+counts layers from 1: index 1); the choices it leaves open are fields, documented in
+docs/recurrence.md."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ ACTIVATIONS = ("gelu", "relu", "tanh")
 class RecurrenceConfig:
     window: int = option(300, "T: tokens per window")
     overlap: int = option(0, "o: tokens a window repeats from the one before (train = test)")
-    insert_layer: int = option(2, "0-based layer whose self-attention gets h_prev as key/value")
+    insert_layer: int = option(
+        1,
+        "0-based layer whose self-attention gets h_prev as key/value (1: the thesis's "
+        "ℓ_ins = 2, which counts layers from 1)",
+    )
     ffn_hidden: tuple[int, ...] = option((200, 200, 200), "hidden widths of the recurrence FFN")
     activation: Literal["gelu", "relu", "tanh"] = option("gelu", "the FFN's activation")
     pooling: Literal["mean", "sum"] = option("mean", "eq. 2.1 over positions: mean or sum")

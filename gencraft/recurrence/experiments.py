@@ -28,7 +28,9 @@ class RecurrenceLMSettings:
     overlaps: tuple[int, ...] = settings_field((0, 5, 10, 30, 50), "overlaps evaluated")
     bptt_windows: int = settings_field(4, "windows per training sequence")
     ffn_hidden: tuple[int, ...] = settings_field((200, 200, 200), "recurrence FFN widths")
-    insert_layer: int = settings_field(2, "layer that gets h_prev")
+    insert_layer: int = settings_field(
+        1, "0-based layer that gets h_prev (1: the thesis's ℓ_ins = 2, counted from 1)"
+    )
     lr: float = settings_field(5e-5, "Adam learning rate (both models)")
     recurrence_lr: float | None = settings_field(1e-3, "learning rate of α and the FFN")
     max_time: float | None = settings_field(None, "training seconds per model")
@@ -165,7 +167,9 @@ class RecurrenceSpeedSettings:
     model: str = settings_field("smollm2-135m", "base model")
     window: int = settings_field(128, "T: tokens per window")
     bptt_windows: int = settings_field(4, "windows per training sequence")
-    insert_layer: int = settings_field(2, "layer that gets h_prev")
+    insert_layer: int = settings_field(
+        1, "0-based layer that gets h_prev (1: the thesis's ℓ_ins = 2, counted from 1)"
+    )
     memory_windows: tuple[int, ...] = settings_field((1, 2, 4, 8), "sequence lengths (windows)")
     rounds: int = settings_field(7, "interleaved rounds (each variant once per round)")
     threads: int | None = settings_field(None, "torch CPU threads (default: torch's)")

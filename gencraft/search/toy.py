@@ -109,9 +109,11 @@ class Toy:
         raise NotImplementedError
 
     def attribute_mode(self) -> int:
-        """argmax_a P(A = a) (the smallest a among ties)."""
+        """argmax_a P(A = a) (the smallest a among ties, equal up to rounding: the closed
+        forms give a fair coin's C(5, 2) and C(5, 3) one ulp apart)."""
         dist = self.attribute_distribution()
-        return max(sorted(dist), key=lambda a: dist[a])
+        best = max(dist.values())
+        return min(a for a, p in dist.items() if math.isclose(p, best, rel_tol=1e-12))
 
     def _check_value(self, value: int) -> None:
         if self.attribute_distribution().get(value, 0.0) <= 0:

@@ -218,6 +218,52 @@ def test_dynamic_evaluation_steps_the_weights_and_restores_them(llama):
     torch.testing.assert_close(got[8:16], want, atol=1e-5, rtol=1e-5)
 
 
+def test_dynamic_evaluation_resets_the_weights_at_each_context(llama):
+    """With ``reset_every``, each context is scored as dynamic evaluation of that context on
+    its own: the weights (and the optimiser) start again from the model's."""
+    ids = _ids(25, 6)
+    cfg = dict(window=5, lr=0.05, optimizer="adam")
+    got = dynamic_eval_nll(llama, ids, DynamicEvalConfig(reset_every=12, **cfg)).token_nll
+    for c0, c1 in ((0, 12), (12, 24)):
+        alone = dynamic_eval_nll(llama, ids[:, c0 : c1 + 1], DynamicEvalConfig(**cfg)).token_nll
+        torch.testing.assert_close(got[c0:c1], alone, atol=1e-5, rtol=1e-5)
+    carried = dynamic_eval_nll(llama, ids, DynamicEvalConfig(**cfg)).token_nll
+    assert (got[12:] - carried[12:]).abs().max() > 1e-4  # the reset does change the scores
+
+
+def test_hso_state_gradients_gradcheck_in_float64():
+    """The gradients HSO steps on: the window's NLL with respect to the cached states and to
+    the present states (the shifts of :class:`KVStates`), against finite differences. GPT-2,
+    not Llama: Llama's RMSNorm computes in float32 even in a float64 model."""
+    from gencraft.hso.functional import _window_nll
+    from gencraft.models.stepping import KVStates
+
+    model, _ = load_model("tiny-gpt2", seed=0)
+    model = model.double().eval()
+    ids = _ids(9, 3)[0]
+    layers = model.config.num_hidden_layers
+    with torch.no_grad():
+        cache = KVStates(num_layers=layers)
+        model(input_ids=ids[None, :5], past_key_values=cache, use_cache=True)
+        past = [(k.detach(), v.detach()) for k, v in cache.states()]
+    n_kv, d = past[0][0].shape[1], past[0][0].shape[-1]
+    shift = torch.zeros(1, n_kv, 3, d, dtype=torch.float64)
+
+    def nll(k0, v0, dk1, dv1):
+        states = [(k0, v0), *past[1:]]
+        shifts = [(shift, shift), *[(dk1, dv1)] * (layers - 1)]
+        cache = KVStates(states, shifts)
+        return _window_nll(model, ids[5:8], ids[6:9], cache, torch.arange(5, 8)).sum()
+
+    inputs = (
+        past[0][0].clone().requires_grad_(True),
+        past[0][1].clone().requires_grad_(True),
+        shift.clone().requires_grad_(True),
+        shift.clone().requires_grad_(True),
+    )
+    assert torch.autograd.gradcheck(nll, inputs, eps=1e-6, atol=1e-6)
+
+
 def test_bad_input(llama):
     for kw, msg in [
         (dict(window=0), "window"),
@@ -247,7 +293,7 @@ def test_bad_input(llama):
             intermediate_size=32,
         )
     )
-    with pytest.raises(GencraftError, match="BertForMaskedLM takes no past_key_values"):
+    with pytest.raises(GencraftError, match="BertForMaskedLM is not one"):
         hso_nll(bert, _ids(10))
     with pytest.raises(GencraftError, match=r"window of tokens \d+\.\.\d+"):
         hso_nll(llama, _ids(30), HSOConfig(window=5, lr=1e30, optimizer="sgd"))

@@ -437,3 +437,31 @@ def test_autoregressive_decoding_at_one_beam_and_a_fixed_length():
         logits = model(encoder_outputs=(enc,), decoder_input_ids=ids).logits[0, :-1]
     want = logits.log_softmax(-1).gather(1, ids[0, 1:, None]).sum()
     assert greedy.scores[0] == pytest.approx(float(want), abs=1e-4)
+
+
+# ---------------------------------------------------------------------------- issue 26 §2
+def test_mask_predict_remasks_the_least_confident_tokens():
+    from gencraft.nar.decoding import least_confident
+
+    logp = torch.tensor([[-0.1, -2.0, -0.5, -3.0, -0.2], [-1.0, -0.1, -4.0, 0.0, 0.0]])
+    mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
+    got = least_confident(logp, mask, torch.tensor([2, 1]))
+    want = torch.tensor([[False, True, False, True, False], [False, False, True, False, False]])
+    assert torch.equal(got, want)  # padding (logp 0) is never re-masked
+
+
+def test_sundae_rerank_keeps_the_highest_scoring_sample():
+    from gencraft.nar.decoding import rerank
+
+    token_logp = torch.tensor([[-1.0, -1.0, 0.0], [-0.2, -0.4, -0.3], [-3.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, False], [True, True, True], [True, False, False]])
+    len_logp = torch.tensor([-0.1, -2.0, -0.5])
+    # sums -2.0, -0.9, -3.0; means -1.0, -0.3, -3.0; means + length -1.1, -2.3, -3.5
+    for how, best, scores in (
+        ("sum-logprob", 1, [-2.0, -0.9, -3.0]),
+        ("mean-logprob", 1, [-1.0, -0.3, -3.0]),
+        ("mean-logprob+length", 0, [-1.1, -2.3, -3.5]),
+    ):
+        i, s = rerank(token_logp, mask, len_logp, how)
+        assert i == best, how
+        torch.testing.assert_close(s, torch.tensor(scores))

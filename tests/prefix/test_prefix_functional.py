@@ -127,3 +127,37 @@ def test_soft_sparse_attention_fully_masked_rows_and_bad_tau():
     for bad in (0.0, -1.0):
         with pytest.raises(GencraftError, match="tau"):
             soft_sparse_attention(scores, bad)
+
+
+# ---------------------------------------------------------------------------- gradchecks
+def _scores(seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return (3 * torch.randn(2, 5, 7, generator=g, dtype=torch.float64)).requires_grad_(True)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_truncsa_gradcheck_in_float64(causal, renormalize):
+    """TruncSA's gradient (the nucleus held fixed, as it is almost everywhere) against
+    finite differences in float64."""
+
+    def fn(scores):
+        return trunc_sparse_attention(
+            torch.softmax(scores, -1), 0.6, renormalize=renormalize, causal=causal
+        )
+
+    x = _scores(1)
+    assert (fn(x) == 0).any()  # the nucleus does cut keys here
+    assert torch.autograd.gradcheck(fn, (x,), eps=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.3])
+def test_softsa_gradcheck_in_float64(tau):
+    """SoftSA with its Gumbel noise held fixed (one seeded generator per call)."""
+
+    def fn(scores):
+        return soft_sparse_attention(scores, tau, torch.Generator().manual_seed(0))
+
+    x = _scores(2)
+    assert fn(x).dtype == torch.float64
+    assert torch.autograd.gradcheck(fn, (x,), eps=1e-6, atol=1e-5)

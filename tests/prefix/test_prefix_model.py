@@ -403,3 +403,67 @@ def test_fully_masked_rows_give_no_nan():
     with torch.no_grad():
         out = model(ids, mask).logits
     assert not torch.isnan(out).any()
+
+
+# ---------------------------------------------------------------------------- issue 26 §2
+def _sharpen(model: PrefixModel) -> PrefixModel:
+    """Peaked attention (query weights x 8), so that TruncSA's nucleus drops columns."""
+    with torch.no_grad():
+        for n, w in model.base.named_parameters():
+            if n.endswith("q_proj.weight"):
+                w.mul_(8.0)
+    return model
+
+
+def test_encoder_decoder_segments_from_labels_are_shifted_right():
+    """Decoder input j holds label j - 1: the segments the segmenter gives the labels reach
+    the decoder shifted right, exactly as explicit shifted ``decoder_segment_ids`` do."""
+    model = _model("tiny-bart", decoder_segments=2, blocked_layers="all")
+    src, _ = _batch(pad_left=0)
+    labels = torch.randint(5, 250, (2, 8), generator=torch.Generator().manual_seed(1))
+    seg = torch.tensor([[0] * 4 + [1] * 4] * 2)  # the uniform segmenter on 8 labels
+    shifted = torch.cat([seg[:, :1] * 0, seg[:, :-1]], dim=1)
+    with torch.no_grad():
+        auto = model(src, labels=labels).logits
+        given = model(src, labels=labels, decoder_segment_ids=shifted).logits
+        unshifted = model(src, labels=labels, decoder_segment_ids=seg).logits
+    torch.testing.assert_close(auto, given)
+    assert (auto - unshifted).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("name", ["tiny-bart", "tiny-llama"])
+def test_truncsa_ignores_padding_queries(name):
+    """Padding added to an input (right of a BART source, left of a Llama prompt) changes no
+    real position's output: padded queries do not count in TruncSA's column sums."""
+    model = _sharpen(_model(name, normalizer="truncsa", top_p=0.5, sparse_stack="both"))
+    ids = torch.randint(5, 250, (1, 7), generator=torch.Generator().manual_seed(2))
+    pad = torch.zeros(1, 4, dtype=torch.long)
+    ones, zeros = torch.ones_like(ids), torch.zeros_like(pad)
+    with torch.no_grad():
+        if name == "tiny-bart":
+            dec = torch.tensor([[2, 9, 11, 13]])
+            alone = model(ids, ones, decoder_input_ids=dec).logits
+            padded = model(
+                torch.cat([ids, pad], 1), torch.cat([ones, zeros], 1), decoder_input_ids=dec
+            ).logits
+        else:
+            alone = model(ids, ones).logits
+            # the real tokens keep their positions (after the P prefix positions)
+            pos = torch.cat([torch.zeros(1, 4, dtype=torch.long), torch.arange(7)[None]], 1) + P
+            padded = model(
+                torch.cat([pad, ids], 1), torch.cat([zeros, ones], 1), position_ids=pos
+            ).logits[:, 4:]
+    torch.testing.assert_close(alone, padded, rtol=1e-4, atol=1e-4)
+
+
+def test_auto_sparse_stack_is_the_encoder_of_an_encoder_decoder():
+    """sparse_stack="auto" (the paper): TruncSA in BART's encoder, softmax in its decoder."""
+    model = _model("tiny-bart", normalizer="truncsa", top_p=0.5)
+    src, _ = _batch(pad_left=0)
+    dec = torch.tensor([[2, 9, 11, 13, 15]] * 2)
+    with model.recording() as rec, torch.no_grad():
+        model(src, decoder_input_ids=dec)
+    enc, dec_probs = rec[("encoder", "self", 0)], rec[("decoder", "self", 0)]
+    assert (enc == 0).any()  # whole key columns cut in the (unmasked) encoder
+    causal = torch.ones(5, P + 5, dtype=torch.bool).tril(diagonal=P)
+    assert (dec_probs[..., causal] > 0).all()  # a softmax: every allowed entry positive

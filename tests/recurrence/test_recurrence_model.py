@@ -211,3 +211,15 @@ def test_bad_input():
         m(torch.tensor([[5]]))
     with pytest.raises(GencraftError, match="windows of 8 tokens, not 10"):
         windowed_nll(m, _ids(1, 20), window=10)
+
+
+def test_flops_per_token_is_table_2_1():
+    """GPT-2 small (``GPT2Config()``) at T = 300: the thesis's FLOPs/token column, which needs
+    the attention products (2 T^2 H per layer) besides two FLOPs per weight."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from gencraft.recurrence.evaluate import flops_per_token
+
+    model = GPT2LMHeadModel(GPT2Config())
+    got = [round(flops_per_token(model, 300, o) / 1e8, 3) for o in (0, 5, 10, 30, 50)]
+    assert got == [1.754, 1.784, 1.814, 1.949, 2.105]

@@ -28,6 +28,7 @@ def _support(toy):
 SMALL = [
     BiasedCoin(7, 0.6),
     BiasedCoin(6, 0.3),
+    BiasedCoin(5, 0.5),  # a fair coin: every sequence ties
     LengthStrings([0.1, 0.2, 0.3, 0.4]),
     LengthStrings([0.05, 0.05, 0.9], letters=3),
     BlandTemplate(slots=3, p_common=0.1, rare=3, p_rare=0.3),
