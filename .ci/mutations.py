@@ -538,7 +538,14 @@ M = [
         "gencraft/hso/functional.py",
         "    if is_encoder_decoder(hf) or not hasattr(hf, \"get_output_embeddings\") or not causal:",
         "    if is_encoder_decoder(hf) or not hasattr(hf, \"get_output_embeddings\"):",
-        "tests/cli/test_bad_input.py -k 'wrong_model_kind and hso'",
+        "tests/cli/test_bad_input.py -k 'kinds and hso'",
+    ),
+    (
+        "prefix eval ignores --lowercase",
+        "gencraft/prefix/evaluate.py",
+        "    scores = score_task(task, outputs, refs, lowercase=lowercase)",
+        "    scores = score_task(task, outputs, refs)",
+        "tests/prefix/test_prefix_parts.py -k cli_train_resume",
     ),
 ]
 

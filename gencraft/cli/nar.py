@@ -27,13 +27,6 @@ class NARDecodeCommand:
 
 
 @dataclass
-class NAREvalCommand:
-    lowercase: bool = option(
-        False, "score against lower-cased references (an uncased tokenizer's outputs)"
-    )
-
-
-@dataclass
 class NARGenerateCommand:
     sources: list[str] = option(REQUIRED, "source texts (linearised inputs)")
 
@@ -171,9 +164,8 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     e = psub.add_parser("eval", help="BLEU, ROUGE-L, seconds and model calls per output")
     decoding_flags(e)
     add_dataclass_arguments(
-        e, DataOptions, only=("task", "split", "limit"), defaults={"task": "e2e"}
+        e, DataOptions, only=("task", "split", "limit", "lowercase"), defaults={"task": "e2e"}
     )
-    add_dataclass_arguments(e, NAREvalCommand)
     add_dataclass_arguments(e, RunOptions, only=("output", "quiet"))
     add_data_dir(e)
     e.set_defaults(func=cmd_eval)

@@ -42,6 +42,11 @@ class DataOptions:
     limit: int | None = option(None, "the first N examples (default: all)")
     max_words: int | None = option(None, "the first N words of the split (default: all)")
     spread: bool = option(False, "with --limit: N examples evenly spaced over the split")
+    lowercase: bool = option(
+        False,
+        "score outputs and references lower-cased (an uncased tokenizer's outputs, or older "
+        "tables' convention); the report says so",
+    )
     train_examples: int | None = option(
         None, "the first N training examples", aliases=("--max-train",)
     )

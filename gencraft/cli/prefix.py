@@ -77,6 +77,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         progress=not args.quiet,
+        lowercase=getattr(args, "lowercase", False),
     )
 
 
@@ -196,7 +197,8 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     for name, func, text in commands:
         g = psub.add_parser(name, help=text)
         add_dataclass_arguments(g, RunInput)
-        add_dataclass_arguments(g, DataOptions, only=("task", "split", "limit", "spread"))
+        data = ("task", "split", "limit", "spread") + (("lowercase",) if name == "eval" else ())
+        add_dataclass_arguments(g, DataOptions, only=data)
         decode = {"num_beams": 5, "max_new_tokens": 64, "batch_size": 16}  # the paper's beam
         add_dataclass_arguments(g, DecodeOptions, defaults=decode)
         add_dataclass_arguments(g, RunOptions, only=("output", "quiet", "json"))

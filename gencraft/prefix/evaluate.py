@@ -73,10 +73,12 @@ def evaluate(
     max_new_tokens: int | None = None,
     batch_size: int = 16,
     progress: bool = True,
+    lowercase: bool = False,
 ) -> dict[str, Any]:
     """Generate for a task's split and score: data-to-text metrics (E2E/DART, all references)
     or ROUGE-1/2/L (XSum). ``limit`` inputs are the split's first ones, or with ``spread``
-    ones evenly spaced over it (DART's test file is ordered by source corpus)."""
+    ones evenly spaced over it (DART's test file is ordered by source corpus). ``lowercase``:
+    outputs and references lower-cased (:func:`gencraft.metrics.score_task`)."""
     examples = pick_examples(task_examples(task, split, data_dir), limit, spread)
     sources = [source_of(e) for e in examples]
     refs = [references_of(e) for e in examples]
@@ -93,7 +95,7 @@ def evaluate(
         progress=progress,
     )
     seconds = time.time() - start
-    scores = score_task(task, outputs, refs)
+    scores = score_task(task, outputs, refs, lowercase=lowercase)
     return {
         "task": task,
         "split": split,

@@ -83,17 +83,6 @@ NUMBERS = [
 ]
 
 
-def _fill(argv: list[str], **values: object) -> list[str]:
-    return [a.format(**values) for a in argv]
-
-
-@pytest.mark.parametrize(
-    "argv, message", NUMBERS, ids=lambda a: " ".join(a[:4]) if isinstance(a, list) else ""
-)
-def test_bad_numbers(argv, message, capsys, tmp_path, shared_data):
-    _one_line_error(capsys, _fill(argv, out=tmp_path / "o", data=shared_data), message)
-
-
 KINDS = [
     (
         ["prefix", "train", "--model", "tiny-bert", *OUT],
@@ -118,10 +107,16 @@ KINDS = [
 ]
 
 
+def _fill(argv: list[str], **values: object) -> list[str]:
+    return [a.format(**values) for a in argv]
+
+
 @pytest.mark.parametrize(
-    "argv, message", KINDS, ids=lambda a: " ".join(a[:4]) if isinstance(a, list) else ""
+    "argv, message",
+    NUMBERS + KINDS,
+    ids=lambda a: " ".join(a[:4]) if isinstance(a, list) else "",
 )
-def test_wrong_model_kind(argv, message, capsys, tmp_path, shared_data):
+def test_bad_numbers_and_wrong_model_kinds(argv, message, capsys, tmp_path, shared_data):
     _one_line_error(capsys, _fill(argv, out=tmp_path / "o", data=shared_data), message)
 
 

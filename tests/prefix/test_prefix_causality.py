@@ -109,22 +109,28 @@ def _forward_logits(model: PrefixModel, prompt: torch.Tensor, seq: torch.Tensor,
         return model(seq, **kw).logits[:, t - 1 : -1]
 
 
+def _greedy(model, ids: torch.Tensor, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the cached greedy decoding's logits [B, NEW, V] float32, its sequences)."""
+    out = model.generate(
+        ids,
+        max_new_tokens=NEW,
+        min_new_tokens=NEW,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+        **kw,
+    )
+    return torch.stack(out.logits, dim=1).float(), out.sequences
+
+
 @pytest.mark.parametrize("blocking", list(BLOCKING))
 @pytest.mark.parametrize("normalizer", NORMALIZERS)
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-gpt2"])
 def test_training_forward_equals_cached_greedy_decoding(name, normalizer, blocking):
     model = _model(name, normalizer, blocking)
     prompt, _ = _ids(1)
-    out = model.generate(
-        prompt,
-        max_new_tokens=NEW,
-        min_new_tokens=NEW,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    stepped = torch.stack(out.logits, dim=1).float()  # [B, NEW, V]
-    full = _forward_logits(model, prompt, out.sequences, blocking).float()
+    stepped, seq = _greedy(model, prompt)
+    full = _forward_logits(model, prompt, seq, blocking).float()
     torch.testing.assert_close(stepped, full, rtol=1e-4, atol=1e-4)
 
 
@@ -160,20 +166,13 @@ def test_encoder_decoder_decoder_truncsa_is_causal_and_equals_stepping():
             if n.endswith("q_proj.weight"):
                 w.mul_(8.0)
     src, _ = _ids(3)
-    out = model.generate(
-        src,
-        max_new_tokens=NEW,
-        min_new_tokens=NEW,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    dec = out.sequences
+    stepped, dec = _greedy(model, src)
     with torch.no_grad():
         full = model(src, decoder_input_ids=dec[:, :-1]).logits
         changed = dec[:, :-1].clone()
         changed[:, 3:] = 7
         other = model(src, decoder_input_ids=changed).logits
-    torch.testing.assert_close(torch.stack(out.logits, 1).float(), full, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(stepped, full, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(full[:, :3], other[:, :3], rtol=0, atol=1e-5)
 
 
@@ -182,18 +181,10 @@ def test_sparse_attention_generate_carries_the_column_mass():
     cfg = PrefixConfig(normalizer="truncsa", top_p=0.5, sparse_layers="all")
     handle = sparse_attention(base, cfg)
     prompt, _ = _ids(4)
-    out = base.generate(
-        prompt,
-        max_new_tokens=NEW,
-        min_new_tokens=NEW,
-        do_sample=False,
-        output_logits=True,
-        return_dict_in_generate=True,
-        pad_token_id=0,
-    )
+    stepped, seq = _greedy(base, prompt, pad_token_id=0)
     with torch.no_grad():
-        full = base(out.sequences).logits[:, prompt.shape[1] - 1 : -1]
-    torch.testing.assert_close(torch.stack(out.logits, 1).float(), full, rtol=1e-4, atol=1e-4)
+        full = base(seq).logits[:, prompt.shape[1] - 1 : -1]
+    torch.testing.assert_close(stepped, full, rtol=1e-4, atol=1e-4)
     handle.remove()
     assert "generate" not in vars(base)
 

@@ -136,6 +136,11 @@ def test_cli_train_resume_eval_analyze(tmp_path, capsys, shared_data):
     )
     result = json.loads(capsys.readouterr().out)
     assert result["examples"] == 3 and set(result["scores"]) >= {"BLEU", "NIST", "CIDEr", "TER"}
+    assert "cased, detokenised" in result["scores"]["convention"]
+    lower = ["prefix", "eval", str(out / "best"), "--limit", "3", "--num-beams", "2"]
+    lower += ["--max-new-tokens", "8", "--quiet", "--lowercase", "--data-dir", str(shared_data)]
+    assert main(lower) == 0
+    assert "lower-cased (asked for by the caller)" in capsys.readouterr().out
     assert (
         main(
             [
