@@ -84,7 +84,8 @@ def column_mass(
     Returns:
         [..., T, K] (causal) or [..., 1, K].
     """
-    weights = probs.float()
+    # the nucleus is piecewise constant in probs: no gradient, and nothing kept for backward
+    weights = probs.detach().float()
     if query_mask is not None:
         weights = weights * query_mask[..., None].to(weights.dtype)
     if not causal:
@@ -113,7 +114,7 @@ def nucleus_rows(
     keep_sorted = before < top_p
     keep_sorted[..., 0] = True
     keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)  # [..., T|1, K]
-    out = probs * keep.to(probs.dtype)
+    out = probs.masked_fill(~keep, 0.0)  # autograd keeps a bool mask, not a float one
     if renormalize:
         total = out.sum(dim=-1, keepdim=True)
         out = torch.where(total > 0, out / total.clamp_min(torch.finfo(out.dtype).tiny), out)
