@@ -111,8 +111,6 @@ def normalize_rows(
     if name == "softmax":
         probs = torch.softmax(scores, dim=-1)
     elif name == "truncsa":
-        if not 0.0 < top_p <= 1.0:
-            raise ConfigError(f"top_p must lie in (0, 1], got {top_p}")
         probs = torch.softmax(scores, dim=-1) * allowed
         mass = column_mass(probs, query_mask, causal=causal, past=past_mass)
         if mass_out is not None:
@@ -174,11 +172,7 @@ class PrefixAttention(AttentionPlugin):
         return call.site.layer in self.sparse or self._table(call) is not None
 
     def _trunc_inputs(
-        self,
-        scores: torch.Tensor,
-        allowed: torch.Tensor,
-        call: AttentionCall,
-        state: PrefixCall | None,
+        self, scores: torch.Tensor, allowed: torch.Tensor, call: AttentionCall
     ) -> dict[str, Any]:
         """TruncSA's query mask and, on a causal stack, the column mass of earlier steps."""
         t, k = scores.shape[-2:]
@@ -226,7 +220,7 @@ class PrefixAttention(AttentionPlugin):
         state = _state(self.owner) if self.owner is not None else None
         trunc: dict[str, Any] = {}
         if name == "truncsa":
-            trunc = self._trunc_inputs(scores, allowed, call, state)
+            trunc = self._trunc_inputs(scores, allowed, call)
         probs = normalize_rows(
             name,
             scores,

@@ -108,6 +108,8 @@ def nucleus_rows(
     keys: the key-importance distribution) in ``probs`` [..., T, K]; the key that crosses
     ``top_p`` is kept (at least one key). ``renormalize``: rows re-normalised over the kept
     keys; a row with no mass left on them stays all zero (no NaN)."""
+    if not 0.0 < top_p <= 1.0:
+        raise ConfigError(f"top_p must lie in (0, 1], got {top_p}")
     importance = mass / mass.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float).tiny)
     sorted_imp, order = importance.sort(dim=-1, descending=True)
     before = sorted_imp.cumsum(dim=-1) - sorted_imp  # mass of the more important keys
@@ -146,8 +148,6 @@ def trunc_sparse_attention(
     Returns:
         [..., T, K], the rows with the keys outside the nucleus zeroed.
     """
-    if not 0.0 < top_p <= 1.0:
-        raise ConfigError(f"top_p must lie in (0, 1], got {top_p}")
     mass = column_mass(probs, query_mask, causal=causal, past=past_mass)
     return nucleus_rows(probs, mass, top_p, renormalize)
 

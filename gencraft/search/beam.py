@@ -101,15 +101,18 @@ class Hypothesis:
 @dataclass
 class _Slot:
     """One beam slot of the thesis's Alg. 1: its tokens, whether it is complete (ended with
-    EOS, ``eos``, or cut at the limit), and the selection and conditional scores frozen when it
-    completed."""
+    the EOS id ``eos_token``, or cut at the limit), and the selection and conditional scores
+    frozen when it completed."""
 
     tokens: list[int] = field(default_factory=list)
     done: bool = False
-    eos: bool = False
+    eos_token: int | None = None
     sel: float = 0.0
     cond: float = 0.0
-    eos_token: int | None = None
+
+    @property
+    def eos(self) -> bool:
+        return self.eos_token is not None
 
 
 @dataclass
@@ -128,12 +131,12 @@ class _Candidate:
 @dataclass
 class _Finished:
     """A hypothesis set aside (transformers' policy): its ranking ``key`` (the conditional
-    score, or the model score under a forced length), model ``score``, tokens, EOS."""
+    score, or the model score under a forced length), model ``score``, tokens, the EOS id
+    that ended it (None: cut at the limit)."""
 
     key: float
     score: float
     tokens: list[int]
-    eos: bool
     eos_token: int | None = None
 
 
@@ -411,7 +414,7 @@ class _BeamSearch:
                     seq = tokens[c_beam[j]].tolist() + ([] if is_eos[j] else [int(c_tok[j])])
                     key = c_unc[j] if self.force_length is not None else c_cond[j]
                     end = int(c_tok[j]) if is_eos[j] else None
-                    new.append(_Finished(float(key), float(c_unc[j]), seq, end is not None, end))
+                    new.append(_Finished(float(key), float(c_unc[j]), seq, end))
                 done = sorted(done + new, key=lambda r: -r.key)[:b]
             if len(done) >= b or bool(ends.all()):
                 break
@@ -433,7 +436,11 @@ class _BeamSearch:
             logp, cache, hidden = out.log_probs, out.cache, out.hidden
         return [
             Hypothesis(
-                f.tokens, f.score, f.eos, f.key if self.clf is not None else None, f.eos_token
+                f.tokens,
+                f.score,
+                f.eos_token is not None,
+                f.key if self.clf is not None else None,
+                f.eos_token,
             )
             for f in done
         ]
@@ -515,13 +522,13 @@ class _BeamSearch:
                 seq = old.tokens + ([] if is_eos else [c.token])
                 # a forced EOS at the limit completes the slot, but it was cut there
                 ended = is_eos and not self._limit(t)
-                slot = _Slot(seq, ends, ended, c.sel, c.cond, c.token if ended else None)
+                slot = _Slot(seq, ends, c.token if ended else None, c.sel, c.cond)
             slots.append(slot)
             rows.append(c.beam)
             feed.append(eos[0] if c.token is None else c.token)
             unc.append(c.unc)
         while len(slots) < self.b:  # fewer candidates than beams (tiny vocabularies)
-            slots.append(_Slot([], True, False, NEG, NEG))
+            slots.append(_Slot([], True, None, NEG, NEG))
             rows.append(rows[0])
             feed.append(eos[0])
             unc.append(NEG)
