@@ -534,10 +534,10 @@ M = [
         "tests/cli/test_bad_input.py -k truncated",
     ),
     (
-        "HSO takes a masked LM for a causal one",
-        "gencraft/hso/functional.py",
-        "    if is_encoder_decoder(hf) or not hasattr(hf, \"get_output_embeddings\") or not causal:",
-        "    if is_encoder_decoder(hf) or not hasattr(hf, \"get_output_embeddings\"):",
+        "a masked LM passes for a causal LM (HSO, RecurrentLM)",
+        "gencraft/models/introspect.py",
+        "    return name in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()) or bool(",
+        "    return True or bool(",
         "tests/cli/test_bad_input.py -k 'kinds and hso'",
     ),
     (

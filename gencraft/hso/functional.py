@@ -35,7 +35,7 @@ from transformers.cache_utils import DynamicCache
 
 from gencraft.errors import GencraftError
 from gencraft.hso.config import HSOConfig
-from gencraft.models.introspect import context_size, hf_model, is_encoder_decoder, model_shape
+from gencraft.models.introspect import context_size, hf_model, is_causal_lm, model_shape
 from gencraft.models.stepping import KVStates
 
 
@@ -56,14 +56,9 @@ class TokenScores:
 # ------------------------------------------------------------------------------ checks
 def check_causal_lm(model: nn.Module, ids: torch.Tensor, *, what: str) -> torch.Tensor:
     """``ids`` [1, N] or [N] for a causal LM with a KV cache -> [N] on the model's device."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     hf = hf_model(model)
     name = type(hf).__name__
-    causal = name in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()) or getattr(
-        hf.config, "is_decoder", False
-    )
-    if is_encoder_decoder(hf) or not hasattr(hf, "get_output_embeddings") or not causal:
+    if not is_causal_lm(hf):
         raise GencraftError(f"{what} needs a causal LM with a KV cache; {name} is not one")
     if "past_key_values" not in inspect.signature(hf.forward).parameters:
         raise GencraftError(f"{what} needs a KV cache; {name} takes no past_key_values")

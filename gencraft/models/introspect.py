@@ -38,6 +38,20 @@ def is_encoder_decoder(model: nn.Module) -> bool:
     return bool(getattr(hf_model(model).config, "is_encoder_decoder", False))
 
 
+def is_causal_lm(model: nn.Module) -> bool:
+    """A decoder-only language model: a ``transformers`` causal-LM class (or a decoder-flagged
+    config) with an output layer; not an encoder-decoder, not a masked LM."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    hf = hf_model(model)
+    if is_encoder_decoder(hf) or not hasattr(hf, "get_output_embeddings"):
+        return False
+    name = type(hf).__name__
+    return name in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()) or bool(
+        getattr(hf.config, "is_decoder", False)
+    )
+
+
 def _first(cfg: Any, *names: str) -> int | None:
     for name in names:
         v = getattr(cfg, name, None)

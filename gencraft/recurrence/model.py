@@ -42,7 +42,7 @@ from gencraft.models.attention import (
     project_key_value,
     select_sites,
 )
-from gencraft.models.introspect import hf_model, is_encoder_decoder, model_shape
+from gencraft.models.introspect import hf_model, is_causal_lm, model_shape
 from gencraft.models.method import MethodModel
 from gencraft.recurrence.config import RecurrenceConfig
 
@@ -85,7 +85,7 @@ class RecurrentLM(MethodModel):
         super().__init__()
         self.config = config or RecurrenceConfig()
         hf = hf_model(base)
-        if is_encoder_decoder(hf) or not hasattr(hf, "get_output_embeddings"):
+        if not is_causal_lm(hf):
             raise GencraftError(f"RecurrentLM needs a causal LM; {type(hf).__name__} is not one")
         self.base = base
         shape = model_shape(hf)

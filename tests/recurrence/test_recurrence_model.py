@@ -206,6 +206,9 @@ def test_bad_input():
     bart, _ = load_model("tiny-bart")
     with pytest.raises(GencraftError, match="BartForConditionalGeneration is not one"):
         RecurrentLM(bart, RecurrenceConfig(insert_layer=0))
+    bert, _ = load_model("tiny-bert")  # a masked LM would be trained as if it were causal
+    with pytest.raises(GencraftError, match="RecurrentLM needs a causal LM; BertForMaskedLM"):
+        RecurrentLM(bert, RecurrenceConfig(insert_layer=0))
     m = _model()
     with pytest.raises(GencraftError, match="at least 2 tokens"):
         m(torch.tensor([[5]]))
