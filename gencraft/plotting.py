@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from gencraft.extras import require
+
 
 def pyplot() -> Any:
     """``matplotlib.pyplot`` on the ``Agg`` backend (files only; no display needed)."""
-    import matplotlib
-
+    matplotlib = require("matplotlib", "plots", "drawing PNGs")
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = require("matplotlib.pyplot", "plots", "drawing PNGs")
 
     return plt

@@ -80,3 +80,15 @@ def synthetic_lm_dir(tmp_path_factory) -> Path:
             lines.append(" " + " ".join(s + s[: rng.randint(0, 3)]) + " ")
         (root / "ptb" / f"ptb.{split}.txt").write_text("\n".join(lines) + "\n")
     return root
+
+
+def pytest_collection_modifyitems(config, items):
+    """``-m gpu`` tests need CUDA: without a GPU they skip, saying so."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA device: the gpu precision contract is skipped")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip)

@@ -16,6 +16,7 @@ from gencraft.errors import GencraftError
 from gencraft.models.attention import (
     READABLE,
     Observer,
+    architecture,
     attach,
     attention_sites,
     original_implementation,
@@ -37,7 +38,16 @@ def find_attention_module(model: nn.Module, kind: str) -> tuple[str, nn.Module]:
             f"unsupported architecture {type(model).__name__}: no {kind}-attention module was "
             "found in its decoder"
         )
-    site, module = sites[-1]
+    # a sliding-window layer (Gemma-2/3) sees only the last keys: its attention is not over the
+    # whole source, and its cache keeps only those keys, so FAME reads the last full layer
+    full = [(s, m) for s, m in sites if not getattr(m, "sliding_window", None)]
+    if not full:
+        raise GencraftError(
+            f"{architecture(model)} is not supported by FAME: every {kind}-attention layer of "
+            "its decoder attends within a sliding window, and FAME needs one that sees the "
+            "whole source"
+        )
+    site, module = full[-1]
     return site.name, module
 
 

@@ -35,7 +35,8 @@ from gencraft.focus.config import FocusConfig
 from gencraft.focus.decoding import FocusLogitsProcessor, focus_vocabulary
 from gencraft.focus.functional import topic_loss
 from gencraft.focus.head import FocusHead
-from gencraft.models.introspect import special_ids
+from gencraft.models.compat import CACHE_ARG, cache_kwargs, given_cache, output_cache
+from gencraft.models.introspect import decoder_body, special_ids
 from gencraft.models.method import MethodModel
 
 #: the files FAME wrote before the shared method format (still loaded)
@@ -58,8 +59,12 @@ class FocusModelOutput(ModelOutput):
     topic_logits: torch.Tensor | None = None
     focus_bias: torch.Tensor | None = None
     attention: torch.Tensor | None = None
-    past_key_values: Any = None
     base_output: Any = None
+    # the base's cache, under the name this transformers gives it (compat.CACHE_ARG)
+    if CACHE_ARG == "cache":
+        cache: Any = None
+    else:
+        past_key_values: Any = None
 
 
 @dataclass
@@ -157,7 +162,7 @@ class FocusForConditionalGeneration(MethodModel):
         if self.is_encoder_decoder:
             self._hooks.append(base.get_encoder().register_forward_hook(self._after_encoder))
         else:
-            body = getattr(base, "base_model", None)
+            body = decoder_body(base)
             if body is None or body is base:
                 raise GencraftError(
                     f"unsupported architecture {type(base).__name__}: no decoder body "
@@ -206,7 +211,7 @@ class FocusForConditionalGeneration(MethodModel):
             else:
                 self.state.source_mask_arg = mask
         else:
-            cache = kwargs.get("past_key_values")
+            cache = given_cache(kwargs)
             cached = cache is not None and hasattr(cache, "get_seq_length")
             self.state.needs_source = not (cached and cache.get_seq_length() > 0)
             self.state.source_mask_arg = mask
@@ -367,7 +372,7 @@ class FocusForConditionalGeneration(MethodModel):
             self.state.pending_mask = None
         result = FocusModelOutput(
             logits=out.logits,
-            past_key_values=getattr(out, "past_key_values", None),
+            **cache_kwargs(output_cache(out)),
             base_output=out,
         )
         if labels is not None or return_focus:

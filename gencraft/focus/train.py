@@ -80,7 +80,9 @@ class FocusTrainer:
             raise GencraftError("no training examples")
         self.cfg, self.tok, self.progress = config, tokenizer, progress
         self.out = Path(output_dir)
-        self.accelerator = make_accelerator(gradient_accumulation_steps=config.fit.grad_accum)
+        self.accelerator = make_accelerator(
+            config.fit.mixed_precision, gradient_accumulation_steps=config.fit.grad_accum
+        )
         self.base_name_or_path = base_name_or_path
         torch.manual_seed(config.fit.seed)
         is_ed = bool(base.config.is_encoder_decoder)

@@ -28,6 +28,7 @@ from gencraft.errors import GencraftError
 from gencraft.hso.config import DynamicEvalConfig, HSOConfig
 from gencraft.hso.dynamic import dynamically_evaluated
 from gencraft.hso.functional import hso_prefill
+from gencraft.models.compat import cache_kwargs
 
 TASKS = ("e2e-family", "webnlg-topic")
 METHODS = ("baseline", "dynamic eval", "hso", "hso2")
@@ -136,7 +137,7 @@ def draw_prompt(
 def _last_logits(model: nn.Module, ids: torch.Tensor, cache=None) -> torch.Tensor:
     if cache is None:
         return model(input_ids=ids).logits[0, -1].float()
-    return model(input_ids=ids[:, -1:], past_key_values=cache).logits[0, -1].float()
+    return model(input_ids=ids[:, -1:], **cache_kwargs(cache)).logits[0, -1].float()
 
 
 def classify(

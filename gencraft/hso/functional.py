@@ -23,7 +23,6 @@ same way.
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from dataclasses import dataclass
@@ -31,10 +30,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from tqdm.auto import tqdm
-from transformers.cache_utils import DynamicCache
 
 from gencraft.errors import GencraftError
 from gencraft.hso.config import HSOConfig
+from gencraft.models.compat import CACHE_ARG, DynamicCache, cache_kwargs, takes_cache
 from gencraft.models.introspect import context_size, hf_model, is_causal_lm, model_shape
 from gencraft.models.stepping import KVStates
 
@@ -60,8 +59,8 @@ def check_causal_lm(model: nn.Module, ids: torch.Tensor, *, what: str) -> torch.
     name = type(hf).__name__
     if not is_causal_lm(hf):
         raise GencraftError(f"{what} needs a causal LM with a KV cache; {name} is not one")
-    if "past_key_values" not in inspect.signature(hf.forward).parameters:
-        raise GencraftError(f"{what} needs a KV cache; {name} takes no past_key_values")
+    if not takes_cache(hf):
+        raise GencraftError(f"{what} needs a KV cache; {name} takes none ({CACHE_ARG})")
     if ids.dim() == 2:
         if ids.shape[0] != 1:
             raise GencraftError(f"{what}: ids must be [1, N] or [N], got {tuple(ids.shape)}")
@@ -182,7 +181,7 @@ def _update(
 def _window_nll(model, x, targets, cache, positions) -> torch.Tensor:
     """[t] the NLL of ``targets`` given ``x`` [t] after ``cache``."""
     out = model(
-        input_ids=x[None], past_key_values=cache, position_ids=positions[None], use_cache=True
+        input_ids=x[None], **cache_kwargs(cache), position_ids=positions[None], use_cache=True
     )
     logits = out.logits[0]
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float64 stays

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gencraft.errors import GencraftError
+from gencraft.extras import require
 
 
 def bertscore(
@@ -29,12 +29,7 @@ def bertscore(
         model: a local checkpoint directory or hub id; default the local MiniLM-L6.
         num_layers: which layer's embeddings to use; default 6 for the local MiniLM.
     """
-    try:
-        import bert_score
-    except ImportError as err:
-        raise GencraftError(
-            "BERTScore needs the optional package: pip install 'gencraft[bertscore]'"
-        ) from err
+    bert_score = require("bert_score", "bertscore", "BERTScore")
     if len(predictions) != len(references) or not predictions:
         raise ValueError(
             f"predictions and references must be non-empty and equally long "

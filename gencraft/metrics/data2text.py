@@ -18,6 +18,8 @@ import re
 import shutil
 from collections.abc import Sequence
 
+from gencraft.extras import require
+
 METEOR_IMPL = "METEOR 1.5 (pycocoevalcap, Java)"
 _TOKEN = re.compile(r"\w+|[^\w\s]")
 
@@ -40,7 +42,7 @@ def meteor(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> f
     """METEOR 1.5 (0-1) through pycocoevalcap; NaN when Java is missing."""
     if shutil.which("java") is None:
         return math.nan
-    from pycocoevalcap.meteor.meteor import Meteor
+    Meteor = require("pycocoevalcap.meteor.meteor", "metrics", "METEOR").Meteor
 
     gts = {str(i): [_line(r) for r in refs] for i, refs in enumerate(references)}
     res = {str(i): [_line(p)] for i, p in enumerate(predictions)}
@@ -49,7 +51,7 @@ def meteor(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> f
 
 
 def cider(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> float:
-    from pycocoevalcap.cider.cider import Cider
+    Cider = require("pycocoevalcap.cider.cider", "metrics", "CIDEr").Cider
 
     gts = {str(i): [_tok(r) for r in refs] for i, refs in enumerate(references)}
     res = {str(i): [_tok(p) or "."] for i, p in enumerate(predictions)}
@@ -58,7 +60,7 @@ def cider(predictions: Sequence[str], references: Sequence[Sequence[str]]) -> fl
 
 
 def nist(predictions: Sequence[str], references: Sequence[Sequence[str]], n: int = 5) -> float:
-    from nltk.translate.nist_score import corpus_nist
+    corpus_nist = require("nltk.translate.nist_score", "metrics", "NIST").corpus_nist
 
     hyps = [tokens(p) or ["."] for p in predictions]
     refs = [[tokens(r) for r in rs] for rs in references]
@@ -76,7 +78,7 @@ def coco_rouge_l(
     """ROUGE-L (x100) as ``pycocoevalcap`` (the E2E and COCO scripts) computes it: per output,
     the best LCS precision and the best LCS recall over its references, combined with
     β = 1.2; the mean over outputs. Text is split into word/punctuation tokens first."""
-    from pycocoevalcap.rouge.rouge import Rouge
+    Rouge = require("pycocoevalcap.rouge.rouge", "metrics", "ROUGE-L").Rouge
 
     scorer = Rouge()
     scorer.beta = beta

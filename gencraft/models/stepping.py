@@ -28,10 +28,17 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 
 from gencraft.errors import GencraftError
 from gencraft.models.attention import attention_context, current_context
+from gencraft.models.compat import (
+    Cache,
+    DynamicCache,
+    DynamicLayer,
+    EncoderDecoderCache,
+    cache_kwargs,
+    output_cache,
+)
 from gencraft.models.introspect import context_size, decoder_start_id, eos_ids, hf_model
 
 
@@ -65,6 +72,8 @@ class HFStepper:
         max_new_tokens: how deep the search may go; checked against the model's context.
         hidden: also return every decoder layer's last hidden state (for attribute classifiers).
         grad: keep the autograd graph (default: no gradient).
+        encoder_hidden: [1, S, H] the encoder's output, already computed (an encoder-decoder
+            inside ``generate``); ``input_ids`` is then not encoded.
     """
 
     def __init__(
@@ -75,6 +84,7 @@ class HFStepper:
         max_new_tokens: int,
         hidden: bool = False,
         grad: bool = False,
+        encoder_hidden: torch.Tensor | None = None,
     ) -> None:
         try:
             hf = hf_model(model)
@@ -114,11 +124,12 @@ class HFStepper:
         self.device = next(hf.parameters()).device
         self.input_ids = input_ids.to(self.device)
         self._encoder_out: torch.Tensor | None = None
+        self._given_encoder_out = encoder_hidden
 
     def _forward(self, tokens: torch.Tensor, cache: Any) -> StepOutput:
         n = tokens.shape[0]
         kw: dict[str, Any] = dict(
-            past_key_values=cache,
+            **cache_kwargs(cache),
             use_cache=True,
             return_dict=True,
             output_hidden_states=self.hidden,
@@ -142,7 +153,7 @@ class HFStepper:
             src = getattr(out, "base_output", None) or out  # a wrapper's output keeps the base's
             states = src.decoder_hidden_states if self.is_ed else src.hidden_states
             hidden = torch.stack([h[:, -1, :] for h in states], dim=1).float()
-        return StepOutput(torch.log_softmax(logits, dim=-1), out.past_key_values, hidden)
+        return StepOutput(torch.log_softmax(logits, dim=-1), output_cache(out), hidden)
 
     def start(self) -> StepOutput:
         """The first generated token's distribution: [1, V], and the cache of one row."""
@@ -151,9 +162,12 @@ class HFStepper:
                 return self.custom(self.input_ids, None, start=True, hidden=self.hidden)
         if not self.is_ed:
             return self._forward(self.input_ids, None)
-        with torch.set_grad_enabled(self.grad):
-            enc = self.hf.get_encoder()(input_ids=self.input_ids, return_dict=True)
-        self._encoder_out = enc.last_hidden_state
+        if self._given_encoder_out is not None:
+            self._encoder_out = self._given_encoder_out.to(self.device)
+        else:
+            with torch.set_grad_enabled(self.grad):
+                enc = self.hf.get_encoder()(input_ids=self.input_ids, return_dict=True)
+            self._encoder_out = enc.last_hidden_state
         start = decoder_start_id(self.hf)
         return self._forward(torch.tensor([[start]], device=self.device), None)
 

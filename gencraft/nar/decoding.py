@@ -251,7 +251,7 @@ def sundae_generate(
             calls += 1
             steps += 1
             same = (new == tokens[live]).all(1)
-            final_logits[live[same]] = logits[same]  # the prediction given the final sample
+            final_logits[live[same]] = logits[same].float()  # the prediction given the final sample
             done[live[same]] = True
             tokens[live] = new
             if bool(done.all()):
@@ -260,7 +260,7 @@ def sundae_generate(
         if live.numel():  # one more call scores the samples still changing
             final_logits[live] = model.decode_logits(
                 tokens[live], enc_n[live], src_mask_n[live], mask[live].long()
-            )
+            ).float()
             calls += 1
         best, scores = rerank(
             _token_logp(final_logits, tokens, mask), mask, cand_lp[pick], cfg.rerank

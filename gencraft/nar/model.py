@@ -32,8 +32,7 @@ from gencraft.errors import GencraftError
 from gencraft.models.method import FORMAT_VERSION, METHOD_CLASSES, METHOD_CONFIG, MethodModel
 from gencraft.nar.config import ConvertConfig
 
-_SUPPORTED = ("bert",)
-_SCRATCH_SEED_OFFSET = 10_000  # model types whose MLM has BERT's module names
+_SCRATCH_SEED_OFFSET = 10_000
 
 
 class NARSeq2Seq(EncoderDecoderModel, MethodModel):
@@ -222,7 +221,8 @@ def mlm_to_seq2seq(
 
     Args:
         name_or_model: a registered masked LM (``tiny-bert``, ``minilm-l6``), a path or hub id
-            of one, or a ``BertForMaskedLM``-shaped model (``bert`` plus ``cls`` head).
+            of one, or a masked-LM model of a family in :data:`SUPPORTED_MLMS` (BERT,
+            RoBERTa and CodeBERT, XLM-R, CamemBERT, ELECTRA); others are refused by name.
         seed: seeds the MLM's load (``load_model(name, task="masked-lm", seed=seed)``: the
             same weights) and then the new parameters (cross-attention, length head).
         cross_attention: ``"random"`` or ``"copy"`` (from each layer's self-attention).
@@ -244,40 +244,86 @@ def load_mlm_seq2seq(name: str, *, seed: int = 0, **convert: Any) -> tuple[NARSe
     return configure_special_ids(model, tok), tok
 
 
-def _convert(mlm: nn.Module, seed: int, settings: ConvertConfig) -> NARSeq2Seq:
-    config = getattr(mlm, "config", None)
-    if getattr(config, "model_type", None) not in _SUPPORTED or not (
-        hasattr(mlm, "bert") and hasattr(mlm, "cls")
-    ):
-        kind = getattr(config, "model_type", None) or type(mlm).__name__
-        raise GencraftError(
-            f"{kind} has no BERT-style masked-LM form (a `bert` body and a `cls` MLM head); "
-            f"mlm_to_seq2seq supports {', '.join(_SUPPORTED)} masked LMs"
-        )
-    if config.is_decoder:
-        raise GencraftError("the model is a causal decoder, not a masked LM")
-    from transformers import BertLMHeadModel, BertModel
+def _nar_classes(mlm: nn.Module) -> tuple[type, type, str]:
+    """(body class, decoder class with cross-attention, body attribute) for a masked LM, or a
+    GencraftError naming the architecture and why it cannot be converted."""
+    import transformers
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+        MODEL_MAPPING_NAMES,
+    )
 
+    config = getattr(mlm, "config", None)
+    kind = getattr(config, "model_type", None)
+    arch = f"{type(mlm).__name__} ({kind})" if kind else type(mlm).__name__
+    if config is None or kind is None:
+        raise GencraftError(f"{arch} is not a transformers masked LM: mlm_to_seq2seq needs one")
+    masked = set(MODEL_FOR_MASKED_LM_MAPPING_NAMES.values())
+    if (
+        getattr(config, "is_encoder_decoder", False)
+        or getattr(config, "is_decoder", False)
+        or type(mlm).__name__ not in masked
+    ):
+        raise GencraftError(
+            f"{arch} is not supported by mlm_to_seq2seq: it is not a masked LM (a "
+            "*ForMaskedLM model with its MLM head)"
+        )
+    prefix = getattr(mlm, "base_model_prefix", "")
+    body_name, dec_name = MODEL_MAPPING_NAMES.get(kind), MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(kind)
+    if not prefix or not isinstance(getattr(mlm, prefix, None), nn.Module):
+        raise GencraftError(
+            f"{arch} is not supported by mlm_to_seq2seq: it has no transformer body "
+            f"(.{prefix or 'base_model_prefix'}) beside its MLM head"
+        )
+    if body_name is None or dec_name is None:
+        raise GencraftError(
+            f"{arch} is not supported by mlm_to_seq2seq: transformers has no decoder form of "
+            f"{kind} (a causal-LM class that takes cross-attention), which the NAR decoder is "
+            f"built from; supported: {', '.join(SUPPORTED_MLMS)}"
+        )
+    return getattr(transformers, body_name), getattr(transformers, dec_name), prefix
+
+
+#: masked-LM families mlm_to_seq2seq converts (a BERT-style body whose causal-LM class
+#: takes ``add_cross_attention``); others are refused by name
+SUPPORTED_MLMS = ("bert", "roberta", "xlm-roberta", "camembert", "electra")
+
+
+def _convert(mlm: nn.Module, seed: int, settings: ConvertConfig) -> NARSeq2Seq:
+    body_cls, dec_cls, prefix = _nar_classes(mlm)
+    config = mlm.config
+    arch = f"{type(mlm).__name__} ({config.model_type})"
     with torch.random.fork_rng(devices=[]):
         # from scratch: another stream than the seed's (a tiny MLM is itself drawn from it)
         torch.manual_seed(seed if settings.pretrained else seed + _SCRATCH_SEED_OFFSET)
         enc_config = copy.deepcopy(config)
         dec_config = copy.deepcopy(config)
         dec_config.is_decoder, dec_config.add_cross_attention = True, True
-        encoder = BertModel(enc_config, add_pooling_layer=False)
-        decoder = BertLMHeadModel(dec_config)
+        try:
+            encoder = body_cls(enc_config, add_pooling_layer=False)
+        except TypeError:  # bodies without a pooler (ELECTRA)
+            encoder = body_cls(enc_config)
+        decoder = dec_cls(dec_config)
+        if getattr(decoder, "base_model_prefix", None) != prefix or not any(
+            "crossattention" in k for k in decoder.state_dict()
+        ):
+            raise GencraftError(
+                f"{arch} is not supported by mlm_to_seq2seq: its decoder form "
+                f"{dec_cls.__name__} builds no cross-attention blocks"
+            )
         if settings.pretrained:  # from scratch, the two stacks keep their own random draws
-            encoder.load_state_dict(mlm.bert.state_dict())
+            encoder.load_state_dict(getattr(mlm, prefix).state_dict())
             missing, unexpected = decoder.load_state_dict(mlm.state_dict(), strict=False)
             if unexpected or any("crossattention" not in k for k in missing):
                 raise GencraftError(
-                    f"unexpected MLM layout: missing {missing}, unexpected {unexpected}"
+                    f"{arch}: unexpected MLM layout: missing {missing}, unexpected {unexpected}"
                 )
         ed_config = EncoderDecoderConfig.from_encoder_decoder_configs(enc_config, dec_config)
         ed_config.gencraft_nar = asdict(settings)
         model = NARSeq2Seq(ed_config, encoder=encoder, decoder=decoder)
     if settings.cross_attention == "copy":
-        for layer in model.decoder.bert.encoder.layer:
+        for layer in getattr(model.decoder, prefix).encoder.layer:
             layer.crossattention.load_state_dict(layer.attention.state_dict())
     model.tie_weights()
     _set_special_ids(model, mlm)

@@ -82,7 +82,7 @@ def train(
     train_pairs, dropped = encode_pairs(cfg.task, "train", tok, limit=cfg.train_examples, **enc)
     valid_pairs, _ = encode_pairs(cfg.task, "validation", tok, limit=cfg.valid_examples, **enc)
     check(bool(train_pairs), "no training pairs")
-    acc = make_accelerator(gradient_accumulation_steps=cfg.fit.grad_accum)
+    acc = make_accelerator(cfg.fit.mixed_precision, gradient_accumulation_steps=cfg.fit.grad_accum)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd)
     settings = {
         "train": settings_of(cfg),

@@ -97,6 +97,9 @@ class TrainConfig:
     eval_every: int | None = option(None, "validate every N steps (default: each epoch)")
     eval_batch_size: int = option(10, "validation streams")
     pointer_loss_weight: float = option(0.0, "weight of eq. 9 added to the cross-entropy")
+    mixed_precision: Literal["no", "bf16", "fp16"] = option(
+        "no", "autocast the forward and loss (accelerate): no, bf16 or fp16 (GPU)"
+    )
     save_every: int | None = option(None, "steps between resumable checkpoints")
     checkpoint_every: float = option(300.0, "seconds between resumable checkpoints")
     revert_on_worse: bool = option(
@@ -105,6 +108,9 @@ class TrainConfig:
     seed: int = option(0, "seed")
 
     def __post_init__(self) -> None:
+        from gencraft.training.fit import check_mixed_precision
+
+        check_mixed_precision(self.mixed_precision)
         check(self.batch_size >= 1 and self.bptt >= 1, "batch_size and bptt must be positive")
         check(
             self.k1 is None or 1 <= self.k1 <= self.bptt,

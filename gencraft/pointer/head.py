@@ -134,8 +134,7 @@ class PointerSentinelHead(MethodModel):
         hidden = out.hidden_states[-1].float()  # after the final norm, as fed to lm_head
         logits = out.logits
         valid = attention_mask.bool()
-        query = torch.tanh(self.query(hidden))
-        log_attn, log_gate = self._attend(query, hidden, valid)
+        log_attn, log_gate = self._attend(self._query(hidden), hidden, valid)
         loss = nll = None
         if labels is None:
             labels = input_ids.masked_fill(~valid, -100)
@@ -164,7 +163,13 @@ class PointerSentinelHead(MethodModel):
             shape = (*query.shape[:2], states.shape[1])
             log_attn = query.new_full(shape, float("-inf"))
             return log_attn, query.new_zeros(query.shape[:2])
-        return sequence_pointer_attention(query, states, self.sentinel, self.window, valid)
+        return sequence_pointer_attention(query, states, self.sentinel.float(), self.window, valid)
+
+    def _query(self, hidden: torch.Tensor) -> torch.Tensor:
+        """tanh(W h + b) [B, T, H] in float32 (eq. 2), whatever dtype the head is in: the
+        pointer attention and the mixture always run in float32."""
+        w, b = self.query.weight, self.query.bias
+        return torch.tanh(nn.functional.linear(hidden.float(), w.float(), b.float()))
 
     # -- stepping (gencraft's beam search and exact mode search) ----------------------------
     def gencraft_step(
@@ -177,28 +182,23 @@ class PointerSentinelHead(MethodModel):
         the window: last-layer hidden states [N, 1, S, H] as keys and their token ids [N, 1, S,
         1] as values (so searches reorder, slice and rebuild it like any cache). Returns the
         next-token mixture log-probabilities [N, V] of the last position."""
-        from transformers import DynamicCache
-
+        from gencraft.models.compat import DynamicCache, cache_kwargs, output_cache
+        from gencraft.models.introspect import model_shape
         from gencraft.models.stepping import StepOutput
 
-        n_layers = len(self.base.model.layers) if hasattr(self.base, "model") else None
-        if n_layers is None:
-            from gencraft.models.introspect import model_shape
-
-            n_layers = model_shape(self.base).layers
+        n_layers = model_shape(self.base).layers  # the window is the layer after the base's
         if cache is None:
             cache = DynamicCache()
         out = self.base(
-            input_ids=tokens, past_key_values=cache, use_cache=True, output_hidden_states=True
+            input_ids=tokens, **cache_kwargs(cache), use_cache=True, output_hidden_states=True
         )
-        cache = out.past_key_values
+        cache = output_cache(out)
         last = out.hidden_states[-1].float()  # [N, t, H]
         ids = tokens.to(last.dtype)[:, None, :, None]
         cache.update(last[:, None], ids, n_layers)
         window = cache.layers[n_layers]
         states, state_ids = window.keys[:, 0], window.values[:, 0, :, 0].long()
-        query = torch.tanh(self.query(last[:, -1:]))
-        log_attn, log_gate = self._attend(query, states)
+        log_attn, log_gate = self._attend(self._query(last[:, -1:]), states)
         log_probs = sequence_mixture_log_probs(out.logits[:, -1:], log_attn, log_gate, state_ids)[
             :, 0
         ]

@@ -134,7 +134,8 @@ class PointerSentinelLSTM(MethodModel):
     # -- pieces -------------------------------------------------------------------------------
     def sample_masks(self, batch_size: int, device: torch.device) -> dict[str, Any]:
         """Locked-dropout masks for one batch: per-layer inputs and the output, [B, 1, *]."""
-        ref = torch.empty(batch_size, 1, self.config.emb_size, device=device)
+        dtype = self.embedding.weight.dtype  # masks in the weights' dtype (bf16/fp16 too)
+        ref = torch.empty(batch_size, 1, self.config.emb_size, device=device, dtype=dtype)
         masks: dict[str, Any] = {"layers": self.rnn.sample_masks(ref), "output": None}
         if self.training and self.output_dropout.p > 0:
             out_ref = ref.new_empty(batch_size, 1, self.config.hidden_size)

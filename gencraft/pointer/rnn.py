@@ -92,7 +92,8 @@ class ZoneoutLSTM(nn.Module):
         )
 
     def zero_state(self, batch_size: int, device: torch.device | None = None) -> LSTMState:
-        z = torch.zeros(self.num_layers, batch_size, self.hidden_size, device=device)
+        dtype = self.layers[0].weight_hh_l0.dtype  # the state in the weights' dtype
+        z = torch.zeros(self.num_layers, batch_size, self.hidden_size, device=device, dtype=dtype)
         return z, z.clone()
 
     def sample_masks(self, x: torch.Tensor) -> list[torch.Tensor | None]:

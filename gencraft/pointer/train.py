@@ -91,7 +91,7 @@ class PointerTrainer:
                 raise GencraftError(f"corpus {corpus.name!r} has no {split!r} split loaded")
         self.config, self.corpus, self.progress = config, corpus, progress
         self.output_dir = Path(output_dir)
-        self.accelerator = accelerator or make_accelerator()
+        self.accelerator = accelerator or make_accelerator(config.mixed_precision)
         acc = self.accelerator
         if config.batch_size % acc.num_processes:
             raise GencraftError(
@@ -156,16 +156,17 @@ class PointerTrainer:
         x = data[:, st.grad_start : st.end]
         y = data[:, st.loss_start + 1 : st.end + 1]
         keep_in_grad = st.keep - (st.grad_start - st.start) if kept is None else None
-        out = self.model(
-            x,
-            y,
-            state,
-            memory=memory,
-            memory_ids=memory_ids,
-            masks=masks,
-            keep_state_at=keep_in_grad,
-        )
-        self.last_nll = out.nll.detach()  # [B, k1], for inspection
+        with self.accelerator.autocast():  # a no-op without mixed precision
+            out = self.model(
+                x,
+                y,
+                state,
+                memory=memory,
+                memory_ids=memory_ids,
+                masks=masks,
+                keep_state_at=keep_in_grad,
+            )
+            self.last_nll = out.nll.detach()  # [B, k1], for inspection
         loss = out.nll.mean()
         if out.pointer_nll is not None and cfg.pointer_loss_weight:
             loss = loss + cfg.pointer_loss_weight * out.pointer_nll.mean()

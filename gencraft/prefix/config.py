@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from gencraft.config import check, option, positive
 from gencraft.errors import ConfigError
+from gencraft.extras import require
 from gencraft.training.fit import FitConfig, fit_options
 
 NORMALIZERS = ("softmax", "truncsa", "softsa", "sparsemax", "entmax15")
@@ -225,14 +226,7 @@ class PrefixConfig:
 
 def require_entmax() -> Any:
     """The ``entmax`` module, or a clear error with the pip command."""
-    try:
-        import entmax
-    except ImportError:
-        raise ConfigError(
-            "the sparsemax and entmax15 normalisers need the entmax package: "
-            "pip install entmax==1.3"
-        ) from None
-    return entmax
+    return require("entmax", "sparse", "the sparsemax and entmax15 normalisers")
 
 
 TASKS = ("e2e", "dart", "xsum")

@@ -22,6 +22,7 @@ from typing import Any
 
 from gencraft.errors import ConfigError
 from gencraft.experiments import ExperimentRun, register, settings_field
+from gencraft.extras import require
 from gencraft.utils import default_device
 
 #: variant -> (training method, PrefixConfig fields); "lower" = the paper's 7-of-12 split
@@ -368,8 +369,9 @@ def _speed_models(s: PrefixSpeedSettings, names: list[str]) -> dict[str, Any]:
         torch.manual_seed(0)
         base, _ = load_model(s.model)
         if name == "peft":
-            from peft import PrefixTuningConfig, TaskType, get_peft_model
-
+            peft = require("peft", "peft", "the peft baseline")
+            PrefixTuningConfig, TaskType = peft.PrefixTuningConfig, peft.TaskType
+            get_peft_model = peft.get_peft_model
             cfg = PrefixTuningConfig(
                 task_type=TaskType.CAUSAL_LM, num_virtual_tokens=s.num_virtual_tokens
             )

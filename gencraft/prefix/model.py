@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import DynamicCache, EncoderDecoderCache
 
 from gencraft.errors import ConfigError, GencraftError
+from gencraft.extras import require
 from gencraft.models.attention import (
     AttentionCall,
     AttentionPlugin,
@@ -36,6 +36,13 @@ from gencraft.models.attention import (
     attention_context,
     attention_sites,
     plugins_of,
+)
+from gencraft.models.compat import (
+    CACHE_ARG,
+    DynamicCache,
+    EncoderDecoderCache,
+    cache_kwargs,
+    given_cache,
 )
 from gencraft.models.introspect import decoder_start_id, hf_model, is_encoder_decoder, pad_id
 from gencraft.models.method import MethodModel
@@ -378,6 +385,8 @@ class PrefixModel(MethodModel):
         """
         if input_ids.dim() != 2:
             raise ConfigError(f"input_ids must be [B, T], got shape {list(input_ids.shape)}")
+        if labels is not None:  # a slice (labels=ids[:, :8]) breaks the base's loss .view
+            labels = labels.contiguous()
         if not self.enabled:
             if self.is_encoder_decoder:
                 kwargs.update(
@@ -408,7 +417,7 @@ class PrefixModel(MethodModel):
                 return self.base(
                     input_ids=input_ids,
                     attention_mask=full_mask,
-                    past_key_values=cache,
+                    **cache_kwargs(cache),
                     labels=labels,
                     **kwargs,
                 )
@@ -432,7 +441,7 @@ class PrefixModel(MethodModel):
                 attention_mask=mask,
                 decoder_input_ids=decoder_input_ids,
                 decoder_attention_mask=decoder_attention_mask,
-                past_key_values=cache,
+                **cache_kwargs(cache),
                 labels=labels,
                 **kwargs,
             )
@@ -515,7 +524,7 @@ class PrefixModel(MethodModel):
                 out = self.base.generate(
                     input_ids=torch.cat([dummies, input_ids], dim=1),
                     attention_mask=torch.cat([mask.new_ones(b, p), mask], dim=1),
-                    past_key_values=cache,
+                    **cache_kwargs(cache),
                     **generate_kw,
                 )
             if hasattr(out, "sequences"):  # return_dict_in_generate=True
@@ -537,7 +546,7 @@ class PrefixModel(MethodModel):
                 # an encoder-decoder's generate feeds all decoder inputs at the first step,
                 # after the P cached prefix positions
                 decoder_input_ids=start,
-                past_key_values=cache,
+                **cache_kwargs(cache),
                 **generate_kw,
             )
         return out
@@ -647,10 +656,7 @@ class PrefixModel(MethodModel):
 
         peft puts prefixes in the decoder's self-attention only (also for seq2seq models), so
         the result has ``encoder_prefix=False``."""
-        try:
-            from peft import PeftType
-        except ImportError:
-            raise ConfigError("from_peft needs peft: pip install peft==0.21.2") from None
+        PeftType = require("peft", "peft", "from_peft").PeftType
         adapter = adapter or getattr(peft_model, "active_adapter", "default")
         pcfg = peft_model.peft_config[adapter]
         if pcfg.peft_type != PeftType.PREFIX_TUNING:
@@ -729,9 +735,10 @@ def _generate_carrying_row_state(model: nn.Module) -> None:
     def wrapped(*args: Any, **kw: Any) -> Any:
         if kw.get("use_cache") is False:
             return generate(*args, **kw)
-        if kw.get("past_key_values") is None:
-            kw["past_key_values"] = row_state_cache(model)
-        with carrying_row_state(kw["past_key_values"]):
+        if given_cache(kw) is None:
+            kw.pop("past_key_values", None)
+            kw[CACHE_ARG] = row_state_cache(model)
+        with carrying_row_state(given_cache(kw)):
             return generate(*args, **kw)
 
     model.generate = wrapped

@@ -11,6 +11,7 @@ from typing import Any
 from torch import nn
 
 from gencraft.errors import ConfigError
+from gencraft.extras import require
 from gencraft.models.introspect import is_encoder_decoder
 from gencraft.models.persistence import load_saved_model
 from gencraft.prefix.config import PrefixConfig, PrefixTrainConfig
@@ -37,8 +38,12 @@ def build_model(
 def peft_prefix_model(base: nn.Module, prefix: PrefixConfig) -> nn.Module:
     """peft's prefix-tuning of ``base`` starting from the prefixes a dense ``PrefixModel``
     with the same settings starts from (so the two train alike); decoder-only models."""
-    from peft import PrefixTuningConfig, TaskType, get_peft_model
-
+    peft = require("peft", "peft", "peft's prefix-tuning")
+    PrefixTuningConfig, TaskType, get_peft_model = (
+        peft.PrefixTuningConfig,
+        peft.TaskType,
+        peft.get_peft_model,
+    )
     from gencraft.prefix.model import PrefixModel
 
     if is_encoder_decoder(base) or prefix.blocking or prefix.normalizer != "softmax":

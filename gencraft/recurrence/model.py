@@ -118,10 +118,20 @@ class RecurrentLM(MethodModel):
     def pool(self, hidden_states: tuple[torch.Tensor, ...], n: int) -> torch.Tensor:
         """Eq. 2.1 over the first ``n`` positions: ``hidden_states`` (L + 1) x [B, t, H],
         embeddings first -> z [B, H]."""
-        w = torch.softmax(self.layer_logits, dim=0)
+        w = torch.softmax(self.layer_logits.float(), dim=0)
         stacked = torch.stack(hidden_states[1:], dim=0)[:, :, :n]  # [L, B, n, H]
-        z = torch.einsum("l,lbnh->bh", w.to(stacked.dtype), stacked)
+        z = torch.einsum("l,lbnh->bh", w, stacked.float())  # float32 in any model dtype
         return z / n if self.config.pooling == "mean" else z
+
+    def transform(self, z: torch.Tensor) -> torch.Tensor:
+        """The FFN z [B, H] -> h_prev [B, H], in float32 whatever dtype the model is in."""
+        x = z.float()
+        for layer in self.ffn:
+            if isinstance(layer, nn.Linear):
+                x = nn.functional.linear(x, layer.weight.float(), layer.bias.float())
+            else:
+                x = layer(x)
+        return x
 
     def _window(
         self,
@@ -141,7 +151,7 @@ class RecurrentLM(MethodModel):
             if self.config.pool_positions == "all"
             else min(self.config.stride, x.shape[1])
         )
-        h_next = self.ffn(self.pool(out.hidden_states, n_pool).float())
+        h_next = self.transform(self.pool(out.hidden_states, n_pool))
         rows = out.logits[:, offset : offset + targets.shape[1]].float()
         nll = nn.functional.cross_entropy(
             rows.flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="none"

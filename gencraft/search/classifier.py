@@ -193,7 +193,7 @@ class AttributeClassifier(MethodModel):
                 "call classifier.bind(model) first (it reads the model's input embeddings)"
             )
         with torch.no_grad():
-            return self._embedding[0](tokens).float()
+            return self._embedding[0](tokens).to(self.in_proj.weight.dtype)
 
     def forward(
         self, hidden: torch.Tensor, next_tokens: torch.Tensor, pad_mask: torch.Tensor | None = None
@@ -204,13 +204,16 @@ class AttributeClassifier(MethodModel):
                 f"hidden states are {m} x {h}, the classifier reads "
                 f"{self.config.num_layers} x {self.config.hidden_size}"
             )
-        ctx = self._context(self.in_proj(hidden.reshape(b, t, m * h).float()), pad_mask)
+        # the classifier runs in its own dtype, whatever the base model's
+        x = hidden.reshape(b, t, m * h).to(self.in_proj.weight.dtype)
+        ctx = self._context(self.in_proj(x), pad_mask)
         return self.mlp(torch.cat([ctx, self._embed(next_tokens)], dim=-1))
 
     # -- AttributeScorer: incremental use inside beam search --------------------------------
     def init(self, n: int) -> dict[str, Any]:
         dev = self.in_proj.weight.device
-        return {"h_in": torch.zeros(n, 0, self.config.d_clf, device=dev), "t": 0}
+        dtype = self.in_proj.weight.dtype
+        return {"h_in": torch.zeros(n, 0, self.config.d_clf, device=dev, dtype=dtype), "t": 0}
 
     def score(
         self, state: dict[str, Any], hidden: torch.Tensor, candidates: torch.Tensor
@@ -223,7 +226,7 @@ class AttributeClassifier(MethodModel):
             ctx = self._context(h_in)[:, -1]  # [N, d_out]
             emb = self._embed(candidates.to(self.in_proj.weight.device))  # [N, k, E]
             x = torch.cat([ctx[:, None].expand(-1, emb.shape[1], -1), emb], dim=-1)
-            logp = torch.log_softmax(self.mlp(x), dim=-1)  # [N, k, C]
+            logp = torch.log_softmax(self.mlp(x).float(), dim=-1)  # [N, k, C]
         t = state["t"]
         cls = self.target_class(t) if callable(self.target_class) else self.target_class
         return logp[..., cls], {"h_in": h_in, "t": t + 1}

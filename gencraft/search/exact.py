@@ -71,7 +71,7 @@ def _nbytes(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
 def _rebuild(parts: list[list[tuple[torch.Tensor, torch.Tensor]]], cross: Any) -> Any:
     """A fresh cache holding ``parts`` (root first) concatenated along the sequence axis, with
     an encoder-decoder's cross-attention cache ``cross`` shared (it never changes)."""
-    from transformers import DynamicCache, EncoderDecoderCache
+    from gencraft.models.compat import DynamicCache, EncoderDecoderCache
 
     data = [
         (torch.cat([p[i][0] for p in parts], dim=-2), torch.cat([p[i][1] for p in parts], dim=-2))

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from gencraft.errors import GencraftError
+from gencraft.models.compat import DynamicCache
 from gencraft.models.stepping import StepOutput
 
 EOS = 0

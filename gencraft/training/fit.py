@@ -86,8 +86,13 @@ class FitConfig:
     )
     mode: Literal["min", "max"] = field(default="min", metadata={"help": "min or max of metric"})
     seed: int = field(default=0, metadata={"help": "seed of the shuffle order and of torch"})
+    mixed_precision: Literal["no", "bf16", "fp16"] = field(
+        default="no",
+        metadata={"help": "autocast the forward and loss (accelerate): no, bf16 or fp16 (GPU)"},
+    )
 
     def __post_init__(self) -> None:
+        check_mixed_precision(self.mixed_precision)
         positive(self, "epochs", "batch_size", "grad_accum")
         positive(self, "max_steps", "eval_every", "eval_batch_size", "patience", allow_none=True)
         check(
@@ -128,13 +133,30 @@ def settings_of(config: Any) -> dict[str, Any]:
     return {k: v for k, v in asdict(config).items() if k != "fit"}
 
 
-def make_accelerator(**kwargs: Any) -> Any:
+MIXED_PRECISION = ("no", "bf16", "fp16")
+
+
+def check_mixed_precision(value: str) -> None:
+    """``no``, ``bf16`` (CPU or GPU) or ``fp16`` (needs CUDA: accelerate's loss scaling)."""
+    check(value in MIXED_PRECISION, f"mixed_precision must be no, bf16 or fp16, got {value!r}")
+    check(
+        value != "fp16" or torch.cuda.is_available(),
+        "mixed_precision fp16 needs a CUDA GPU (its gradient scaler); use bf16 on a CPU",
+    )
+
+
+def make_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Any:
     """An ``accelerate.Accelerator`` for gencraft's trainers. On a machine without CUDA it is
     made with ``cpu=True``, which is what lets ``accelerate launch --multi_gpu
-    --num_processes N`` (torchrun underneath) run N CPU processes with the gloo backend."""
+    --num_processes N`` (torchrun underneath) run N CPU processes with the gloo backend.
+    ``mixed_precision``: ``no``, ``bf16`` or ``fp16`` (the trainers' ``--mixed-precision``);
+    the weights stay float32, the forward and loss run under autocast."""
     from accelerate import Accelerator
 
-    return Accelerator(cpu=not torch.cuda.is_available(), **kwargs)
+    check_mixed_precision(mixed_precision)
+    return Accelerator(
+        cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision, **kwargs
+    )
 
 
 @dataclass
@@ -285,7 +307,9 @@ class _Loop:
         progress: bool,
     ) -> None:
         self.model, self.optimizer, self.loss_fn, self.cfg = model, optimizer, loss_fn, cfg
-        self.acc = accelerator or make_accelerator(gradient_accumulation_steps=cfg.grad_accum)
+        self.acc = accelerator or make_accelerator(
+            cfg.mixed_precision, gradient_accumulation_steps=cfg.grad_accum
+        )
         self.out = Path(output_dir) if output_dir is not None else None
         self.progress = progress
         self.evaluate_fn: Callable[[nn.Module, Any], dict[str, float]] | None = None
@@ -445,7 +469,8 @@ class _Loop:
         st, acc = self.st, self.acc
         t0 = time.perf_counter()
         with acc.accumulate(self.model):
-            loss, parts = _split(self.loss_fn(self.model, batch))
+            with acc.autocast():  # a no-op without mixed precision
+                loss, parts = _split(self.loss_fn(self.model, batch))
             acc.backward(loss)
             if acc.sync_gradients and self.cfg.clip:
                 acc.clip_grad_norm_(self.model.parameters(), self.cfg.clip)
@@ -582,7 +607,8 @@ def mean_loss(loss_fn: LossFn, acc: Any) -> Callable[[nn.Module, Any], dict[str,
         sums: dict[str, float] = {}
         n = 0
         for batch in loader:
-            loss, parts = _split(loss_fn(model, batch))
+            with acc.autocast():
+                loss, parts = _split(loss_fn(model, batch))
             for k, v in {"loss": float(loss), **parts}.items():
                 sums[k] = sums.get(k, 0.0) + float(v)
             n += 1

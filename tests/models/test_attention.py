@@ -217,7 +217,7 @@ def test_site_selection_and_errors():
     A.attach(model, norm, layers=[0])
     with pytest.raises(GencraftError, match="already has a normaliser"):
         A.attach(model, A.Normalizer(fn=lambda s, a: s), layers=[0])
-    with pytest.raises(GencraftError, match="unsupported architecture"):
+    with pytest.raises(GencraftError, match="Linear is not supported: no attention module"):
         A.attention_sites(torch.nn.Linear(2, 2))
 
 
@@ -226,3 +226,78 @@ def test_extra_columns_of_the_wrong_shape_are_named():
     A.attach(model, A.StaticKeyValues(key=torch.zeros(1, 2, 3, 5), value=torch.zeros(1, 2, 3, 5)))
     with pytest.raises(GencraftError, match=r"extra key columns .* must be \[B, n_kv, P, d\]"):
         model(torch.randint(5, 200, (1, 4)))
+
+
+# ------------------------------------------------------------------ other architectures
+def test_softcap_is_honoured_on_gencrafts_path():
+    """Gemma-2 soft-caps its attention logits; gencraft's eager computation (here forced by a
+    softmax normaliser) must give the model's own logits."""
+    from gencraft.models.architectures import tiny_architecture
+
+    model = tiny_architecture("gemma2", vocab_size=16, seed=0)
+    model.config.attn_logit_softcapping = 0.5
+    for layer in model.model.layers:
+        layer.self_attn.attn_logit_softcapping = 0.5
+    ids = torch.tensor([[1, 5, 7, 9, 4, 6, 3]])
+    with torch.no_grad():
+        model.model.layers[0].self_attn.q_proj.weight.mul_(20.0)  # logits beyond the cap
+        ref = model(ids).logits
+        with A.attach(model, A.Normalizer(fn=lambda s, a: torch.softmax(s, -1))):
+            got = model(ids).logits
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "arch", ["llama", "gpt2", "gpt_neox", "phi3", "olmo2", "qwen3", "opt", "gemma2"]
+)
+def test_project_key_value_equals_the_modules_own_keys(arch):
+    """At position 0 rotary embeddings are the identity: the keys/values a module computes
+    from its (normed) input equal project_key_value of that input, for fused (Phi-3,
+    GPT-NeoX), per-head-normed (Qwen3) and all-head-normed (OLMo-2) projections."""
+    from gencraft.models.architectures import tiny_architecture
+
+    model = tiny_architecture(arch, vocab_size=16, seed=0)
+    _, module = A.select_sites(model, layers=[1])[0]
+    seen = {}
+
+    def grab(m, args, kw):
+        seen.setdefault("x", kw.get("hidden_states", args[0] if args else None))
+
+    module.register_forward_pre_hook(grab, with_kwargs=True)
+    obs = A.AttentionPlugin()
+    obs.observes = True
+    obs.observe = lambda probs, call: seen.update(key=call.key, value=call.value)
+    with torch.no_grad(), A.attach(model, obs, layers=[1]):
+        model(torch.tensor([[5]]))
+        k, v = A.project_key_value(module, seen["x"])
+    torch.testing.assert_close(k, seen["key"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(v, seen["value"], atol=1e-5, rtol=1e-5)
+
+
+def test_a_plugin_whose_module_never_runs_through_the_dispatcher_raises():
+    model = _model("tiny-llama", "sdpa")
+    A.attach(model, A.Normalizer(fn=lambda s, a: torch.softmax(s, -1)), layers=[0])
+    model.config._attn_implementation = "sdpa"  # the model now bypasses gencraft's function
+    with pytest.raises(GencraftError, match="not supported: a forward ran without calling"):
+        model(torch.tensor([[5, 6, 7]]))
+
+
+def test_sites_are_the_innermost_attention_modules():
+    """BERT's `attention` (a wrapper) holds `attention.self`: the site is the inner module,
+    one per layer; GPT-NeoX's `attention` has no inner match and is the site."""
+    from gencraft.models.architectures import tiny_architecture
+
+    sites = A.attention_sites(tiny_architecture("bert2bert", vocab_size=16))
+    selfs = [s for s, _ in sites if s.kind == "self"]
+    assert [s.name.endswith("attention.self") for s in selfs] == [True] * 4
+    assert [(s.stack, s.layer) for s in selfs] == [
+        ("encoder", 0),
+        ("encoder", 1),
+        ("decoder", 0),
+        ("decoder", 1),
+    ]
+    neox = A.attention_sites(tiny_architecture("gpt_neox", vocab_size=16))
+    assert [s.name for s, _ in neox] == [
+        "gpt_neox.layers.0.attention",
+        "gpt_neox.layers.1.attention",
+    ]

@@ -291,3 +291,50 @@ def test_two_processes_see_disjoint_batches_and_end_with_identical_weights(tmp_p
     assert s0.isdisjoint(s1) and s0 | s1 == set(range(16))
     assert len(r0["seen"]) == len(r1["seen"]) == 4
     assert r0["weights"] == r1["weights"]
+
+
+def test_mixed_precision_bf16_runs_the_loss_under_autocast_on_the_cpu(tmp_path):
+    """--mixed-precision bf16: the forward and loss run in bfloat16 (accelerate's autocast), the
+    weights stay float32 and train; fp16 without a GPU is refused with one line."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from gencraft.errors import ConfigError
+    from gencraft.training import FitConfig, fit
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=16,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+        )
+    )
+    before = [p.detach().clone() for p in model.parameters()]
+    seen = []  # what a layer inside computes in (accelerate hands back float32 outputs)
+    model.lm_head.register_forward_hook(lambda m, args, out: seen.append(out.dtype))
+
+    def loss_fn(m, batch):
+        return m(input_ids=batch[0], labels=batch[0]).loss
+
+    batches = [torch.randint(0, 16, (1, 6)) for _ in range(4)]
+    fit(
+        model,
+        torch.optim.AdamW(model.parameters(), lr=1e-2),
+        batches,
+        loss_fn=loss_fn,
+        config=FitConfig(epochs=1, batch_size=1, mixed_precision="bf16"),
+        collate_fn=lambda items: items,
+        output_dir=None,
+        progress=False,
+    )
+    assert seen and set(seen) == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="fp16 needs a CUDA GPU"):
+            FitConfig(mixed_precision="fp16")
+    with pytest.raises(ConfigError, match="no, bf16 or fp16"):
+        FitConfig(mixed_precision="fp8")

@@ -1,0 +1,117 @@
+"""Every place gencraft depends on the ``transformers`` release, in one file.
+
+Supported: the range ``pyproject.toml`` declares (tested at its floor, at the CI pin and at the
+newest release, ``constraints/``). What moved between those releases, and how it is read here:
+
+* the cache argument and output field: ``past_key_values`` until 5.23, ``cache`` from 5.24
+  (the old name is deprecated there): :data:`CACHE_ARG`, :func:`cache_kwargs`,
+  :func:`output_cache`, :func:`takes_cache`;
+* gencraft's own ``ModelOutput`` classes carry the cache under that same name
+  (:func:`cache_field`);
+* the attention-function registry and the mask-function registry (:data:`AttentionInterface`,
+  :data:`ALL_ATTENTION_FUNCTIONS`, :data:`AttentionMaskInterface`,
+  :data:`ALL_MASK_ATTENTION_FUNCTIONS`) and ``repeat_kv``;
+* the cache classes (:data:`Cache`, :data:`DynamicCache`, :data:`EncoderDecoderCache`,
+  :data:`DynamicLayer`);
+* ``token_type_ids``, which tokenizers return for some models that take none
+  (:func:`drop_token_type_ids`).
+
+The next release should be one file to adapt: this one.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import cache
+from typing import Any
+
+import transformers
+from packaging.version import Version
+from torch import nn
+from transformers import AttentionInterface
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+try:
+    from transformers.cache_utils import DynamicLayer
+except ImportError:  # pragma: no cover - before the per-layer cache classes
+    DynamicLayer = None  # type: ignore[assignment,misc]
+
+try:
+    from transformers.integrations.sdpa_attention import repeat_kv
+except ImportError:  # pragma: no cover
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+VERSION = Version(transformers.__version__)
+
+#: the name of the cache argument of a model's forward and of its outputs' cache field
+CACHE_ARG = (
+    "cache"
+    if "cache" in inspect.signature(transformers.LlamaForCausalLM.forward).parameters
+    else "past_key_values"
+)
+_CACHE_NAMES = ("cache", "past_key_values")
+
+__all__ = [
+    "ALL_ATTENTION_FUNCTIONS",
+    "ALL_MASK_ATTENTION_FUNCTIONS",
+    "CACHE_ARG",
+    "VERSION",
+    "AttentionInterface",
+    "AttentionMaskInterface",
+    "Cache",
+    "DynamicCache",
+    "DynamicLayer",
+    "EncoderDecoderCache",
+    "cache_kwargs",
+    "drop_token_type_ids",
+    "output_cache",
+    "repeat_kv",
+    "takes_cache",
+]
+
+
+def cache_kwargs(cache_value: Any) -> dict[str, Any]:
+    """``{CACHE_ARG: cache}``: the keyword a model's forward takes its cache by."""
+    return {CACHE_ARG: cache_value}
+
+
+def output_cache(output: Any) -> Any:
+    """The cache a model's output carries (None when it has none)."""
+    for name in _CACHE_NAMES:
+        if isinstance(output, dict) and name in output:
+            return output[name]
+    return None
+
+
+def given_cache(kwargs: dict[str, Any]) -> Any:
+    """The cache passed in a forward's keyword arguments, under either name."""
+    for name in _CACHE_NAMES:
+        if kwargs.get(name) is not None:
+            return kwargs[name]
+    return None
+
+
+@cache
+def _forward_params(cls: type) -> frozenset[str]:
+    return frozenset(inspect.signature(cls.forward).parameters)
+
+
+def takes_cache(model: nn.Module) -> bool:
+    """Whether ``model``'s forward takes a KV cache (under either name)."""
+    params = _forward_params(type(model))
+    return any(n in params for n in _CACHE_NAMES)
+
+
+def cache_field() -> str:
+    """The field name gencraft's ``ModelOutput`` classes give their cache (:data:`CACHE_ARG`)."""
+    return CACHE_ARG
+
+
+def drop_token_type_ids(inputs: dict[str, Any], model: nn.Module) -> dict[str, Any]:
+    """``inputs`` without ``token_type_ids`` when ``model``'s forward takes none (a tokenizer
+    may return them for a model that does not use them: 4.x passes them on and fails)."""
+    if "token_type_ids" in inputs and "token_type_ids" not in _forward_params(type(model)):
+        inputs = {k: v for k, v in inputs.items() if k != "token_type_ids"}
+    return inputs

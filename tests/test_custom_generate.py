@@ -1,0 +1,202 @@
+"""gencraft's decoders from plain ``generate(custom_generate=...)``: the callables of
+``gencraft.search.custom_generate`` and the Hub-ready folders of ``hub/`` (loaded from a
+local path, offline, with ``trust_remote_code=True``) give what gencraft's own functions give,
+for a padded batch of several inputs, on tiny causal and encoder-decoder models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from gencraft import search
+from gencraft.errors import GencraftError
+from gencraft.models.architectures import tiny_architecture
+from gencraft.search import custom_generate as cg
+from gencraft.search.train import classifier_for
+
+HUB = Path(__file__).resolve().parent.parent / "hub"
+V = 12
+PROMPTS = [[1, 5, 7, 9], [1, 4], [1, 8, 3]]
+
+
+def _causal(arch="llama"):
+    torch.manual_seed(0)
+    model = tiny_architecture(arch, vocab_size=V, seed=3)
+    with torch.no_grad():  # peaked distributions: searches differ from greedy
+        model.get_output_embeddings().weight.mul_(8.0)
+    return model
+
+
+def _left_padded(prompts, pad=0):
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+def _expected_rows(model, prompts, found, ids):
+    rows = []
+    for b, tokens in enumerate(found):
+        rows.append(ids[b].tolist() + tokens)
+    width = max(map(len, rows))
+    return [r + [0] * (width - len(r)) for r in rows]
+
+
+def _beam_rows(model, prompts, beams, max_new, ids):
+    rows = []
+    for p in prompts:
+        h = search.beam_search(model, torch.tensor([p]), num_beams=beams, max_new_tokens=max_new)[0]
+        rows.append(h.tokens + ([h.eos_token] if h.finished else []))
+    return _expected_rows(model, prompts, rows, ids)
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_beam_search_from_generate_equals_gencrafts_own_for_a_padded_batch(beams):
+    model = _causal()
+    ids, mask = _left_padded(PROMPTS)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        num_beams=beams,
+        max_new_tokens=5,
+        do_sample=False,
+        custom_generate=cg.beam_search,
+    )
+    assert out.tolist() == _beam_rows(model, PROMPTS, beams, 5, ids)
+
+
+def test_beam_search_with_scores_and_several_returns():
+    model = _causal("gpt2")
+    ids, mask = _left_padded(PROMPTS[:2])
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        num_beams=3,
+        num_return_sequences=2,
+        max_new_tokens=4,
+        custom_generate=cg.beam_search,
+        return_dict_in_generate=True,
+    )
+    assert out.sequences.shape[0] == 4
+    want = [
+        h.score
+        for p in PROMPTS[:2]
+        for h in search.beam_search(model, torch.tensor([p]), num_beams=3, max_new_tokens=4)[:2]
+    ]
+    assert out.sequences_scores.tolist() == pytest.approx(want, abs=1e-5)
+
+
+def test_exact_mode_from_generate_equals_gencrafts_own():
+    model = _causal()
+    ids, mask = _left_padded(PROMPTS)
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=3, custom_generate=cg.exact_mode
+    )
+    found = []
+    for p in PROMPTS:
+        r = search.exact_mode(model, torch.tensor([p]), max_new_tokens=3)
+        found.append([*r.tokens, 2])
+    assert out.tolist() == _expected_rows(model, PROMPTS, found, ids)
+    # the method's own arguments are generate() keywords
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=4,
+        custom_generate=cg.exact_mode,
+        length=2,
+    )
+    assert all(len([t for t in row[ids.shape[1] :] if t]) <= 3 for row in out.tolist())
+    assert out[:, ids.shape[1] + 2].tolist() == [2, 2, 2]
+
+
+def test_conditional_beam_search_from_generate_equals_gencrafts_own():
+    model = _causal()
+    torch.manual_seed(1)
+    clf = classifier_for(model, "degenerate", d_clf=8, num_heads=2, d_out=4, mlp_hidden=8).eval()
+    ids, mask = _left_padded(PROMPTS[:2])
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        num_beams=3,
+        max_new_tokens=4,
+        custom_generate=cg.conditional_beam_search,
+        classifier=clf,
+        k=4,
+        return_dict_in_generate=True,
+    )
+    rows, scores = [], []
+    for p in PROMPTS[:2]:
+        h = search.beam_search(
+            model, torch.tensor([p]), num_beams=3, max_new_tokens=4, classifier=clf, k=4
+        )[0]
+        rows.append(h.tokens + ([h.eos_token] if h.finished else []))
+        scores.append(h.conditional_score)
+    assert out.sequences.tolist() == _expected_rows(model, PROMPTS[:2], rows, ids)
+    assert out.sequences_scores.tolist() == pytest.approx(scores, abs=1e-5)
+    with pytest.raises(GencraftError, match="needs classifier"):
+        model.generate(
+            input_ids=ids, attention_mask=mask, custom_generate=cg.conditional_beam_search
+        )
+
+
+def test_encoder_decoder_batch_equals_gencrafts_own():
+    model = tiny_architecture("bart", vocab_size=V, seed=2)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(8.0)
+    src = torch.tensor([[5, 6, 7, 8, 2], [9, 4, 2, 0, 0]])
+    mask = (src != 0).long()
+    out = model.generate(
+        input_ids=src,
+        attention_mask=mask,
+        num_beams=2,
+        max_new_tokens=4,
+        custom_generate=cg.beam_search,
+    )
+    start = model.generation_config.decoder_start_token_id
+    rows = []
+    for b in range(2):
+        h = search.beam_search(
+            model, src[b : b + 1, : int(mask[b].sum())], num_beams=2, max_new_tokens=4
+        )[0]
+        rows.append([start, *h.tokens, *([h.eos_token] if h.finished else [])])
+    width = max(map(len, rows))
+    assert out.tolist() == [r + [0] * (width - len(r)) for r in rows]
+
+
+def test_other_stopping_criteria_are_refused_by_name():
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Never(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kw):
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    model = _causal()
+    ids, mask = _left_padded(PROMPTS[:1])
+    with pytest.raises(GencraftError, match="Never"):
+        model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=2,
+            stopping_criteria=StoppingCriteriaList([Never()]),
+            custom_generate=cg.beam_search,
+        )
+
+
+@pytest.mark.parametrize("name", ["beam_search", "conditional_beam_search", "exact_mode"])
+def test_hub_folder_loads_offline_and_equals_the_callable(name, monkeypatch, tmp_path):
+    folder = HUB / name
+    assert (folder / "custom_generate" / "generate.py").is_file()
+    assert (folder / "README.md").is_file()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path))
+    model = _causal()
+    ids, mask = _left_padded(PROMPTS)
+    kw = dict(input_ids=ids, attention_mask=mask, num_beams=2, max_new_tokens=3)
+    if name == "conditional_beam_search":
+        torch.manual_seed(1)
+        kw["classifier"] = classifier_for(model, "degenerate", d_clf=8, num_heads=2, d_out=4).eval()
+    ref = model.generate(**kw, custom_generate=getattr(cg, name))
+    got = model.generate(**kw, custom_generate=str(folder), trust_remote_code=True)
+    assert torch.equal(got, ref)
