@@ -560,7 +560,7 @@ M = [
         "gencraft/models/attention.py",
         "    inline = sorted({type(m).__name__ for _, m in found if not uses_registry(m)})",
         "    inline = []",
-        "tests/test_architectures.py -k 'gptj'",
+        "tests/test_architectures.py -k 'gptj or falcon'",
     ),
     (
         "Gemma-2's soft-cap ignored on gencraft's attention path",

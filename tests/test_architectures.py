@@ -10,17 +10,20 @@ forward (beam-search scores are its log-probabilities; greedy decoding its argma
 
 from __future__ import annotations
 
+import inspect
 import sys
 import warnings
 
 import pytest
 import torch
+import transformers
 
 from gencraft.errors import GencraftError
 from gencraft.focus import FocusConfig, FocusForConditionalGeneration
 from gencraft.hso import DynamicEvalConfig, HSOConfig, dynamic_eval_nll, hso_nll
 from gencraft.metrics import windowed_nll
 from gencraft.models.architectures import (
+    ARCHITECTURES,
     DECODER_ONLY,
     ENCODER_DECODER,
     MASKED_LM,
@@ -37,12 +40,26 @@ from gencraft.search import beam_search
 V = 16
 PROMPT = [1, 5, 7, 9]
 
+ATTENTION_METHODS = ("focus", "prefix", "recurrence")
+
+
+def computes_attention_inline(arch: str) -> bool:
+    """Whether the installed transformers' model file of ``arch`` computes attention without
+    its attention-function registry (read from the file's source text; GPT-J did until 5.23,
+    Falcon and Bloom still do)."""
+    _, model_name, _ = ARCHITECTURES[arch]
+    model = getattr(transformers, model_name if arch != "bert2bert" else "BertModel")
+    source = inspect.getsource(sys.modules[model.__module__])
+    return "ALL_ATTENTION_FUNCTIONS" not in source
+
+
 #: cells refused at construction, with a word of the reason the message must contain
 REFUSED: dict[tuple[str, str], str] = {
     **{
         (m, a): "inline"
-        for m in ("focus", "prefix", "recurrence")
-        for a in ("falcon", "bloom", "gptj")
+        for m in ATTENTION_METHODS
+        for a in DECODER_ONLY
+        if computes_attention_inline(a)
     },
     ("nar", "distilbert"): "decoder form",
     ("nar", "deberta-v2"): "decoder form",

@@ -117,3 +117,21 @@ def test_precision_contract_on_cpu(name, dtype):
 @pytest.mark.parametrize("name", list(CASES))
 def test_precision_contract_on_cuda(name, dtype):
     _contract(name, dtype, "cuda")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_hso_in_half_precision_keeps_float32_states(dtype):
+    """HSO and dynamic evaluation on a half-precision model: finite, close to float32, and
+    the states' small updates are not rounded away (their master copy is float32)."""
+    from gencraft.hso import HSOConfig, hso_nll
+    from gencraft.models.architectures import tiny_architecture
+
+    ids = torch.randint(3, 16, (1, 30), generator=torch.Generator().manual_seed(0))[0]
+    cfg = HSOConfig(window=5, lr=1e-3)
+    ref = hso_nll(tiny_architecture("llama", vocab_size=16), ids, cfg).token_nll
+    model = tiny_architecture("llama", vocab_size=16).to(dtype)
+    got = hso_nll(model, ids, cfg).token_nll
+    plain = hso_nll(model, ids, HSOConfig(window=5, lr=0.0)).token_nll
+    assert torch.isfinite(got).all()
+    assert (got - ref).abs().max() / ref.abs().max() < {torch.bfloat16: 0.05}.get(dtype, 0.01)
+    assert not torch.equal(got, plain)  # lr 1e-3 still moves a half-precision model

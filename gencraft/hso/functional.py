@@ -91,8 +91,9 @@ def contexts(n_inputs: int, reset_every: int | None, model: nn.Module) -> list[t
 class _States:
     """The optimised cache of one context with its per-state Adam moments and step counts.
 
-    ``kv``/``m``/``v``: per layer (key, value) [1, n_kv, S, d]; ``count`` [S] the updates
-    each position has had."""
+    ``kv``/``m``/``v``: per layer (key, value) [1, n_kv, S, d], float32 whatever the model's
+    dtype (a bfloat16 state would round small updates away; the model reads a cast copy);
+    ``count`` [S] the updates each position has had."""
 
     def __init__(self, num_layers: int) -> None:
         self.num_layers = num_layers
@@ -105,11 +106,17 @@ class _States:
     def length(self) -> int:
         return 0 if self.kv is None else self.kv[0][0].shape[-2]
 
-    def leaves(self, upto: int, grad: bool) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
-        """The first ``upto`` states as fresh leaves (requiring grad when ``grad``)."""
+    def leaves(
+        self, upto: int, grad: bool, dtype: torch.dtype
+    ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """The first ``upto`` states as fresh leaves in the model's ``dtype`` (requiring grad
+        when ``grad``)."""
         if self.kv is None or upto == 0:
             return None
-        return [tuple(t[..., :upto, :].detach().requires_grad_(grad) for t in p) for p in self.kv]
+        return [
+            tuple(t[..., :upto, :].detach().to(dtype).requires_grad_(grad) for t in p)
+            for p in self.kv
+        ]
 
     def grow(self, n: int, like: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Zero moments and counts for ``n`` new (present) positions."""
@@ -208,6 +215,7 @@ def _run(
         (c0, t, min(t + cfg.window, c1)) for c0, c1 in ranges for t in range(c0, c1, cfg.window)
     ]
     st = _States(layers)
+    dtype = next(hf.parameters()).dtype
     was_training = hf.training
     hf.eval()
     try:
@@ -221,7 +229,7 @@ def _run(
             shifts = None
             for step in range(cfg.steps):
                 with torch.enable_grad():
-                    past = st.leaves(cached, grad_cached)
+                    past = st.leaves(cached, grad_cached, dtype)
                     cache = KVStates(past, shifts, num_layers=layers)
                     nll = _window_nll(hf, x, targets, cache, positions)
                     if step == 0:
@@ -232,7 +240,7 @@ def _run(
                             f"HSO: the loss of the window of tokens {t}..{e - 1} is "
                             f"{loss.item()}; lower lr (now {cfg.lr})"
                         )
-                    values = [tuple(v.detach() for v in p) for p in cache.states()]
+                    values = [tuple(v.detach().float() for v in p) for p in cache.states()]
                     if step == 0:
                         st.grow(e - t, values)
                     if cfg.lr == 0:
@@ -264,9 +272,9 @@ def _run(
                 # and shifts them by the updates they have had so far
                 shifts = [
                     tuple(
-                        (d.detach() + nw[..., cached:, :] - old[..., cached:, :]).requires_grad_(
-                            True
-                        )
+                        (
+                            d.detach() + (nw[..., cached:, :] - old[..., cached:, :]).to(d.dtype)
+                        ).requires_grad_(True)
                         for d, nw, old in zip(cache.shifts[i], new[i], values[i], strict=True)
                     )
                     for i in range(layers)
@@ -310,4 +318,5 @@ def hso_prefill(
         )
     ranges = contexts(ids.numel() - 1, None, model)
     _, st, _ = _run(model, ids, cfg, ranges, False)
-    return DynamicCache(ddp_cache_data=[tuple(t.detach() for t in p) for p in st.kv])
+    dtype = next(hf_model(model).parameters()).dtype
+    return DynamicCache(ddp_cache_data=[tuple(t.detach().to(dtype) for t in p) for p in st.kv])

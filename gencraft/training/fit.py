@@ -154,9 +154,7 @@ def make_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Any:
     from accelerate import Accelerator
 
     check_mixed_precision(mixed_precision)
-    return Accelerator(
-        cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision, **kwargs
-    )
+    return Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision, **kwargs)
 
 
 @dataclass
