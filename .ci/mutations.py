@@ -619,6 +619,20 @@ M = [
         "tests/training/test_training.py -k mixed_precision",
     ),
     (
+        "HSO feeds its float32 states to a half-precision model uncast",
+        "gencraft/hso/functional.py",
+        "tuple(t[..., :upto, :].detach().to(dtype).requires_grad_(grad) for t in p)",
+        "tuple(t[..., :upto, :].detach().requires_grad_(grad) for t in p)",
+        "tests/test_precision.py -k hso",
+    ),
+    (
+        "a missing extra raises a bare ImportError",
+        "gencraft/extras.py",
+        "    except ImportError as e:",
+        "    except ModuleNotFoundError as e:\n        raise\n    except ImportError as e:",
+        "tests/test_packaging.py -k missing_extra",
+    ),
+    (
         "enc-dec prefix labels left non-contiguous",
         "gencraft/prefix/model.py",
         "            labels = labels.contiguous()",

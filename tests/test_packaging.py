@@ -82,3 +82,19 @@ print(loaded)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert json.loads(r.stdout.strip().splitlines()[-1].replace("'", '"')) == []
+
+
+def test_the_cli_names_a_missing_extra_in_one_line(tmp_path):
+    preds, refs = tmp_path / "p.txt", tmp_path / "r.txt"
+    preds.write_text("a cat sat\n")
+    refs.write_text("a cat sat\n")
+    code = (
+        "import sys\nsys.modules['sacrebleu'] = None\n"
+        "from gencraft.cli.main import main\n"
+        f"sys.exit(main(['eval', '--predictions', {str(preds)!r}, '--references', "
+        f"{str(refs)!r}, '--metrics', 'bleu']))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'gencraft[metrics]'" in lines[0], r.stderr

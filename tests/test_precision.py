@@ -121,8 +121,8 @@ def test_precision_contract_on_cuda(name, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_hso_in_half_precision_keeps_float32_states(dtype):
-    """HSO and dynamic evaluation on a half-precision model: finite, close to float32, and
-    the states' small updates are not rounded away (their master copy is float32)."""
+    """HSO on a half-precision model (its optimised states kept in float32, the model fed a
+    cast copy): finite, close to float32, and the updates move the scores."""
     from gencraft.hso import HSOConfig, hso_nll
     from gencraft.models.architectures import tiny_architecture
 

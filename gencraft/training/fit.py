@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Sampler
 from tqdm.auto import tqdm
 
 from gencraft.config import check, positive
-from gencraft.errors import GencraftError
+from gencraft.errors import ConfigError, GencraftError
 from gencraft.training.checkpoint import (
     Interrupted,
     InterruptGuard,
@@ -152,8 +152,20 @@ def make_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Any:
     ``mixed_precision``: ``no``, ``bf16`` or ``fp16`` (the trainers' ``--mixed-precision``);
     the weights stay float32, the forward and loss run under autocast."""
     from accelerate import Accelerator
+    from accelerate.state import AcceleratorState, PartialState
 
     check_mixed_precision(mixed_precision)
+    # accelerate keeps one state per process: a second training in the same process (a
+    # notebook, the tests) with another precision is allowed when there is one process
+    shared = AcceleratorState._shared_state
+    if shared and shared.get("_mixed_precision", mixed_precision) != mixed_precision:
+        if PartialState().num_processes > 1:
+            raise ConfigError(
+                f"this process already trains with mixed_precision "
+                f"{shared.get('_mixed_precision')!r}; a distributed run cannot switch to "
+                f"{mixed_precision!r}"
+            )
+        AcceleratorState._reset_state()
     return Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision, **kwargs)
 
 
