@@ -46,9 +46,12 @@ test: $(STAMP)
 # the newest releases (constraints/newest.txt) and the declared floors (constraints/floors.txt),
 # each an overlay over .venv (.ci/compat.py)
 COMPAT_TESTS := tests/test_methods.py tests/test_architectures.py tests/test_precision.py tests/test_custom_generate.py
+COMPAT_PEFT := tests/prefix/test_prefix_model.py -k "peft and not t5"
 test-compat: $(STAMP)
 	$(PY) .ci/compat.py run newest -q -p no:cacheprovider $(COMPAT_TESTS)
+	$(PY) .ci/compat.py run newest -q -p no:cacheprovider $(COMPAT_PEFT)
 	$(PY) .ci/compat.py run floors -q -p no:cacheprovider $(COMPAT_TESTS)
+	$(PY) .ci/compat.py run floors -q -p no:cacheprovider $(COMPAT_PEFT)
 
 # by hand: re-resolve constraints/newest.txt from the newest releases the registry serves
 constraints-newest: $(STAMP)

@@ -46,7 +46,7 @@ ATTENTION_METHODS = ("focus", "prefix", "recurrence")
 def computes_attention_inline(arch: str) -> bool:
     """Whether the installed transformers' model file of ``arch`` computes attention without
     its attention-function registry (read from the file's source text; GPT-J did until 5.23,
-    Falcon and Bloom still do)."""
+    T5 and mT5 until 5.10 at least, Falcon and Bloom still do)."""
     _, model_name, _ = ARCHITECTURES[arch]
     model = getattr(transformers, model_name if arch != "bert2bert" else "BertModel")
     source = inspect.getsource(sys.modules[model.__module__])
@@ -59,6 +59,12 @@ REFUSED: dict[tuple[str, str], str] = {
         (m, a): "inline"
         for m in ATTENTION_METHODS
         for a in DECODER_ONLY
+        if computes_attention_inline(a)
+    },
+    **{  # T5 and mT5 joined the registry after 5.5
+        (m, a): "inline"
+        for m in ("focus", "prefix")
+        for a in ENCODER_DECODER
         if computes_attention_inline(a)
     },
     ("nar", "distilbert"): "decoder form",
