@@ -1,7 +1,8 @@
 """Every place gencraft depends on the ``transformers`` release, in one file.
 
 Supported: the range ``pyproject.toml`` declares, 5.5 <= transformers < 6 (tested at its floor
-5.5.0, at the CI pin 5.23.0 and at the newest release 5.24.0, ``constraints/``). What moved between those releases, and how it is read here:
+5.5.0, at the CI pin 5.23.0 and at the newest release 5.24.0, ``constraints/``). What moved
+between those releases, and how it is read here:
 
 * the cache argument and output field: ``past_key_values`` until 5.23, ``cache`` from 5.24
   (the old name is deprecated there): :data:`CACHE_ARG`, :func:`cache_kwargs`,
