@@ -8,14 +8,15 @@ between those releases, and how it is read here:
   (the old name is deprecated there): :data:`CACHE_ARG`, :func:`cache_kwargs`,
   :func:`output_cache`, :func:`takes_cache`;
 * gencraft's own ``ModelOutput`` classes carry the cache under that same name
-  (:func:`cache_field`);
+  (:data:`CACHE_ARG`);
 * the attention-function registry and the mask-function registry (:data:`AttentionInterface`,
   :data:`ALL_ATTENTION_FUNCTIONS`, :data:`AttentionMaskInterface`,
   :data:`ALL_MASK_ATTENTION_FUNCTIONS`) and ``repeat_kv``;
 * the cache classes (:data:`Cache`, :data:`DynamicCache`, :data:`EncoderDecoderCache`,
-  :data:`DynamicLayer`);
-* ``token_type_ids``, which tokenizers return for some models that take none
-  (:func:`drop_token_type_ids`).
+  :data:`DynamicLayer`).
+
+(``token_type_ids``, which broke 4.57.6, never reach a model from gencraft: it builds its own
+``input_ids``/``attention_mask`` batches, :func:`gencraft.models.generate.build_inputs`.)
 
 The next release should be one file to adapt: this one.
 """
@@ -66,7 +67,6 @@ __all__ = [
     "DynamicLayer",
     "EncoderDecoderCache",
     "cache_kwargs",
-    "drop_token_type_ids",
     "output_cache",
     "repeat_kv",
     "takes_cache",
@@ -103,16 +103,3 @@ def takes_cache(model: nn.Module) -> bool:
     """Whether ``model``'s forward takes a KV cache (under either name)."""
     params = _forward_params(type(model))
     return any(n in params for n in _CACHE_NAMES)
-
-
-def cache_field() -> str:
-    """The field name gencraft's ``ModelOutput`` classes give their cache (:data:`CACHE_ARG`)."""
-    return CACHE_ARG
-
-
-def drop_token_type_ids(inputs: dict[str, Any], model: nn.Module) -> dict[str, Any]:
-    """``inputs`` without ``token_type_ids`` when ``model``'s forward takes none (a tokenizer
-    may return them for a model that does not use them: 4.x passes them on and fails)."""
-    if "token_type_ids" in inputs and "token_type_ids" not in _forward_params(type(model)):
-        inputs = {k: v for k, v in inputs.items() if k != "token_type_ids"}
-    return inputs
