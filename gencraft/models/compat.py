@@ -28,7 +28,6 @@ from functools import cache
 from typing import Any
 
 import transformers
-from packaging.version import Version
 from torch import nn
 from transformers import AttentionInterface
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
@@ -45,8 +44,6 @@ try:
 except ImportError:  # pragma: no cover
     from transformers.models.llama.modeling_llama import repeat_kv
 
-VERSION = Version(transformers.__version__)
-
 #: the name of the cache argument of a model's forward and of its outputs' cache field
 CACHE_ARG = (
     "cache"
@@ -59,7 +56,6 @@ __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
     "ALL_MASK_ATTENTION_FUNCTIONS",
     "CACHE_ARG",
-    "VERSION",
     "AttentionInterface",
     "AttentionMaskInterface",
     "Cache",
