@@ -416,8 +416,8 @@ M = [
     (
         "recurrence pools without the softmax over layers",
         "gencraft/recurrence/model.py",
-        "        w = torch.softmax(self.layer_logits, dim=0)",
-        "        w = self.layer_logits",
+        "        w = torch.softmax(self.layer_logits.float(), dim=0)",
+        "        w = self.layer_logits.float()",
         "tests/recurrence/test_recurrence_model.py -k pooling",
     ),
     (
