@@ -59,10 +59,12 @@ def _expand_size(generation_config: Any) -> int:
 
 
 def _rows(
-    model: nn.Module, input_ids: torch.Tensor, model_kwargs: dict[str, Any], every: int
-) -> list[tuple[int, torch.Tensor | None]]:
-    """(row of ``input_ids``, encoder output [1, S_b, H] or None) per input; generate() has
-    repeated each input ``every`` times."""
+    model: nn.Module, input_ids: torch.Tensor, model_kwargs: dict[str, Any], every: int, pad: int
+) -> list[tuple[int, torch.Tensor, torch.Tensor | None]]:
+    """(row of ``input_ids``, the stepper's input [1, P_b], encoder output [1, S_b, H] or None)
+    per input: a causal LM's prompt without its padding; an encoder-decoder's encoder output of
+    that row (its input ids are then not read). generate() repeated each input ``every``
+    times."""
     mask = model_kwargs.get("attention_mask")
     rows = []
     if model.config.is_encoder_decoder:
@@ -70,15 +72,16 @@ def _rows(
         if enc is None:
             raise GencraftError("generate() passed no encoder_outputs to the custom decoder")
         hidden = enc[0] if not hasattr(enc, "last_hidden_state") else enc.last_hidden_state
+        unread = torch.tensor([[pad]], device=input_ids.device)
         for b in range(0, hidden.shape[0], every):
             keep = mask[b].bool() if mask is not None else slice(None)
-            rows.append((b, hidden[b : b + 1][:, keep]))
+            rows.append((b, unread, hidden[b : b + 1][:, keep]))
         return rows
     for b in range(0, input_ids.shape[0], every):
         keep = mask[b].bool() if mask is not None else torch.ones_like(input_ids[b], dtype=bool)
         if not bool(keep.any()):
             raise GencraftError(f"input row {b} is all padding")
-        rows.append((b, None))
+        rows.append((b, input_ids[b : b + 1][:, keep], None))
     return rows
 
 
@@ -111,13 +114,8 @@ def _run(
     n_return = int(getattr(generation_config, "num_return_sequences", None) or 1)
     processors = list(logits_processor or [])
     seqs, scores = [], []
-    mask = model_kwargs.get("attention_mask")
-    for b, enc in _rows(model, input_ids, model_kwargs, _expand_size(generation_config)):
-        if enc is None:
-            keep = mask[b].bool() if mask is not None else slice(None)
-            prompt = input_ids[b : b + 1][:, keep]
-        else:
-            prompt = torch.tensor([[pad]], device=input_ids.device)  # not read: enc is given
+    every = _expand_size(generation_config)
+    for b, prompt, enc in _rows(model, input_ids, model_kwargs, every, pad):
         stepper = HFStepper(
             model,
             prompt,
