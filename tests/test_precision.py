@@ -135,3 +135,21 @@ def test_hso_in_half_precision_keeps_float32_states(dtype):
     assert torch.isfinite(got).all()
     assert (got - ref).abs().max() / ref.abs().max() < {torch.bfloat16: 0.05}.get(dtype, 0.01)
     assert not torch.equal(got, plain)  # lr 1e-3 still moves a half-precision model
+
+
+def measured() -> str:
+    """The relative differences to float32 on the CPU, per method (docs/core.md's table)."""
+    lines = ["| method | bfloat16 | float16 |", "|---|---|---|"]
+    for name, case in CASES.items():
+        ids = case.inputs(0)
+        ref = case.outputs(_to(case, case.make(0)[0], torch.float32, "cpu"), ids).float()
+        row = []
+        for dtype in DTYPES:
+            out = case.outputs(_to(case, case.make(0)[0], dtype, "cpu"), ids).float()
+            row.append(f"{((out - ref).abs().max() / ref.abs().max()).item():.4f}")
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(measured())
