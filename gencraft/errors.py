@@ -1,5 +1,9 @@
 """Errors with messages meant for the user, raised instead of deep library traces."""
 
+from __future__ import annotations
+
+from pathlib import Path
+
 
 class GencraftError(Exception):
     """Base class: the message says what is wrong and what to do about it."""
@@ -15,3 +19,14 @@ class DataError(GencraftError, OSError):
 
 class ConfigError(GencraftError, ValueError):
     """A configuration value is invalid (also a ``ValueError``, as configs raised before)."""
+
+
+class Interrupted(GencraftError):
+    """Training was stopped by Ctrl-C after saving a checkpoint; the message says where and
+    how to resume."""
+
+    def __init__(self, checkpoint: Path, command: str | None) -> None:
+        self.checkpoint = checkpoint
+        self.command = command
+        how = f"; resume with: {command}" if command else "; run the same call again to resume"
+        super().__init__(f"interrupted: saved {checkpoint}{how}")

@@ -225,6 +225,8 @@ def reproduce(
     exp = get_experiment(name)
     settings = exp.settings_for(scale, overrides)
     out = Path(output or f"outputs/reproduce/{name}-{scale}")
+    if out.exists() and not out.is_dir():
+        raise GencraftError(f"--output {out} is a file; an experiment writes a directory there")
     if restart and out.exists():
         shutil.rmtree(out)
     run = ExperimentRun(out, exp, settings, scale)

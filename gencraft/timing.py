@@ -91,7 +91,7 @@ def interleaved(
         raise GencraftError(f"baseline {baseline!r} is not one of the cases {sorted(cases)}")
     if rounds < 1:
         raise GencraftError(f"rounds must be >= 1, got {rounds}")
-    from tqdm.auto import tqdm
+    from gencraft.progress import tqdm
 
     others = [k for k in cases if k != baseline]
     for _ in range(warmup):

@@ -41,6 +41,9 @@ def import_graph() -> dict[str, set[str]]:
                     deps.add(full if full in mods else base)
             elif isinstance(node, ast.Import):
                 deps.update(a.name for a in node.names)
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", "") == "lazy_exports":
+                # a package's lazy exports: {module: names}, imported on first use
+                deps.update(k.value for k in node.args[1].keys if isinstance(k, ast.Constant))
         graph[name] = {d for d in deps if d in mods and d != name}
     return graph
 

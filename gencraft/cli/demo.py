@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from gencraft.cli.evaluate import format_table
+from gencraft.progress import tqdm
 
 PROMPT = "Write a two-line poem about autumn leaves."
 DECODERS = {

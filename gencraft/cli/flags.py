@@ -17,7 +17,7 @@ import argparse
 import dataclasses
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal, get_args, get_origin
 
 from gencraft.errors import GencraftError
@@ -61,10 +61,12 @@ def add_dataclass_arguments(
     exclude: Iterable[str] = (),
     only: Iterable[str] | None = None,
     defaults: dict[str, Any] | None = None,
+    helps: dict[str, str] | None = None,
     prefix: str = "",
 ) -> None:
     """Add one flag per field of dataclass ``cls`` (``only`` those named, minus ``exclude``)
-    to ``parser``; ``defaults`` overrides the dataclass's defaults for this command only.
+    to ``parser``; ``defaults`` and ``helps`` override the dataclass's defaults and help texts
+    for this command only.
 
     Field metadata (:func:`gencraft.config.option`'s keywords): ``help``; ``positional``
     (an argument without ``--``); ``aliases`` (old spellings, accepted but not shown);
@@ -82,10 +84,15 @@ def add_dataclass_arguments(
             inner_cls, inner, hidden = nested
             inner_defaults = {**_field_values(inner), **defaults}
             add_dataclass_arguments(
-                parser, inner_cls, exclude=skip | hidden, defaults=inner_defaults, prefix=prefix
+                parser,
+                inner_cls,
+                exclude=skip | hidden,
+                defaults=inner_defaults,
+                helps=helps,
+                prefix=prefix,
             )
             continue
-        _add_field(parser, f, hints[f.name], defaults, prefix)
+        _add_field(parser, f, hints[f.name], defaults, (helps or {}).get(f.name), prefix)
 
 
 def _add_field(
@@ -93,10 +100,11 @@ def _add_field(
     f: dataclasses.Field,
     hint: Any,
     defaults: dict[str, Any],
+    help_text: str | None,
     prefix: str,
 ) -> None:
     name = prefix + f.name.replace("_", "-")
-    help_text = f.metadata.get("help", "")
+    help_text = help_text or f.metadata.get("help", "")
     required = False
     if f.name in defaults:
         default = defaults[f.name]
@@ -118,6 +126,8 @@ def _add_field(
             choices = list(get_args(tp))
             kw["choices"] = choices + ([None] if optional else [])
             kw["type"] = _converter(type(choices[0]), optional, name)
+            if optional:  # shown as the word the flag reads, not Python's None
+                kw["metavar"] = "{" + ",".join(map(str, [*choices, "none"])) + "}"
         elif origin in (tuple, list):
             inner = get_args(tp)[0] if get_args(tp) else str
             kw["type"] = _converter(inner, False, name)
@@ -144,6 +154,9 @@ def _add_field(
 
 
 def _with_default(help_text: str, default: Any) -> str:
+    if "(default" in help_text:  # the help explains its default itself (e.g. None = auto)
+        return help_text
+    default = "none" if default is None else default  # what the flag reads back
     return f"{help_text} (default: {default})" if help_text else f"default: {default}"
 
 
@@ -212,3 +225,20 @@ def dataclass_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -
         return cls(**values)
     except ValueError as err:
         raise GencraftError(str(err)) from None
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
+    """The destinations of the flags written in ``argv`` (not left at their defaults), over
+    ``parser`` and its subcommands: what a command may refuse as not applying."""
+    by_flag: dict[str, str] = {}
+
+    def collect(p: argparse.ArgumentParser) -> None:
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    collect(sub)
+            for flag in action.option_strings:
+                by_flag[flag] = action.dest
+
+    collect(parser)
+    return {by_flag[a.split("=")[0]] for a in argv if a.split("=")[0] in by_flag}

@@ -47,10 +47,11 @@ def cmd_train(args: argparse.Namespace) -> None:
     print(json.dumps(result, indent=2))
 
 
-def _load(checkpoint: str, device: str | None) -> tuple[Any, Any]:
+def _load(checkpoint: str, device: str | None, command: str) -> tuple[Any, Any]:
     from gencraft.focus.train import load_summarizer
 
-    return load_summarizer(checkpoint, device=device) if device else load_summarizer(checkpoint)
+    kw = {"device": device} if device else {}
+    return load_summarizer(checkpoint, command, **kw)
 
 
 def _summaries(args: argparse.Namespace) -> tuple[list, list[list[str]]]:
@@ -59,7 +60,7 @@ def _summaries(args: argparse.Namespace) -> tuple[list, list[list[str]]]:
     from gencraft.focus.evaluate import summarize
 
     decode = dataclass_from_args(FocusDecodeConfig, args)  # checked before any loading
-    model, tok = _load(args.checkpoint, args.device)
+    model, tok = _load(args.checkpoint, args.device, args.func.__name__.removeprefix("cmd_"))
     docs = _examples(args.task, args.split, args.data_dir, args.limit)
     groups = summarize(
         model,

@@ -24,7 +24,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.data import subword_stream
     from gencraft.hso import DynamicEvalConfig, HSOConfig, dynamic_eval_nll, hso_nll
-    from gencraft.hso.functional import check_causal_lm
+    from gencraft.hso.functional import check_causal_lm, contexts
     from gencraft.metrics import windowed_nll
     from gencraft.metrics.lm import stream_perplexities
     from gencraft.models import load_model
@@ -36,6 +36,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         args.corpus, args.split, tok, data_dir=args.data_dir, max_words=args.max_words
     )
     check_causal_lm(model, ids, what="HSO")  # before the baseline: a clear refusal
+    contexts(ids.numel() - 1, cfg.reset_every, model)  # refuses contexts past the positions
     context = cfg.reset_every or ids.numel()
     runs = [
         ("baseline", lambda: windowed_nll(model, ids, window=context, progress=not args.quiet)),
@@ -71,7 +72,13 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     e = psub.add_parser("eval", help="perplexity: plain model vs HSO (vs dynamic evaluation)")
     add_dataclass_arguments(e, ModelInput, defaults={"model": "smollm2-135m"})
     data = {"corpus": "wikitext-2", "split": "valid"}
-    add_dataclass_arguments(e, DataOptions, only=("corpus", "split", "max_words"), defaults=data)
+    add_dataclass_arguments(
+        e,
+        DataOptions,
+        only=("corpus", "split", "max_words"),
+        defaults=data,
+        helps={"corpus": "LM corpus to score"},
+    )
     add_dataclass_arguments(e, HSOConfig, defaults={"reset_every": 1024})
     add_dataclass_arguments(e, HSOEvalCommand)
     add_dataclass_arguments(e, RunOptions, only=("json", "quiet"))

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gencraft.config import REQUIRED, option
-from gencraft.errors import GencraftError
+from gencraft.errors import GencraftError, Interrupted
 
 #: command modules with ``add_parser(subparsers, add_data_dir)``; a new method adds its own
 METHOD_COMMANDS = (
@@ -130,11 +130,11 @@ def cmd_models(args: argparse.Namespace) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    from tqdm.auto import tqdm
-
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.models import load_model
-    from gencraft.models.generate import GenerationSettings, generate_text
+    from gencraft.models.generate import generate_text
+    from gencraft.models.settings import GenerationSettings
+    from gencraft.progress import tqdm
 
     settings = dataclass_from_args(GenerationSettings, args)
     prompts = list(args.prompt or [])
@@ -195,7 +195,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     from gencraft.cli.flags import add_dataclass_arguments
     from gencraft.cli.options import RunOptions
-    from gencraft.models.generate import GenerationSettings
+    from gencraft.models.settings import GenerationSettings
 
     parser = argparse.ArgumentParser(prog="gencraft", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -236,13 +236,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gencraft.training import Interrupted
+    from gencraft.cli.flags import given_flags
 
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args, extra = parser.parse_known_args(argv)
+    args.given = given_flags(parser, argv)  # flags written out, for "does not apply" checks
     if extra and not getattr(args, "takes_extra", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
+        from gencraft.cli.options import check_options
+
+        check_options(args)
         if getattr(args, "takes_extra", False):
             args.func(args, extra)
         else:

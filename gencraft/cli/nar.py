@@ -31,15 +31,23 @@ class NARGenerateCommand:
     sources: list[str] = option(REQUIRED, "source texts (linearised inputs)")
 
 
-def _load(name_or_dir: str, seed: int = 0) -> tuple[Any, Any]:
+def _load(name_or_dir: str, command: str, seed: int = 0) -> tuple[Any, Any]:
     from gencraft.nar import load_mlm_seq2seq
     from gencraft.training import load_run
 
     if Path(name_or_dir).is_dir():  # a trained run (its best/) or one of its model directories
-        model, tok, _ = load_run(name_or_dir)
+        model, tok, _ = load_run(name_or_dir, method="nar", command=command)
         return model, tok
     # a masked LM converted on the spot (untrained for generation)
     return load_mlm_seq2seq(name_or_dir, seed=seed)
+
+
+def _check_flags(model: Any, sampling: Any, args: argparse.Namespace) -> None:
+    """Refuse the decoding flags written out that the chosen --method does not read."""
+    from gencraft.nar.evaluate import check_settings_apply, resolve_method
+
+    method = resolve_method(model, args.method)
+    check_settings_apply(method, sampling, args.num_beams, given=getattr(args, "given", None))
 
 
 def cmd_train(args: argparse.Namespace) -> None:
@@ -75,7 +83,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from gencraft.nar.evaluate import decode
 
     sampling = dataclass_from_args(SamplingConfig, args)
-    model, tok = _load(args.model)
+    model, tok = _load(args.model, "generate")
+    _check_flags(model, sampling, args)
     texts, out = decode(
         model,
         tok,
@@ -108,7 +117,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.nar.evaluate import evaluate
 
     sampling = dataclass_from_args(SamplingConfig, args)
-    model, tok = _load(args.model)
+    model, tok = _load(args.model, "eval")
+    _check_flags(model, sampling, args)
     r = evaluate(
         model,
         tok,
@@ -152,7 +162,13 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
 
     def decoding_flags(q: argparse.ArgumentParser) -> None:
         add_dataclass_arguments(q, NARDecodeCommand)
-        add_dataclass_arguments(q, DecodeOptions, only=("num_beams",))
+        add_dataclass_arguments(
+            q,
+            DecodeOptions,
+            only=("num_beams",),
+            defaults={"num_beams": None},
+            helps={"num_beams": "beam size (1: greedy) of --method beam (default: 4)"},
+        )
         add_dataclass_arguments(q, SamplingConfig)
         add_dataclass_arguments(q, RunOptions, only=("json",))
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gencraft.config import REQUIRED, option
+from gencraft.config import REQUIRED, option, positive
 
 
 @dataclass
@@ -54,6 +54,10 @@ class DataOptions:
         None, "the first N validation examples", aliases=("--max-valid",)
     )
 
+    def __post_init__(self) -> None:
+        counts = ("limit", "max_words", "train_examples", "valid_examples")
+        positive(self, *counts, allow_none=True)  # --limit -1 is not Python's slice here
+
 
 @dataclass
 class DecodeOptions:
@@ -62,6 +66,10 @@ class DecodeOptions:
     num_beams: int = option(4, "beam size (1: greedy)", aliases=("--beams",))
     max_new_tokens: int = option(64, "tokens generated at most")
     batch_size: int = option(8, "inputs per batch")
+
+    def __post_init__(self) -> None:
+        positive(self, "max_new_tokens", "batch_size")
+        positive(self, "num_beams", allow_none=True)  # None: the command's own default
 
 
 @dataclass
@@ -80,3 +88,20 @@ class ModelInput:
     """The model a command starts from."""
 
     model: str = option(REQUIRED, "registered name (gencraft models), local path or hub id")
+
+
+#: the shared groups whose values every command checks right after parsing
+CHECKED = (DataOptions, DecodeOptions)
+
+
+def check_options(args: object) -> None:
+    """Validate the shared option groups a command took (each group's ``__post_init__`` on
+    the flags it has), so ``--num-beams 0`` or ``--limit -1`` is refused in one line before
+    anything loads."""
+    import dataclasses
+
+    for cls in CHECKED:
+        names = {f.name for f in dataclasses.fields(cls)}
+        given = {k: v for k, v in vars(args).items() if k in names}
+        if given:
+            cls(**given)

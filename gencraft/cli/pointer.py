@@ -105,7 +105,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.pointer.evaluate import evaluate
     from gencraft.training import load_run
 
-    model = load_run(args.checkpoint, device=args.device).model
+    model = load_run(args.checkpoint, method="pointer", command="eval", device=args.device).model
     corpus_name = args.corpus or model.config.extra.get("corpus")
     if not corpus_name:
         raise GencraftError("the checkpoint records no corpus; pass --corpus")
@@ -141,7 +141,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     from gencraft.pointer.evaluate import evaluate
     from gencraft.training import load_run
 
-    ptr = load_run(args.pointer).model
+    ptr = load_run(args.pointer, method="pointer", command="analyze").model
     name = args.corpus or ptr.config.extra.get("corpus")
     if not name:
         raise GencraftError("the checkpoint records no corpus; pass --corpus")
@@ -150,7 +150,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"corpus": name, "split": args.split}
     if args.baseline:
-        base = load_run(args.baseline).model
+        base = load_run(args.baseline, method="pointer", command="analyze").model
         if base.config.vocab_size != ptr.config.vocab_size:
             raise GencraftError("the two checkpoints have different vocabularies")
         ids = corpus[args.split]

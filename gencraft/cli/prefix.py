@@ -52,17 +52,17 @@ def cmd_train(args: argparse.Namespace) -> None:
     print(json.dumps(summary, indent=2))
 
 
-def _load(checkpoint: str) -> tuple[Any, Any, dict]:
+def _load(checkpoint: str, command: str) -> tuple[Any, Any, dict]:
     from gencraft.prefix.variants import rebuild_finetuned
     from gencraft.training import load_run
 
-    return load_run(checkpoint, build=rebuild_finetuned)
+    return load_run(checkpoint, method="prefix", command=command, build=rebuild_finetuned)
 
 
-def _run(args: argparse.Namespace) -> dict[str, Any]:
+def _run(args: argparse.Namespace, command: str) -> dict[str, Any]:
     from gencraft.prefix.evaluate import evaluate
 
-    model, tok, meta = _load(args.checkpoint)
+    model, tok, meta = _load(args.checkpoint, command)
     task = args.task or meta["train"]["task"]
     return evaluate(
         model,
@@ -82,10 +82,15 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    if args.source:
+    if args.source is not None:
+        empty = [str(i + 1) for i, s in enumerate(args.source) if not s.strip()]
+        if empty:
+            from gencraft.errors import GencraftError
+
+            raise GencraftError(f"--source number {', '.join(empty)} is empty; give an input")
         from gencraft.prefix.evaluate import generate_outputs
 
-        model, tok, _ = _load(args.checkpoint)
+        model, tok, _ = _load(args.checkpoint, "generate")
         outs = generate_outputs(
             model,
             tok,
@@ -97,7 +102,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         for s, o in zip(args.source, outs, strict=True):
             print(json.dumps({"source": s, "output": o}))
         return
-    result = _run(args)
+    result = _run(args, "generate")
     lines = [json.dumps({"prediction": o}) for o in result["outputs"]]
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
@@ -110,7 +115,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.evaluate import format_table
 
-    result = _run(args)
+    result = _run(args, "eval")
     outputs = result.pop("outputs")
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
@@ -142,7 +147,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     out = Path(args.output)
     curves, maps = {}, None
     for checkpoint in [args.checkpoint, *args.compare]:
-        model, tok, meta = _load(checkpoint)
+        model, tok, meta = _load(checkpoint, "analyze")
         if not hasattr(model, "recording"):
             from gencraft.errors import GencraftError
 

@@ -48,7 +48,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.training import load_run
 
     if Path(args.model).is_dir():  # a trained run (its best/) or one of its model directories
-        model, tok, meta = load_run(args.model)
+        model, tok, meta = load_run(args.model, method="recurrence", command="eval")
         window = args.window or meta["recurrence"]["window"]
         corpus = args.corpus or meta["train"]["corpus"]
     else:  # any causal LM, each window run alone

@@ -14,6 +14,11 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     from gencraft.cli.evaluate import format_table
     from gencraft.experiments import experiments, get_experiment, reproduce
 
+    if args.list and args.name:  # one experiment: its settings at each scale
+        exp = get_experiment(args.name)
+        print(f"{exp.name}: {exp.title} (scales: {', '.join(exp.scales)})")
+        print(format_table(_settings_rows(exp)))
+        return
     if args.list or not args.name:
         rows = [
             {
@@ -35,6 +40,18 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     )
     print(report.read_text())
     print(f"wrote {report}")
+
+
+def _settings_rows(exp: Any) -> list[dict[str, Any]]:
+    """One row per setting of ``exp``: its value at each scale."""
+    by_scale = {scale: exp.settings_for(scale, None) for scale in exp.scales}
+    return [
+        {
+            "setting": "--" + f.name.replace("_", "-"),
+            **{s: getattr(v, f.name) for s, v in by_scale.items()},
+        }
+        for f in fields(next(iter(by_scale.values())))
+    ]
 
 
 def _overrides(settings: type, extra: list[str], name: str) -> dict[str, Any]:

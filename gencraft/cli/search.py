@@ -44,7 +44,7 @@ def _classifier(args: argparse.Namespace, model: Any) -> Any:
         if args.attribute is not None:
             raise GencraftError("--attribute needs --classifier DIR")
         return None
-    clf = load_run(args.classifier, base=model).model
+    clf = load_run(args.classifier, method="search", command="beam --classifier", base=model).model
     if not isinstance(clf, AttributeClassifier):
         raise GencraftError(f"{args.classifier} holds a {type(clf).__name__}, not a classifier")
     kind = clf.config.attribute

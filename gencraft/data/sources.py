@@ -20,9 +20,8 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from gencraft.errors import DataError
+from gencraft.progress import tqdm
 from gencraft.utils import cache_dir, is_offline
 
 DATA_DIR_ENV = "GENCRAFT_DATA_DIR"

@@ -8,27 +8,30 @@
   (eq. 5) as a ``transformers`` logits processor.
 """
 
-from gencraft.focus.decoding import (
-    FocusLogitsProcessor,
-    focus_vocabulary,
-    oracle_vocabulary,
-    peakiness,
-)
-from gencraft.focus.functional import frequent_token_ids, topic_loss, topic_targets
-from gencraft.focus.head import FocusHead, FocusOutput
-from gencraft.focus.model import FocusConfig, FocusForConditionalGeneration, FocusModelOutput
+from gencraft.lazy import lazy_exports
 
-__all__ = [
-    "FocusConfig",
-    "FocusForConditionalGeneration",
-    "FocusHead",
-    "FocusLogitsProcessor",
-    "FocusModelOutput",
-    "FocusOutput",
-    "focus_vocabulary",
-    "frequent_token_ids",
-    "oracle_vocabulary",
-    "peakiness",
-    "topic_loss",
-    "topic_targets",
-]
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "gencraft.focus.decoding": (
+            "FocusLogitsProcessor",
+            "focus_vocabulary",
+            "oracle_vocabulary",
+            "peakiness",
+        ),
+        "gencraft.focus.functional": (
+            "frequent_token_ids",
+            "topic_loss",
+            "topic_targets",
+        ),
+        "gencraft.focus.head": (
+            "FocusHead",
+            "FocusOutput",
+        ),
+        "gencraft.focus.model": (
+            "FocusConfig",
+            "FocusForConditionalGeneration",
+            "FocusModelOutput",
+        ),
+    },
+)

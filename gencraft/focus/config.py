@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from gencraft.config import check, option, positive
-from gencraft.training.fit import FitConfig, fit_options
+from gencraft.training.config import FitConfig, fit_options
 
 
 @dataclass

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from gencraft.errors import GencraftError
 from gencraft.focus.config import DECODINGS
@@ -32,6 +31,7 @@ from gencraft.metrics import (
     rouge1_precision_vs_source,
     score_task,
 )
+from gencraft.progress import tqdm
 
 
 def _generate_kwargs(decoding: str, num_beams: int, top_k: int, top_p: float) -> dict:

@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from gencraft.data.summarization import SummarizationExample
 from gencraft.errors import GencraftError
@@ -32,6 +31,7 @@ from gencraft.focus.data import SummaryEncoder, collate
 from gencraft.focus.features import HeadFeatures, collect_features, head_losses
 from gencraft.focus.functional import frequent_token_ids
 from gencraft.focus.model import FocusConfig, FocusForConditionalGeneration
+from gencraft.progress import tqdm
 from gencraft.training import (
     fit,
     load_run,
@@ -43,13 +43,13 @@ from gencraft.training import (
 )
 
 
-def load_summarizer(path: str, **load_kw: Any) -> tuple[nn.Module, Any]:
+def load_summarizer(path: str, command: str = "eval", **load_kw: Any) -> tuple[nn.Module, Any]:
     """A trained run (:func:`gencraft.training.load_run`: its ``best/``, or a model
     directory), or any registered model name, as (model, tokenizer)."""
     from gencraft.models import load_model
 
     if Path(path).is_dir():
-        model, tok, _ = load_run(path, **load_kw)
+        model, tok, _ = load_run(path, method="focus", command=command, **load_kw)
         return model, tok
     return load_model(path, **load_kw)
 

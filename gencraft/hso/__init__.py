@@ -5,16 +5,23 @@ keys/values of a frozen causal LM; ``hso_prefill`` returns the optimised cache o
 for ``generate``; ``dynamic_eval_nll`` updates the weights instead (Krause et al. 2018).
 """
 
-from gencraft.hso.config import DynamicEvalConfig, HSOConfig
-from gencraft.hso.dynamic import dynamic_eval_nll, dynamically_evaluated
-from gencraft.hso.functional import TokenScores, hso_nll, hso_prefill
+from gencraft.lazy import lazy_exports
 
-__all__ = [
-    "DynamicEvalConfig",
-    "HSOConfig",
-    "TokenScores",
-    "dynamic_eval_nll",
-    "dynamically_evaluated",
-    "hso_nll",
-    "hso_prefill",
-]
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "gencraft.hso.config": (
+            "DynamicEvalConfig",
+            "HSOConfig",
+        ),
+        "gencraft.hso.dynamic": (
+            "dynamic_eval_nll",
+            "dynamically_evaluated",
+        ),
+        "gencraft.hso.functional": (
+            "TokenScores",
+            "hso_nll",
+            "hso_prefill",
+        ),
+    },
+)

@@ -12,12 +12,12 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from gencraft.errors import GencraftError
 from gencraft.hso.config import DynamicEvalConfig
 from gencraft.hso.functional import TokenScores, check_causal_lm, contexts
 from gencraft.models.introspect import hf_model
+from gencraft.progress import tqdm
 
 
 def _optimizer(params, cfg: DynamicEvalConfig) -> torch.optim.Optimizer:

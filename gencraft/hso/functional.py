@@ -29,13 +29,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from gencraft.errors import GencraftError
 from gencraft.hso.config import HSOConfig
 from gencraft.models.compat import CACHE_ARG, DynamicCache, cache_kwargs, takes_cache
 from gencraft.models.introspect import context_size, hf_model, is_causal_lm, model_shape
 from gencraft.models.stepping import KVStates
+from gencraft.progress import tqdm
 
 
 @dataclass
@@ -82,7 +82,7 @@ def contexts(n_inputs: int, reset_every: int | None, model: nn.Module) -> list[t
     if limit is not None and min(size, n_inputs) > limit:
         raise GencraftError(
             f"a context of {min(size, n_inputs)} inputs exceeds the model's {limit} positions; "
-            f"set reset_every <= {limit}"
+            f"set reset_every (--reset-every) <= {limit}"
         )
     return [(c, min(c + size, n_inputs)) for c in range(0, n_inputs, size)]
 

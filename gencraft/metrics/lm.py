@@ -8,10 +8,10 @@ from typing import NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from gencraft.config import check
+from gencraft.progress import tqdm
 
 
 def perplexity(nll_sum: float, n_tokens: int) -> float:
@@ -65,6 +65,19 @@ class WindowedScorer(Protocol):
 
 
 @torch.no_grad()
+def check_positions(model: nn.Module, inputs: int, setting: str) -> None:
+    """Refuse, before any forward pass, ``inputs`` tokens in one pass of a model with fewer
+    positions (GPT-2's learned positions would fail deep inside with an IndexError)."""
+    from gencraft.models.introspect import context_size, hf_model
+
+    limit = context_size(model)
+    check(
+        limit is None or inputs <= limit,
+        f"{type(hf_model(model)).__name__} has {limit} positions, fewer than the {inputs} "
+        f"tokens one pass would take; set {setting} <= {limit}",
+    )
+
+
 def windowed_nll(
     model: nn.Module,
     ids: torch.Tensor,
@@ -89,6 +102,7 @@ def windowed_nll(
     device = next(model.parameters()).device
     ids = ids.to(device)
     schedule = window_schedule(ids.numel(), window, overlap)  # checks N >= 2 first
+    check_positions(model, min(window, ids.numel() - 1), "window")
     out = torch.empty(ids.numel() - 1, dtype=torch.float32)
     for w in tqdm(schedule, desc="windows", disable=not progress, leave=False):
         logits = model(input_ids=ids[w.start : w.end].unsqueeze(0)).logits[0]  # [T, V]

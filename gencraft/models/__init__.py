@@ -4,20 +4,27 @@ Registered names: ``smollm2-135m``, ``minilm-l6`` and the random ``tiny-*`` test
 local directory, ``.gguf`` file or Hugging Face hub id works too.
 """
 
-from gencraft.models.method import MethodModel, load_method
-from gencraft.models.registry import MODELS, TASKS, ModelInfo, infer_task, list_models, load_model
-from gencraft.models.tiny import TINY_BUILDERS, build_tiny_model, build_tiny_tokenizer
+from gencraft.lazy import lazy_exports
 
-__all__ = [
-    "MODELS",
-    "TASKS",
-    "TINY_BUILDERS",
-    "MethodModel",
-    "ModelInfo",
-    "build_tiny_model",
-    "build_tiny_tokenizer",
-    "infer_task",
-    "list_models",
-    "load_method",
-    "load_model",
-]
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "gencraft.models.method": (
+            "MethodModel",
+            "load_method",
+        ),
+        "gencraft.models.registry": (
+            "MODELS",
+            "TASKS",
+            "ModelInfo",
+            "infer_task",
+            "list_models",
+            "load_model",
+        ),
+        "gencraft.models.tiny": (
+            "TINY_BUILDERS",
+            "build_tiny_model",
+            "build_tiny_tokenizer",
+        ),
+    },
+)

@@ -106,6 +106,26 @@ def model_shape(model: nn.Module) -> ModelShape:
     return ModelShape(layers, hidden, heads, kv, head_dim, vocab, context_size(model))
 
 
+def check_generator(model: nn.Module, what: str) -> None:
+    """Refuse a model that cannot generate (an encoder or a masked LM) for ``what``, which
+    samples continuations: a causal LM or an encoder-decoder is needed."""
+    if is_causal_lm(model) or is_encoder_decoder(model):
+        return
+    hf = hf_model(model)
+    raise GencraftError(
+        f"{what} needs a model that generates (a causal LM or an encoder-decoder); "
+        f"{model_name(model) or type(hf).__name__} is a {type(hf).__name__}, an encoder"
+    )
+
+
+def model_name(model: nn.Module) -> str | None:
+    """The name ``model`` was loaded by (:func:`gencraft.models.load_model`: a registered name,
+    path or hub id), else its config's ``_name_or_path``; None when neither is known."""
+    hf = hf_model(model)
+    name = getattr(hf, "gencraft_name", None) or getattr(hf.config, "_name_or_path", None)
+    return str(name) if name else None
+
+
 def context_size(model: nn.Module) -> int | None:
     """Positions the generating stack can take (None: no absolute limit)."""
     return _first(

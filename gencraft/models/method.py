@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
-from gencraft.models.persistence import load_base, read_head, save_head
+from gencraft.models.persistence import check_json_files, load_base, read_head, save_head
 
 METHOD_CONFIG = "method_config.json"
 METHOD_WEIGHTS = "method_model.safetensors"
@@ -251,6 +251,7 @@ def load_method(directory: str | Path, base: nn.Module | None = None, **kwargs: 
     import json
 
     d = Path(directory)
+    check_json_files(d)
     if (d / METHOD_CONFIG).is_file():
         try:
             saved = json.loads((d / METHOD_CONFIG).read_text())
@@ -262,7 +263,9 @@ def load_method(directory: str | Path, base: nn.Module | None = None, **kwargs: 
         if not found:
             raise GencraftError(f"{d} holds no saved gencraft model (no {METHOD_CONFIG})")
         package, name = LEGACY_CONFIGS[found[0]], None
-    importlib.import_module(f"gencraft.{package}")
+    methods = importlib.import_module(f"gencraft.{package}")
+    for export in methods.__all__:  # registers the package's classes (its exports are lazy)
+        getattr(methods, export)
     if name is None:  # a pre-format save: the class whose legacy config is there
         name = next(
             n

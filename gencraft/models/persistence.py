@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from gencraft.errors import GencraftError
+from gencraft.errors import ConfigError, GencraftError
 
 
 def save_head(
@@ -92,3 +92,17 @@ def load_base(
     if config.get("base_name_or_path"):
         return load_model(config["base_name_or_path"], task=task, **load_kw)[0]
     raise GencraftError(f"{d} records no base model; pass base_model=")
+
+
+def check_json_files(directory: Path) -> None:
+    """A model directory's JSON files all parse (a truncated ``config.json`` is named here,
+    not deep inside ``transformers``)."""
+    for f in sorted(directory.glob("*.json")):
+        try:
+            json.loads(f.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as err:
+            why = getattr(err, "msg", "not text")
+            raise ConfigError(
+                f"{f} is damaged or truncated (not valid JSON: {why}); train the run again "
+                "or copy the file back"
+            ) from None

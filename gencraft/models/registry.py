@@ -110,6 +110,7 @@ def _check_task(task: str | None) -> None:
 
 
 def _finish(
+    name: str,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     task: str,
@@ -125,6 +126,7 @@ def _finish(
         model = model.to(dtype)
     if device is not None:
         model = model.to(device)
+    model.gencraft_name = name  # the name it was loaded by (models.introspect.model_name)
     return model.eval(), tokenizer
 
 
@@ -277,7 +279,12 @@ def load_model(
                 f"{name_or_path} is a {want} model; task={task!r} is not available"
             )
         return _finish(
-            build_tiny_model(name_or_path, seed), build_tiny_tokenizer(), want, dtype, device
+            name_or_path,
+            build_tiny_model(name_or_path, seed),
+            build_tiny_tokenizer(),
+            want,
+            dtype,
+            device,
         )
     if name_or_path == "smollm2-135m":
         if task not in (None, "causal-lm"):
@@ -285,7 +292,7 @@ def load_model(
                 f"smollm2-135m is a causal-lm model; task={task!r} is not available"
             )
         model, tok, task = _load_hf(str(pretrained.smollm2_dir()), "causal-lm", dtype)
-        return _finish(model, tok, task, None, device)
+        return _finish(name_or_path, model, tok, task, None, device)
     if name_or_path == "minilm-l6":
         task = task or "encoder"
         if task not in ("encoder", "masked-lm"):
@@ -302,13 +309,13 @@ def load_model(
         with torch.random.fork_rng(devices=[]), pretrained.quiet_load_report():
             torch.manual_seed(seed)  # the new head's initialisation
             model, tok, task = _load_hf(str(pretrained.minilm_dir()), task, dtype)
-        return _finish(model, tok, task, None, device)
+        return _finish(name_or_path, model, tok, task, None, device)
     if name_or_path == "minilm-l6-bert2bert":
         if task not in (None, "seq2seq-lm"):
             raise ModelLoadError(
                 f"minilm-l6-bert2bert is a seq2seq-lm model; task={task!r} is not available"
             )
         model, tok = pretrained.minilm_bert2bert()
-        return _finish(model, tok, "seq2seq-lm", dtype, device)
+        return _finish(name_or_path, model, tok, "seq2seq-lm", dtype, device)
     model, tok, task = _load_hf(name_or_path, task, dtype, **from_pretrained_kw)
-    return _finish(model, tok, task, None, device)
+    return _finish(name_or_path, model, tok, task, None, device)

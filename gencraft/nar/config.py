@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from gencraft.config import check, option, positive
-from gencraft.training.fit import FitConfig, fit_options
+from gencraft.training.config import FitConfig, fit_options
 
 OBJECTIVES = ("sundae", "mask-predict", "autoregressive")
 CROSS_ATTENTION = ("random", "copy")

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from gencraft.errors import GencraftError
 from gencraft.nar.config import SamplingConfig
 from gencraft.nar.model import NARSeq2Seq
+from gencraft.progress import tqdm
 
 
 @dataclass

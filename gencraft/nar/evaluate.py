@@ -3,6 +3,7 @@ decoder) over a task's split, scored by :func:`gencraft.metrics.score_task`."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from gencraft.data.tasks import pick_examples, references_of, source_of, task_examples
@@ -18,6 +19,60 @@ from gencraft.nar.decoding import (
 from gencraft.nar.functional import noise_ids
 from gencraft.nar.model import NARSeq2Seq, target_token_ids
 
+#: the :class:`SamplingConfig` settings each decoding method reads (beam search: none of them,
+#: only ``num_beams``)
+READS: dict[str, tuple[str, ...]] = {
+    "sundae": tuple(f.name for f in fields(SamplingConfig)),
+    "mask-predict": ("steps", "length_candidates"),
+    "beam": (),
+}
+DEFAULT_BEAMS = 4
+
+
+def sampling_for(method: str, **values: Any) -> SamplingConfig:
+    """A :class:`SamplingConfig` with those of ``values`` that ``method`` reads (an experiment
+    that sets samples for SUNDAE can pass the same settings to Mask-Predict)."""
+    return SamplingConfig(**{k: v for k, v in values.items() if k in READS[method]})
+
+
+def resolve_method(model: NARSeq2Seq, method: str) -> str:
+    """``auto`` made concrete: beam search for a causal decoder, else SUNDAE."""
+    if method == "auto":
+        method = "sundae" if model.nar_settings.bidirectional else "beam"
+    if method not in READS:
+        raise GencraftError(f"method must be sundae, mask-predict, beam or auto, got {method!r}")
+    return method
+
+
+def check_settings_apply(
+    method: str,
+    sampling: SamplingConfig,
+    num_beams: int | None,
+    given: set[str] | None = None,
+) -> None:
+    """Refuse settings the chosen decoding ignores, by name: ``--temperature`` with
+    Mask-Predict, ``--num-beams`` with SUNDAE... ``given``: the settings the user wrote out
+    (the CLI's flags); without it, those changed from their defaults."""
+    default = SamplingConfig()
+    unused = [
+        f.name
+        for f in fields(SamplingConfig)
+        if f.name not in READS[method]
+        and (
+            f.name in given
+            if given is not None
+            else getattr(sampling, f.name) != getattr(default, f.name)
+        )
+    ]
+    if method != "beam" and (num_beams is not None or (given and "num_beams" in given)):
+        unused.append("num_beams")
+    if unused:
+        flags = ", ".join("--" + n.replace("_", "-") for n in unused)
+        raise GencraftError(
+            f"{flags} do{'es' if len(unused) == 1 else ''} not apply to {method} decoding; "
+            f"leave {'it' if len(unused) == 1 else 'them'} out or choose another --method"
+        )
+
 
 def decode(
     model: NARSeq2Seq,
@@ -26,16 +81,16 @@ def decode(
     sampling: SamplingConfig,
     *,
     method: str = "auto",
-    num_beams: int = 4,
+    num_beams: int | None = None,
     max_source_tokens: int = 128,
     progress: bool = False,
 ) -> tuple[list[str], NAROutput]:
     """Texts for ``sources`` by ``method``: ``sundae``, ``mask-predict``, ``beam`` (a causal
-    decoder) or ``auto`` (beam for a causal decoder, else SUNDAE)."""
-    if method == "auto":
-        method = "sundae" if model.nar_settings.bidirectional else "beam"
-    if method not in ("sundae", "mask-predict", "beam"):
-        raise GencraftError(f"method must be sundae, mask-predict, beam or auto, got {method!r}")
+    decoder) or ``auto`` (beam for a causal decoder, else SUNDAE). ``num_beams`` (default 4)
+    is beam search's alone; a setting of ``sampling`` that ``method`` does not read is
+    refused (:func:`check_settings_apply`)."""
+    method = resolve_method(model, method)
+    check_settings_apply(method, sampling, num_beams)
     if not sources:
         raise GencraftError("no inputs to decode")
     enc = tok(
@@ -52,7 +107,7 @@ def decode(
             model,
             ids,
             mask,
-            num_beams=num_beams,
+            num_beams=num_beams or DEFAULT_BEAMS,
             max_new_tokens=model.max_target_length,
             progress=progress,
         )
@@ -69,7 +124,7 @@ def evaluate(
     limit: int | None = None,
     sampling: SamplingConfig | None = None,
     method: str = "auto",
-    num_beams: int = 4,
+    num_beams: int | None = None,
     data_dir: str | None = None,
     lowercase: bool = False,
     progress: bool = False,

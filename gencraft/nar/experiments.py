@@ -23,7 +23,7 @@ from typing import Any
 
 from gencraft.experiments import ExperimentRun, register, settings_field
 from gencraft.nar.config import ConvertConfig, NARTrainConfig, ObjectiveConfig, SamplingConfig
-from gencraft.nar.evaluate import evaluate
+from gencraft.nar.evaluate import evaluate, sampling_for
 from gencraft.nar.train import train
 from gencraft.training import FitConfig, load_run
 
@@ -123,8 +123,8 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
             return {k: v for k, v in summary.items() if k != "history"}
 
         summary = run.unit(f"train {name}", fit_one)
-        sampling = SamplingConfig(
-            steps=s.decode_steps, samples=s.samples, length_candidates=s.length_candidates
+        sampling = sampling_for(
+            method, steps=s.decode_steps, samples=s.samples, length_candidates=s.length_candidates
         )
         if method == "sundae":
             tuned = run.unit(f"tune {name}", lambda out=out, sp=sampling: _tune(s, out, sp))
@@ -188,7 +188,8 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
             def point(name=name, method=method, steps=steps):
                 model, tok, _ = load_run(Path(run.directory) / name / "best")
                 t = temperatures.get(name, 1.0)
-                sp = SamplingConfig(
+                sp = sampling_for(
+                    method,
                     steps=steps,
                     samples=s.samples,
                     temperature=t,

@@ -7,33 +7,33 @@
   recipe through ``accelerate``.
 """
 
-from gencraft.pointer.evaluate import evaluate
-from gencraft.pointer.functional import (
-    pointer_attention,
-    pointer_loss,
-    pointer_sentinel_log_probs,
-    pointer_target_log_probs,
-    sequence_pointer_attention,
-)
-from gencraft.pointer.head import PointerSentinelHead
-from gencraft.pointer.lstm import PRESETS, PointerSentinelConfig, PointerSentinelLSTM
-from gencraft.pointer.rnn import LockedDropout, ZoneoutLSTM
-from gencraft.pointer.train import PointerTrainer, TrainConfig, tbptt_schedule
+from gencraft.lazy import lazy_exports
 
-__all__ = [
-    "PRESETS",
-    "LockedDropout",
-    "PointerSentinelConfig",
-    "PointerSentinelHead",
-    "PointerSentinelLSTM",
-    "PointerTrainer",
-    "TrainConfig",
-    "ZoneoutLSTM",
-    "evaluate",
-    "pointer_attention",
-    "pointer_loss",
-    "pointer_sentinel_log_probs",
-    "pointer_target_log_probs",
-    "sequence_pointer_attention",
-    "tbptt_schedule",
-]
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "gencraft.pointer.evaluate": ("evaluate",),
+        "gencraft.pointer.functional": (
+            "pointer_attention",
+            "pointer_loss",
+            "pointer_sentinel_log_probs",
+            "pointer_target_log_probs",
+            "sequence_pointer_attention",
+        ),
+        "gencraft.pointer.head": ("PointerSentinelHead",),
+        "gencraft.pointer.lstm": (
+            "PRESETS",
+            "PointerSentinelConfig",
+            "PointerSentinelLSTM",
+        ),
+        "gencraft.pointer.rnn": (
+            "LockedDropout",
+            "ZoneoutLSTM",
+        ),
+        "gencraft.pointer.train": (
+            "PointerTrainer",
+            "TrainConfig",
+            "tbptt_schedule",
+        ),
+    },
+)

@@ -100,15 +100,18 @@ class TrainConfig:
     mixed_precision: Literal["no", "bf16", "fp16"] = option(
         "no", "autocast the forward and loss (accelerate): no, bf16 or fp16 (GPU)"
     )
-    save_every: int | None = option(None, "steps between resumable checkpoints")
-    checkpoint_every: float = option(300.0, "seconds between resumable checkpoints")
+    save_every: float = option(
+        300.0,
+        "seconds between periodic checkpoints (as on every trainer)",
+        aliases=("--checkpoint-every",),
+    )
     revert_on_worse: bool = option(
         False, "on a worse validation, also reload the best weights (fresh optimizer state)"
     )
     seed: int = option(0, "seed")
 
     def __post_init__(self) -> None:
-        from gencraft.training.fit import check_mixed_precision
+        from gencraft.training.config import check_mixed_precision
 
         check_mixed_precision(self.mixed_precision)
         check(self.batch_size >= 1 and self.bptt >= 1, "batch_size and bptt must be positive")
@@ -132,7 +135,8 @@ class TrainConfig:
             self.max_time is None or self.max_time > 0,
             f"max_time must be > 0 seconds (or unset), got {self.max_time}",
         )
-        for name in ("max_steps", "max_epochs", "eval_every", "save_every"):
+        check(self.save_every > 0, f"save_every must be > 0 seconds, got {self.save_every}")
+        for name in ("max_steps", "max_epochs", "eval_every"):
             v = getattr(self, name)
             check(v is None or v >= 1, f"{name} must be >= 1 (or unset), got {v}")
 

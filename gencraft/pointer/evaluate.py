@@ -7,9 +7,9 @@ import math
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from gencraft.pointer.lstm import PointerSentinelLSTM
+from gencraft.progress import tqdm
 from gencraft.training import batchify
 
 

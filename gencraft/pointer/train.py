@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from gencraft.data.lm import LMCorpus
 from gencraft.errors import GencraftError
 from gencraft.pointer.config import TrainConfig
 from gencraft.pointer.evaluate import detach_state, evaluate
 from gencraft.pointer.lstm import PointerSentinelLSTM
+from gencraft.progress import tqdm
 from gencraft.training import (
     Interrupted,
     InterruptGuard,
@@ -62,14 +62,15 @@ BUDGET_KEYS = (
     "max_epochs",
     "eval_every",
     "save_every",
-    "checkpoint_every",
 )
 
 
 class PointerTrainer:
     """Trains a :class:`PointerSentinelLSTM` on ``corpus`` and writes to ``output_dir``:
-    ``checkpoint/`` (resumable), ``best/`` (best validation model, ``from_pretrained``-able),
-    ``history.json`` and ``train_config.json``."""
+    the one run format of :mod:`gencraft.training.run`: ``checkpoint/`` (resumable),
+    ``best/`` (best validation model) and ``last/`` (the final one), both
+    ``from_pretrained``-able, ``history.json``, ``train_summary.json`` and
+    ``train_config.json``."""
 
     def __init__(
         self,
@@ -122,6 +123,8 @@ class PointerTrainer:
         self.history: list[dict[str, Any]] = []
         self.early_stopped = False
         self.last_eval_step = -1
+        self.wall_time = 0.0  # wall seconds of every invocation up to the last checkpoint
+        self.started, self.earlier_wall = time.perf_counter(), 0.0
 
     @property
     def raw_model(self) -> PointerSentinelLSTM:
@@ -230,6 +233,7 @@ class PointerTrainer:
                 "history": self.history,
                 "early_stopped": self.early_stopped,
                 "last_eval_step": self.last_eval_step,
+                "wall_time": self.earlier_wall + time.perf_counter() - self.started,
                 "rng": rng_state(),
             }
         )
@@ -264,6 +268,7 @@ class PointerTrainer:
         dev = self.accelerator.device
         self.carry = None if st["carry"] is None else tuple(t.to(dev) for t in st["carry"])
         self.memory = None if st["memory"] is None else tuple(t.to(dev) for t in st["memory"])
+        self.wall_time = st.get("wall_time", 0.0)  # absent from older checkpoints
         set_rng_state(st["rng"])
         return True
 
@@ -336,7 +341,9 @@ class PointerTrainer:
                 ckpt.check_fresh_output()
             write_json(self.output_dir / "train_config.json", asdict(cfg))
         self.accelerator.wait_for_everyone()
+        self.started = time.perf_counter()
         resumed = resume and not restart and self.load_checkpoint()
+        self.earlier_wall = self.wall_time
         if not resumed:
             torch.manual_seed(cfg.seed)
         stopped = self.budget_left()
@@ -352,6 +359,7 @@ class PointerTrainer:
                         "--restart"
                     )
                 )
+            self._write_summary(stopped)
             return self.history
         steps = self.steps()
         eval_every = cfg.eval_every or len(steps)
@@ -387,9 +395,7 @@ class PointerTrainer:
                         self._timed_eval()
                         self.save_checkpoint()
                         last_save = time.perf_counter()
-                    elif (cfg.save_every and self.global_step % cfg.save_every == 0) or (
-                        time.perf_counter() - last_save > cfg.checkpoint_every
-                    ):
+                    elif time.perf_counter() - last_save > cfg.save_every:
                         self.save_checkpoint()
                         last_save = time.perf_counter()
                     if guard.requested:
@@ -402,7 +408,28 @@ class PointerTrainer:
         if self.last_eval_step != self.global_step:  # best/ always exists at the end
             self._timed_eval()
         self.save_checkpoint()
+        if self.accelerator.is_main_process:
+            save_directory(self.raw_model.save_pretrained, self.output_dir / "last")
+        self._write_summary(self.budget_left() or "max_epochs")
         return self.history
+
+    def _write_summary(self, stopped: str) -> None:
+        """``train_summary.json``, with the keys every trainer writes (the loss: nats/token)."""
+        if not self.accelerator.is_main_process:
+            return
+        ppls = [r["valid_ppl"] for r in self.history]
+        write_json(
+            self.output_dir / "train_summary.json",
+            {
+                "steps": self.global_step,
+                "epochs_done": self.epoch,
+                "best_valid_loss": math.log(min(ppls)) if ppls else None,
+                "stopped": stopped,
+                "wall_seconds": self.earlier_wall + time.perf_counter() - self.started,
+                "train_seconds": self.train_time,
+                "history": self.history,
+            },
+        )
 
     def _timed_eval(self) -> None:
         t1 = time.perf_counter()

@@ -10,19 +10,20 @@ variants), on any Hugging Face causal LM or encoder-decoder (docs/prefix.md).
   :func:`soft_sparse_attention`.
 """
 
-from gencraft.prefix.config import PrefixConfig
-from gencraft.prefix.functional import (
-    prefix_block_mask,
-    soft_sparse_attention,
-    trunc_sparse_attention,
-)
-from gencraft.prefix.model import PrefixModel, sparse_attention
+from gencraft.lazy import lazy_exports
 
-__all__ = [
-    "PrefixConfig",
-    "PrefixModel",
-    "prefix_block_mask",
-    "soft_sparse_attention",
-    "sparse_attention",
-    "trunc_sparse_attention",
-]
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "gencraft.prefix.config": ("PrefixConfig",),
+        "gencraft.prefix.functional": (
+            "prefix_block_mask",
+            "soft_sparse_attention",
+            "trunc_sparse_attention",
+        ),
+        "gencraft.prefix.model": (
+            "PrefixModel",
+            "sparse_attention",
+        ),
+    },
+)

@@ -8,13 +8,13 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from gencraft.data.tasks import pick_examples, references_of, source_of, task_examples
 from gencraft.metrics import score_task
 from gencraft.models.introspect import eos_ids, is_encoder_decoder, pad_id
 from gencraft.models.prompts import pad_batch
 from gencraft.prefix.data import SEPARATOR
+from gencraft.progress import tqdm
 
 
 @torch.no_grad()

@@ -8,6 +8,7 @@ normaliser, the paper's control rows), through the shared :func:`gencraft.traini
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ def train(
     from gencraft.models import load_model
 
     out = Path(output_dir)
+    cfg = replace(cfg, lr=cfg.learning_rate(prefix))  # the run records the rate it used
     base, tok = load_model(cfg.model)
     torch.manual_seed(cfg.fit.seed)
     train_pairs = training_pairs(cfg.task, "train", data_dir)

@@ -3,7 +3,12 @@ model (:class:`RecurrentLM`) and its training (:mod:`gencraft.recurrence.train`)
 evaluation of §2.3 is the shared :func:`gencraft.metrics.windowed_nll`, whose hook
 :class:`RecurrentLM` implements to carry h_prev between windows."""
 
-from gencraft.recurrence.config import RecurrenceConfig
-from gencraft.recurrence.model import RecurrentLM
+from gencraft.lazy import lazy_exports
 
-__all__ = ["RecurrenceConfig", "RecurrentLM"]
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "gencraft.recurrence.config": ("RecurrenceConfig",),
+        "gencraft.recurrence.model": ("RecurrentLM",),
+    },
+)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gencraft.config import check, option, positive
-from gencraft.training.fit import FitConfig, fit_options
+from gencraft.training.config import FitConfig, fit_options
 
 ACTIVATIONS = ("gelu", "relu", "tanh")
 

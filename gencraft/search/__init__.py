@@ -6,17 +6,24 @@ early_stopping=True)`` returns. ``exact_mode`` finds the most probable output by
 pruning and O(depth) key/value memory on greedy paths.
 """
 
-from gencraft.models.stepping import HFStepper, StepOutput, Stepper
-from gencraft.search.beam import AttributeScorer, Hypothesis, beam_search
-from gencraft.search.exact import ModeResult, exact_mode
+from gencraft.lazy import lazy_exports
 
-__all__ = [
-    "AttributeScorer",
-    "HFStepper",
-    "Hypothesis",
-    "ModeResult",
-    "StepOutput",
-    "Stepper",
-    "beam_search",
-    "exact_mode",
-]
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "gencraft.models.stepping": (
+            "HFStepper",
+            "StepOutput",
+            "Stepper",
+        ),
+        "gencraft.search.beam": (
+            "AttributeScorer",
+            "Hypothesis",
+            "beam_search",
+        ),
+        "gencraft.search.exact": (
+            "ModeResult",
+            "exact_mode",
+        ),
+    },
+)

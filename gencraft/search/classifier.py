@@ -169,7 +169,18 @@ class AttributeClassifier(MethodModel):
         return self.config.hidden_size
 
     def bind(self, model: nn.Module) -> AttributeClassifier:
-        """Use ``model``'s input embeddings for candidate tokens; checks the sizes match."""
+        """Use ``model``'s input embeddings for candidate tokens; checks that ``model`` is the
+        one it was trained on (its recorded name, when both are known) and the sizes match."""
+        from gencraft.models.introspect import hf_model, model_name
+
+        trained, given = self.config.model_name, model_name(model)
+        known = {given, getattr(hf_model(model).config, "_name_or_path", None)}  # either name
+        if trained and given and trained not in known:
+            raise GencraftError(
+                f"this classifier was trained on the hidden states of {trained!r}, not of "
+                f"{given!r}: train one for {given} (gencraft search train-classifier --model "
+                f"{given})"
+            )
         want = (self.config.num_layers, self.config.hidden_size, self.config.embed_size)
         got = state_dims(model)
         if want != got:

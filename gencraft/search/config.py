@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gencraft.config import check, option
-from gencraft.training.fit import FitConfig, fit_options
+from gencraft.training.config import FitConfig, fit_options
 
 NUM_LENGTH_BUCKETS = 24
 

@@ -24,11 +24,11 @@ from pathlib import Path
 from statistics import median
 
 import torch
-from tqdm.auto import tqdm
 
 from gencraft.experiments import ExperimentRun, machine, register, settings_field
 from gencraft.models import load_model
 from gencraft.models.stepping import sequence_log_prob
+from gencraft.progress import tqdm
 from gencraft.search.beam import beam_search
 from gencraft.search.exact import exact_mode
 from gencraft.search.prompts import encode_prompt, instruction_texts

@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from gencraft.errors import GencraftError
-from gencraft.models.introspect import eos_ids
+from gencraft.models.introspect import check_generator, eos_ids, model_name
+from gencraft.progress import tqdm
 from gencraft.search.classifier import (
     NUM_LENGTH_BUCKETS,
     AttributeClassifier,
@@ -64,6 +64,7 @@ def sample_training_data(
         raise GencraftError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not prompts:
         raise GencraftError("no prompts to sample from")
+    check_generator(model, "a classifier's training data")
     ed = bool(model.config.is_encoder_decoder)
     eos = set(eos_ids(model, None))
     pad = model.generation_config.pad_token_id
@@ -163,7 +164,7 @@ def classifier_for(
         embed_size=emb,
         num_classes=classes,
         attribute=attribute,
-        model_name=getattr(model.config, "_name_or_path", None),
+        model_name=model_name(model),
         **overrides,
     )
     return AttributeClassifier(c).bind(model)

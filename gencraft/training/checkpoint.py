@@ -35,17 +35,6 @@ CHECKPOINT_DIR = "checkpoint"
 STATE_FILE = "state.pt"
 
 
-class Interrupted(GencraftError):
-    """Training was stopped by Ctrl-C after saving a checkpoint; the message says where and
-    how to resume."""
-
-    def __init__(self, checkpoint: Path, command: str | None) -> None:
-        self.checkpoint = checkpoint
-        self.command = command
-        how = f"; resume with: {command}" if command else "; run the same call again to resume"
-        super().__init__(f"interrupted: saved {checkpoint}{how}")
-
-
 def resume_command() -> str | None:
     """The command line of this process, as a user would retype it (None outside a CLI)."""
     if not sys.argv or not sys.argv[0]:

@@ -24,17 +24,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Sampler
-from tqdm.auto import tqdm
 
-from gencraft.config import check, positive
-from gencraft.errors import ConfigError, GencraftError
+from gencraft.errors import ConfigError, GencraftError, Interrupted
+from gencraft.progress import tqdm
 from gencraft.training.checkpoint import (
-    Interrupted,
     InterruptGuard,
     RunCheckpoint,
     budget_reason,
@@ -43,106 +41,12 @@ from gencraft.training.checkpoint import (
     save_directory,
     trainable_state,
 )
+from gencraft.training.config import (
+    FitConfig,
+    check_mixed_precision,
+)
 from gencraft.training.schedules import warmup_schedule
 from gencraft.training.state import rng_state, set_rng_state, write_json
-
-
-@dataclass
-class FitConfig:
-    """Settings of :func:`fit` (each field is also a CLI flag of every trainer)."""
-
-    epochs: int = field(default=1, metadata={"help": "passes over the training data"})
-    max_steps: int | None = field(
-        default=None, metadata={"help": "stop after this many optimizer steps"}
-    )
-    max_time: float | None = field(
-        default=None,
-        metadata={"help": "stop after this many seconds of training and validation"},
-    )
-    batch_size: int = field(default=8, metadata={"help": "examples per batch and process"})
-    eval_batch_size: int | None = field(
-        default=None, metadata={"help": "validation batch size (default: batch_size)"}
-    )
-    grad_accum: int = field(default=1, metadata={"help": "batches per optimizer step"})
-    clip: float | None = field(
-        default=1.0, metadata={"help": "global gradient-norm clip (none: no clipping)"}
-    )
-    warmup: float = field(
-        default=0.0, metadata={"help": "warm-up steps (a value below 1: fraction of all steps)"}
-    )
-    decay: Literal["linear", "constant", "cosine"] = field(
-        default="linear", metadata={"help": "learning-rate decay after warm-up"}
-    )
-    eval_every: int | None = field(
-        default=None, metadata={"help": "validate every N steps (default: each epoch)"}
-    )
-    save_every: float = field(
-        default=300.0, metadata={"help": "seconds between periodic checkpoints"}
-    )
-    metric: str = field(default="loss", metadata={"help": "validation value that picks best/"})
-    patience: int | None = field(
-        default=None,
-        metadata={"help": "stop after this many validations without a new best (early stopping)"},
-    )
-    mode: Literal["min", "max"] = field(default="min", metadata={"help": "min or max of metric"})
-    seed: int = field(default=0, metadata={"help": "seed of the shuffle order and of torch"})
-    mixed_precision: Literal["no", "bf16", "fp16"] = field(
-        default="no",
-        metadata={"help": "autocast the forward and loss (accelerate): no, bf16 or fp16 (GPU)"},
-    )
-
-    def __post_init__(self) -> None:
-        check_mixed_precision(self.mixed_precision)
-        positive(self, "epochs", "batch_size", "grad_accum")
-        positive(self, "max_steps", "eval_every", "eval_batch_size", "patience", allow_none=True)
-        check(
-            self.max_time is None or self.max_time > 0,
-            f"max_time must be > 0 seconds (or unset), got {self.max_time}",
-        )
-        check(self.clip is None or self.clip > 0, f"clip must be > 0 (or unset), got {self.clip}")
-        check(self.warmup >= 0, f"warmup must be >= 0, got {self.warmup}")
-        check(self.save_every > 0, f"save_every must be > 0 seconds, got {self.save_every}")
-        check(self.mode in ("min", "max"), f"mode must be 'min' or 'max', got {self.mode!r}")
-        check(
-            self.decay in ("linear", "constant", "cosine"),
-            f"decay must be linear, constant or cosine, got {self.decay!r}",
-        )
-
-
-def fit_options(*, hide: tuple[str, ...] = (), **defaults: Any) -> Any:
-    """The ``fit`` field of a method's training settings: a :class:`FitConfig` with this
-    method's defaults. Its fields become flags of the method's ``train`` command (minus
-    ``hide``: settings the method derives itself, e.g. the metric that picks ``best/``).
-
-    >>> @dataclass
-    ... class MyTrainConfig:
-    ...     lr: float = 1e-3
-    ...     fit: FitConfig = fit_options(epochs=3, batch_size=16)
-    """
-    FitConfig(**defaults)  # a wrong default fails where it is written
-    return field(
-        default_factory=lambda: FitConfig(**defaults),
-        metadata={"help": "settings of the training loop", "hide": hide},
-    )
-
-
-def settings_of(config: Any) -> dict[str, Any]:
-    """A method's training settings as the run records them (JSON-like), without the nested
-    ``fit``: :func:`fit` adds its own config to the settings it compares on resume, with the
-    budgets (epochs, max_steps, max_time) free to change."""
-    return {k: v for k, v in asdict(config).items() if k != "fit"}
-
-
-MIXED_PRECISION = ("no", "bf16", "fp16")
-
-
-def check_mixed_precision(value: str) -> None:
-    """``no``, ``bf16`` (CPU or GPU) or ``fp16`` (needs CUDA: accelerate's loss scaling)."""
-    check(value in MIXED_PRECISION, f"mixed_precision must be no, bf16 or fp16, got {value!r}")
-    check(
-        value != "fp16" or torch.cuda.is_available(),
-        "mixed_precision fp16 needs a CUDA GPU (its gradient scaler); use bf16 on a CPU",
-    )
 
 
 def make_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Any:
@@ -182,17 +86,18 @@ class FitResult:
     history: list[dict[str, Any]]
     trained_examples: int = 0
     resumed: bool = False
+    earlier_wall: float = 0.0  # wall seconds of the invocations before this one (resumed)
 
     def write_summary(self, directory: str | Path, started: float, **extra: Any) -> dict[str, Any]:
         """Write ``directory/train_summary.json`` (steps, budget, best validation loss, times,
-        ``extra``, history) and return it. ``wall_seconds`` counts since ``started``
-        (``time.time()``): this call's, so ~0 for a run that had already finished."""
+        ``extra``, history) and return it. ``wall_seconds`` is the whole run's: this call's
+        since ``started`` (``time.time()``) plus the earlier invocations' that it resumed."""
         summary = {
             "steps": self.steps,
             "epochs_done": self.epochs_done,
             "best_valid_loss": self.best,
             "stopped": self.stopped,
-            "wall_seconds": time.time() - started,
+            "wall_seconds": self.earlier_wall + time.time() - started,
             "train_seconds": self.train_time,
             **extra,
             "history": self.history,
@@ -233,6 +138,9 @@ class _State:
     last_eval_step: int = -1
     bad_evals: int = 0  # validations since the last new best (early stopping)
     history: list[dict[str, Any]] = field(default_factory=list)
+    running: float = 0.0  # training loss summed since the last validation
+    running_n: int = 0  # the batches in that sum
+    wall_time: float = 0.0  # wall seconds of every invocation up to the last save
 
 
 LossFn = Callable[[nn.Module, Any], "torch.Tensor | tuple[torch.Tensor, dict[str, float]]"]
@@ -329,8 +237,8 @@ class _Loop:
         self.st = _State()
         self.pending_rng: Any = None
         self.resumed = False
-        self.running, self.running_n = 0.0, 0  # training loss since the last validation
-        self.last_save = time.perf_counter()
+        self.last_save = self.started = time.perf_counter()
+        self.earlier_wall = 0.0  # st.wall_time when this invocation began
 
     def open_run(self, settings: dict[str, Any] | None, *, resume: bool, restart: bool) -> None:
         """The run's checkpoint, compared with ``settings`` and the config on resume;
@@ -381,6 +289,7 @@ class _Loop:
         self.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
         self.st = _State(**payload["state"])
+        self.earlier_wall = self.st.wall_time
         self.pending_rng = payload["rng"]
         self.resumed = True
 
@@ -399,6 +308,7 @@ class _Loop:
         )
 
     def save_checkpoint(self) -> None:
+        self.st.wall_time = self.earlier_wall + time.perf_counter() - self.started
         if self.ckpt is not None:
             if self.acc.is_main_process:
                 self.ckpt.save(
@@ -429,9 +339,9 @@ class _Loop:
             "epoch": round(st.epoch + st.batch_in_epoch / max(1, len(self.loader)), 4),
             "train_time": round(st.train_time, 3),
         }
-        if self.running_n:
-            row["train_loss"] = self.running / self.running_n
-        self.running, self.running_n = 0.0, 0
+        if st.running_n:  # over the whole interval, an interrupt and resume included
+            row["train_loss"] = st.running / st.running_n
+        st.running, st.running_n = 0.0, 0
         value = None
         if self.valid_loader is not None:
             metrics = self.validation_metrics()
@@ -488,8 +398,8 @@ class _Loop:
             self.optimizer.zero_grad()
         st.batch_in_epoch += 1
         st.trained_examples += _batch_size(batch) * acc.num_processes
-        self.running += float(loss.detach())
-        self.running_n += 1
+        st.running += float(loss.detach())
+        st.running_n += 1
         st.train_time += time.perf_counter() - t0
         return loss, parts
 
@@ -507,7 +417,7 @@ class _Loop:
             self.on_step(self.st.step, batch)
         self.bar.update(1)
         postfix = {k: f"{v:.3f}" for k, v in parts.items()}
-        self.bar.set_postfix(loss=f"{self.running / self.running_n:.4f}", **postfix)
+        self.bar.set_postfix(loss=f"{self.st.running / max(1, self.st.running_n):.4f}", **postfix)
         if self.cfg.eval_every and self.st.step % self.cfg.eval_every == 0:
             self.validate()
             self.save_checkpoint()
@@ -564,6 +474,7 @@ class _Loop:
             st.history,
             st.trained_examples,
             self.resumed,
+            self.earlier_wall,
         )
 
     def run(self) -> FitResult:

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 from torch import nn
 
 from gencraft.errors import ConfigError
+from gencraft.models.persistence import check_json_files
 
 RUN_SETTINGS = "run_settings.json"
 #: settings files of model directories saved before the shared format (still read)
@@ -30,6 +31,18 @@ LEGACY_SETTINGS = (
     "gencraft_recurrence_run.json",
     "train_config.json",  # FAME's
 )
+
+
+#: the commands of each method's group that take a trained run (kept in step with the CLI by
+#: tests/cli/test_bad_input.py), for the message that sends a run to the right one
+RUN_COMMANDS: dict[str, tuple[str, ...]] = {
+    "focus": ("generate", "eval"),
+    "pointer": ("eval", "analyze"),
+    "search": ("beam --classifier",),
+    "prefix": ("generate", "eval", "analyze"),
+    "recurrence": ("eval",),
+    "nar": ("generate", "eval"),
+}
 
 
 class LoadedRun(NamedTuple):
@@ -91,9 +104,47 @@ def read_settings(directory: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path} is not valid JSON ({err.msg})") from None
 
 
+def run_method(directory: str | Path) -> str | None:
+    """The method whose run ``directory`` (a model directory) is: the one its
+    ``method_config.json`` or pre-format config names, else the method whose settings its
+    ``run_settings.json`` holds (a fine-tuned control); None for a plain model."""
+    from gencraft.models.method import LEGACY_CONFIGS, METHOD_CONFIG
+
+    d = Path(directory)
+    if (d / METHOD_CONFIG).is_file():
+        try:
+            return json.loads((d / METHOD_CONFIG).read_text()).get("method")
+        except json.JSONDecodeError:
+            return None  # reported as damaged by the loader
+    legacy = [m for f, m in LEGACY_CONFIGS.items() if (d / f).is_file()]
+    if legacy:
+        return legacy[0]
+    try:
+        settings = read_settings(d)
+    except ConfigError:
+        return None
+    return next((m for m in RUN_COMMANDS if m in settings), None)
+
+
+def check_run_method(directory: Path, method: str, command: str) -> None:
+    """Refuse, in one line naming the right command, a run of another method than ``method``
+    given to ``gencraft METHOD COMMAND``."""
+    found = run_method(directory)
+    if found is None or found == method:
+        return
+    verb = command if command in RUN_COMMANDS.get(found, ()) else None
+    use = f"gencraft {found} {verb}" if verb else f"gencraft {found} --help"
+    raise ConfigError(
+        f"{directory} is a {found} run, not a {method} one: `gencraft {method} {command}` "
+        f"cannot use it; try `{use}`"
+    )
+
+
 def load_run(
     directory: str | Path,
     *,
+    method: str | None = None,
+    command: str = "",
     which: str = "best",
     base: nn.Module | None = None,
     build: Callable[[Path, dict[str, Any]], LoadedRun | None] | None = None,
@@ -106,10 +157,16 @@ def load_run(
     names (:func:`load_method`, on ``base`` when given), else the ``transformers`` model
     saved there. The tokenizer is the one saved beside it, else the base model's (by the
     recorded name; None for a model with a vocabulary of its own).
+
+    With ``method`` (and the ``command`` of its group that loads the run), a run of another
+    method is refused in one line that names the command for it.
     """
     from gencraft.models.method import LEGACY_CONFIGS, METHOD_CONFIG, load_method
 
     d = model_directory(directory, which)
+    check_json_files(d)
+    if method is not None:
+        check_run_method(d, method, command)
     settings = read_settings(d)
     if build is not None:
         built = build(d, settings)

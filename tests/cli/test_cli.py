@@ -231,7 +231,7 @@ def _flag_names(cls: type) -> set[str]:
     [
         *TRAINERS,
         (["pointer", "train"], "gencraft.pointer.config:TrainConfig"),
-        (["generate", "--model", "x"], "gencraft.models.generate:GenerationSettings"),
+        (["generate", "--model", "x"], "gencraft.models.settings:GenerationSettings"),
     ],
 )
 def test_flags_come_from_the_config_dataclasses(argv, config):

@@ -4,6 +4,8 @@ to the plain model, no leakage, the prefill cache, and dynamic evaluation."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -105,6 +107,10 @@ def reference_hso(
     ids=["adam", "max_context", "present_only", "sgd"],
 )
 def test_hso_equals_a_per_block_adam_reference(llama, kw):
+    """In float64: Adam divides tiny gradients by their own size, so a float32 model's
+    reduction order (the thread count) moved the float32 states by up to 4e-5; in float64
+    both sides agree to the float32 rounding of HSO's master states, at any thread count."""
+    llama = copy.deepcopy(llama).double()
     ids = _ids(40)
     cfg = HSOConfig(window=7, lr=kw.pop("lr", 0.05), betas=(0.65, 0.9), **kw)
     want, want_kv = reference_hso(

@@ -330,6 +330,28 @@ def test_train_save_load_gives_identical_eval_perplexity(corpus, tmp_path):
     assert a["ppl"] == b["ppl"]
 
 
+def test_a_pointer_run_has_the_one_run_format(corpus, tmp_path):
+    """best/, last/, history.json and train_summary.json, as every fit-based trainer writes;
+    a resumed run's wall_seconds counts the earlier invocation too."""
+    import json
+
+    from gencraft.training import load_run
+
+    cfg = TrainConfig(batch_size=4, bptt=10, lr=1.0, max_steps=3, eval_every=2)
+    PointerTrainer(tiny(len(corpus.vocab)), corpus, cfg, tmp_path, progress=False).train()
+    first = json.loads((tmp_path / "train_summary.json").read_text())
+    assert first["steps"] == 3 and first["stopped"] == "max_steps"
+    assert first["best_valid_loss"] == pytest.approx(
+        math.log(min(r["valid_ppl"] for r in first["history"]))
+    )
+    assert load_run(tmp_path, which="last").model.config.vocab_size == len(corpus.vocab)
+    assert (tmp_path / "best").is_dir() and (tmp_path / "history.json").is_file()
+    cfg = TrainConfig(batch_size=4, bptt=10, lr=1.0, max_steps=4, eval_every=2)
+    PointerTrainer(tiny(len(corpus.vocab)), corpus, cfg, tmp_path, progress=False).train()
+    second = json.loads((tmp_path / "train_summary.json").read_text())
+    assert second["steps"] == 4 and second["wall_seconds"] > first["wall_seconds"]
+
+
 def test_resumed_training_equals_uninterrupted_training(corpus, tmp_path):
     cfg = dict(batch_size=4, bptt=10, lr=0.5, optimizer="adam", eval_every=4, seed=3)
 

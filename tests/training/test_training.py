@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,9 @@ def _loss(model: nn.Module, batch) -> torch.Tensor:
     return ((model(x) - y) ** 2).mean()
 
 
-def _run(tmp: Path, *, stop_at: int | None = None, **over) -> tuple[nn.Module, object]:
+def _run(
+    tmp: Path, *, stop_at: int | None = None, sleep: float = 0.0, **over
+) -> tuple[nn.Module, object]:
     torch.manual_seed(0)
     model = Tiny()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -60,6 +63,7 @@ def _run(tmp: Path, *, stop_at: int | None = None, **over) -> tuple[nn.Module, o
     )
 
     def on_step(step: int, batch) -> None:
+        time.sleep(sleep)  # wall time that the summary must count
         if step == stop_at:
             os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, handled between steps
 
@@ -168,7 +172,7 @@ def test_save_run_and_load_run_one_format_for_every_method(tmp_path):
     with pytest.raises(ConfigError, match=r"does not exist"):
         load_run(tmp_path / "nowhere")
     (tmp_path / "run" / "best" / "run_settings.json").write_text("{")
-    with pytest.raises(ConfigError, match=r"run_settings\.json is not valid JSON"):
+    with pytest.raises(ConfigError, match=r"run_settings\.json is damaged or truncated"):
         load_run(tmp_path / "run")
 
 
@@ -338,3 +342,49 @@ def test_mixed_precision_bf16_runs_the_loss_under_autocast_on_the_cpu(tmp_path):
             FitConfig(mixed_precision="fp16")
     with pytest.raises(ConfigError, match="no, bf16 or fp16"):
         FitConfig(mixed_precision="fp8")
+
+
+def test_the_schedule_ends_after_the_optimizer_steps_not_the_batches(tmp_path):
+    """With gradient accumulation the schedule spans len(loader) / grad_accum steps per
+    epoch: linear decay reaches 0 exactly at the last step (3 epochs x 6 batches / 2 = 9)."""
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    lrs = []
+    result = fit(
+        model,
+        opt,
+        _data(),
+        loss_fn=_loss,
+        config=FitConfig(epochs=3, batch_size=4, grad_accum=2),
+        progress=False,
+        on_step=lambda step, batch: lrs.append(opt.param_groups[0]["lr"]),
+    )
+    assert result.steps == 9
+    assert lrs[-1] == 0.0 and lrs[-2] == pytest.approx(0.1 / 9)
+
+
+def test_a_resumed_run_reports_the_whole_interval_and_the_whole_wall_time(tmp_path):
+    """Interrupted between two validations, the resumed run's train_loss averages every batch
+    since the last validation (the uninterrupted run's number), and wall_seconds counts the
+    invocation before the interrupt too."""
+    _, ref = _run(tmp_path / "ref", eval_every=4)
+    with pytest.raises(Interrupted):
+        _run(tmp_path / "run", eval_every=4, stop_at=3, sleep=0.3)
+    _, resumed = _run(tmp_path / "run", eval_every=4)
+    assert [r["train_loss"] for r in resumed.history] == [r["train_loss"] for r in ref.history]
+    assert resumed.earlier_wall >= 0.9  # three steps of 0.3 s before the interrupt
+    summary = resumed.write_summary(tmp_path / "run", started=time.time())
+    assert summary["wall_seconds"] >= 0.9
+
+
+def test_the_plateau_rule_halves_only_after_a_worse_validation():
+    """Merity et al.: the rate falls when validation got worse than the previous validation,
+    not whenever it is not a new best; patience counts validations without a new best."""
+    from gencraft.training import PlateauSchedule
+
+    schedule = PlateauSchedule(decay=0.5, patience=3)
+    steps = [schedule.step(v) for v in (10.0, 8.0, 9.0, 8.5, 8.7)]
+    assert [decay for _, decay, _ in steps] == [False, False, True, False, True]
+    assert [improved for improved, _, _ in steps] == [True, True, False, False, False]
+    assert [stop for _, _, stop in steps] == [False, False, False, False, True]

@@ -1,0 +1,52 @@
+"""Decoding settings of ``gencraft generate`` (a plain dataclass: the CLI builds its flags
+from it without importing torch)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from gencraft.errors import GencraftError
+
+
+@dataclass
+class GenerationSettings:
+    """Decoding settings of ``gencraft generate`` (each field is a flag)."""
+
+    max_new_tokens: int = field(default=64, metadata={"help": "tokens generated at most"})
+    num_beams: int = field(default=1, metadata={"help": "beam size (1: greedy or sampling)"})
+    do_sample: bool = field(default=False, metadata={"help": "sample instead of searching"})
+    top_k: int | None = field(default=None, metadata={"help": "top-k sampling (with sampling)"})
+    top_p: float | None = field(
+        default=None, metadata={"help": "nucleus sampling mass in (0, 1] (with sampling)"}
+    )
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (> 0)"})
+    seed: int = field(default=0, metadata={"help": "sampling seed (prompt i uses seed + i)"})
+    chat: Literal["auto", "on", "off"] = field(
+        default="auto",
+        metadata={"help": "wrap prompts in the tokenizer's chat template (auto: when it has one)"},
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise GencraftError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.num_beams < 1:
+            raise GencraftError(f"num_beams must be >= 1, got {self.num_beams}")
+        if self.top_k is not None and self.top_k < 1:
+            raise GencraftError(f"top_k must be >= 1, got {self.top_k}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise GencraftError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if not self.temperature > 0:
+            raise GencraftError(f"temperature must be > 0, got {self.temperature}")
+        if not self.do_sample and (self.top_k is not None or self.top_p is not None):
+            raise GencraftError("--top-k/--top-p only apply with --do-sample")
+
+    def generate_kwargs(self) -> dict:
+        kw: dict = {
+            "max_new_tokens": self.max_new_tokens,
+            "num_beams": self.num_beams,
+            "do_sample": self.do_sample,
+        }
+        if self.do_sample:
+            kw.update(top_k=self.top_k, top_p=self.top_p, temperature=self.temperature)
+        return kw
