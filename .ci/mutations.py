@@ -807,6 +807,41 @@ M = [
         '        line = text.rstrip()',
         'tests/test_progress.py',
     ),
+    (
+        'heat maps on a linear scale whatever their range',
+        'gencraft/plotting.py',
+        '    log = positive.size > 0 and v.min() >= 0 and positive.max() > 100 * positive.min()',
+        '    log = False',
+        'tests/test_plots.py',
+    ),
+    (
+        'heat maps without a colorbar',
+        'gencraft/plotting.py',
+        '    fig.colorbar(image, ax=ax, label=f"{label}{\' (log scale)\' if log else \'\'}", pad=0.01)\n',
+        '',
+        'tests/test_plots.py',
+    ),
+    (
+        'the gate plot divides by 1 - g (blank when g is 1)',
+        'gencraft/pointer/analysis.py',
+        '    att = att / att.sum(1, keepdim=True).clamp_min(1e-300)  # = a_i / (1 - g), in the window',
+        '    att = att / (1.0 - view.gate.double()).clamp_min(1e-6).unsqueeze(1)',
+        'tests/test_plots.py',
+    ),
+    (
+        'integer axes get fractional ticks',
+        'gencraft/plotting.py',
+        '    axis.set_major_locator(MaxNLocator(integer=True))',
+        '    pass',
+        'tests/test_plots.py',
+    ),
+    (
+        "a plot's title is the run's path",
+        'gencraft/cli/prefix.py',
+        '    return f"{d.parent.name}/{d.name}" if d.name in ("best", "last") else d.name',
+        '    return str(d)',
+        'tests/test_plots.py',
+    ),
 ]
 
 

@@ -14,3 +14,33 @@ def pyplot() -> Any:
     plt = require("matplotlib.pyplot", "plots", "drawing PNGs")
 
     return plt
+
+
+def heatmap(fig: Any, ax: Any, values: Any, label: str, cmap: str = "viridis") -> Any:
+    """``values`` [rows, columns] drawn on ``ax`` with a colorbar labelled ``label``, on a
+    scale that shows their variation: logarithmic when the positive values span more than two
+    decades (attention and pointer probabilities; the floor four decades below the largest),
+    else linear from the smallest to the largest value. Returns the image."""
+    import numpy as np
+    from matplotlib.colors import LogNorm, Normalize
+
+    v = np.asarray(values, dtype=float)
+    positive = v[v > 0]
+    log = positive.size > 0 and v.min() >= 0 and positive.max() > 100 * positive.min()
+    if log:
+        floor = max(float(positive.min()), float(positive.max()) * 1e-4)
+        norm = LogNorm(vmin=floor, vmax=float(positive.max()))
+        v = np.clip(v, floor, None)
+    else:
+        lo, hi = float(np.nanmin(v)), float(np.nanmax(v))
+        norm = Normalize(vmin=lo, vmax=hi if hi > lo else lo + 1e-12)
+    image = ax.imshow(v, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
+    fig.colorbar(image, ax=ax, label=f"{label}{' (log scale)' if log else ''}", pad=0.01)
+    return image
+
+
+def integer_ticks(axis: Any) -> None:
+    """Ticks at whole numbers only on ``axis`` (``ax.xaxis``): decoding steps, an index k."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))

@@ -63,9 +63,11 @@ class EvalCommand:
 
 @dataclass
 class DemoCommand:
-    ppl_tokens: int = option(4000, "WikiText-2 test words to score")
-    fame_seconds: float = option(60.0, "FAME head training budget (seconds)")
-    pointer_seconds: float = option(45.0, "pointer head training budget (seconds)")
+    ppl_tokens: int = option(2000, "WikiText-2 test words to score")
+    fame_seconds: float = option(20.0, "FAME head training budget (seconds)")
+    pointer_seconds: float = option(15.0, "pointer head training budget (seconds)")
+    prefix_seconds: float = option(15.0, "prefix training budget (seconds)")
+    nar_seconds: float = option(20.0, "RUM-SUNDAE training budget (seconds)")
 
 
 def data_stats(name: str, split: str | None, data_dir: str | None) -> list[dict]:
@@ -189,6 +191,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
         output=args.output,
         fame_seconds=args.fame_seconds,
         pointer_seconds=args.pointer_seconds,
+        prefix_seconds=args.prefix_seconds,
+        nar_seconds=args.nar_seconds,
     )
 
 

@@ -163,7 +163,9 @@ def cmd_analyze(args: argparse.Namespace) -> None:
         summary.update(lstm_ppl=a["ppl"], pointer_ppl=b["ppl"], buckets=rows)
         print(f"wrote {out / 'frequency_gain.png'}")
     view = passage_view(ptr, corpus, args.split, args.start, args.length)
-    plot_passage(view, out / "passage.png", max_distance=args.max_distance)
+    plot_passage(
+        view, out / "passage.png", max_distance=args.max_distance, title=Path(args.pointer).name
+    )
     summary["passage"] = [
         {
             "input": i,

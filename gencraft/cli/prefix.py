@@ -134,6 +134,12 @@ def cmd_eval(args: argparse.Namespace) -> None:
         print(f"scored by score_task: {convention}")
 
 
+def run_label(checkpoint: str) -> str:
+    """A run's name for a plot: its directory (with best/ or last/ when given), not a path."""
+    d = Path(checkpoint).resolve()
+    return f"{d.parent.name}/{d.name}" if d.name in ("best", "last") else d.name
+
+
 def cmd_analyze(args: argparse.Namespace) -> None:
     from gencraft.data.tasks import source_of, task_examples
     from gencraft.models.prompts import pad_batch
@@ -163,8 +169,10 @@ def cmd_analyze(args: argparse.Namespace) -> None:
         attention = collect_attention(model, batches)
         p = model.num_virtual_tokens
         if maps is None:  # the maps of the first checkpoint; the spectrum of every one
-            maps = plot_attention_maps(attention, p, out / "attention_maps.png", title=checkpoint)
-        label = "/".join(Path(checkpoint).parts[-2:])  # e.g. dense/best
+            maps = plot_attention_maps(
+                attention, p, out / "attention_maps.png", title=run_label(checkpoint)
+            )
+        label = run_label(checkpoint)
         curves[label] = spectrum_by_depth(attention, p, model.config.lower_layers)
     spec = plot_spectrum(
         curves, out / "spectrum.png", f"{task} {args.split}, {len(examples)} inputs"

@@ -105,7 +105,8 @@ def windowed_nll(
     check_positions(model, min(window, ids.numel() - 1), "window")
     out = torch.empty(ids.numel() - 1, dtype=torch.float32)
     for w in tqdm(schedule, desc="windows", disable=not progress, leave=False):
-        logits = model(input_ids=ids[w.start : w.end].unsqueeze(0)).logits[0]  # [T, V]
+        with torch.no_grad():  # scoring only: no graph through the model's weights
+            logits = model(input_ids=ids[w.start : w.end].unsqueeze(0)).logits[0]  # [T, V]
         rows = logits[w.first - 1 - w.start : w.end - w.start].float()  # predict first..end
         nll = nn.functional.cross_entropy(rows, ids[w.first : w.end + 1], reduction="none")
         out[w.first - 1 : w.end] = nll.cpu()

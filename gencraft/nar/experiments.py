@@ -277,7 +277,7 @@ def _relative_cost(rows: list[dict[str, Any]]) -> None:
 
 
 def _plot(run: ExperimentRun, curve: list[dict], s: NARTasksSettings) -> None:
-    from gencraft.plotting import pyplot
+    from gencraft.plotting import integer_ticks, pyplot
 
     plt = pyplot()
 
@@ -286,6 +286,7 @@ def _plot(run: ExperimentRun, curve: list[dict], s: NARTasksSettings) -> None:
         pts = [r for r in curve if r["model"] == name]
         ax.plot([r["max steps"] for r in pts], [r["BLEU"] for r in pts], marker="o", label=name)
     ax.set_xlabel("decoding steps (at most)")
+    integer_ticks(ax.xaxis)
     ax.set_ylabel(f"BLEU ({s.task} test, {s.curve_inputs} inputs)")
     ax.set_title(f"{s.model}: quality vs decoding steps")
     ax.legend()

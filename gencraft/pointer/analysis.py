@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from gencraft.data.lm import LMCorpus
-from gencraft.plotting import pyplot
+from gencraft.plotting import heatmap, integer_ticks, pyplot
 from gencraft.pointer.lstm import PointerSentinelLSTM
 
 
@@ -124,27 +124,35 @@ def passage_view(
     )
 
 
-def plot_passage(view: PassageView, path: str | Path, max_distance: int | None = None) -> Path:
-    """Heat map of the pointer's own distribution a_i / (1 − g) (rows: predicted words; columns:
-    distance back), so that it is visible whatever the gate, beside the gate g of each
-    prediction (the share left to the softmax)."""
+def plot_passage(
+    view: PassageView, path: str | Path, max_distance: int | None = None, title: str = ""
+) -> Path:
+    """Heat map of the pointer's own distribution a_i / (1 − g) (rows: predicted words;
+    columns: distance back; each row renormalised, so it shows whatever the gate), with a
+    colorbar, beside the pointer's share 1 − g of each prediction on a log axis (a gate near 1
+    leaves shares like 1e-4 that a linear bar would show as nothing)."""
     plt = pyplot()
-
     att = view.attention if max_distance is None else view.attention[:, :max_distance]
-    att = att / (1.0 - view.gate).clamp_min(1e-6).unsqueeze(1)
+    att = att.double()
+    att = att / att.sum(1, keepdim=True).clamp_min(1e-300)  # = a_i / (1 - g), in the window
     n = att.shape[0]
     fig, (ax, axg) = plt.subplots(
-        1, 2, figsize=(11, 0.28 * n + 1.5), gridspec_kw={"width_ratios": [6, 1]}, sharey=True
+        1, 2, figsize=(11, 0.28 * n + 1.8), gridspec_kw={"width_ratios": [6, 1.4]}, sharey=True
     )
-    ax.imshow(att.clamp(0, 1).numpy(), aspect="auto", cmap="Blues", vmin=0, vmax=1)
+    heatmap(fig, ax, att.numpy(), "pointer probability", cmap="Blues")
+    integer_ticks(ax.xaxis)
     labels = [f"{i} -> {t}" for i, t in zip(view.inputs, view.targets, strict=True)]
     ax.set_yticks(range(n))
     ax.set_yticklabels(labels, fontsize=7)
     ax.set_xlabel("distance back in the window (0 = current word)")
-    ax.set_title("pointer distribution a_i / (1 - g)")
-    axg.barh(range(n), view.gate.numpy(), color="tab:orange")
-    axg.set_xlim(0, 1)
-    axg.set_title("gate g")
+    ax.set_ylabel("input -> predicted word")
+    ax.set_title(f"{title + ': ' if title else ''}pointer distribution a_i / (1 - g)")
+    share = (1.0 - view.gate.double()).clamp_min(1e-12).numpy()
+    axg.barh(range(n), share, color="tab:orange")
+    axg.set_xscale("log")
+    axg.set_xlim(max(1e-12, float(share.min()) / 2), 1)
+    axg.set_xlabel("pointer share 1 - g (log)")
+    axg.set_title("gate")
     return _save(fig, path)
 
 

@@ -79,7 +79,7 @@ def spectrum_by_depth(
 
 def plot_spectrum(curves: dict[str, dict[str, torch.Tensor]], path: str | Path, title: str) -> Path:
     """``curves[label][group]``: one line per model label and layer group -> PNG."""
-    from gencraft.plotting import pyplot
+    from gencraft.plotting import integer_ticks, pyplot
 
     plt = pyplot()
 
@@ -92,6 +92,7 @@ def plot_spectrum(curves: dict[str, dict[str, torch.Tensor]], path: str | Path, 
                 x.numpy(), curve.numpy(), styles[group], color=f"C{i}", label=f"{label}, {group}"
             )
     ax.set_xlabel("number of singular values k")
+    integer_ticks(ax.xaxis)
     ax.set_ylabel("normalised cumulative singular value")
     ax.set_title(title)
     ax.legend(fontsize=8)
@@ -113,17 +114,17 @@ def plot_attention_maps(
     title: str = "",
 ) -> Path:
     """Head-averaged attention [T, P + T] of one input at a few layers (first, middle, last by
-    default), the prefix columns left of the white line -> PNG."""
-    from gencraft.plotting import pyplot
+    default), the prefix columns left of the white line, each with a colorbar -> PNG."""
+    from gencraft.plotting import heatmap, pyplot
 
     plt = pyplot()
 
     n = len(attention)
     layers = list(layers) if layers is not None else sorted({0, n // 2, n - 1})
-    fig, axes = plt.subplots(1, len(layers), figsize=(4.2 * len(layers), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(layers), figsize=(5.0 * len(layers), 3.6), squeeze=False)
     for ax, layer in zip(axes[0], layers, strict=True):
         a = attention[layer][example].mean(0)
-        ax.imshow(a.numpy(), aspect="auto", cmap="viridis")
+        heatmap(fig, ax, a.numpy(), "attention probability")
         ax.axvline(num_prefix - 0.5, color="white", linewidth=1)
         ax.set_title(f"layer {layer + 1}: prefix | tokens")
         ax.set_xlabel("key")
