@@ -842,6 +842,62 @@ M = [
         '    return str(d)',
         'tests/test_plots.py',
     ),
+    (
+        'the local split returns examples in hash order',
+        'gencraft/data/summarization.py',
+        '    return sorted(order[lo:hi])',
+        '    return order[lo:hi]',
+        'tests/data/test_data_text.py -k file_order',
+    ),
+    (
+        'equal-frequency words in alphabetical order',
+        'gencraft/data/lm.py',
+        'ordered = sorted(counter.items(), key=lambda kv: -kv[1])',
+        'ordered = sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))',
+        'tests/data/test_data_lm.py',
+    ),
+    (
+        'a corpus without a final newline loses its last line',
+        'gencraft/data/lm.py',
+        '    if lines and lines[-1] == "":',
+        '    if lines:',
+        'tests/data/test_data_lm.py -k final_newline',
+    ),
+    (
+        "NIST's order cut to the shortest output",
+        'gencraft/metrics/data2text.py',
+        '    n = min(n, max(len(h) for h in hyps))',
+        '    n = min(n, min(len(h) for h in hyps))',
+        'tests/metrics/test_score_task.py -k nist_keeps',
+    ),
+    (
+        "the end probability is the first EOS id's",
+        'gencraft/models/stepping.py',
+        '        total += float(torch.logsumexp(out.log_probs[0, eos].double(), dim=0))',
+        '        total += float(out.log_probs[0, eos[0]])',
+        'tests/search/test_search.py -k several_eos',
+    ),
+    (
+        "forced-EOS scoring takes the first EOS id's probability",
+        'gencraft/search/beam.py',
+        '        out[:, eos[0]] = torch.logsumexp(logp[:, eos], dim=-1) if self.forced_eos == "model" else 0',
+        '        out[:, eos[0]] = logp[:, eos[0]] if self.forced_eos == "model" else 0',
+        'tests/search/test_search.py -k several_eos',
+    ),
+    (
+        'prefix groups of ceil(P/S) columns (the last segment short or empty)',
+        'gencraft/prefix/functional.py',
+        '    for g, cols in enumerate(torch.arange(p).tensor_split(s)):',
+        '    for g, cols in enumerate(torch.arange(p).split(-(-p // s))):',
+        'tests/prefix/test_prefix_functional.py -k multiple_of_s',
+    ),
+    (
+        "UniBlock's tables tiled across beams instead of repeated per example",
+        'gencraft/prefix/attention.py',
+        '    return table.repeat_interleave(n // b, dim=0)',
+        '    return table.repeat(n // b, 1, 1)',
+        'tests/prefix/test_prefix_model.py -k own_examples',
+    ),
 ]
 
 

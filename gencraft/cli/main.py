@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -246,6 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args, extra = parser.parse_known_args(argv)
     args.given = given_flags(parser, argv)  # flags written out, for "does not apply" checks
+    if not sys.stderr.isatty():  # transformers' and the hub's own bars: no \r lines in logs
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if extra and not getattr(args, "takes_extra", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:

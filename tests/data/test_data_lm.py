@@ -111,3 +111,19 @@ def test_table1_ptb(shared_data):
     assert (stats["valid"]["tokens"], stats["test"]["tokens"]) == (73_760, 82_430)
     assert len(corpus.vocab) == 10_000
     assert stats["train"]["oov_rate"] == pytest.approx(4.8, abs=0.05)
+
+
+def test_equal_counts_keep_first_occurrence_not_alphabetical_order():
+    """Ties in frequency keep the order words first occur in (as documented), which here
+    differs from alphabetical order: 'zeta' is seen before 'alpha'."""
+    vocab = Vocabulary.build(["zeta", "alpha", "mid", "alpha", "zeta", "mid"])
+    assert vocab.itos == ["zeta", "alpha", "mid"]
+
+
+def test_a_corpus_file_without_a_final_newline_keeps_its_last_line(wiki_dir):
+    (wiki_dir / "wikitext-2" / "wiki.test.tokens").write_text(" The game \n The end")
+    corpus = load_lm_corpus("wikitext-2", wiki_dir)
+    words = corpus.vocab.decode(corpus["test"])
+    assert words == ["The", "game", EOS, "The", UNK, EOS]  # "end" is not in train
+    (wiki_dir / "wikitext-2" / "wiki.test.tokens").write_text(" The game \n The end \n")
+    assert corpus.vocab.decode(load_lm_corpus("wikitext-2", wiki_dir)["test"]) == words

@@ -173,3 +173,14 @@ def test_real_text_datasets(shared_data):
     for (name, split), (n, refs) in counts.items():
         ex = load_data_to_text(name, split, shared_data)
         assert (len(ex), sum(len(e.references) for e in ex)) == (n, refs), (name, split)
+
+
+def test_a_local_split_keeps_file_order(xsum_dir):
+    """The 80/10/10 split picks by hash but returns its examples in file order, so that
+    ``--limit N`` takes the first N of the file that are in the split."""
+    for split in ("train", "validation", "test"):
+        got = [int(e.id) for e in load_summarization("xsum", split, xsum_dir)]
+        assert got == sorted(got)
+        assert local_split([str(1000 + i) for i in range(50)], split) == sorted(
+            local_split([str(1000 + i) for i in range(50)], split)
+        )

@@ -100,3 +100,29 @@ def test_meteor_through_java_handles_newlines():
         ["the cat\nsat ||| on the mat", "a dog"], [["the cat sat on the mat"], ["a dog"]]
     )
     assert 0.5 < score <= 1.0
+
+
+def test_nist_keeps_order_5_when_only_some_outputs_are_shorter():
+    """NIST's order is cut only to the longest output (nltk divides by each order's n-gram
+    count): one short output among long ones leaves n = 5."""
+    pytest.importorskip("nltk")
+    from nltk.translate.nist_score import corpus_nist
+
+    from gencraft.metrics.data2text import nist, tokens
+
+    preds = ["the cat sat on the mat", "a dog"]
+    # several references: higher-order n-grams carry information (nltk's weights)
+    refs = [
+        ["the cat sat on the mat", "the cat sat on the rug", "my cat sat on the mat"],
+        ["a dog barked"],
+    ]
+    hyps = [tokens(p) for p in preds]
+    ref_tokens = [[tokens(r) for r in rs] for rs in refs]
+    assert nist(preds, refs) == pytest.approx(corpus_nist(ref_tokens, hyps, n=5))
+    assert nist(preds, refs) != pytest.approx(corpus_nist(ref_tokens, hyps, n=2))
+    short = ["a dog", "the cat"]  # every output shorter than 5: the order is the longest's
+    short_refs = [["a dog barked"], ["the cat sat"]]
+    want = corpus_nist(
+        [[tokens(r) for r in rs] for rs in short_refs], [tokens(p) for p in short], n=2
+    )
+    assert nist(short, short_refs) == pytest.approx(want)

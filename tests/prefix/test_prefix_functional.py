@@ -161,3 +161,17 @@ def test_softsa_gradcheck_in_float64(tau):
     x = _scores(2)
     assert fn(x).dtype == torch.float64
     assert torch.autograd.gradcheck(fn, (x,), eps=1e-6, atol=1e-5)
+
+
+def test_prefix_groups_when_p_is_not_a_multiple_of_s():
+    """P = 10 prefixes over S = 4 segments: groups of 3, 3, 2, 2 contiguous columns (the first
+    P mod S groups one longer); every segment has a prefix and no column is shared."""
+    from gencraft.prefix.functional import prefix_block_mask
+
+    mask = prefix_block_mask(torch.tensor([[0, 1, 2, 3]]), 10, 4)[0]  # [T, P]
+    assert mask.sum(-1).tolist() == [3, 3, 2, 2]
+    assert mask.sum(0).tolist() == [1] * 10  # each column in exactly one group
+    columns = [row.nonzero().flatten().tolist() for row in mask]
+    assert columns == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
+    seven = prefix_block_mask(torch.tensor([[0, 1, 2, 3]]), 7, 4)[0]
+    assert seven.sum(-1).tolist() == [2, 2, 2, 1]  # 4 groups of 7: none left empty

@@ -496,3 +496,26 @@ def test_encoder_decoder_takes_non_contiguous_labels():
     loss = model(ids, labels=labels).loss
     assert torch.isfinite(loss)
     assert loss == model(ids, labels=labels.contiguous()).loss
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-t5"])
+def test_uniblock_beams_keep_their_own_examples_segment_table(name):
+    """Batch 2 x 3 beams: each beam reads its own example's segment table (the tables are
+    repeated per example, as generate repeats the inputs), so the batch gives what each
+    example gives alone."""
+    model = _model(name, num_virtual_tokens=6, encoder_segments=3)
+    with torch.no_grad():
+        for prm in model.parameters():
+            if prm.requires_grad:
+                prm.mul_(4.0)  # prefixes that dominate the attention: their blocks matter
+    ids = torch.randint(5, 200, (2, 6), generator=torch.Generator().manual_seed(0))
+    seg = torch.tensor([[0, 0, 0, 0, 1, 2], [0, 1, 1, 2, 2, 2]])
+    kw = dict(num_beams=3, max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    both = model.generate(ids, torch.ones_like(ids), segment_ids=seg, **kw)
+    for i in range(2):
+        alone = model.generate(
+            ids[i : i + 1], torch.ones_like(ids[i : i + 1]), segment_ids=seg[i : i + 1], **kw
+        )
+        assert both[i, : alone.shape[1]].tolist() == alone[0].tolist()
+    swapped = model.generate(ids, torch.ones_like(ids), segment_ids=seg.flip(0), **kw)
+    assert not torch.equal(swapped, both)  # the tables matter to the output

@@ -894,3 +894,36 @@ def test_exact_mode_refuses_processors_that_raise_scores():
     model = small_llama(0)
     with pytest.raises(GencraftError, match="processed scores <= 0"):
         exact_mode(model, torch.tensor([PROMPT]), max_new_tokens=2, logits_processor=[Boost()])
+
+
+class TwoEosStepper(TableStepper):
+    """Two EOS ids, 0 and 3 (e.g. <|endoftext|> and <|im_end|>); 1 = "a", 2 = "b"."""
+
+    vocab_size = 4
+    table: ClassVar[dict[tuple[int, ...], list[float]]] = {
+        (): [0.2, 0.4, 0.1, 0.3],
+        (1,): [0.3, 0.2, 0.1, 0.4],
+        (2,): [0.1, 0.5, 0.2, 0.2],
+    }
+
+    def _lp(self, prefixes):
+        rows = [self.table.get(p, [0.25] * 4) for p in prefixes]
+        return torch.tensor(rows).log()
+
+
+def test_ending_with_several_eos_ids_is_one_event():
+    """P(end) is the sum over the EOS ids (log-sum-exp), not the first id's or the largest's:
+    in sequence scoring and in forced-EOS scoring of a forced length."""
+    from gencraft.models.stepping import sequence_log_prob
+
+    ln = math.log
+    got = sequence_log_prob(TwoEosStepper(), None, [1], eos_token_id=[0, 3])
+    assert got == pytest.approx(ln(0.4) + ln(0.3 + 0.4))
+    # a forced length of 1: both EOS renormalised away at step 1, then the end forced at the
+    # model's cost of ending, 0.3 + 0.4 after "a" and 0.1 + 0.2 after "b"
+    hyps = beam_search(
+        TwoEosStepper(), num_beams=2, max_new_tokens=3, eos_token_id=[0, 3], force_length=1
+    )
+    scores = {tuple(h.tokens): h.score for h in hyps}
+    assert scores[(1,)] == pytest.approx(ln(0.4 / 0.5) + ln(0.7))
+    assert scores[(2,)] == pytest.approx(ln(0.1 / 0.5) + ln(0.3))
