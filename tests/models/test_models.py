@@ -230,3 +230,22 @@ def test_one_prompt_encoder_and_pad_rule():
         -100,
     ]
     assert right["attention_mask"][1].tolist() == [1, 0, 0]
+
+
+def test_the_one_pad_rule_for_labels_and_other_fields():
+    """pad_batch (every method's batches): labels padded with -100 (never scored), input_ids
+    with the pad id, any other field with 0; left or right as asked."""
+    from gencraft.models.prompts import pad_batch
+
+    rows = [
+        {"input_ids": [5, 6, 7], "labels": [1, 2, 3], "segment_ids": [1, 1, 2]},
+        {"input_ids": [5], "labels": [1], "segment_ids": [2]},
+    ]
+    for left in (False, True):
+        out = pad_batch(rows, 9, left=left)
+        short = {k: v[1].tolist() for k, v in out.items()}
+        pad = (lambda fill, x: [fill, fill, x]) if left else (lambda fill, x: [x, fill, fill])
+        assert short["input_ids"] == pad(9, 5)
+        assert short["labels"] == pad(-100, 1)
+        assert short["segment_ids"] == pad(0, 2)
+        assert short["attention_mask"] == pad(0, 1)

@@ -465,3 +465,66 @@ def test_sundae_rerank_keeps_the_highest_scoring_sample():
         i, s = rerank(token_logp, mask, len_logp, how)
         assert i == best, how
         torch.testing.assert_close(s, torch.tensor(scores))
+
+
+# ------------------------------------------------------------------ issue 32: guarded rules
+def test_the_length_predictor_pools_only_real_source_positions(tiny):
+    """Padding (whatever its states) does not change the predicted lengths."""
+    model, _ = tiny
+    model.eval()
+    torch.manual_seed(0)
+    hidden = torch.randn(1, 5, model.config.encoder.hidden_size)
+    padded = torch.cat([hidden, 100 * torch.randn(1, 3, hidden.shape[-1])], 1)
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0, 0, 0]])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model.length_logits(padded, mask), model.length_logits(hidden, torch.ones(1, 5))
+        )
+
+
+def test_mask_predict_ranks_length_candidates_by_mean_log_probability(tiny):
+    """One iteration over candidate lengths 2 and 9: the score of each is the mean of its
+    tokens' log-probabilities (a sum would favour the short one), and the best mean wins."""
+    model, tok = tiny
+    model.eval()
+    ids = tok(["name : Aromi | area : riverside"], return_tensors="pt")
+    mask_id = tok.mask_token_id
+    cfg = SamplingConfig(steps=1)
+    enc = model.encode(ids.input_ids, ids.attention_mask).last_hidden_state
+    means = {}
+    for n in (2, 9):
+        with torch.no_grad():
+            logits = model.decode_logits(
+                torch.full((1, n), mask_id), enc, ids.attention_mask, torch.ones(1, n).long()
+            )
+        means[n] = float(torch.log_softmax(logits.float(), -1).max(-1).values.mean())
+    out = mask_predict_generate(
+        model, ids.input_ids, ids.attention_mask, cfg, mask_id=mask_id, lengths=[[2, 9]]
+    )
+    best = max(means, key=means.get)
+    assert len(out.sequences[0]) == best
+    assert out.scores[0] == pytest.approx(means[best], abs=1e-5)
+
+
+def test_the_autoregressive_baseline_ends_after_the_last_word(monkeypatch):
+    """Teacher forcing: labels are y followed by [SEP] at position len(y), never [SEP] over
+    y's last word."""
+    import gencraft.nar.functional as nf
+
+    model, tok = load_mlm_seq2seq("tiny-bert", seed=0, max_target_length=16, bidirectional=False)
+    seen = {}
+    real = nf._token_ce
+
+    def spy(logits, targets, where, smoothing):
+        seen["labels"], seen["where"] = targets.clone(), where.clone()
+        return real(logits, targets, where, smoothing)
+
+    monkeypatch.setattr(nf, "_token_ce", spy)
+    batch = _batch(tok, [("a b", "x y z"), ("c", "w")])
+    end = tok.sep_token_id
+    nf.autoregressive_loss(model, batch, start_id=tok.cls_token_id, end_id=end)
+    for row, n in enumerate(batch["lengths"].tolist()):
+        labels = seen["labels"][row]
+        assert labels[:n].tolist() == batch["targets"][row, :n].tolist()
+        assert int(labels[n]) == end and bool(seen["where"][row, n])
+        assert not seen["where"][row, n + 1 :].any()

@@ -111,3 +111,19 @@ def test_head_rejects_bad_input():
     head = PointerSentinelHead(base, 4)
     with pytest.raises(ValueError, match="attention_mask"):
         head(torch.ones(2, 5, dtype=torch.long), attention_mask=torch.ones(2, 4))
+
+
+def test_the_loss_ignores_padding_and_minus_100_labels():
+    """The loss is the mean NLL over scored positions only: labels of -100 and positions of
+    padding neither add to it nor count in its denominator."""
+    head = make("tiny-llama")
+    ids = torch.randint(5, 60, (1, 9), generator=torch.Generator().manual_seed(1))
+    full = head(ids)
+    labels = ids.clone()
+    labels[0, 1:4] = -100  # the first three predictions are not scored
+    part = head(ids, labels=labels)
+    torch.testing.assert_close(part.loss, full.nll[0, 3:].mean())
+    assert (part.nll[0, :3] == 0).all()
+    padded = torch.cat([ids, torch.zeros(1, 4, dtype=torch.long)], 1)  # right padding
+    mask = torch.cat([torch.ones_like(ids), torch.zeros(1, 4, dtype=torch.long)], 1)
+    torch.testing.assert_close(head(padded, attention_mask=mask).loss, full.loss)

@@ -519,3 +519,17 @@ def test_uniblock_beams_keep_their_own_examples_segment_table(name):
         assert both[i, : alone.shape[1]].tolist() == alone[0].tolist()
     swapped = model.generate(ids, torch.ones_like(ids), segment_ids=seg.flip(0), **kw)
     assert not torch.equal(swapped, both)  # the tables matter to the output
+
+
+def test_segment_tables_follow_generates_row_order():
+    """generate lays out B examples x k beams (or samples) with each example's k copies
+    contiguous (repeat_interleave): row i reads example i // k's table. Beam search alone
+    cannot show a tiled table (every beam descends from beam 0 after the first step), but
+    k sampled sequences per example would each read the wrong example's segments."""
+    from gencraft.prefix.attention import _rows
+
+    table = torch.arange(2)[:, None, None].expand(2, 4, 3)  # example e's table is all e
+    assert _rows(table, 6)[:, 0, 0].tolist() == [0, 0, 0, 1, 1, 1]
+    assert _rows(table, 2) is table
+    with pytest.raises(RuntimeError, match="cannot come from 2 examples"):
+        _rows(table, 5)

@@ -226,3 +226,27 @@ def test_flops_per_token_is_table_2_1():
     model = GPT2LMHeadModel(GPT2Config())
     got = [round(flops_per_token(model, 300, o) / 1e8, 3) for o in (0, 5, 10, 30, 50)]
     assert got == [1.754, 1.784, 1.814, 1.949, 2.105]
+
+
+def test_a_frozen_unnamed_base_is_saved_beside_the_method(tmp_path):
+    """A frozen base saved without its name goes under base/, so the directory reloads on its
+    own; with its name it is left out (rebuilt from the name)."""
+    base, _ = load_model("tiny-llama", seed=3)
+    m = RecurrentLM(base, RecurrenceConfig(window=8, train_base=False)).eval()
+    ids = _ids(1, 30, 5)
+    m.save_pretrained(tmp_path / "unnamed")
+    assert (tmp_path / "unnamed" / "base").is_dir()
+    again = RecurrentLM.from_pretrained(tmp_path / "unnamed").eval()
+    torch.testing.assert_close(again.token_nll(ids), m.token_nll(ids))
+    m.save_pretrained(tmp_path / "named", base_name_or_path="tiny-llama")
+    assert not (tmp_path / "named" / "base").exists()
+
+
+def test_the_ffn_ends_on_a_linear_layer():
+    """Eq. 2.2's FFN: activations between its layers, none after the last (h_prev may be
+    negative, as the hidden states it joins are)."""
+    for act in ("gelu", "relu", "tanh"):
+        m = _model(activation=act, ffn_hidden=(16, 16))
+        kinds = [type(layer) for layer in m.ffn]
+        assert kinds[-1] is nn.Linear and kinds[0] is nn.Linear
+        assert len(kinds) == 5 and kinds[1] is kinds[3] is not nn.Linear
