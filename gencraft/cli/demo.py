@@ -51,10 +51,10 @@ def run_demo(
     ppl_tokens: int = 2000,
     device: str | None = None,
     output: str = "outputs/demo",
-    fame_seconds: float = 20.0,
-    pointer_seconds: float = 15.0,
-    prefix_seconds: float = 15.0,
-    nar_seconds: float = 20.0,
+    fame_seconds: float = 12.0,
+    pointer_seconds: float = 10.0,
+    prefix_seconds: float = 12.0,
+    nar_seconds: float = 12.0,
 ) -> dict:
     """Run the demo; returns its numbers (also printed)."""
     from gencraft.data import load_lm_corpus
@@ -220,7 +220,7 @@ document.""",
     for name, on in (("SmolLM2 alone, beam 4", False), ("FAME, beam 4", True)):
         fame.enabled = on
         summaries[name] = summarize(
-            fame, tok, [doc.document], max_source=192, max_new_tokens=32, progress=False
+            fame, tok, [doc.document], max_source=192, max_new_tokens=24, progress=False
         )[0][0]
         print(f"  {name}: {summaries[name]}")
     fame.enabled = True
@@ -322,7 +322,7 @@ prefixes each segment's tokens may read.""",
         valid_examples=8,
         max_source_tokens=64,
         max_target_tokens=32,
-        fit=FitConfig(epochs=5, batch_size=4, max_time=seconds, eval_every=4, warmup=0.1),
+        fit=FitConfig(epochs=5, batch_size=4, max_time=seconds, eval_every=2, warmup=0.1),
     )
     summary = train(cfg, prefix, out, data_dir=data_dir, progress=True, restart=True)
     losses = [r["valid_loss"] for r in summary["history"] if "valid_loss" in r]

@@ -65,10 +65,10 @@ class EvalCommand:
 @dataclass
 class DemoCommand:
     ppl_tokens: int = option(2000, "WikiText-2 test words to score")
-    fame_seconds: float = option(20.0, "FAME head training budget (seconds)")
-    pointer_seconds: float = option(15.0, "pointer head training budget (seconds)")
-    prefix_seconds: float = option(15.0, "prefix training budget (seconds)")
-    nar_seconds: float = option(20.0, "RUM-SUNDAE training budget (seconds)")
+    fame_seconds: float = option(12.0, "FAME head training budget (seconds)")
+    pointer_seconds: float = option(10.0, "pointer head training budget (seconds)")
+    prefix_seconds: float = option(12.0, "prefix training budget (seconds)")
+    nar_seconds: float = option(12.0, "RUM-SUNDAE training budget (seconds)")
 
 
 def data_stats(name: str, split: str | None, data_dir: str | None) -> list[dict]:
