@@ -388,3 +388,30 @@ def test_the_plateau_rule_halves_only_after_a_worse_validation():
     assert [decay for _, decay, _ in steps] == [False, False, True, False, True]
     assert [improved for improved, _, _ in steps] == [True, True, False, False, False]
     assert [stop for _, _, stop in steps] == [False, False, False, False, True]
+
+
+def test_train_loss_is_the_mean_over_the_batches_since_the_last_validation(tmp_path):
+    """Each history row's train_loss averages exactly the training batches after the
+    previous row (the running sum restarts at every validation)."""
+    torch.manual_seed(0)
+    model = Tiny()
+    seen: list[float] = []
+
+    def loss(m, batch):
+        value = _loss(m, batch)
+        if m.training:  # validation batches run in eval mode
+            seen.append(float(value))
+        return value
+
+    result = fit(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.01),
+        _data(),
+        loss_fn=loss,
+        config=FitConfig(epochs=1, batch_size=4, eval_every=2),
+        valid=_data(8),
+        progress=False,
+    )
+    rows = [r["train_loss"] for r in result.history]
+    want = [sum(seen[i : i + 2]) / 2 for i in range(0, 6, 2)]  # 6 batches, a row every 2
+    assert rows == pytest.approx(want)
