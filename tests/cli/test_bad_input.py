@@ -12,26 +12,32 @@ import pytest
 from gencraft.cli.main import main
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
-    """Saved runs of tiny models whose weight files are then cut in half, and a directory
-    that holds no run."""
+def _save_prefix_recurrence_nar(root: Path) -> None:
+    """Runs of three methods on tiny models under ``root``: prefix/, recurrence/, nar/."""
     from gencraft.models import load_model
     from gencraft.nar import load_mlm_seq2seq
     from gencraft.prefix import PrefixConfig, PrefixModel
     from gencraft.recurrence import RecurrenceConfig, RecurrentLM
     from gencraft.training import save_run
 
-    root = tmp_path_factory.mktemp("runs")
     base, tok = load_model("tiny-llama", seed=0)
     cfg = PrefixConfig(num_virtual_tokens=2)
-    settings = {"train": {"model": "tiny-llama"}, "prefix": cfg.to_dict()}
+    settings = {"train": {"model": "tiny-llama", "task": "e2e", "max_source_tokens": 32}}
+    settings["prefix"] = cfg.to_dict()
     save_run(root / "prefix", PrefixModel(base, cfg), tok, settings, base_name_or_path="tiny-llama")
     base, tok = load_model("tiny-llama", seed=0)
     rec = RecurrentLM(base, RecurrenceConfig(window=16))
     save_run(root / "recurrence", rec, tok, {"train": {"model": "tiny-llama"}})
     nar, tok = load_mlm_seq2seq("tiny-bert")
     save_run(root / "nar", nar, tok, {"train": {"model": "tiny-bert"}})
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Saved runs of tiny models whose weight files are then cut in half, and a directory
+    that holds no run."""
+    root = tmp_path_factory.mktemp("runs")
+    _save_prefix_recurrence_nar(root)
     for f in root.rglob("*.safetensors"):
         data = f.read_bytes()
         f.write_bytes(data[: len(data) // 2])
@@ -156,23 +162,11 @@ def intact(tmp_path_factory) -> dict[str, Path]:
 
     from gencraft.focus import FocusConfig, FocusForConditionalGeneration
     from gencraft.models import load_model
-    from gencraft.nar import load_mlm_seq2seq
-    from gencraft.prefix import PrefixConfig, PrefixModel
-    from gencraft.recurrence import RecurrenceConfig, RecurrentLM
     from gencraft.search.train import classifier_for
     from gencraft.training import save_run
 
     root = tmp_path_factory.mktemp("intact")
-    base, tok = load_model("tiny-llama", seed=0)
-    cfg = PrefixConfig(num_virtual_tokens=2)
-    settings = {"train": {"model": "tiny-llama", "task": "e2e", "max_source_tokens": 32}}
-    settings["prefix"] = cfg.to_dict()
-    save_run(root / "prefix", PrefixModel(base, cfg), tok, settings, base_name_or_path="tiny-llama")
-    base, tok = load_model("tiny-llama", seed=0)
-    rec = RecurrentLM(base, RecurrenceConfig(window=16))
-    save_run(root / "recurrence", rec, tok, {"train": {"model": "tiny-llama"}})
-    nar, tok = load_mlm_seq2seq("tiny-bert")
-    save_run(root / "nar", nar, tok, {"train": {"model": "tiny-bert"}})
+    _save_prefix_recurrence_nar(root)
     shutil.copytree(root / "nar", root / "nar-cut")
     config = root / "nar-cut" / "config.json"
     config.write_text(config.read_text()[: len(config.read_text()) // 2])
