@@ -41,7 +41,8 @@ def _expected_rows(model, prompts, found, ids):
     for b, tokens in enumerate(found):
         rows.append(ids[b].tolist() + tokens)
     width = max(map(len, rows))
-    return [r + [0] * (width - len(r)) for r in rows]
+    # generate's beam search fills with the pad id, or with EOS (2) when the pad id is 0
+    return [r + [2] * (width - len(r)) for r in rows]
 
 
 def _beam_rows(model, prompts, beams, max_new, ids):
@@ -78,6 +79,7 @@ def test_beam_search_with_scores_and_several_returns():
         max_new_tokens=4,
         custom_generate=cg.beam_search,
         return_dict_in_generate=True,
+        output_scores=True,
     )
     assert out.sequences.shape[0] == 4
     want = [
@@ -125,6 +127,7 @@ def test_conditional_beam_search_from_generate_equals_gencrafts_own():
         classifier=clf,
         k=4,
         return_dict_in_generate=True,
+        output_scores=True,
     )
     rows, scores = [], []
     for p in PROMPTS[:2]:

@@ -281,10 +281,10 @@ class FocusForConditionalGeneration(MethodModel):
         y = args[0]  # [B, T', h]
         a = self.head.reduce_heads(self._store[-1])[:, -y.shape[1] :]  # [B, T', S_all]
         src = self.state.source
-        if src.g.shape[0] == 1 and a.shape[0] > 1:  # one document, several hypotheses (search)
-            src = _Source(
-                src.g.expand(a.shape[0], -1, -1), src.mask.expand(a.shape[0], -1), src.key
-            )
+        docs, rows = src.g.shape[0], a.shape[0]
+        if rows > docs and rows % docs == 0:  # each document's hypotheses in a block (search)
+            r = rows // docs
+            src = _Source(src.g.repeat_interleave(r, 0), src.mask.repeat_interleave(r, 0), src.key)
         if not self.is_encoder_decoder:
             a = a[..., : src.mask.shape[1]]
             if self.config.source_attention == "renormalized":

@@ -173,15 +173,23 @@ class PointerSentinelHead(MethodModel):
 
     # -- stepping (gencraft's beam search and exact mode search) ----------------------------
     def gencraft_step(
-        self, tokens: torch.Tensor, cache: Any, *, start: bool, hidden: bool = False
+        self,
+        tokens: torch.Tensor,
+        cache: Any,
+        *,
+        start: bool,
+        hidden: bool = False,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> Any:
         """Eq. 6 one position at a time, for :mod:`gencraft.models.stepping`.
 
         ``tokens`` [N, t] (the prompt at the start, then one token per hypothesis); ``cache``
         a ``DynamicCache`` holding the base's keys/values and, as one extra layer after them,
         the window: last-layer hidden states [N, 1, S, H] as keys and their token ids [N, 1, S,
-        1] as values (so searches reorder, slice and rebuild it like any cache). Returns the
-        next-token mixture log-probabilities [N, V] of the last position."""
+        1] as values (so searches reorder, slice and rebuild it like any cache). A padded batch
+        gives ``attention_mask`` [N, S] (padding never enters the window) and ``position_ids``
+        [N, t]. Returns the next-token mixture log-probabilities [N, V] of the last position."""
         from gencraft.models.compat import DynamicCache, cache_kwargs, output_cache
         from gencraft.models.introspect import model_shape
         from gencraft.models.stepping import StepOutput
@@ -189,8 +197,15 @@ class PointerSentinelHead(MethodModel):
         n_layers = model_shape(self.base).layers  # the window is the layer after the base's
         if cache is None:
             cache = DynamicCache()
+        padded = {}
+        if attention_mask is not None:
+            padded = {"attention_mask": attention_mask, "position_ids": position_ids}
         out = self.base(
-            input_ids=tokens, **cache_kwargs(cache), use_cache=True, output_hidden_states=True
+            input_ids=tokens,
+            **cache_kwargs(cache),
+            **padded,
+            use_cache=True,
+            output_hidden_states=True,
         )
         cache = output_cache(out)
         last = out.hidden_states[-1].float()  # [N, t, H]
@@ -198,7 +213,8 @@ class PointerSentinelHead(MethodModel):
         cache.update(last[:, None], ids, n_layers)
         window = cache.layers[n_layers]
         states, state_ids = window.keys[:, 0], window.values[:, 0, :, 0].long()
-        log_attn, log_gate = self._attend(self._query(last[:, -1:]), states)
+        valid = attention_mask.bool() if attention_mask is not None else None
+        log_attn, log_gate = self._attend(self._query(last[:, -1:]), states, valid)
         log_probs = sequence_mixture_log_probs(out.logits[:, -1:], log_attn, log_gate, state_ids)[
             :, 0
         ]

@@ -20,10 +20,12 @@ __getattr__, __dir__, __all__ = lazy_exports(
             "AttributeScorer",
             "Hypothesis",
             "beam_search",
+            "beam_search_batch",
         ),
         "gencraft.search.exact": (
             "ModeResult",
             "exact_mode",
+            "exact_mode_batch",
         ),
     },
 )

@@ -38,14 +38,14 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
-from gencraft.models.stepping import ProcessorChain, Stepper, resolve
+from gencraft.models.stepping import ProcessorChain, Stepper, batch_size, resolve
 
 NEG = -1.0e9  # transformers' "impossible" score; kept so that ties break as there
 
@@ -95,48 +95,6 @@ class Hypothesis:
     score: float
     finished: bool
     conditional_score: float | None = None
-    eos_token: int | None = None
-
-
-@dataclass
-class _Slot:
-    """One beam slot of the thesis's Alg. 1: its tokens, whether it is complete (ended with
-    the EOS id ``eos_token``, or cut at the limit), and the selection and conditional scores
-    frozen when it completed."""
-
-    tokens: list[int] = field(default_factory=list)
-    done: bool = False
-    eos_token: int | None = None
-    sel: float = 0.0
-    cond: float = 0.0
-
-    @property
-    def eos(self) -> bool:
-        return self.eos_token is not None
-
-
-@dataclass
-class _Candidate:
-    """One choice at a step of Alg. 1: live beam ``beam`` continued by ``token``, or a complete
-    slot staying (``token`` None) with its frozen scores. ``sel``: the selection score (with
-    α times the classifier), ``unc``: the model's, ``cond``: the conditional score."""
-
-    sel: float
-    unc: float
-    cond: float
-    beam: int
-    token: int | None = None
-
-
-@dataclass
-class _Finished:
-    """A hypothesis set aside (transformers' policy): its ranking ``key`` (the conditional
-    score, or the model score under a forced length), model ``score``, tokens, the EOS id
-    that ended it (None: cut at the limit)."""
-
-    key: float
-    score: float
-    tokens: list[int]
     eos_token: int | None = None
 
 
@@ -217,10 +175,11 @@ def beam_search(
     length_includes_eos: bool = False,
     forced_ranking: Literal["score", "selection"] = "score",
 ) -> list[Hypothesis]:
-    """Beam search for one input; returns up to ``num_beams`` hypotheses, best first.
+    """Beam search for one input; returns up to ``num_beams`` hypotheses, best first. The
+    batch of one of :func:`beam_search_batch`.
 
     Args:
-        model: a Hugging Face causal LM or encoder-decoder, or a ``Stepper``.
+        model: a Hugging Face causal LM or encoder-decoder, or a ``Stepper`` of one input.
         input_ids: [1, P] prompt (causal) or encoder input (encoder-decoder); None for a Stepper.
         num_beams: B > 0.
         max_new_tokens: generated tokens at most, EOS included; a hypothesis reaching it ends.
@@ -247,6 +206,72 @@ def beam_search(
             ``"selection"``: the final beam's order under C' = S + α·log P_clf, which is what
             Alg. 1 returns for a deterministic attribute (b_best = 1).
     """
+    if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] != 1:
+        raise GencraftError(
+            f"beam_search takes one input [1, P], got {list(input_ids.shape)}; use "
+            "beam_search_batch for a batch"
+        )
+    if not isinstance(model, nn.Module) and batch_size(model) != 1:
+        raise GencraftError("beam_search takes a Stepper of one input; use beam_search_batch")
+    return beam_search_batch(
+        model,
+        input_ids,
+        num_beams=num_beams,
+        max_new_tokens=max_new_tokens,
+        classifier=classifier,
+        k=k,
+        alpha=alpha,
+        eos_token_id=eos_token_id,
+        finished=finished,
+        force_length=force_length,
+        forced_eos=forced_eos,
+        logits_processor=logits_processor,
+        length_includes_eos=length_includes_eos,
+        forced_ranking=forced_ranking,
+    )[0]
+
+
+def beam_search_batch(
+    model: nn.Module | Stepper,
+    input_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> list[list[Hypothesis]]:
+    """Beam search over a batch of inputs: every row's beams advance in one model call per
+    step, and each row keeps its own finished hypotheses and stop. Returns one list of
+    hypotheses per row, each what :func:`beam_search` returns for that row alone.
+
+    Args:
+        model: a Hugging Face causal LM or encoder-decoder, or a ``Stepper`` (of
+            ``batch_size`` inputs).
+        input_ids: [B, P] prompts (causal LM: left-padded) or encoder inputs (encoder-decoder:
+            padded on either side); None for a Stepper.
+        attention_mask: [B, P] 1 for tokens, 0 for padding (default: none padded).
+        kwargs: the keyword arguments of :func:`beam_search`.
+    """
+    return search_stepper(model, input_ids, attention_mask, **kwargs)
+
+
+def search_stepper(
+    model: nn.Module | Stepper,
+    input_ids: torch.Tensor | None,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    num_beams: int,
+    max_new_tokens: int,
+    classifier: AttributeScorer | None = None,
+    k: int | None = None,
+    alpha: float = 1.0,
+    eos_token_id: int | list[int] | None = None,
+    finished: Literal["aside", "on_beam"] = "aside",
+    force_length: int | None = None,
+    forced_eos: Literal["model", "free"] = "model",
+    logits_processor: Sequence[Any] | None = None,
+    length_includes_eos: bool = False,
+    forced_ranking: Literal["score", "selection"] = "score",
+) -> list[list[Hypothesis]]:
+    """:func:`beam_search_batch` with its arguments spelt out (a ``Stepper`` may be given
+    as ``model``, e.g. one built over ``generate``'s encoder outputs)."""
     force_length = _check_arguments(
         num_beams,
         max_new_tokens,
@@ -262,7 +287,12 @@ def beam_search(
     if num_beams == 1 and logits_processor:
         _warn_one_beam(logits_processor)
     stepper, eos = resolve(
-        model, input_ids, eos_token_id, max_new_tokens=max_new_tokens, hidden=classifier is not None
+        model,
+        input_ids,
+        eos_token_id,
+        max_new_tokens=max_new_tokens,
+        hidden=classifier is not None,
+        attention_mask=attention_mask,
     )
     v = stepper.vocab_size
     if classifier is not None:
@@ -288,11 +318,21 @@ def beam_search(
     return search.run()
 
 
+def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x`` [B, C, *rest] at ``index`` [B, K] along dim 1: [B, K, *rest]."""
+    shape = (*index.shape, *x.shape[2:])
+    return x.gather(1, index.view(*index.shape, *([1] * (x.dim() - 2))).expand(shape))
+
+
 class _BeamSearch:
+    """The batched search: B inputs x K beams, every tensor of state ``[B, K, ...]``; the
+    model sees the N = B·K hypotheses flattened (input-major) in one call per step. A row
+    that is done stays in the batch, masked: its state no longer changes."""
+
     def __init__(
         self,
         stepper: Stepper,
-        b: int,
+        num_beams: int,
         max_new: int,
         clf: AttributeScorer | None,
         k: int | None,
@@ -304,7 +344,8 @@ class _BeamSearch:
         processors: list[Any] | None = None,
         forced_ranking: str = "score",
     ) -> None:
-        self.s, self.b, self.max_new, self.clf = stepper, b, max_new, clf
+        self.s, self.K, self.max_new, self.clf = stepper, num_beams, max_new, clf
+        self.B = batch_size(stepper)
         self.k, self.alpha, self.policy, self.force_length = k, alpha, policy, force_length
         self.forced_eos, self.forced_ranking = forced_eos, forced_ranking
         self.eos = torch.tensor(eos)
@@ -316,7 +357,7 @@ class _BeamSearch:
 
     def _transform(self, logp: torch.Tensor, t: int) -> torch.Tensor:
         """Length forcing (thesis 7.4): no EOS before step n (renormalised), only EOS at n;
-        and Alg. 1's forced EOS at the maximum length (on the beam)."""
+        and Alg. 1's forced EOS at the maximum length (on the beam). ``logp`` [N, V]."""
         n = self.force_length
         if n is None and not self._limit(t):
             return logp
@@ -329,38 +370,40 @@ class _BeamSearch:
         out[:, eos[0]] = torch.logsumexp(logp[:, eos], dim=-1) if self.forced_eos == "model" else 0
         return out
 
-    def _candidates(self, logp: torch.Tensor, scores: torch.Tensor, hidden: Any, cstate: Any):
-        """Flat candidates of the B live rows: (selection, unconditional, conditional, beam,
-        token) each [N], and the classifier state extended by this position."""
-        b, v = logp.shape
+    def _candidates(
+        self, logp: torch.Tensor, scores: torch.Tensor, hidden: Any, cstate: Any
+    ) -> tuple[torch.Tensor, ...]:
+        """Each row's candidates, [B, C] each: (selection, unconditional, conditional score,
+        beam, token), and the classifier state extended by this position. ``logp`` [N, V],
+        ``scores`` [B, K]; a beam's candidates are contiguous, beams in order."""
+        (n, v), (b, kb) = logp.shape, scores.shape
         dev = logp.device
         if self.clf is None and (self.k is None or self.k >= v):
-            flat = (scores[:, None] + logp).reshape(-1)  # every continuation of every beam
-            beam = torch.arange(b, device=dev).repeat_interleave(v)
-            return flat, flat, flat, beam, torch.arange(v, device=dev).repeat(b), cstate
-        top_lp, tok = logp.topk(self.k, dim=-1)  # [B, k], by model likelihood
-        unc = scores[:, None] + top_lp
+            flat = (scores.reshape(n, 1) + logp).view(b, kb * v)  # every continuation
+            beam = torch.arange(kb, device=dev).repeat_interleave(v).expand(b, -1)
+            tok = torch.arange(v, device=dev).repeat(kb).expand(b, -1)
+            return flat, flat, flat, beam, tok, cstate
+        top_lp, tok = logp.topk(self.k, dim=-1)  # [N, k], by model likelihood
+        unc = scores.reshape(n, 1) + top_lp
         sel = cond = unc
         if self.clf is not None:
             clf_lp, cstate = self.clf.score(cstate, hidden, tok)
             dead = ~torch.isfinite(top_lp)  # impossible stays impossible, whatever the classifier
             cond = (unc + clf_lp.to(unc)).masked_fill(dead, NEG)
             sel = (unc + self.alpha * clf_lp.to(unc)).masked_fill(dead, NEG)
-        beam = torch.arange(b, device=dev)[:, None].expand_as(tok)
-        return (
-            sel.reshape(-1),
-            unc.reshape(-1),
-            cond.reshape(-1),
-            beam.reshape(-1),
-            tok.reshape(-1),
-            cstate,
-        )
+        beam = torch.arange(kb, device=dev).repeat_interleave(self.k).expand(b, -1)
+        c = kb * self.k
+        return sel.view(b, c), unc.view(b, c), cond.view(b, c), beam, tok.view(b, c), cstate
 
-    def run(self) -> list[Hypothesis]:
+    def run(self) -> list[list[Hypothesis]]:
         return self._aside() if self.policy == "aside" else self._on_beam()
 
     def _start(self) -> Any:
         out = self.s.start()
+        if out.log_probs.shape[0] != self.B:
+            raise GencraftError(
+                f"the stepper holds {self.B} inputs but started {out.log_probs.shape[0]} rows"
+            )
         if self.clf is not None:
             want = (self.clf.num_layers, self.clf.hidden_size)
             got = tuple(out.hidden.shape[1:]) if out.hidden is not None else None
@@ -374,185 +417,217 @@ class _BeamSearch:
         return out
 
     def _first_rows(self, out: Any) -> tuple[Any, ...]:
-        """The first step's B rows: (log-probs, cache, hidden states, classifier state, scores
-        with only row 0 alive), every row a copy of the prompt's."""
-        b, dev = self.b, out.log_probs.device
-        cache = self.s.reorder(out.cache, torch.zeros(b, dtype=torch.long, device=dev))
-        logp = out.log_probs.expand(b, -1)
-        hidden = out.hidden.expand(b, *out.hidden.shape[1:]) if out.hidden is not None else None
-        cstate = self.clf.init(b) if self.clf is not None else None
-        scores = torch.full((b,), NEG, device=dev)
-        scores[0] = 0.0
+        """The first step's N = B·K rows: (log-probs [N, V], cache, hidden states, classifier
+        state, scores [B, K] with only beam 0 alive), each input's K rows copies of its
+        prompt's (the prompt ran once)."""
+        b, kb, dev = self.B, self.K, out.log_probs.device
+        index = torch.arange(b, device=dev).repeat_interleave(kb)
+        cache = self.s.reorder(out.cache, index) if kb > 1 else out.cache
+        logp = out.log_probs.repeat_interleave(kb, 0)
+        hidden = out.hidden.repeat_interleave(kb, 0) if out.hidden is not None else None
+        cstate = self.clf.init(b * kb) if self.clf is not None else None
+        scores = torch.full((b, kb), NEG, device=dev)
+        scores[:, 0] = 0.0
         return logp, cache, hidden, cstate, scores
 
+    def _advance(self, cache: Any, cstate: Any, src: torch.Tensor, feed: torch.Tensor):
+        """Reorder the cache and classifier state to beams ``src`` [B, K] of each row and feed
+        ``feed`` [B, K]: (log-probs [N, V], cache, hidden states, classifier state)."""
+        b, kb = src.shape
+        flat = (torch.arange(b, device=src.device)[:, None] * kb + src).view(-1)
+        if self.clf is not None:
+            cstate = self.clf.reorder(cstate, flat)
+        cache = self.s.reorder(cache, flat)
+        out = self.s.step(feed.reshape(-1), cache)
+        return out.log_probs, out.cache, out.hidden, cstate
+
     # -- transformers' policy ----------------------------------------------------------------
-    def _aside(self) -> list[Hypothesis]:
-        b = self.b
+    def _aside(self) -> list[list[Hypothesis]]:
+        b, kb, t_max = self.B, self.K, self.max_new
         out = self._start()
         dev = out.log_probs.device
         logp, cache, hidden, cstate, scores = self._first_rows(out)
-        tokens = torch.zeros(b, 0, dtype=torch.long, device=dev)
         eos = self.eos.to(dev)
-        done: list[_Finished] = []
-        for t in range(self.max_new):
-            logp = self.process(logp, tokens)
+        tokens = torch.zeros(b, kb, 0, dtype=torch.long, device=dev)
+        # the finished set of each row: K slots, best first; fin_ok marks the filled ones
+        fin_tok = torch.zeros(b, kb, t_max, dtype=torch.long, device=dev)
+        fin_len = torch.zeros(b, kb, dtype=torch.long, device=dev)
+        fin_key = torch.full((b, kb), float("-inf"), device=dev)
+        fin_score = torch.zeros(b, kb, device=dev)
+        fin_eos = torch.full((b, kb), -1, dtype=torch.long, device=dev)
+        fin_ok = torch.zeros(b, kb, dtype=torch.bool, device=dev)
+        done = torch.zeros(b, dtype=torch.bool, device=dev)
+        for t in range(t_max):
+            logp = self.process(logp, tokens.view(b * kb, t))
             logp = self._transform(logp, t)
             sel, unc, cond, beam, tok, cstate = self._candidates(logp, scores, hidden, cstate)
-            n_keep = min(max(2, 1 + len(eos)) * b, sel.numel())
-            top_sel, idx = sel[None].topk(n_keep, dim=-1)
-            idx = idx[0]
-            c_beam, c_tok = beam[idx], tok[idx]
-            c_unc, c_cond = unc[idx], cond[idx]
+            n_keep = min(max(2, 1 + len(eos)) * kb, sel.shape[1])
+            top_sel, idx = sel.topk(n_keep, dim=1)
+            c_beam, c_tok = beam.gather(1, idx), tok.gather(1, idx)
+            c_unc, c_cond = unc.gather(1, idx), cond.gather(1, idx)
             is_eos = torch.isin(c_tok, eos)
-            ends = is_eos | (t + 1 == self.max_new)
-            # finished: the first B of the kept candidates that end, while the finished set has room
-            if len(done) < b:
-                new = []
-                for j in torch.nonzero(ends[:b]).flatten().tolist():
-                    if top_sel[0, j] <= NEG / 2:
-                        continue
-                    seq = tokens[c_beam[j]].tolist() + ([] if is_eos[j] else [int(c_tok[j])])
-                    key = c_unc[j] if self.force_length is not None else c_cond[j]
-                    end = int(c_tok[j]) if is_eos[j] else None
-                    new.append(_Finished(float(key), float(c_unc[j]), seq, end))
-                done = sorted(done + new, key=lambda r: -r.key)[:b]
-            if len(done) >= b or bool(ends.all()):
-                break
-            # live: the best B of the kept candidates that do not end
+            ends = is_eos | (t + 1 == t_max)
+            # finished: of the first K kept candidates, those that end, while the set has room
+            m = min(kb, n_keep)
+            room = ~done & (fin_ok.sum(1) < kb)
+            new = ends[:, :m] & (top_sel[:, :m] > NEG / 2) & room[:, None]
+            if bool(new.any()):
+                grown = ~is_eos[:, :m]  # cut at the limit: the last token is kept
+                seq = torch.zeros(b, m, t_max, dtype=torch.long, device=dev)
+                seq[:, :, :t] = _take(tokens, c_beam[:, :m])
+                seq[:, :, t] = torch.where(grown, c_tok[:, :m], 0)
+                key = c_unc if self.force_length is not None else c_cond
+                # merged with the old set, stably (old first): the K best stay
+                all_ok = torch.cat([fin_ok, new], 1)
+                all_key = torch.cat([fin_key, key[:, :m]], 1).masked_fill(~all_ok, float("-inf"))
+                order = all_key.sort(dim=1, descending=True, stable=True).indices[:, :kb]
+                fin_ok = all_ok.gather(1, order)
+                fin_key = all_key.gather(1, order)
+                fin_score = torch.cat([fin_score, c_unc[:, :m]], 1).gather(1, order)
+                fin_len = torch.cat([fin_len, t + grown.long()], 1).gather(1, order)
+                ends_with = torch.where(is_eos[:, :m], c_tok[:, :m], -1)
+                fin_eos = torch.cat([fin_eos, ends_with], 1).gather(1, order)
+                fin_tok = _take(torch.cat([fin_tok, seq], 1), order)
+            # live: the best K of the kept candidates that do not end
             # (-inf, not NEG: an ended candidate must never come back as a live one)
-            keep_key = top_sel[0].masked_fill(ends, float("-inf"))
-            if not bool((keep_key > NEG / 2).any()):
-                break  # no live continuation is possible (e.g. force_length=0 after its EOS)
-            # (with max(2, 1 + E)·B kept, at least B of them do not end)
-            nxt = keep_key.topk(b).indices
-            rows = c_beam[nxt]
-            scores = c_unc[nxt].clone()
-            new_tok = c_tok[nxt]
-            tokens = torch.cat([tokens[rows], new_tok[:, None]], dim=1)
-            if self.clf is not None:
-                cstate = self.clf.reorder(cstate, rows)
-            cache = self.s.reorder(cache, rows)
-            out = self.s.step(new_tok, cache)
-            logp, cache, hidden = out.log_probs, out.cache, out.hidden
-        return [
-            Hypothesis(
-                f.tokens,
-                f.score,
-                f.eos_token is not None,
-                f.key if self.clf is not None else None,
-                f.eos_token,
-            )
-            for f in done
-        ]
+            keep_key = top_sel.masked_fill(ends, float("-inf"))
+            stuck = ~(keep_key > NEG / 2).any(1)  # e.g. force_length=0 after its EOS
+            done = done | (fin_ok.sum(1) >= kb) | ends.all(1) | stuck
+            if bool(done.all()):
+                break
+            nxt_key, nxt = keep_key.topk(kb, dim=1)
+            src = c_beam.gather(1, nxt)
+            scores = c_unc.gather(1, nxt).masked_fill(nxt_key == float("-inf"), NEG)
+            new_tok = c_tok.gather(1, nxt)
+            tokens = torch.cat([_take(tokens, src), new_tok[..., None]], dim=2)
+            logp, cache, hidden, cstate = self._advance(cache, cstate, src, new_tok)
+        results = []
+        for r in range(b):
+            row = []
+            for j in torch.nonzero(fin_ok[r]).flatten().tolist():
+                end = int(fin_eos[r, j])
+                key = float(fin_key[r, j])
+                row.append(
+                    Hypothesis(
+                        fin_tok[r, j, : int(fin_len[r, j])].tolist(),
+                        float(fin_score[r, j]),
+                        end >= 0,
+                        key if self.clf is not None else None,
+                        end if end >= 0 else None,
+                    )
+                )
+            results.append(row)
+        return results
 
     # -- the thesis's Alg. 1 -----------------------------------------------------------------
-    def _on_beam(self) -> list[Hypothesis]:
+    def _on_beam(self) -> list[list[Hypothesis]]:
+        b, kb, t_max = self.B, self.K, self.max_new
         out = self._start()
         dev = out.log_probs.device
         logp, cache, hidden, cstate, scores = self._first_rows(out)
-        beams = [_Slot() for _ in range(self.b)]
-        for t in range(self.max_new):
-            logp = self._transform(self.process(logp, self._token_rows(beams)), t)
-            flat = self._candidates(logp, scores, hidden, cstate)
-            cstate = flat[-1]
-            chosen = self._choose(beams, scores, *flat[:-1])
-            beams, rows, new_tok, scores = self._advance(beams, chosen, t, dev)
-            if all(bm.done for bm in beams):
-                break
-            idx = torch.tensor(rows, device=dev)
-            if self.clf is not None:
-                cstate = self.clf.reorder(cstate, idx)
-            cache = self.s.reorder(cache, idx)
-            # complete rows are fed a dummy token; their outputs are never used
-            out = self.s.step(torch.tensor(new_tok, device=dev), cache)
-            logp, cache, hidden = out.log_probs, out.cache, out.hidden
-        return self._ranked(beams, scores)
-
-    def _token_rows(self, beams: list[_Slot]) -> torch.Tensor:
-        """The slots' tokens [B, width], left-padded with 0 (for the logits processors)."""
-        width = max(len(bm.tokens) for bm in beams)
-        rows = [[0] * (width - len(bm.tokens)) + bm.tokens for bm in beams]
-        return torch.tensor(rows, dtype=torch.long).view(len(beams), width)
-
-    def _choose(
-        self,
-        beams: list[_Slot],
-        scores: torch.Tensor,
-        sel: torch.Tensor,
-        unc: torch.Tensor,
-        cond: torch.Tensor,
-        beam: torch.Tensor,
-        tok: torch.Tensor,
-    ) -> list[_Candidate]:
-        """Alg. 1's selection: the B best of the live beams' continuations and the complete
-        slots (which compete with their frozen scores), by selection score."""
-        b = self.b
-        live = [i for i, bm in enumerate(beams) if not bm.done]
-        keep = torch.isin(beam, torch.tensor(live, device=beam.device))
-        # only the B best live continuations can be chosen; sort those (stable on ties)
-        masked = sel.masked_fill(~keep, 2 * NEG)
-        threshold = masked.topk(min(b, sel.numel())).values[-1]
-        top = torch.nonzero(keep & (masked >= threshold)).flatten().tolist()
-        cands = [
-            _Candidate(float(sel[j]), float(unc[j]), float(cond[j]), int(beam[j]), int(tok[j]))
-            for j in top
-        ]
-        cands += [
-            _Candidate(bm.sel, float(scores[i]), bm.cond, i)
-            for i, bm in enumerate(beams)
-            if bm.done
-        ]
-        cands.sort(key=lambda c: -c.sel)  # stable: earlier (live, lower index) first on ties
-        return [c for c in cands if c.sel > NEG / 2][:b] or cands[:b]
-
-    def _advance(
-        self, beams: list[_Slot], chosen: list[_Candidate], t: int, dev: torch.device
-    ) -> tuple[list[_Slot], list[int], list[int], torch.Tensor]:
-        """The next slots from the chosen candidates: (slots, the row each comes from, the
-        token each row is fed, model scores)."""
-        eos = self.eos.tolist()
-        slots, rows, feed, unc = [], [], [], []
-        for c in chosen:
-            old = beams[c.beam]
-            if c.token is None:  # a complete hypothesis stays
-                slot = replace(old)
-            else:
-                is_eos = c.token in eos
-                ends = is_eos or t + 1 == self.max_new
-                seq = old.tokens + ([] if is_eos else [c.token])
-                # a forced EOS at the limit completes the slot, but it was cut there
-                ended = is_eos and not self._limit(t)
-                slot = _Slot(seq, ends, c.token if ended else None, c.sel, c.cond)
-            slots.append(slot)
-            rows.append(c.beam)
-            feed.append(eos[0] if c.token is None else c.token)
-            unc.append(c.unc)
-        while len(slots) < self.b:  # fewer candidates than beams (tiny vocabularies)
-            slots.append(_Slot([], True, None, NEG, NEG))
-            rows.append(rows[0])
-            feed.append(eos[0])
-            unc.append(NEG)
-        return slots, rows, feed, torch.tensor(unc, device=dev)
-
-    def _ranked(self, beams: list[_Slot], scores: torch.Tensor) -> list[Hypothesis]:
-        """The final slots, best first: by the conditional score (Alg. 1), or under a forced
-        length by the model score (or the selection score, ``forced_ranking``)."""
-        final = {id(bm): sc for bm, sc in zip(beams, scores.tolist(), strict=True)}
-
-        def key(bm: _Slot) -> float:
-            if self.force_length is None:
-                return -bm.cond  # Alg. 1: the unweighted conditional score
-            # a forced length holds by construction: rank by S, or Alg. 1's C' order
-            return -(bm.sel if self.forced_ranking == "selection" else final[id(bm)])
-
-        ranked = sorted((bm for bm in beams if final[id(bm)] > NEG / 2), key=key)
-        return [
-            Hypothesis(
-                bm.tokens,
-                final[id(bm)],
-                bm.eos,
-                bm.cond if self.clf is not None else None,
-                bm.eos_token,
+        eos = self.eos.to(dev)
+        # the K slots of each row: tokens, whether complete, the EOS that ended it (-1: none or
+        # cut), and the selection and conditional scores frozen when it completed
+        slot_tok = torch.zeros(b, kb, t_max, dtype=torch.long, device=dev)
+        slot_len = torch.zeros(b, kb, dtype=torch.long, device=dev)
+        slot_done = torch.zeros(b, kb, dtype=torch.bool, device=dev)
+        slot_eos = torch.full((b, kb), -1, dtype=torch.long, device=dev)
+        slot_sel = torch.zeros(b, kb, device=dev)
+        slot_cond = torch.zeros(b, kb, device=dev)
+        done = torch.zeros(b, dtype=torch.bool, device=dev)
+        arange_t = torch.arange(t_max, device=dev)
+        for t in range(t_max):
+            if self.process:  # each slot's tokens, left-padded with 0 to the step (t)
+                at = arange_t[:t] - (t - slot_len[..., None])
+                ids = slot_tok.gather(2, at.clamp_min(0)).masked_fill(at < 0, 0)
+                logp = self.process(logp, ids.view(b * kb, t))
+            logp = self._transform(logp, t)
+            sel, unc, cond, beam, tok, cstate = self._candidates(logp, scores, hidden, cstate)
+            c = sel.shape[1]
+            # Alg. 1's selection: the K best of the live beams' continuations and the complete
+            # slots (with their frozen scores); stable on ties, live (lower index) first
+            live = ~slot_done.gather(1, beam)
+            pool = torch.cat(
+                [
+                    sel.masked_fill(~live, float("-inf")),
+                    slot_sel.masked_fill(~slot_done, float("-inf")),
+                ],
+                dim=1,
             )
-            for bm in ranked
+            order = pool.sort(dim=1, descending=True, stable=True).indices[:, :kb]
+            ch_sel = pool.gather(1, order)
+            valid, eligible = ch_sel > NEG / 2, ch_sel > float("-inf")
+            use = torch.where(valid.any(1, keepdim=True), valid, eligible)
+            cont = order < c  # a live beam continued (else a complete slot staying)
+            pick = order.clamp_max(c - 1)
+            c_beam, c_tok = beam.gather(1, pick), tok.gather(1, pick)
+            src = torch.where(cont, c_beam, order - c)
+            src = torch.where(use, src, src[:, :1])  # unused slots: dead, fed from beam 0's
+            is_eos = torch.isin(c_tok, eos) & cont
+            grows = cont & ~is_eos
+            new_tok = _take(slot_tok, src)
+            new_len = slot_len.gather(1, src)
+            at = new_len.clamp_max(t_max - 1)[..., None]  # a growing slot has t < t_max tokens
+            grown = torch.where(grows[..., None], c_tok[..., None], new_tok.gather(2, at))
+            new_tok.scatter_(2, at, grown)
+            new_len = new_len + grows.long()
+            ended = is_eos & (not self._limit(t))  # a forced EOS at the limit was a cut
+            new_done = torch.where(cont, is_eos | (t + 1 == t_max), slot_done.gather(1, src))
+            new_eos = torch.where(cont, torch.where(ended, c_tok, -1), slot_eos.gather(1, src))
+            new_sel = torch.where(cont, ch_sel, slot_sel.gather(1, src))
+            new_cond = torch.where(cont, cond.gather(1, pick), slot_cond.gather(1, src))
+            new_unc = torch.where(cont, unc.gather(1, pick), scores.gather(1, src))
+            # fewer candidates than beams (tiny vocabularies): the rest are dead slots
+            new_len = new_len.masked_fill(~use, 0)
+            new_done = new_done | ~use
+            new_eos = new_eos.masked_fill(~use, -1)
+            new_sel, new_cond, new_unc = (
+                x.masked_fill(~use, NEG) for x in (new_sel, new_cond, new_unc)
+            )
+            feed = torch.where(cont & use, c_tok, eos[0])
+            # a row that is done keeps its slots
+            keep = done[:, None]
+            slot_tok = torch.where(keep[..., None], slot_tok, new_tok)
+            slot_len = torch.where(keep, slot_len, new_len)
+            slot_done = torch.where(keep, slot_done, new_done)
+            slot_eos = torch.where(keep, slot_eos, new_eos)
+            slot_sel = torch.where(keep, slot_sel, new_sel)
+            slot_cond = torch.where(keep, slot_cond, new_cond)
+            scores = torch.where(keep, scores, new_unc)
+            done = slot_done.all(1)
+            if bool(done.all()):
+                break
+            src = torch.where(keep, torch.arange(kb, device=dev).expand(b, -1), src)
+            logp, cache, hidden, cstate = self._advance(cache, cstate, src, feed)
+        return [
+            self._ranked(r, slot_tok, slot_len, slot_eos, slot_sel, slot_cond, scores)
+            for r in range(b)
         ]
+
+    def _ranked(
+        self, r, slot_tok, slot_len, slot_eos, slot_sel, slot_cond, scores
+    ) -> list[Hypothesis]:
+        """Row r's final slots, best first: by the conditional score (Alg. 1), or under a
+        forced length by the model score (or the selection score, ``forced_ranking``)."""
+        final, sel, cond = scores[r].tolist(), slot_sel[r].tolist(), slot_cond[r].tolist()
+
+        def key(j: int) -> float:
+            if self.force_length is None:
+                return -cond[j]  # Alg. 1: the unweighted conditional score
+            # a forced length holds by construction: rank by S, or Alg. 1's C' order
+            return -(sel[j] if self.forced_ranking == "selection" else final[j])
+
+        ranked = sorted((j for j in range(self.K) if final[j] > NEG / 2), key=key)
+        out = []
+        for j in ranked:
+            end = int(slot_eos[r, j])
+            out.append(
+                Hypothesis(
+                    slot_tok[r, j, : int(slot_len[r, j])].tolist(),
+                    final[j],
+                    end >= 0,
+                    cond[j] if self.clf is not None else None,
+                    end if end >= 0 else None,
+                )
+            )
+        return out

@@ -11,13 +11,18 @@ inputs, the generation config, the logits processors and the stopping criteria::
 
 Each returns what ``generate`` returns: ``[B * num_return_sequences, L]`` ids (a causal LM's
 rows keep their left padding, then the generated tokens and EOS; an encoder-decoder's start
-with the decoder start id), right-padded with the pad id; with
-``return_dict_in_generate=True`` a ``GenerateBeam*Output`` with ``sequences`` and
+with the decoder start id), right-padded as ``generate``'s beam search pads (the pad id, or
+the first EOS id when the pad id is 0); with ``return_dict_in_generate=True`` a
+``GenerateBeam*Output`` with ``sequences`` and, with ``output_scores=True``,
 ``sequences_scores`` (summed log-probabilities, as ``length_penalty=0`` gives). The method's
 own arguments are keyword arguments of ``generate``.
 
-A batch runs one search per input (its prompt without padding; an encoder-decoder's encoder
-output of that row). Logits processors apply as in :func:`gencraft.search.beam_search`; of the
+A batch runs as one search: every input's beams advance in one model call per step (a causal
+LM's left-padded prompts with their attention mask; an encoder-decoder's encoder outputs,
+computed once by ``generate``, with theirs). Logits processors see the batch's ids
+``[B * num_beams, prompt + t]`` as ``generate`` gives them, so a processor that depends on the
+row (``prefix_allowed_tokens_fn``) acts on each row. Otherwise they apply as in
+:func:`gencraft.search.beam_search`; of the
 stopping criteria, the length and EOS criteria ``generate`` adds are honoured through
 ``max_new_tokens`` and the EOS ids, and any other is refused, naming it. The Hub-ready folders
 of ``hub/`` load the same functions through ``custom_generate="path", trust_remote_code=True``.
@@ -34,8 +39,8 @@ from torch import nn
 from gencraft.errors import GencraftError
 from gencraft.models.introspect import eos_ids, pad_id
 from gencraft.models.stepping import HFStepper
-from gencraft.search.beam import beam_search as _beam_search
-from gencraft.search.exact import exact_mode as _exact_mode
+from gencraft.search.beam import search_stepper as _beam_search
+from gencraft.search.exact import exact_mode_batch as _exact_mode
 
 #: stopping criteria generate() adds from the generation config, honoured by the searches
 _HONOURED = {"MaxLengthCriteria", "EosTokenCriteria", "MaxNewTokensCriteria"}
@@ -58,31 +63,38 @@ def _expand_size(generation_config: Any) -> int:
     return max(beams, int(getattr(generation_config, "num_return_sequences", None) or 1))
 
 
-def _rows(
-    model: nn.Module, input_ids: torch.Tensor, model_kwargs: dict[str, Any], every: int, pad: int
-) -> list[tuple[int, torch.Tensor, torch.Tensor | None]]:
-    """(row of ``input_ids``, the stepper's input [1, P_b], encoder output [1, S_b, H] or None)
-    per input: a causal LM's prompt without its padding; an encoder-decoder's encoder output of
-    that row (its input ids are then not read). generate() repeated each input ``every``
-    times."""
+def _stepper(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    model_kwargs: dict[str, Any],
+    every: int,
+    pad: int,
+    max_new: int,
+    hidden: bool,
+) -> HFStepper:
+    """One stepper for the whole batch: a causal LM's left-padded prompts with their mask; an
+    encoder-decoder's encoder outputs and mask (its input ids are then not read). generate()
+    repeated each input ``every`` times: one copy of each is kept."""
     mask = model_kwargs.get("attention_mask")
-    rows = []
+    mask = mask[::every] if mask is not None else None
+    enc = None
     if model.config.is_encoder_decoder:
-        enc = model_kwargs.get("encoder_outputs")
-        if enc is None:
+        out = model_kwargs.get("encoder_outputs")
+        if out is None:
             raise GencraftError("generate() passed no encoder_outputs to the custom decoder")
-        hidden = enc[0] if not hasattr(enc, "last_hidden_state") else enc.last_hidden_state
-        unread = torch.tensor([[pad]], device=input_ids.device)
-        for b in range(0, hidden.shape[0], every):
-            keep = mask[b].bool() if mask is not None else slice(None)
-            rows.append((b, unread, hidden[b : b + 1][:, keep]))
-        return rows
-    for b in range(0, input_ids.shape[0], every):
-        keep = mask[b].bool() if mask is not None else torch.ones_like(input_ids[b], dtype=bool)
-        if not bool(keep.any()):
-            raise GencraftError(f"input row {b} is all padding")
-        rows.append((b, input_ids[b : b + 1][:, keep], None))
-    return rows
+        enc = out[0] if not hasattr(out, "last_hidden_state") else out.last_hidden_state
+        enc = enc[::every]
+        ids = torch.full((enc.shape[0], 1), pad, dtype=torch.long, device=input_ids.device)
+    else:
+        ids = input_ids[::every]
+    return HFStepper(
+        model,
+        ids,
+        attention_mask=mask,
+        max_new_tokens=max_new + 1,
+        hidden=hidden,
+        encoder_hidden=enc,
+    )
 
 
 def _max_new_tokens(generation_config: Any, input_ids: torch.Tensor) -> int:
@@ -96,7 +108,7 @@ def _max_new_tokens(generation_config: Any, input_ids: torch.Tensor) -> int:
 
 def _run(
     name: str,
-    search: Callable[..., list[tuple[list[int], bool, int | None, float]]],
+    search: Callable[..., list[list[tuple[list[int], bool, int | None, float]]]],
     model: nn.Module,
     input_ids: torch.Tensor,
     logits_processor: Sequence[Any] | None,
@@ -105,7 +117,8 @@ def _run(
     model_kwargs: dict[str, Any],
     hidden: bool = False,
 ) -> Any:
-    """One search per row; the rows assembled as ``generate`` returns them."""
+    """One search for the whole batch (``search(stepper, eos, max_new, processors)`` returns
+    each input's outputs); the rows assembled as ``generate`` returns them."""
     _check_criteria(stopping_criteria, name)
     eos = eos_ids(model, generation_config.eos_token_id)
     pad = generation_config.pad_token_id
@@ -115,18 +128,13 @@ def _run(
     processors = list(logits_processor or [])
     seqs, scores = [], []
     every = _expand_size(generation_config)
-    for b, prompt, enc in _rows(model, input_ids, model_kwargs, every, pad):
-        stepper = HFStepper(
-            model,
-            prompt,
-            max_new_tokens=max_new + 1,
-            hidden=hidden,
-            encoder_hidden=enc,
-        )
-        found = search(stepper, eos, max_new, processors)
+    stepper = _stepper(model, input_ids, model_kwargs, every, pad, max_new, hidden)
+    found_rows = search(stepper, eos, max_new, processors)
+    for i, found in enumerate(found_rows):
+        b = i * every
         if len(found) < n_return:
             raise GencraftError(
-                f"{name} found {len(found)} outputs for input {b}; num_return_sequences is "
+                f"{name} found {len(found)} outputs for input {i}; num_return_sequences is "
                 f"{n_return}"
             )
         for tokens, finished, eos_token, score in found[:n_return]:
@@ -134,7 +142,8 @@ def _run(
             seqs.append(input_ids[b].tolist() + tokens + end)
             scores.append(score)
     width = max(len(s) for s in seqs)
-    out = torch.full((len(seqs), width), pad, dtype=torch.long, device=input_ids.device)
+    fill = pad or eos[0]  # generate's beam search fills with the pad id, or EOS for pad id 0
+    out = torch.full((len(seqs), width), fill, dtype=torch.long, device=input_ids.device)
     for i, s in enumerate(seqs):
         out[i, : len(s)] = torch.tensor(s, device=input_ids.device)
     if not getattr(generation_config, "return_dict_in_generate", False):
@@ -149,7 +158,10 @@ def _run(
         if model.config.is_encoder_decoder
         else GenerateBeamDecoderOnlyOutput
     )
-    return cls(sequences=out, sequences_scores=torch.tensor(scores, device=input_ids.device))
+    seq_scores = None  # as generate: only with output_scores=True
+    if getattr(generation_config, "output_scores", False):
+        seq_scores = torch.tensor(scores, device=input_ids.device)
+    return cls(sequences=out, sequences_scores=seq_scores)
 
 
 def beam_search(
@@ -172,8 +184,9 @@ def beam_search(
     beams = int(generation_config.num_beams or 1)
 
     def search(stepper, eos, max_new, processors):
-        hyps = _beam_search(
+        rows = _beam_search(
             stepper,
+            None,
             num_beams=beams,
             max_new_tokens=max_new,
             eos_token_id=eos,
@@ -183,7 +196,7 @@ def beam_search(
             logits_processor=processors,
             length_includes_eos=length_includes_eos,
         )
-        return [(h.tokens, h.finished, h.eos_token, h.score) for h in hyps]
+        return [[(h.tokens, h.finished, h.eos_token, h.score) for h in hyps] for hyps in rows]
 
     return _run(
         "beam_search",
@@ -220,8 +233,9 @@ def conditional_beam_search(
     beams = int(generation_config.num_beams or 1)
 
     def search(stepper, eos, max_new, processors):
-        hyps = _beam_search(
+        rows = _beam_search(
             stepper,
+            None,
             num_beams=beams,
             max_new_tokens=max_new,
             eos_token_id=eos,
@@ -231,7 +245,10 @@ def conditional_beam_search(
             finished=finished,  # type: ignore[arg-type]
             logits_processor=processors,
         )
-        return [(h.tokens, h.finished, h.eos_token, h.conditional_score) for h in hyps]
+        return [
+            [(h.tokens, h.finished, h.eos_token, h.conditional_score) for h in hyps]
+            for hyps in rows
+        ]
 
     return _run(
         "conditional_beam_search",
@@ -265,7 +282,7 @@ def exact_mode(
     whose search found no complete output gives its prompt alone."""
 
     def search(stepper, eos, max_new, processors):
-        r = _exact_mode(
+        rows = _exact_mode(
             stepper,
             eos_token_id=eos,
             max_new_tokens=max_new,
@@ -274,9 +291,12 @@ def exact_mode(
             logits_processor=processors,
             length_includes_eos=length_includes_eos,
         )
-        if r.log_prob == float("-inf"):
-            return [([], False, None, r.log_prob)]
-        return [(r.tokens, True, None, r.log_prob)]
+        return [
+            [([], False, None, r.log_prob)]
+            if r.log_prob == float("-inf")
+            else [(r.tokens, True, None, r.log_prob)]
+            for r in rows
+        ]
 
     return _run(
         "exact_mode",

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
-from gencraft.models.stepping import ProcessorChain, Stepper, resolve
+from gencraft.models.stepping import ProcessorChain, Stepper, batch_size, resolve
 
 
 @dataclass
@@ -93,10 +93,11 @@ def exact_mode(
     logits_processor: Sequence[Any] | None = None,
     length_includes_eos: bool = False,
 ) -> ModeResult:
-    """The most probable output of ``model`` for one input, found by DFS with pruning.
+    """The most probable output of ``model`` for one input, found by DFS with pruning; the
+    batch of one of :func:`exact_mode_batch`.
 
     Args:
-        model: a Hugging Face causal LM or encoder-decoder, or a ``Stepper``.
+        model: a Hugging Face causal LM or encoder-decoder, or a ``Stepper`` of one input.
         input_ids: [1, P] prompt (causal) or encoder input (encoder-decoder).
         eos_token_id: id or ids that end a sequence (default: the model's).
         max_new_tokens: the longest output considered, in tokens before EOS.
@@ -113,6 +114,51 @@ def exact_mode(
         length_includes_eos: ``length`` counts the EOS token (the thesis's convention): the
             output has ``length - 1`` tokens before EOS.
     """
+    if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] != 1:
+        raise GencraftError(
+            f"exact_mode takes one input [1, P], got {list(input_ids.shape)}; use "
+            "exact_mode_batch for a batch"
+        )
+    return exact_mode_batch(
+        model,
+        input_ids,
+        eos_token_id=eos_token_id,
+        max_new_tokens=max_new_tokens,
+        length=length,
+        max_nodes=max_nodes,
+        initial=None if initial is None else [initial],
+        logits_processor=logits_processor,
+        length_includes_eos=length_includes_eos,
+    )[0]
+
+
+def exact_mode_batch(
+    model: nn.Module | Stepper,
+    input_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    eos_token_id: int | list[int] | None = None,
+    max_new_tokens: int,
+    length: int | None = None,
+    max_nodes: int | None = None,
+    initial: Sequence[Sequence[int] | None] | None = None,
+    logits_processor: Sequence[Any] | None = None,
+    length_includes_eos: bool = False,
+) -> list[ModeResult]:
+    """The exact mode of each input of a batch: one DFS per row, each with its own stack,
+    bound and ``max_nodes`` budget, advanced together: every model call expands the next node
+    of every unfinished row (a causal LM's rows in one call, their caches left-padded; an
+    encoder-decoder's in one call per decoder length). Returns one :class:`ModeResult` per
+    row, what :func:`exact_mode` gives for that row alone; memory stays linear in depth per
+    row.
+
+    Args:
+        model: a Hugging Face causal LM or encoder-decoder, or a ``Stepper``.
+        input_ids: [B, P] prompts (causal LM: left-padded) or encoder inputs.
+        attention_mask: [B, P] 1 for tokens, 0 for padding (default: none padded).
+        initial: one seed output per row (or None for a row), as :func:`exact_mode`'s.
+        the rest: as :func:`exact_mode`.
+    """
     if length is not None and length_includes_eos:
         if length < 1:
             raise GencraftError(f"length={length} with length_includes_eos: the EOS alone is 1")
@@ -123,33 +169,130 @@ def exact_mode(
         raise GencraftError(f"length must be in [0, max_new_tokens={max_new_tokens}], got {length}")
     if max_nodes is not None and max_nodes < 1:
         raise GencraftError(f"max_nodes must be >= 1, got {max_nodes}")
-    stepper, eos = resolve(model, input_ids, eos_token_id, max_new_tokens=max_new_tokens + 1)
+    stepper, eos = resolve(
+        model,
+        input_ids,
+        eos_token_id,
+        max_new_tokens=max_new_tokens + 1,
+        attention_mask=attention_mask,
+    )
+    b = batch_size(stepper)
     if max_new_tokens + 50 > sys.getrecursionlimit():
         sys.setrecursionlimit(max_new_tokens + 1000)
+    seeds: list[list[int] | None] = [None] * b
     if initial is not None:
-        initial = [int(t) for t in initial]
-        bad = [t for t in initial if t in eos or not 0 <= t < stepper.vocab_size]
-        if bad or len(initial) > max_new_tokens or (length is not None and len(initial) != length):
+        if len(initial) != b:
             raise GencraftError(
-                f"initial must be at most max_new_tokens={max_new_tokens} tokens (exactly "
-                f"length={length} with length), inside the vocabulary and without EOS"
+                f"initial must give one seed (or None) per row: {b}, got {len(initial)}"
             )
+        for r, seed in enumerate(initial):
+            if seed is None:
+                continue
+            seed = [int(t) for t in seed]
+            bad = [t for t in seed if t in eos or not 0 <= t < stepper.vocab_size]
+            if bad or len(seed) > max_new_tokens or (length is not None and len(seed) != length):
+                raise GencraftError(
+                    f"initial must be at most max_new_tokens={max_new_tokens} tokens (exactly "
+                    f"length={length} with length), inside the vocabulary and without EOS"
+                )
+            seeds[r] = seed
+    if b > 1 and not _ragged(stepper):  # a wrapper whose state follows rows in blocks (FAME)
+        return [
+            exact_mode_batch(
+                model,
+                input_ids[r : r + 1],
+                None if attention_mask is None else attention_mask[r : r + 1],
+                eos_token_id=eos,
+                max_new_tokens=max_new_tokens,
+                length=length,
+                max_nodes=max_nodes,
+                initial=[seeds[r]],
+                logits_processor=logits_processor,
+            )[0]
+            for r in range(b)
+        ]
     process = ProcessorChain(stepper, logits_processor)
-    return _DFS(stepper, eos, max_new_tokens, length, max_nodes, process).run(initial)
+    t0 = time.perf_counter()
+    out = stepper.start()
+    caches = stepper.split(out.cache) if b > 1 else [out.cache]
+    searches = [
+        _DFS(eos, max_new_tokens, length, max_nodes, _RowProcess(process, r, b), t0)
+        for r in range(b)
+    ]
+    gens = {r: searches[r].run(out.log_probs[r : r + 1], caches[r], seeds[r]) for r in range(b)}
+    results: list[ModeResult | None] = [None] * b
+    pending: dict[int, tuple[int, Any]] = {}
+    for r, gen in gens.items():
+        _advance(gen, r, None, pending, results)
+    while pending:
+        order = list(pending)
+        tokens = torch.tensor([pending[r][0] for r in order])
+        if len(order) == 1 and b == 1:
+            outs = [stepper.step(tokens, pending[order[0]][1])]
+        else:
+            rows = torch.tensor(order)
+            outs = stepper.step_ragged(tokens, [pending[r][1] for r in order], rows)
+        pending = {}
+        for r, o in zip(order, outs, strict=True):
+            _advance(gens[r], r, o, pending, results)
+    return results  # type: ignore[return-value]
+
+
+def _ragged(stepper: Any) -> bool:
+    """Whether the stepper's hypotheses can be stepped with caches of their own: a plain
+    model, or a wrapper that steps itself (the pointer head); not a wrapper whose state
+    follows the rows in blocks (FAME's source)."""
+    if not callable(getattr(stepper, "step_ragged", None)):
+        return False
+    return getattr(stepper, "custom", None) is not None or stepper.model is stepper.hf
+
+
+def _advance(gen: Any, r: int, value: Any, pending: dict, results: list) -> None:
+    """Resume row r's search with ``value`` (a StepOutput; None to start it): its next step
+    request goes to ``pending``, or its result to ``results``."""
+    try:
+        pending[r] = gen.send(value)
+    except StopIteration as stop:
+        results[r] = stop.value
+
+
+class _RowProcess:
+    """The processors of one row of a batch: called with a batch in which every row is this
+    row's, so a processor that reads the row (``prefix_allowed_tokens_fn``) sees row r."""
+
+    def __init__(self, chain: ProcessorChain, r: int, b: int) -> None:
+        self.chain, self.r, self.b = chain, r, b
+
+    def __bool__(self) -> bool:
+        return bool(self.chain)
+
+    def __call__(self, scores: torch.Tensor, generated: torch.Tensor) -> torch.Tensor:
+        """``scores`` [1, V], ``generated`` [1, t] of row r -> processed [1, V]."""
+        if self.b == 1:
+            return self.chain(scores, generated)
+        prefix = self.chain.prefix[self.r : self.r + 1].to(generated.device)
+        ids = torch.cat([prefix, generated.to(prefix.device)], dim=1).expand(self.b, -1)
+        out = scores.expand(self.b, -1).clone()
+        for proc in self.chain.processors:
+            out = proc(ids.to(out.device), out)
+        return out[self.r : self.r + 1]
 
 
 class _DFS:
+    """One row's search, written as a generator: each model step it needs is yielded as
+    ``(token, cache)`` and its ``StepOutput`` sent back, so a driver can batch the rows."""
+
     def __init__(
         self,
-        stepper: Stepper,
         eos: list[int],
         max_new: int,
         length: int | None,
         max_nodes: int | None,
-        process: ProcessorChain,
+        process: Any,
+        t0: float,
     ) -> None:
-        self.s, self.eos, self.max_new, self.process = stepper, eos, max_new, process
-        self.length, self.max_nodes = length, max_nodes
+        self.eos, self.max_new, self.process = eos, max_new, process
+        self.length, self.max_nodes, self.t0 = length, max_nodes, t0
         self.eos_set = set(eos)
         self.best = -math.inf
         self.best_tokens: list[int] = []
@@ -172,33 +315,39 @@ class _DFS:
             )
         return out
 
-    def _seed(self, initial: list[int], log_probs: torch.Tensor, root: list) -> None:
+    def _seed(self, initial: list[int], log_probs: torch.Tensor, root: list):
         """Score ``initial`` + EOS along one path (a copy of the root cache) as the bound."""
         cache, lp, score = _rebuild([root], self.cross), log_probs[0].double(), 0.0
         lp = self._process(lp, [])
         for i, t in enumerate(initial):
             score += lp[t].item()
-            out = self.s.step(torch.tensor([t]), cache)
+            out = yield (t, cache)
             self.nodes += 1
             lp, cache = self._process(out.log_probs[0].double(), initial[: i + 1]), out.cache
         self.best = score + torch.logsumexp(lp[self.eos], dim=0).item()
         self.best_tokens = list(initial)
 
-    def run(self, initial: list[int] | None = None) -> ModeResult:
-        t0 = time.perf_counter()
+    def run(self, log_probs: torch.Tensor, cache: Any, initial: list[int] | None = None):
+        """``log_probs`` [1, V] and ``cache`` (one row): the root's; returns a ModeResult."""
         exact = True
-        out = self.s.start()
         self.nodes = 1
-        root_kv = [(ly.keys.clone(), ly.values.clone()) for ly in _layers(out.cache)]
-        self.cross = getattr(out.cache, "cross_attention_cache", None)
+        root_kv = [(ly.keys.clone(), ly.values.clone()) for ly in _layers(cache)]
+        self.cross = getattr(cache, "cross_attention_cache", None)
         if initial is not None:
-            self._seed(initial, out.log_probs, root_kv)
+            yield from self._seed(initial, log_probs, root_kv)
         try:
-            self._visit([], 0.0, out.log_probs[0].double(), out.cache, [root_kv], _nbytes(root_kv))
+            yield from self._visit(
+                [], 0.0, log_probs[0].double(), cache, [root_kv], _nbytes(root_kv)
+            )
         except _Budget:
             exact = False
         return ModeResult(
-            self.best_tokens, self.best, exact, self.nodes, time.perf_counter() - t0, self.peak
+            self.best_tokens,
+            self.best,
+            exact,
+            self.nodes,
+            time.perf_counter() - self.t0,
+            self.peak,
         )
 
     def _visit(
@@ -209,7 +358,7 @@ class _DFS:
         cache: Any,
         path: list[list[tuple[torch.Tensor, torch.Tensor]]],
         path_bytes: int,
-    ) -> None:
+    ):
         """``logp`` [V] float64: next-token log-probs after ``prefix``; ``cache``: the full
         cache of ``prefix``, owned by this call; ``path``: the KV slices from the root (prompt
         first), ``path_bytes`` their size."""
@@ -238,13 +387,13 @@ class _DFS:
                     kept = _rebuild(path, self.cross)
                     self.kept += path_bytes
                 given = _rebuild([_kv(kept)], self.cross)  # the step extends what it is given
-            out = self.s.step(torch.tensor([w]), given)
+            out = yield (w, given)
             child_lp, child_cache = out.log_probs[0].double(), out.cache
             del given, out
             self.nodes += 1
             expanded += 1
             kv = _slice_last(child_cache)
-            self._visit(
+            yield from self._visit(
                 [*prefix, w],
                 child_score,
                 child_lp,

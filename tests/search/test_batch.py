@@ -1,0 +1,313 @@
+"""Batched search (issue 36): every row of ``beam_search_batch`` / ``exact_mode_batch`` equals the
+single-input search on that row alone, over drawn models, batch sizes, padding, beams, EOS sets
+and length settings; batched exact search equals brute force; ``generate(custom_generate=...)``
+equals ``generate``'s own beam search on padded batches, logits processors included."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from method_testing import small_llama
+from transformers import LogitsProcessor
+
+from gencraft.errors import GencraftError
+from gencraft.models.architectures import tiny_architecture
+from gencraft.search import beam_search, beam_search_batch, exact_mode, exact_mode_batch
+from gencraft.search import custom_generate as cg
+
+V = 12
+SETTINGS = dict(
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+_MODELS: dict = {}
+
+
+def _model(kind: str, seed: int):
+    """Tiny random models with peaked distributions (search differs from greedy, ties are
+    rare), cached per (kind, seed)."""
+    key = (kind, seed)
+    if key not in _MODELS:
+        torch.manual_seed(seed)
+        model = tiny_architecture(kind, vocab_size=V, seed=seed)
+        with torch.no_grad():
+            model.get_output_embeddings().weight.mul_(8.0)
+        _MODELS[key] = model.eval()
+    return _MODELS[key]
+
+
+def _batch(prompts: list[list[int]], pad: int = 0, left: bool = True):
+    width = max(map(len, prompts))
+    ids, mask = [], []
+    for p in prompts:
+        fill = [pad] * (width - len(p))
+        ids.append(fill + p if left else p + fill)
+        ones = [1] * len(p)
+        mask.append([0] * len(fill) + ones if left else ones + [0] * len(fill))
+    return torch.tensor(ids), torch.tensor(mask)
+
+
+prompts_st = st.lists(
+    st.lists(st.integers(3, V - 1), min_size=1, max_size=6), min_size=1, max_size=4
+)
+
+
+class ConstantScorer:
+    """log P_clf = a constant: conditional search must choose as plain search does."""
+
+    def __init__(self, num_layers: int, hidden_size: int) -> None:
+        self.num_layers, self.hidden_size = num_layers, hidden_size
+
+    def init(self, n):
+        return torch.zeros(n, 0)
+
+    def score(self, state, hidden, candidates):
+        return torch.full(candidates.shape, -0.3), state
+
+    def reorder(self, state, index):
+        return state[index]
+
+
+class TokenScorer:
+    """A deterministic attribute that depends on each hypothesis's hidden state and candidate:
+    log P_clf = -|h_last[0]| * (candidate mod 3); it changes which beams survive."""
+
+    def __init__(self, num_layers: int, hidden_size: int) -> None:
+        self.num_layers, self.hidden_size = num_layers, hidden_size
+
+    def init(self, n):
+        return torch.zeros(n, 0)
+
+    def score(self, state, hidden, candidates):
+        h = hidden[:, -1, :1].abs()
+        return -h * (candidates % 3).float(), state
+
+    def reorder(self, state, index):
+        return state[index]
+
+
+def _same(got, want, tol=1e-4):
+    assert [(h.tokens, h.finished, h.eos_token) for h in got] == [
+        (h.tokens, h.finished, h.eos_token) for h in want
+    ]
+    assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=tol)
+    if want and want[0].conditional_score is not None:
+        got_c = [h.conditional_score for h in got]
+        assert got_c == pytest.approx([h.conditional_score for h in want], abs=tol)
+
+
+@settings(max_examples=120, **SETTINGS)
+@given(
+    kind=st.sampled_from(["llama", "gpt2", "bart"]),
+    seed=st.integers(0, 2),
+    prompts=prompts_st,
+    beams=st.integers(1, 4),
+    max_new=st.integers(1, 6),
+    eos=st.sampled_from([[2], [2, 5]]),
+    finished=st.sampled_from(["aside", "on_beam"]),
+    force=st.sampled_from([None, 0, 2]),
+    clf=st.sampled_from([None, "constant", "token"]),
+    k=st.sampled_from([None, 3]),
+)
+def test_each_row_of_a_batch_equals_the_row_alone(
+    kind, seed, prompts, beams, max_new, eos, finished, force, clf, k
+):
+    model = _model(kind, seed)
+    ed = model.config.is_encoder_decoder
+    ids, mask = _batch(prompts, left=not ed)  # seq2seq sources pad on the right
+    if force is not None and force >= max_new:
+        force = None
+    layers = model.config.num_hidden_layers if not ed else model.config.decoder_layers
+    scorer = None
+    if clf == "constant":
+        scorer = ConstantScorer(layers + 1, model.config.hidden_size)
+    elif clf == "token":
+        scorer = TokenScorer(layers + 1, model.config.hidden_size)
+    kw = dict(
+        num_beams=beams,
+        max_new_tokens=max_new,
+        eos_token_id=eos,
+        finished=finished,
+        force_length=force,
+        classifier=scorer,
+        k=k if scorer is not None else None,
+        alpha=2.0,
+    )
+    batch = beam_search_batch(model, ids, mask, **kw)
+    assert len(batch) == len(prompts)
+    for r, p in enumerate(prompts):
+        alone = beam_search(model, torch.tensor([p]), **kw)
+        _same(batch[r], alone)
+
+
+def test_beam_search_refuses_a_batch_and_names_the_batch_function():
+    model = _model("llama", 0)
+    with pytest.raises(GencraftError, match="beam_search_batch"):
+        beam_search(model, torch.tensor([[3, 4], [5, 6]]), num_beams=2, max_new_tokens=3)
+    with pytest.raises(GencraftError, match="left-padded"):
+        beam_search_batch(
+            model,
+            torch.tensor([[3, 4], [5, 0]]),
+            torch.tensor([[1, 1], [1, 0]]),
+            num_beams=2,
+            max_new_tokens=3,
+        )
+    with pytest.raises(GencraftError, match="all padding"):
+        beam_search_batch(
+            model,
+            torch.tensor([[3, 4], [0, 0]]),
+            torch.tensor([[1, 1], [0, 0]]),
+            num_beams=2,
+            max_new_tokens=3,
+        )
+
+
+# -- exact search -------------------------------------------------------------------------
+def _brute_force(model, prompt: list[int], eos: int, n: int, length: int | None):
+    """The best output (EOS excluded) of at most n tokens, by enumerating every one."""
+    v = model.config.vocab_size
+    best, arg = -math.inf, None
+    for size in range(n + 1) if length is None else [length]:
+        for seq in itertools.product([t for t in range(v) if t != eos], repeat=size):
+            ids = torch.tensor([prompt + list(seq) + [eos]])
+            with torch.no_grad():
+                lp = torch.log_softmax(model(ids).logits[0].double(), -1)
+            p = len(prompt)
+            s = sum(lp[p - 1 + i, t].item() for i, t in enumerate([*seq, eos]))
+            if s > best:
+                best, arg = s, list(seq)
+    return arg, best
+
+
+@settings(max_examples=25, **SETTINGS)
+@given(
+    seed=st.integers(0, 3),
+    prompts=st.lists(st.lists(st.integers(1, 3), min_size=1, max_size=4), min_size=1, max_size=3),
+    length=st.sampled_from([None, 2]),
+)
+def test_batched_exact_search_equals_brute_force(seed, prompts, length):
+    model = small_llama(seed, vocab=4)
+    ids, mask = _batch(prompts)
+    found = exact_mode_batch(model, ids, mask, eos_token_id=0, max_new_tokens=3, length=length)
+    for r, p in enumerate(prompts):
+        tokens, lp = _brute_force(model, p, 0, 3, length)
+        assert found[r].exact and found[r].tokens == tokens
+        assert found[r].log_prob == pytest.approx(lp, abs=1e-4)
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(
+    kind=st.sampled_from(["llama", "gpt2", "bart"]),
+    seed=st.integers(0, 2),
+    prompts=prompts_st,
+    max_new=st.integers(0, 4),
+    length=st.sampled_from([None, 1, 3]),
+    max_nodes=st.sampled_from([None, 3, 12]),
+    eos=st.sampled_from([[2], [2, 5]]),
+)
+def test_each_row_of_batched_exact_search_equals_the_row_alone(
+    kind, seed, prompts, max_new, length, max_nodes, eos
+):
+    model = _model(kind, seed)
+    if length is not None and length > max_new:
+        length = None
+    ed = model.config.is_encoder_decoder
+    ids, mask = _batch(prompts, left=not ed)  # seq2seq sources pad on the right
+    kw = dict(eos_token_id=eos, max_new_tokens=max_new, length=length, max_nodes=max_nodes)
+    batch = exact_mode_batch(model, ids, mask, **kw)
+    for r, p in enumerate(prompts):
+        alone = exact_mode(model, torch.tensor([p]), **kw)
+        got = batch[r]
+        assert (got.tokens, got.exact, got.nodes) == (alone.tokens, alone.exact, alone.nodes)
+        assert got.log_prob == pytest.approx(alone.log_prob, abs=1e-4)
+        assert got.peak_kv_bytes == alone.peak_kv_bytes  # memory: the row's own, linear
+
+
+# -- generate(custom_generate=...) against generate's own beam search -----------------------
+def _generate_both(model, ids, mask, **kw):
+    kw = dict(do_sample=False, length_penalty=0.0, early_stopping=True, **kw)
+    theirs = model.generate(input_ids=ids, attention_mask=mask, **kw)
+    ours = model.generate(input_ids=ids, attention_mask=mask, custom_generate=cg.beam_search, **kw)
+    return ours, theirs
+
+
+class PenaliseEvenRows(LogitsProcessor):
+    """A custom processor that reads the row: the hypotheses of even inputs cannot emit 7."""
+
+    def __init__(self, beams: int) -> None:
+        self.beams = beams
+
+    def __call__(self, input_ids, scores):
+        rows = torch.arange(scores.shape[0]) // self.beams
+        scores = scores.clone()
+        scores[rows % 2 == 0, 7] = float("-inf")
+        return scores
+
+
+@settings(max_examples=80, **SETTINGS)
+@given(
+    kind=st.sampled_from(["llama", "gpt2", "bart"]),
+    seed=st.integers(0, 2),
+    prompts=prompts_st,
+    beams=st.integers(2, 4),
+    length=st.sampled_from(["new", "max_length"]),
+    n_return=st.integers(1, 2),
+    processor=st.sampled_from([None, "ngram", "bad_words", "prefix_fn", "custom"]),
+)
+def test_batched_beam_search_from_generate_equals_generate(
+    kind, seed, prompts, beams, length, n_return, processor
+):
+    model = _model(kind, seed)
+    ed = model.config.is_encoder_decoder
+    ids, mask = _batch(prompts, pad=model.generation_config.pad_token_id or 0, left=not ed)
+    kw: dict = dict(num_beams=beams, num_return_sequences=min(n_return, beams))
+    if length == "new" or ed:
+        kw["max_new_tokens"] = 5
+    else:
+        kw["max_length"] = ids.shape[1] + 5
+    if processor == "ngram":
+        kw["no_repeat_ngram_size"] = 2
+    elif processor == "bad_words":
+        kw["bad_words_ids"] = [[4], [6, 8]]
+    elif processor == "prefix_fn":
+        # row 0 may emit only 5 or EOS; the other rows only 6 or EOS
+        eos = model.generation_config.eos_token_id
+        kw["prefix_allowed_tokens_fn"] = lambda b, sent: [5 if b == 0 else 6, eos]
+    elif processor == "custom":
+        kw["logits_processor"] = [PenaliseEvenRows(beams)]
+    ours, theirs = _generate_both(
+        model, ids, mask, return_dict_in_generate=True, output_scores=True, **kw
+    )
+    assert type(ours) is type(theirs)
+    assert ours.sequences.tolist() == theirs.sequences.tolist()
+    assert ours.sequences_scores.tolist() == pytest.approx(
+        theirs.sequences_scores.tolist(), abs=1e-4
+    )
+
+
+def test_a_row_dependent_processor_acts_on_each_row():
+    """The bug of the per-row loop: every row was treated as row 0."""
+    model = _model("llama", 0)
+    ids, mask = _batch([[3, 4, 5], [6, 7]])
+    fn = lambda b, sent: [5 if b == 0 else 6]  # noqa: E731
+    ours, theirs = _generate_both(
+        model, ids, mask, num_beams=2, max_new_tokens=3, prefix_allowed_tokens_fn=fn
+    )
+    assert ours.tolist() == theirs.tolist()
+    assert ours[1, -3:].tolist() == [6, 6, 6]
+    exact = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=3,
+        custom_generate=cg.exact_mode,
+        prefix_allowed_tokens_fn=lambda b, sent: [5 if b == 0 else 6, 0],
+    )
+    assert set(exact[1, ids.shape[1] :].tolist()) <= {6, 0}
+    assert set(exact[0, ids.shape[1] :].tolist()) <= {5, 0}
