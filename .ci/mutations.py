@@ -167,8 +167,8 @@ M = [
     (
         "alpha in the final on_beam ranking",
         "gencraft/search/beam.py",
-        "                return -bm.cond  # Alg. 1",
-        "                return -bm.sel  # Alg. 1",
+        "                return -cond[j]  # Alg. 1",
+        "                return -sel[j]  # Alg. 1",
         "tests/search/test_search.py -k alpha_steers",
     ),
     (
@@ -216,15 +216,15 @@ M = [
     (
         "Alg. 1 picks slots by model score, not the selection score",
         "gencraft/search/beam.py",
-        "cands.sort(key=lambda c: -c.sel)",
-        "cands.sort(key=lambda c: -c.unc)",
+        '                    sel.masked_fill(~live, float("-inf")),',
+        '                    unc.masked_fill(~live, float("-inf")),',
         "tests/search",
     ),
     (
         "a complete slot on the beam is continued",
         "gencraft/search/beam.py",
-        "            if c.token is None:  # a complete hypothesis stays",
-        "            if c.token is None and False:",
+        "            live = ~slot_done.gather(1, beam)",
+        "            live = torch.ones_like(beam, dtype=torch.bool)",
         "tests/search",
     ),
     (
@@ -408,8 +408,8 @@ M = [
     (
         "beam search keeps 2B candidates whatever the number of EOS ids",
         "gencraft/search/beam.py",
-        "            n_keep = min(max(2, 1 + len(eos)) * b, sel.numel())",
-        "            n_keep = min(2 * b, sel.numel())",
+        "            n_keep = min(max(2, 1 + len(eos)) * kb, sel.shape[1])",
+        "            n_keep = min(2 * kb, sel.shape[1])",
         "tests/search/test_search.py -k several_eos",
     ),
     # -- issue 26 §3: four per method, the dispatcher, fit's resume
@@ -953,6 +953,106 @@ M = [
         'FILL = {"labels": -100}',
         'FILL = {"labels": 0}',
         'tests/models/test_models.py -k one_pad_rule',
+    ),
+    # -- issue 36: batched search ----------------------------------------------------------
+    (
+        "batched beams read row 0's cache",
+        "gencraft/search/beam.py",
+        "        flat = (torch.arange(b, device=src.device)[:, None] * kb + src).view(-1)",
+        "        flat = (0 * torch.arange(b, device=src.device)[:, None] * kb + src).view(-1)",
+        "tests/search/test_batch.py -k row_alone",
+    ),
+    (
+        "the first step's rows are copied across inputs",
+        "gencraft/search/beam.py",
+        "        logp = out.log_probs.repeat_interleave(kb, 0)",
+        "        logp = out.log_probs.repeat(kb, 1)",
+        "tests/search/test_batch.py -k row_alone",
+    ),
+    (
+        "padded prompts take the default positions",
+        "gencraft/models/stepping.py",
+        '            kw["position_ids"] = pos[:, -t:]',
+        "            pos = pos",
+        "tests/search/test_batch.py -k row_alone",
+    ),
+    (
+        "a prompt's padding is attended",
+        "gencraft/models/stepping.py",
+        "        mask = torch.cat([prompt, ones], dim=1)",
+        "        mask = torch.cat([prompt, ones], dim=1).clamp_min(1)",
+        "tests/search/test_batch.py -k row_alone",
+    ),
+    (
+        "a source's padding is attended by the decoder",
+        "gencraft/models/stepping.py",
+        "                attention_mask=mask,\n                decoder_input_ids=tokens,",
+        "                attention_mask=torch.ones_like(mask),\n                decoder_input_ids=tokens,",
+        "tests/search/test_batch.py -k row_alone",
+    ),
+    (
+        "the processors' ids mix the rows' prompts",
+        "gencraft/models/stepping.py",
+        "prefix.repeat_interleave(n // b, dim=0)",
+        "prefix.repeat(n // b, 1)",
+        "tests/search/test_batch.py -k from_generate",
+    ),
+    (
+        "custom_generate fills finished rows with pad id 0, not generate's EOS",
+        "gencraft/search/custom_generate.py",
+        "    fill = pad or eos[0]",
+        "    fill = pad",
+        "tests/search/test_batch.py -k from_generate",
+    ),
+    (
+        "custom_generate gives sequences_scores that generate does not",
+        "gencraft/search/custom_generate.py",
+        '    if getattr(generation_config, "output_scores", False):',
+        "    if True:",
+        "tests/search/test_batch.py -k output_scores",
+    ),
+    (
+        "ragged exact steps attend to the caches' padding",
+        "gencraft/models/stepping.py",
+        "                mask = (cols[None, :] >= (width - have)[:, None]).long()",
+        "                mask = (cols[None, :] >= 0).long()",
+        "tests/search/test_batch.py -k exact_search_equals_the_row",
+    ),
+    (
+        "ragged exact steps take the padded position",
+        "gencraft/models/stepping.py",
+        '                masks = {"attention_mask": mask, "position_ids": have[:, None]}',
+        '                masks = {"attention_mask": mask, "position_ids": have[:, None] * 0 + width}',
+        "tests/search/test_batch.py -k exact_search_equals_the_row",
+    ),
+    (
+        "split keeps a prompt's padding in its cache",
+        "gencraft/models/stepping.py",
+        "                    k[i : i + 1, :, -n:] if n else k[i : i + 1],\n"
+        "                    v[i : i + 1, :, -n:] if n else v[i : i + 1],",
+        "                    k[i : i + 1],\n                    v[i : i + 1],",
+        "tests/search/test_batch.py -k exact_search_equals_the_row",
+    ),
+    (
+        "batched exact search's processors see row 0",
+        "gencraft/search/exact.py",
+        "        return out[self.r : self.r + 1]",
+        "        return out[0:1]",
+        "tests/search/test_batch.py -k row_dependent",
+    ),
+    (
+        "FAME's source does not follow a batch's rows",
+        "gencraft/focus/model.py",
+        "        if rows > docs and rows % docs == 0:",
+        "        if rows > docs and docs == 1:",
+        "tests/test_methods.py -k 'Focus and batched'",
+    ),
+    (
+        "the pointer window reads a batch's padding",
+        "gencraft/pointer/head.py",
+        "        valid = attention_mask.bool() if attention_mask is not None else None",
+        "        valid = None",
+        "tests/test_methods.py -k 'PointerHead and batched'",
     ),
 ]
 

@@ -35,7 +35,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from gencraft.errors import ConfigError, GencraftError
 from gencraft.models.attention import plugins_of
 from gencraft.models.method import load_method
-from gencraft.search import beam_search, exact_mode
+from gencraft.search import beam_search, beam_search_batch, exact_mode, exact_mode_batch
 from gencraft.training import FitConfig, Interrupted, fit
 
 PROMPT = [1, 3, 4]
@@ -282,6 +282,33 @@ class MethodTests:
             p = len(PROMPT)
             want = sum(lp[p - 1 + i, t].item() for i, t in enumerate(seq[0, p:].tolist()))
             assert h.score == pytest.approx(want, abs=1e-4)
+
+    def test_batched_searches_equal_each_row_alone(self):
+        """A left-padded batch through beam_search_batch and exact_mode_batch: each row what
+        the single-input search gives (the wrapper's state follows the rows: FAME's source,
+        the pointer's window)."""
+        if not self.case.searchable:
+            pytest.skip(f"{self.case.name} does not generate left to right")
+        wrapped, _ = self.case.make(8)
+        model = self.case.search_model(wrapped)
+        prompts = [PROMPT, [1, 4], [2, 3, 4, 1, 2]]
+        width = max(map(len, prompts))
+        ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        for finished in ("aside", "on_beam"):
+            kw = dict(num_beams=3, max_new_tokens=4, finished=finished)
+            batch = beam_search_batch(model, ids, mask, **kw)
+            for p, got in zip(prompts, batch, strict=True):
+                want = beam_search(model, torch.tensor([p]), **kw)
+                assert [(h.tokens, h.finished) for h in got] == [
+                    (h.tokens, h.finished) for h in want
+                ]
+                assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-4)
+        modes = exact_mode_batch(model, ids, mask, max_new_tokens=3)
+        for p, got in zip(prompts, modes, strict=True):
+            want = exact_mode(model, torch.tensor([p]), max_new_tokens=3)
+            assert (got.tokens, got.exact, got.nodes) == (want.tokens, want.exact, want.nodes)
+            assert got.log_prob == pytest.approx(want.log_prob, abs=1e-4)
 
     def test_exact_mode_equals_brute_force(self):
         if not self.case.searchable:

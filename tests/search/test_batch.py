@@ -34,6 +34,10 @@ def _model(kind: str, seed: int):
     """Tiny random models with peaked distributions (search differs from greedy, ties are
     rare), cached per (kind, seed)."""
     key = (kind, seed)
+    if key not in _MODELS and kind == "peaked-llama":
+        # large weights everywhere: attention (and so positions and masks) matters
+        _MODELS[key] = small_llama(seed, vocab=V)
+        _MODELS[key].generation_config.eos_token_id = 2
     if key not in _MODELS:
         torch.manual_seed(seed)
         model = tiny_architecture(kind, vocab_size=V, seed=seed)
@@ -105,7 +109,7 @@ def _same(got, want, tol=1e-4):
 
 @settings(max_examples=120, **SETTINGS)
 @given(
-    kind=st.sampled_from(["llama", "gpt2", "bart"]),
+    kind=st.sampled_from(["llama", "peaked-llama", "gpt2", "bart"]),
     seed=st.integers(0, 2),
     prompts=prompts_st,
     beams=st.integers(1, 4),
@@ -204,7 +208,7 @@ def test_batched_exact_search_equals_brute_force(seed, prompts, length):
 
 @settings(max_examples=60, **SETTINGS)
 @given(
-    kind=st.sampled_from(["llama", "gpt2", "bart"]),
+    kind=st.sampled_from(["llama", "peaked-llama", "gpt2", "bart"]),
     seed=st.integers(0, 2),
     prompts=prompts_st,
     max_new=st.integers(0, 4),
@@ -307,7 +311,18 @@ def test_a_row_dependent_processor_acts_on_each_row():
         attention_mask=mask,
         max_new_tokens=3,
         custom_generate=cg.exact_mode,
-        prefix_allowed_tokens_fn=lambda b, sent: [5 if b == 0 else 6, 0],
+        length=2,  # exactly two tokens, then EOS (2)
+        prefix_allowed_tokens_fn=lambda b, sent: [5 if b == 0 else 6, 2],
     )
-    assert set(exact[1, ids.shape[1] :].tolist()) <= {6, 0}
-    assert set(exact[0, ids.shape[1] :].tolist()) <= {5, 0}
+    assert exact[:, ids.shape[1] :].tolist() == [[5, 5, 2], [6, 6, 2]]
+
+
+def test_sequences_scores_only_with_output_scores_as_generate():
+    model = _model("gpt2", 1)
+    ids, mask = _batch([[3, 4, 5], [6, 7]])
+    ours, theirs = _generate_both(
+        model, ids, mask, num_beams=2, max_new_tokens=3, return_dict_in_generate=True
+    )
+    assert type(ours) is type(theirs)
+    assert theirs.sequences_scores is None and ours.sequences_scores is None
+    assert ours.sequences.tolist() == theirs.sequences.tolist()
