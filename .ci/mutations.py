@@ -1054,6 +1054,48 @@ M = [
         "        valid = None",
         "tests/test_methods.py -k 'PointerHead and batched'",
     ),
+    (
+        "SUNDAE's rows share one generator",
+        "gencraft/nar/decoding.py",
+        "                generator=gens[r],",
+        "                generator=gens[0],",
+        "tests/nar/test_nar_batch.py -k any_batch",
+    ),
+    (
+        "a SUNDAE row's seed reads its padding",
+        "gencraft/nar/decoding.py",
+        "row_seed(cfg.seed, src[r][src_mask[r].bool()].tolist())",
+        "row_seed(cfg.seed, src[r].tolist())",
+        "tests/nar/test_nar_batch.py -k any_batch",
+    ),
+    (
+        "a SUNDAE row's draws span the batch's width",
+        "gencraft/nar/decoding.py",
+        "            w = widths[r]",
+        "            w = mask.shape[1]",
+        "tests/nar/test_nar_batch.py -k any_batch",
+    ),
+    (
+        "a finished Mask-Predict row keeps iterating",
+        "gencraft/nar/decoding.py",
+        "        running &= n_mask.view(b, k).amax(1) > 0",
+        "        running &= n_mask.view(b, k).amax(1) >= 0",
+        "tests/nar/test_nar_batch.py -k own_rule",
+    ),
+    (
+        "Mask-Predict's candidates belong to the wrong rows",
+        "gencraft/nar/decoding.py",
+        "    owner = torch.arange(b, device=dev).repeat_interleave(k)",
+        "    owner = torch.arange(b, device=dev).repeat(k)",
+        "tests/nar/test_nar_batch.py -k mask_predict",
+    ),
+    (
+        "the batched greedy baseline scores its padding",
+        "gencraft/nar/decoding.py",
+        "                own = int(ends[0]) + 1 if ends.numel() else made.shape[0]",
+        "                own = made.shape[0]",
+        "tests/nar/test_nar_batch.py -k autoregressive",
+    ),
 ]
 
 

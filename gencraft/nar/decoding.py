@@ -1,10 +1,20 @@
 """Decoding a :class:`~gencraft.nar.NARSeq2Seq`: SUNDAE's iterative sampling, Mask-Predict's
 iterative re-masking, and (for the autoregressive baseline) ``generate`` with beams.
 
-Every decoder runs one input at a time (as a user calls it) and counts its **model calls**:
-decoder forward passes, each over all of that input's samples or length candidates at once.
-The encoder runs once per input and is not counted. Autoregressive beam search makes one
-decoder call per generated token.
+Every decoder takes a batch ``[B, S]`` and decodes it together (``batch_size`` rows at a time,
+default all): the encoder runs once per batch, and each decoder call covers every row ×
+sample × length candidate still running, so a batch costs about as many calls as its slowest
+row. Each row counts its own **model calls** (the decoder calls it took part in) and stops by
+its own rule (SUNDAE: when its samples stop changing; Mask-Predict: after its iterations); the
+result of a row is what decoding it alone gives. A row's ``seconds`` is its batch's wall time
+shared out evenly. Autoregressive decoding is one ``generate`` call per batch, one decoder call
+per generated token: a row's ``model_calls`` are the batch's steps (it rides along until the
+longest output ends).
+
+SUNDAE's randomness is per row: each row draws from its own generator, seeded from
+``SamplingConfig.seed`` and a hash of that row's source tokens (padding excluded). A source
+therefore gets the same output whatever batch it is decoded in, whatever the batch's size or
+order (up to the last bits of floating point, which a batched matmul may round differently).
 
 **SUNDAE** (Savinov et al. 2022; Appendix A of the thesis): take the ``length_candidates``
 most likely target lengths, and spread ``samples`` random starts over them (uniform random
@@ -22,6 +32,7 @@ log-probability.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,8 +48,8 @@ from gencraft.progress import tqdm
 @dataclass
 class NAROutput:
     """Per input: ``sequences`` the chosen target ids (no special tokens), ``scores`` their
-    reranking scores, ``model_calls`` decoder calls, ``steps`` refinement steps taken,
-    ``seconds`` wall time."""
+    reranking scores, ``model_calls`` the decoder calls it took part in, ``steps`` refinement
+    steps taken, ``seconds`` its share of its batch's wall time."""
 
     sequences: list[list[int]] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
@@ -53,6 +64,11 @@ class NAROutput:
         self.model_calls.append(calls)
         self.steps.append(steps)
         self.seconds.append(seconds)
+
+    @property
+    def tokens_per_call(self) -> list[float]:
+        """Per input: output tokens per decoder call (an autoregressive decoder's is about 1)."""
+        return [len(s) / max(c, 1) for s, c in zip(self.sequences, self.model_calls, strict=True)]
 
 
 def _check_source(
@@ -110,24 +126,6 @@ def length_candidates(
     return top.indices, top.values
 
 
-def _encode_row(
-    model: NARSeq2Seq,
-    src: torch.Tensor,
-    src_mask: torch.Tensor,
-    cfg: SamplingConfig,
-    lengths: torch.Tensor | None,
-    b: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One input's encoder states [1, S, H], its length candidates [k] (predicted, or row
-    ``b`` of ``lengths`` given) and their log-probabilities [k] (0 for given lengths)."""
-    enc = model.encode(src, src_mask).last_hidden_state
-    if lengths is None:
-        cands, cand_lp = length_candidates(model, enc, src_mask, cfg.length_candidates)
-        return enc, cands[0], cand_lp[0]
-    cands = lengths[b].to(src.device)
-    return enc, cands, torch.zeros(cands.shape, device=src.device)
-
-
 def _padded(lengths: list[int], device: torch.device) -> torch.Tensor:
     """[N, max(lengths)] bool: the valid positions of each row."""
     n = torch.tensor(lengths, device=device)
@@ -153,6 +151,30 @@ def sundae_step(
     if not 0 <= proportion <= 1:
         raise GencraftError(f"proportion must lie in [0, 1], got {proportion}")
     logits = model.decode_logits(tokens, enc_hidden, attention_mask, target_mask.long())
+    new = sundae_draw(
+        logits,
+        tokens,
+        target_mask,
+        temperature=temperature,
+        proportion=proportion,
+        argmax=argmax,
+        generator=generator,
+    )
+    return new, logits
+
+
+def sundae_draw(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    target_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    proportion: float = 1.0,
+    argmax: bool = False,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """SUNDAE's draw from ``logits`` [N, L, V]: the updated ``tokens`` [N, L] (see
+    :func:`sundae_step`)."""
     if argmax:
         new = logits.argmax(-1)
     else:
@@ -162,7 +184,38 @@ def sundae_step(
         )
     coins = torch.rand(tokens.shape, generator=generator, device=tokens.device)
     update = (coins < proportion) & target_mask
-    return torch.where(update, new, tokens), logits
+    return torch.where(update, new, tokens)
+
+
+def row_seed(seed: int, source: list[int]) -> int:
+    """The seed of one row's generator: ``seed`` and a hash of its source tokens, so a
+    source draws the same randomness in any batch."""
+    digest = hashlib.blake2b(f"{seed}:{source}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _chunks(n: int, batch_size: int | None) -> list[slice]:
+    if batch_size is not None and batch_size < 1:
+        raise GencraftError(f"batch_size must be >= 1, got {batch_size}")
+    size = batch_size or max(n, 1)
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def _encode_batch(
+    model: NARSeq2Seq,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    cfg: SamplingConfig,
+    lengths: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The encoder states [b, S, H] of a batch, its length candidates [b, k] (predicted, or
+    the rows of ``lengths`` given) and their log-probabilities [b, k] (0 for given lengths)."""
+    enc = model.encode(src, src_mask).last_hidden_state
+    if lengths is None:
+        cands, cand_lp = length_candidates(model, enc, src_mask, cfg.length_candidates)
+        return enc, cands, cand_lp
+    cands = lengths.to(src.device)
+    return enc, cands, torch.zeros(cands.shape, device=src.device)
 
 
 def _token_logp(logits: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -203,71 +256,115 @@ def sundae_generate(
     noise: torch.Tensor,
     lengths: torch.Tensor | None = None,
     progress: bool = False,
+    batch_size: int | None = None,
 ) -> NAROutput:
-    """SUNDAE sampling for each row of ``input_ids`` [B, S] (see the module doc).
+    """SUNDAE sampling for every row of ``input_ids`` [B, S] (see the module doc): all rows ×
+    samples in one decoder call per step.
 
     Args:
         noise: the ids random starts are drawn from (:func:`~gencraft.nar.functional.noise_ids`).
         lengths: [B] or [B, k] target lengths to use instead of the predicted ones (oracle
             lengths, or a user's choice).
+        batch_size: rows decoded together (default: all).
     """
     cfg = config or SamplingConfig()
     attention_mask = _check_source(model, input_ids, attention_mask)
+    if not 0 <= cfg.proportion <= 1:
+        raise GencraftError(f"proportion must lie in [0, 1], got {cfg.proportion}")
     if lengths is not None:
         lengths = torch.as_tensor(lengths).view(input_ids.shape[0], -1)
         _check_lengths(model, lengths)
     dev = next(model.parameters()).device
-    gen = torch.Generator(device=dev).manual_seed(cfg.seed)
     out = NAROutput()
-    for b in tqdm(range(input_ids.shape[0]), desc="sundae", disable=not progress):
+    bar = tqdm(total=input_ids.shape[0], desc="sundae", disable=not progress)
+    for rows in _chunks(input_ids.shape[0], batch_size):
         t0 = time.perf_counter()
-        src_mask = attention_mask[b : b + 1].to(dev)
-        enc, cands, cand_lp = _encode_row(
-            model, input_ids[b : b + 1].to(dev), src_mask, cfg, lengths, b
+        src, src_mask = input_ids[rows].to(dev), attention_mask[rows].to(dev)
+        given = lengths[rows] if lengths is not None else None
+        enc, cands, cand_lp = _encode_batch(model, src, src_mask, cfg, given)
+        results = _sundae_batch(model, src, src_mask, enc, cands, cand_lp, cfg, noise.to(dev))
+        share = (time.perf_counter() - t0) / len(results)
+        for seq, score, calls, steps in results:
+            out.add(seq, score, calls, steps, share)
+        bar.update(len(results))
+    bar.close()
+    return out
+
+
+def _sundae_batch(
+    model: NARSeq2Seq,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    enc: torch.Tensor,
+    cands: torch.Tensor,
+    cand_lp: torch.Tensor,
+    cfg: SamplingConfig,
+    noise: torch.Tensor,
+) -> list[tuple[list[int], float, int, int]]:
+    """One batch of b rows: (sequence, score, calls, steps) per row."""
+    dev = src.device
+    b, n = src.shape[0], cfg.samples
+    pick = torch.arange(n, device=dev) % cands.shape[1]
+    row_len = cands[:, pick]  # [b, n]: each sample's length
+    owner = torch.arange(b, device=dev).repeat_interleave(n)  # [N]: each sample's row
+    mask = _padded(row_len.flatten().tolist(), dev)  # [N, L]
+    widths = row_len.max(1).values.tolist()  # L_r: a row's draws span its own samples only
+    gens = [
+        torch.Generator(device=dev).manual_seed(
+            row_seed(cfg.seed, src[r][src_mask[r].bool()].tolist())
         )
-        pick = torch.arange(cfg.samples, device=dev) % cands.numel()
-        row_len = cands[pick].tolist()
-        mask = _padded(row_len, dev)
-        n = len(row_len)
-        enc_n, src_mask_n = enc.expand(n, -1, -1), src_mask.expand(n, -1)
-        tokens = noise.to(dev)[torch.randint(noise.numel(), mask.shape, generator=gen, device=dev)]
-        tokens = tokens.masked_fill(~mask, model.config.pad_token_id or 0)
-        final_logits = torch.zeros(*mask.shape, model.decoder.config.vocab_size, device=dev)
-        done = torch.zeros(n, dtype=torch.bool, device=dev)
-        calls = steps = 0
-        for _ in range(cfg.steps):
-            live = (~done).nonzero().flatten()
-            new, logits = sundae_step(
-                model,
-                tokens[live],
-                mask[live],
-                enc_n[live],
-                src_mask_n[live],
+        for r in range(b)
+    ]
+    pad = model.config.pad_token_id or 0
+    tokens = torch.full(mask.shape, pad, dtype=torch.long, device=dev)
+    for r in range(b):
+        draw = torch.randint(noise.numel(), (n, widths[r]), generator=gens[r], device=dev)
+        tokens[r * n : (r + 1) * n, : widths[r]] = noise[draw]
+    tokens = tokens.masked_fill(~mask, pad)
+    enc_n, src_mask_n = enc[owner], src_mask[owner]
+    tok_lp = torch.zeros(mask.shape, device=dev)  # each sample's tokens scored given itself
+    done = torch.zeros(owner.shape[0], dtype=torch.bool, device=dev)
+    calls = [0] * b
+    for _ in range(cfg.steps):
+        live = (~done).nonzero().flatten()
+        if live.numel() == 0:
+            break
+        logits = model.decode_logits(tokens[live], enc_n[live], src_mask_n[live], mask[live].long())
+        old = tokens[live]
+        new = old.clone()
+        for r in owner[live].unique().tolist():  # each row's draws from its own generator
+            at = (owner[live] == r).nonzero().flatten()
+            w = widths[r]
+            new[at, :w] = sundae_draw(
+                logits[at, :w],
+                old[at, :w],
+                mask[live[at], :w],
                 temperature=cfg.temperature,
                 proportion=cfg.proportion,
                 argmax=cfg.argmax_unrolled,
-                generator=gen,
+                generator=gens[r],
             )
-            calls += 1
-            steps += 1
-            same = (new == tokens[live]).all(1)
-            final_logits[live[same]] = logits[same].float()  # the prediction given the final sample
-            done[live[same]] = True
-            tokens[live] = new
-            if bool(done.all()):
-                break
-        live = (~done).nonzero().flatten()
-        if live.numel():  # one more call scores the samples still changing
-            final_logits[live] = model.decode_logits(
-                tokens[live], enc_n[live], src_mask_n[live], mask[live].long()
-            ).float()
-            calls += 1
-        best, scores = rerank(
-            _token_logp(final_logits, tokens, mask), mask, cand_lp[pick], cfg.rerank
-        )
-        seq = tokens[best, : row_len[best]].tolist()
-        out.add(seq, float(scores[best]), calls, steps, time.perf_counter() - t0)
-    return out
+            calls[r] += 1
+        same = (new == old).all(1)
+        stopped = live[same]
+        tok_lp[stopped] = _token_logp(logits[same], new[same], mask[stopped])
+        done[stopped] = True
+        tokens[live] = new
+    steps = list(calls)
+    live = (~done).nonzero().flatten()
+    if live.numel():  # one more call scores the samples still changing
+        logits = model.decode_logits(tokens[live], enc_n[live], src_mask_n[live], mask[live].long())
+        tok_lp[live] = _token_logp(logits, tokens[live], mask[live])
+        for r in owner[live].unique().tolist():
+            calls[r] += 1
+    results = []
+    for r in range(b):
+        at = slice(r * n, (r + 1) * n)
+        best, scores = rerank(tok_lp[at], mask[at], cand_lp[r, pick], cfg.rerank)
+        length = int(row_len[r, best])
+        seq = tokens[r * n + best, :length].tolist()
+        results.append((seq, float(scores[best]), calls[r], steps[r]))
+    return results
 
 
 @torch.no_grad()
@@ -280,10 +377,12 @@ def mask_predict_generate(
     mask_id: int,
     lengths: torch.Tensor | None = None,
     progress: bool = False,
+    batch_size: int | None = None,
 ) -> NAROutput:
-    """Mask-Predict for each row of ``input_ids`` [B, S]: ``config.steps`` iterations on each of
-    ``config.length_candidates`` lengths (``samples``, ``temperature`` and ``proportion`` do not
-    apply; decoding is deterministic)."""
+    """Mask-Predict for every row of ``input_ids`` [B, S]: ``config.steps`` iterations on each
+    of ``config.length_candidates`` lengths, all rows × candidates in one decoder call per
+    iteration (``samples``, ``temperature`` and ``proportion`` do not apply; decoding is
+    deterministic). ``batch_size``: rows decoded together (default: all)."""
     cfg = config or SamplingConfig()
     attention_mask = _check_source(model, input_ids, attention_mask)
     if lengths is not None:
@@ -291,37 +390,63 @@ def mask_predict_generate(
         _check_lengths(model, lengths)
     dev = next(model.parameters()).device
     out = NAROutput()
-    big_t = cfg.steps
-    for b in tqdm(range(input_ids.shape[0]), desc="mask-predict", disable=not progress):
+    bar = tqdm(total=input_ids.shape[0], desc="mask-predict", disable=not progress)
+    for rows in _chunks(input_ids.shape[0], batch_size):
         t0 = time.perf_counter()
-        src_mask = attention_mask[b : b + 1].to(dev)
-        enc, cands, _ = _encode_row(model, input_ids[b : b + 1].to(dev), src_mask, cfg, lengths, b)
-        row_len = cands.tolist()
-        mask = _padded(row_len, dev)
-        n = len(row_len)
-        enc_n, src_mask_n = enc.expand(n, -1, -1), src_mask.expand(n, -1)
-        tokens = torch.full(mask.shape, mask_id, dtype=torch.long, device=dev)
-        logp = torch.zeros(mask.shape, device=dev)
-        todo = mask.clone()
-        calls = 0
-        for t in range(big_t):
-            logits = model.decode_logits(tokens, enc_n, src_mask_n, mask.long())
-            calls += 1
-            best_lp, best_tok = torch.log_softmax(logits.float(), dim=-1).max(-1)
-            tokens = torch.where(todo, best_tok, tokens)
-            logp = torch.where(todo, best_lp, logp)
-            if t + 1 == big_t:
-                break
-            k = torch.tensor([int(ell * (big_t - 1 - t) / big_t) for ell in row_len], device=dev)
-            if int(k.max()) == 0:
-                break
-            todo = least_confident(logp, mask, k)
-            tokens = tokens.masked_fill(todo, mask_id)
-        scores = (logp * mask).sum(1) / mask.sum(1)
-        best = int(scores.argmax())
-        seq = tokens[best, : row_len[best]].tolist()
-        out.add(seq, float(scores[best]), calls, calls, time.perf_counter() - t0)
+        src, src_mask = input_ids[rows].to(dev), attention_mask[rows].to(dev)
+        given = lengths[rows] if lengths is not None else None
+        enc, cands, _ = _encode_batch(model, src, src_mask, cfg, given)
+        results = _mask_predict_batch(model, src_mask, enc, cands, cfg.steps, mask_id)
+        share = (time.perf_counter() - t0) / len(results)
+        for seq, score, calls in results:
+            out.add(seq, score, calls, calls, share)
+        bar.update(len(results))
+    bar.close()
     return out
+
+
+def _mask_predict_batch(
+    model: NARSeq2Seq,
+    src_mask: torch.Tensor,
+    enc: torch.Tensor,
+    cands: torch.Tensor,
+    big_t: int,
+    mask_id: int,
+) -> list[tuple[list[int], float, int]]:
+    """One batch of b rows × k length candidates: (sequence, score, calls) per row."""
+    dev = src_mask.device
+    b, k = cands.shape
+    owner = torch.arange(b, device=dev).repeat_interleave(k)
+    row_len = cands.flatten()  # [N]
+    mask = _padded(row_len.tolist(), dev)
+    enc_n, src_mask_n = enc[owner], src_mask[owner]
+    tokens = torch.full(mask.shape, mask_id, dtype=torch.long, device=dev)
+    logp = torch.zeros(mask.shape, device=dev)
+    todo = mask.clone()
+    running = torch.ones(b, dtype=torch.bool, device=dev)  # rows still iterating
+    calls = torch.zeros(b, dtype=torch.long, device=dev)
+    for t in range(big_t):
+        idx = running[owner].nonzero().flatten()
+        logits = model.decode_logits(tokens[idx], enc_n[idx], src_mask_n[idx], mask[idx].long())
+        calls += running.long()
+        best_lp, best_tok = torch.log_softmax(logits.float(), dim=-1).max(-1)
+        tokens[idx] = torch.where(todo[idx], best_tok, tokens[idx])
+        logp[idx] = torch.where(todo[idx], best_lp, logp[idx])
+        if t + 1 == big_t:
+            break
+        n_mask = row_len * (big_t - 1 - t) // big_t  # ⌊L·(T−t)/T⌋ with t counted from 1
+        running &= n_mask.view(b, k).amax(1) > 0  # a row whose count reached 0 is finished
+        if not bool(running.any()):
+            break
+        todo = least_confident(logp, mask, n_mask) & running[owner][:, None]
+        tokens = tokens.masked_fill(todo, mask_id)
+    scores = ((logp * mask).sum(1) / mask.sum(1)).view(b, k)
+    results = []
+    for r in range(b):
+        best = int(scores[r].argmax())
+        seq = tokens[r * k + best, : int(row_len[r * k + best])].tolist()
+        results.append((seq, float(scores[r, best]), int(calls[r])))
+    return results
 
 
 @torch.no_grad()
@@ -334,19 +459,22 @@ def autoregressive_generate(
     max_new_tokens: int = 64,
     min_new_tokens: int = 0,
     progress: bool = False,
+    batch_size: int | None = None,
 ) -> NAROutput:
-    """Beam search with ``generate`` on a causal-decoder model (the BERT2BERT baseline), one
-    input at a time; a model call is one decoder step over the beams. ``min_new_tokens``
-    keeps EOS away until then (``nar-speed`` fixes every output's length with it)."""
+    """Beam search with ``generate`` on a causal-decoder model (the BERT2BERT baseline): one
+    ``generate`` call per batch of ``batch_size`` rows (default: all); a model call is one
+    decoder step over the batch's beams. ``min_new_tokens`` keeps EOS away until then
+    (``nar-speed`` fixes every output's length with it)."""
     attention_mask = _check_source(model, input_ids, attention_mask, bidirectional=False)
     dev = next(model.parameters()).device
     end, pad = model.generation_config.eos_token_id, model.generation_config.pad_token_id
     out = NAROutput()
-    for b in tqdm(range(input_ids.shape[0]), desc="beam", disable=not progress):
+    bar = tqdm(total=input_ids.shape[0], desc="beam", disable=not progress)
+    for rows in _chunks(input_ids.shape[0], batch_size):
         t0 = time.perf_counter()
         gen = model.generate(
-            input_ids=input_ids[b : b + 1].to(dev),
-            attention_mask=attention_mask[b : b + 1].to(dev),
+            input_ids=input_ids[rows].to(dev),
+            attention_mask=attention_mask[rows].to(dev),
             num_beams=num_beams,
             do_sample=False,
             max_new_tokens=max_new_tokens,
@@ -355,18 +483,26 @@ def autoregressive_generate(
             output_logits=num_beams == 1,
             return_dict_in_generate=True,
         )
-        seq = gen.sequences[0, 1:].tolist()
-        seq = (
-            [t for t in seq[: seq.index(end)] if t != pad]
-            if end in seq
-            else [t for t in seq if t != pad]
-        )
-        score = getattr(gen, "sequences_scores", None)
-        if score is None:  # greedy: its tokens' log-probabilities, before any processor
-            step_lp = torch.stack(gen.logits, 1)[0].float().log_softmax(-1)  # [T, V]
-            score = step_lp.gather(1, gen.sequences[0, 1:, None]).sum()
-        else:
-            score = score[0]
         steps = len(gen.scores)
-        out.add(seq, float(score), steps, steps, time.perf_counter() - t0)
+        n = gen.sequences.shape[0]
+        share = (time.perf_counter() - t0) / n
+        for i in range(n):
+            seq = gen.sequences[i, 1:].tolist()
+            seq = (
+                [t for t in seq[: seq.index(end)] if t != pad]
+                if end in seq
+                else [t for t in seq if t != pad]
+            )
+            score = getattr(gen, "sequences_scores", None)
+            if score is None:  # greedy: its tokens' log-probabilities, before any processor
+                step_lp = torch.stack(gen.logits, 1)[i].float().log_softmax(-1)  # [T, V]
+                made = gen.sequences[i, 1:]
+                ends = (made == end).nonzero().flatten()
+                own = int(ends[0]) + 1 if ends.numel() else made.shape[0]  # not the padding
+                score = step_lp[:own].gather(1, made[:own, None]).sum()
+            else:
+                score = score[i]
+            out.add(seq, float(score), steps, steps, share)
+        bar.update(n)
+    bar.close()
     return out
