@@ -237,8 +237,8 @@ M = [
     (
         "greedy AR decoding scores the processed logits",
         "gencraft/nar/decoding.py",
-        "torch.stack(gen.logits, 1)[0]",
-        "torch.stack(gen.scores, 1)[0]",
+        "torch.stack(gen.logits, 1)[i]",
+        "torch.stack(gen.scores, 1)[i]",
         "tests/nar/test_nar.py -k one_beam",
     ),
     (
@@ -430,22 +430,22 @@ M = [
     (
         "HSO's Adam without the second moment's bias correction",
         "gencraft/hso/functional.py",
-        "    bc2 = (1 - b2**c).float()[:, None]",
-        "    bc2 = torch.ones_like(c).float()[:, None]",
+        "    bc2 = (1 - b2**c).float()[:, None, :, None]",
+        "    bc2 = torch.ones_like(c).float()[:, None, :, None]",
         "tests/hso/test_hso.py -k per_block_adam",
     ),
     (
         "HSO's SGD climbs the loss",
         "gencraft/hso/functional.py",
-        "                x - cfg.lr * torch.where(upd[:, None].to(g.device), g, 0).to(x.dtype)",
-        "                x + cfg.lr * torch.where(upd[:, None].to(g.device), g, 0).to(x.dtype)",
+        "                x - cfg.lr * torch.where(live.to(g.device), g, 0).to(x.dtype)",
+        "                x + cfg.lr * torch.where(live.to(g.device), g, 0).to(x.dtype)",
         "tests/hso/test_hso.py -k per_block_adam",
     ),
     (
         "HSO keeps the states across a context reset",
         "gencraft/hso/functional.py",
-        "            if t == c0:\n                st = _States(layers)",
-        "            if t == 0:\n                st = _States(layers)",
+        "            if t == c0:\n                st = _States(layers, b)",
+        "            if t == 0:\n                st = _States(layers, b)",
         "tests/hso/test_hso.py -k 'lr_zero or per_block_adam or prefill'",
     ),
     (
@@ -598,11 +598,11 @@ M = [
         "tests/models/test_attention.py -k never_runs",
     ),
     (
-        "SUNDAE's final logits kept in the model's half precision",
+        "SUNDAE's final token scores in the model's half precision",
         "gencraft/nar/decoding.py",
-        "            final_logits[live[same]] = logits[same].float()",
-        "            final_logits[live[same]] = logits[same]",
-        "tests/test_precision.py -k 'nar and bfloat16'",
+        "    lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens[..., None])[..., 0]",
+        "    lp = torch.log_softmax(logits, dim=-1).gather(-1, tokens[..., None])[..., 0].float()",
+        "tests/nar/test_nar_batch.py -k float32",
     ),
     (
         "custom_generate reads every expanded row (beams) as an input",
@@ -936,8 +936,8 @@ M = [
     (
         'Mask-Predict ranks length candidates by summed log-probability',
         'gencraft/nar/decoding.py',
-        '        scores = (logp * mask).sum(1) / mask.sum(1)\n        best = int(scores.argmax())\n        seq = tokens[best, : row_len[best]].tolist()',
-        '        scores = (logp * mask).sum(1)\n        best = int(scores.argmax())\n        seq = tokens[best, : row_len[best]].tolist()',
+        '    scores = ((logp * mask).sum(1) / mask.sum(1)).view(b, k)',
+        '    scores = (logp * mask).sum(1).view(b, k)',
         'tests/nar/test_nar.py -k mean_log_probability',
     ),
     (
@@ -1095,6 +1095,34 @@ M = [
         "                own = int(ends[0]) + 1 if ends.numel() else made.shape[0]",
         "                own = made.shape[0]",
         "tests/nar/test_nar_batch.py -k autoregressive",
+    ),
+    (
+        "padding enters the batched HSO loss",
+        "gencraft/hso/functional.py",
+        "                    loss = (nll * real).sum()",
+        "                    loss = nll.sum()",
+        "tests/hso/test_hso_batch.py -k prefill",
+    ),
+    (
+        "a row whose text has ended keeps taking HSO updates",
+        "gencraft/hso/functional.py",
+        "            upd = (held & active[:, None]).cpu()",
+        "            upd = held.cpu()",
+        "tests/hso/test_hso_batch.py -k prefill",
+    ),
+    (
+        "batched HSO reads a row with its padding",
+        "gencraft/hso/functional.py",
+        "        rows.append(check_causal_lm(model, ids[b][keep], what=f\"{what} (row {b})\"))",
+        "        rows.append(check_causal_lm(model, ids[b], what=f\"{what} (row {b})\"))",
+        "tests/hso/test_hso_batch.py -k alone",
+    ),
+    (
+        "batched prefill puts a short prompt's states at the start",
+        "gencraft/hso/functional.py",
+        "                out[i, :, width - n :] = t[i, :, :n]",
+        "                out[i, :, :n] = t[i, :, :n]",
+        "tests/hso/test_hso_batch.py -k prefill",
     ),
 ]
 

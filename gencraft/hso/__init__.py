@@ -21,6 +21,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "gencraft.hso.functional": (
             "TokenScores",
             "hso_nll",
+            "hso_nll_batch",
             "hso_prefill",
         ),
     },

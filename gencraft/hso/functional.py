@@ -19,6 +19,13 @@ The windowed algorithm of §3.3, for a window x[t+1:t+k] after an optimised cach
 A state is a layer's key or value vector at one position ([n_kv, d] per layer), after the
 rotary embedding where the model has one; the thesis optimised GPT-2's keys and values the
 same way.
+
+**Batches** (:func:`hso_nll_batch`): B sequences run together, one forward and one backward
+per window for the whole batch. Each row keeps its own states, Adam moments and step counts;
+the rows are aligned at their first token internally (whatever side the caller padded), so a
+row's padding comes after its last token, where no real token attends to it, and it enters
+no loss and no update. The summed loss's gradient with respect to a row's states is that
+row's own, so each row is what :func:`hso_nll` gives for it alone.
 """
 
 from __future__ import annotations
@@ -75,6 +82,33 @@ def check_causal_lm(model: nn.Module, ids: torch.Tensor, *, what: str) -> torch.
     return ids.to(next(hf.parameters()).device)
 
 
+def check_batch(
+    model: nn.Module, ids: torch.Tensor, attention_mask: torch.Tensor | None, *, what: str
+) -> list[torch.Tensor]:
+    """``ids`` [B, N] with ``attention_mask`` [B, N] (each row one run of ones: padded on
+    either side) -> each row's tokens [N_b] on the model's device."""
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        raise GencraftError(f"{what}: ids must be [B, N], got {getattr(ids, 'shape', ids)}")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(ids)
+    if tuple(attention_mask.shape) != tuple(ids.shape):
+        raise GencraftError(
+            f"{what}: attention_mask {list(attention_mask.shape)} does not match ids "
+            f"{list(ids.shape)}"
+        )
+    rows = []
+    for b in range(ids.shape[0]):
+        keep = attention_mask[b].bool()
+        where = keep.nonzero().flatten()
+        if where.numel() and int(where[-1] - where[0]) + 1 != where.numel():
+            raise GencraftError(
+                f"{what}: row {b}'s attention mask has padding between its tokens; pad on "
+                "the left or the right only"
+            )
+        rows.append(check_causal_lm(model, ids[b][keep], what=f"{what} (row {b})"))
+    return rows
+
+
 def contexts(n_inputs: int, reset_every: int | None, model: nn.Module) -> list[tuple[int, int]]:
     """Input ranges [c0, c1) of the non-overlapping contexts over ``n_inputs`` inputs."""
     size = reset_every or n_inputs
@@ -89,18 +123,18 @@ def contexts(n_inputs: int, reset_every: int | None, model: nn.Module) -> list[t
 
 # ------------------------------------------------------------------------------ state
 class _States:
-    """The optimised cache of one context with its per-state Adam moments and step counts.
+    """The optimised caches of B aligned rows with their per-state Adam moments and counts.
 
-    ``kv``/``m``/``v``: per layer (key, value) [1, n_kv, S, d], float32 whatever the model's
+    ``kv``/``m``/``v``: per layer (key, value) [B, n_kv, S, d], float32 whatever the model's
     dtype (a bfloat16 state would round small updates away; the model reads a cast copy);
-    ``count`` [S] the updates each position has had."""
+    ``count`` [B, S] the updates each state has had."""
 
-    def __init__(self, num_layers: int) -> None:
-        self.num_layers = num_layers
+    def __init__(self, num_layers: int, rows: int) -> None:
+        self.num_layers, self.rows = num_layers, rows
         self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.m: list[tuple[torch.Tensor, torch.Tensor]] | None = None
         self.v: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self.count = torch.zeros(0, dtype=torch.long)
+        self.count = torch.zeros(rows, 0, dtype=torch.long)
 
     @property
     def length(self) -> int:
@@ -128,7 +162,7 @@ class _States:
         none = [(None, None)] * len(like)
         self.m = [tuple(map(pad, old, new)) for old, new in zip(self.m or none, like, strict=True)]
         self.v = [tuple(map(pad, old, new)) for old, new in zip(self.v or none, like, strict=True)]
-        self.count = torch.cat([self.count, torch.zeros(n, dtype=torch.long)])
+        self.count = torch.cat([self.count, torch.zeros(self.rows, n, dtype=torch.long)], dim=1)
 
     def drop(self, keep: int | None) -> None:
         """Keep the newest ``keep`` states (and their moments and counts)."""
@@ -137,44 +171,43 @@ class _States:
         cut = self.length - keep
         trim = lambda pairs: [tuple(t[..., cut:, :] for t in p) for p in pairs]  # noqa: E731
         self.kv, self.m, self.v = trim(self.kv), trim(self.m), trim(self.v)
-        self.count = self.count[cut:]
+        self.count = self.count[:, cut:]
 
 
 def _update(
     st: _States,
     values: list[tuple[torch.Tensor, torch.Tensor]],
     grads: list[tuple[torch.Tensor, torch.Tensor]],
-    first: int,
+    upd: torch.Tensor,
     cfg: HSOConfig,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """One optimiser step on the states at positions >= ``first``: the new values, and the
-    moments/counts of ``st`` advanced. ``values``/``grads``: per layer [1, n_kv, S, d]."""
-    s = values[0][0].shape[-2]
-    upd = torch.arange(s) >= first
+    """One optimiser step on the states where ``upd`` [B, S] (bool): the new values, and the
+    moments/counts of ``st`` advanced. ``values``/``grads``: per layer [B, n_kv, S, d]."""
+    live = upd[:, None, :, None]  # [B, 1, S, 1]
     if cfg.optimizer == "sgd":
         return [
             tuple(
-                x - cfg.lr * torch.where(upd[:, None].to(g.device), g, 0).to(x.dtype)
+                x - cfg.lr * torch.where(live.to(g.device), g, 0).to(x.dtype)
                 for x, g in zip(pv, pg, strict=True)
             )
             for pv, pg in zip(values, grads, strict=True)
         ]
     b1, b2 = cfg.betas
-    st.count = st.count + upd.long()
+    st.count = st.count + upd.long().cpu()
     c = st.count.clamp(min=1).double()
-    bc1 = (1 - b1**c).float()[:, None]  # [S, 1]: per-state bias corrections
-    bc2 = (1 - b2**c).float()[:, None]
-    live = upd[:, None]
+    bc1 = (1 - b1**c).float()[:, None, :, None]  # [B, 1, S, 1]: per-state bias corrections
+    bc2 = (1 - b2**c).float()[:, None, :, None]
     out, new_m, new_v = [], [], []
     for pv, pg, pm, pq in zip(values, grads, st.m, st.v, strict=True):
         layer, lm, lv = [], [], []
         for x, g, m, v in zip(pv, pg, pm, pq, strict=True):
             g = g.float()
             dev = g.device
-            m = torch.where(live.to(dev), b1 * m + (1 - b1) * g, m)
-            v = torch.where(live.to(dev), b2 * v + (1 - b2) * g * g, v)
+            on = live.to(dev)
+            m = torch.where(on, b1 * m + (1 - b1) * g, m)
+            v = torch.where(on, b2 * v + (1 - b2) * g * g, v)
             step = cfg.lr * (m / bc1.to(dev)) / ((v / bc2.to(dev)).sqrt() + cfg.eps)
-            layer.append(x - torch.where(live.to(dev), step, 0).to(x.dtype))
+            layer.append(x - torch.where(on, step, 0).to(x.dtype))
             lm.append(m)
             lv.append(v)
         out.append(tuple(layer))
@@ -186,13 +219,12 @@ def _update(
 
 # ------------------------------------------------------------------------------ run
 def _window_nll(model, x, targets, cache, positions) -> torch.Tensor:
-    """[t] the NLL of ``targets`` given ``x`` [t] after ``cache``."""
-    out = model(
-        input_ids=x[None], **cache_kwargs(cache), position_ids=positions[None], use_cache=True
-    )
-    logits = out.logits[0]
+    """[B, t] the NLL of ``targets`` [B, t] given ``x`` [B, t] after ``cache``."""
+    out = model(input_ids=x, **cache_kwargs(cache), position_ids=positions, use_cache=True)
+    logits = out.logits
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float64 stays
-    return nn.functional.cross_entropy(logits, targets, reduction="none")
+    nll = nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+    return nll.view_as(targets)
 
 
 def _pairs(flat) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -201,31 +233,52 @@ def _pairs(flat) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def _run(
     model: nn.Module,
-    ids: torch.Tensor,
+    rows: list[torch.Tensor],
     cfg: HSOConfig,
-    ranges: list[tuple[int, int]],
     progress: bool,
-) -> tuple[torch.Tensor, _States, int]:
-    """HSO over ``ids`` [N], the state reset at each input range of ``ranges``: the recorded
-    per-target NLL [N - 1], the last context's state, and the number of windows."""
+) -> tuple[list[torch.Tensor], _States, list[int]]:
+    """HSO over the B sequences ``rows`` (each [N_b]) together, each state reset at the start
+    of each of its contexts: the recorded per-target NLL of each row [N_b - 1], the last
+    contexts' states (rows aligned at their first token), and each row's number of windows."""
     hf = hf_model(model)
     layers = model_shape(hf).layers
-    out = torch.empty(ids.numel() - 1, dtype=torch.float32)
+    b = len(rows)
+    n_inputs = [r.numel() - 1 for r in rows]
+    dev = rows[0].device
+    width = max(n_inputs) + 1
+    ids = torch.zeros(b, width, dtype=torch.long, device=dev)  # aligned; padding after the end
+    for i, r in enumerate(rows):
+        ids[i, : r.numel()] = r
+    is_input = (
+        torch.arange(width, device=dev)[None, :] < torch.tensor(n_inputs, device=dev)[:, None]
+    )
+    ranges = contexts(max(n_inputs), cfg.reset_every, model)
     windows = [
         (c0, t, min(t + cfg.window, c1)) for c0, c1 in ranges for t in range(c0, c1, cfg.window)
     ]
-    st = _States(layers)
+    own_windows = [
+        sum(len(range(c0, c1, cfg.window)) for c0, c1 in contexts(n, cfg.reset_every, model))
+        for n in n_inputs
+    ]
+    out = torch.zeros(b, width - 1, dtype=torch.float32)
+    st = _States(layers, b)
     dtype = next(hf.parameters()).dtype
     was_training = hf.training
     hf.eval()
     try:
         for c0, t, e in tqdm(windows, desc="HSO windows", disable=not progress):
             if t == c0:
-                st = _States(layers)
-            x, targets = ids[t:e], ids[t + 1 : e + 1]
-            positions = torch.arange(t - c0, e - c0, device=ids.device)
+                st = _States(layers, b)
+            x, targets = ids[:, t:e], ids[:, t + 1 : e + 1]
+            real = is_input[:, t:e]  # [B, t]: inputs with a target (not padding)
+            active = real.any(1)  # a row whose text has ended takes no update
+            positions = torch.arange(t - c0, e - c0, device=dev).expand(b, -1)
             cached = st.length
             grad_cached = not cfg.present_only and cached > 0
+            held = torch.cat([is_input[:, t - cached : t], real], dim=1)  # [B, S]
+            first = cached if cfg.present_only else 0
+            upd = (held & active[:, None]).cpu()
+            upd[:, :first] = False
             shifts = None
             for step in range(cfg.steps):
                 with torch.enable_grad():
@@ -233,8 +286,8 @@ def _run(
                     cache = KVStates(past, shifts, num_layers=layers)
                     nll = _window_nll(hf, x, targets, cache, positions)
                     if step == 0:
-                        out[t:e] = nll.detach().cpu()  # recorded before any update
-                    loss = nll.sum()
+                        out[:, t:e] = nll.detach().float().cpu()  # recorded before any update
+                    loss = (nll * real).sum()
                     if not torch.isfinite(loss.detach()):
                         raise GencraftError(
                             f"HSO: the loss of the window of tokens {t}..{e - 1} is "
@@ -267,7 +320,7 @@ def _run(
                     )
                     for i in range(layers)
                 ]
-                new = _update(st, values, g_full, cached if cfg.present_only else 0, cfg)
+                new = _update(st, values, g_full, upd, cfg)
                 # HSO-2: the next step recomputes the present states from the updated cache
                 # and shifts them by the updates they have had so far
                 shifts = [
@@ -283,7 +336,7 @@ def _run(
             st.drop(cfg.max_context)
     finally:
         hf.train(was_training)
-    return out, st, len(windows)
+    return [out[i, :n] for i, n in enumerate(n_inputs)], st, own_windows
 
 
 def hso_nll(
@@ -291,32 +344,74 @@ def hso_nll(
 ) -> TokenScores:
     """Per-target NLL of ``ids`` [1, N] (or [N]) under HSO with the weights frozen:
     ``token_nll`` [N - 1], each prediction recorded before the update that uses its target.
-    With ``lr=0`` it equals the plain model's NLL over the same contexts."""
+    With ``lr=0`` it equals the plain model's NLL over the same contexts. The batch of one of
+    :func:`hso_nll_batch`."""
     cfg = config or HSOConfig()
     ids = check_causal_lm(model, ids, what="HSO")
-    ranges = contexts(ids.numel() - 1, cfg.reset_every, model)
     t0 = time.perf_counter()
-    nll, _, n = _run(model, ids, cfg, ranges, progress)
-    return TokenScores(nll, n, time.perf_counter() - t0)
+    nll, _, windows = _run(model, [ids], cfg, progress)
+    return TokenScores(nll[0], windows[0], time.perf_counter() - t0)
+
+
+def hso_nll_batch(
+    model: nn.Module,
+    ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    config: HSOConfig | None = None,
+    *,
+    progress: bool = False,
+) -> list[TokenScores]:
+    """HSO over a batch of sequences ``ids`` [B, N], padded on either side as
+    ``attention_mask`` [B, N] says, with the weights frozen: one forward and one backward per
+    window for the whole batch; each row has its own optimised states, Adam moments and step
+    counts, and padding enters no loss and no state. Returns one :class:`TokenScores` per row
+    (``token_nll`` [N_b - 1] over its own tokens; ``seconds`` the batch's time shared out),
+    each what :func:`hso_nll` gives for that row alone."""
+    cfg = config or HSOConfig()
+    rows = check_batch(model, ids, attention_mask, what="HSO")
+    t0 = time.perf_counter()
+    nll, _, windows = _run(model, rows, cfg, progress)
+    share = (time.perf_counter() - t0) / len(rows)
+    return [TokenScores(x, w, share) for x, w in zip(nll, windows, strict=True)]
 
 
 def hso_prefill(
-    model: nn.Module, prompt_ids: torch.Tensor, config: HSOConfig | None = None
+    model: nn.Module,
+    prompt_ids: torch.Tensor,
+    config: HSOConfig | None = None,
+    attention_mask: torch.Tensor | None = None,
 ) -> DynamicCache:
-    """Run HSO over ``prompt_ids`` [1, P] and return the optimised cache of its first P - 1
-    tokens (a ``DynamicCache``): pass it with the whole prompt to ``model.generate`` or
-    ``model(prompt_ids[:, -1:], past_key_values=cache)``, which feed the last prompt token
-    on top of the optimised states (the thesis's few-shot use)."""
+    """Run HSO over ``prompt_ids`` [B, P] (left-padded as ``attention_mask`` says, as
+    ``generate`` takes them) and return the optimised cache of each prompt's tokens but its
+    last (a ``DynamicCache`` of P - 1 positions; a shorter prompt's states sit at the end,
+    zeros before them): pass it with the whole prompts (and their mask) to ``model.generate``,
+    which feeds the last prompt token on top of the optimised states (the thesis's few-shot
+    use), or ``model(prompt_ids[:, -1:], past_key_values=cache)`` when unpadded."""
     cfg = config or HSOConfig()
-    ids = check_causal_lm(model, prompt_ids, what="hso_prefill")
-    if cfg.reset_every is not None or (
-        cfg.max_context is not None and cfg.max_context < ids.numel() - 1
-    ):
+    if prompt_ids.dim() == 1:
+        prompt_ids = prompt_ids[None]
+    rows = check_batch(model, prompt_ids, attention_mask, what="hso_prefill")
+    if attention_mask is not None:
+        mask = attention_mask.bool()
+        if bool((mask[:, 1:] < mask[:, :-1]).any()):
+            raise GencraftError("hso_prefill: prompts must be left-padded (as generate takes them)")
+    longest = max(r.numel() for r in rows) - 1
+    if cfg.reset_every is not None or (cfg.max_context is not None and cfg.max_context < longest):
         raise GencraftError(
             "hso_prefill keeps the whole prompt's states: leave reset_every unset and "
-            f"max_context unset or >= {ids.numel() - 1}"
+            f"max_context unset or >= {longest}"
         )
-    ranges = contexts(ids.numel() - 1, None, model)
-    _, st, _ = _run(model, ids, cfg, ranges, False)
+    _, st, _ = _run(model, rows, cfg, False)
     dtype = next(hf_model(model).parameters()).dtype
-    return DynamicCache(ddp_cache_data=[tuple(t.detach().to(dtype) for t in p) for p in st.kv])
+    width = prompt_ids.shape[1] - 1
+    layers = []
+    for pair in st.kv:  # aligned at the first token -> left-padded as the prompts are
+        placed = []
+        for t in pair:
+            out = t.new_zeros(t.shape[0], t.shape[1], width, t.shape[3])
+            for i, r in enumerate(rows):
+                n = r.numel() - 1
+                out[i, :, width - n :] = t[i, :, :n]
+            placed.append(out.detach().to(dtype))
+        layers.append(tuple(placed))
+    return DynamicCache(ddp_cache_data=layers)

@@ -259,7 +259,9 @@ def test_hso_state_gradients_gradcheck_in_float64():
         states = [(k0, v0), *past[1:]]
         shifts = [(shift, shift), *[(dk1, dv1)] * (layers - 1)]
         cache = KVStates(states, shifts)
-        return _window_nll(model, ids[5:8], ids[6:9], cache, torch.arange(5, 8)).sum()
+        return _window_nll(
+            model, ids[None, 5:8], ids[None, 6:9], cache, torch.arange(5, 8)[None]
+        ).sum()
 
     inputs = (
         past[0][0].clone().requires_grad_(True),

@@ -168,3 +168,17 @@ def test_the_autoregressive_baseline_in_one_generate_equals_each_row_alone(beams
     assert batch.tokens_per_call == [
         len(s) / c for s, c in zip(batch.sequences, batch.model_calls, strict=True)
     ]
+
+
+def test_sundae_token_scores_are_float32_for_half_precision_logits():
+    """The precision island of reranking: half-precision logits are scored in float32."""
+    from gencraft.nar.decoding import _token_logp
+
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(2, 3, 50, generator=g) * 4).bfloat16()
+    tokens = torch.randint(0, 50, (2, 3), generator=g)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]]).bool()
+    got = _token_logp(logits, tokens, mask)
+    want = torch.log_softmax(logits.float(), -1).gather(-1, tokens[..., None])[..., 0] * mask
+    assert got.dtype == torch.float32
+    assert torch.allclose(got, want, atol=1e-6)
