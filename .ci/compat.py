@@ -70,8 +70,17 @@ def install(name: str) -> Path:
     if differ:
         print(f"compat {name}: overlay {' '.join(differ)}", flush=True)
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target",
-             str(target), *differ],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-deps",
+                "--target",
+                str(target),
+                *differ,
+            ],
             check=True,
         )
     stamp.write_text(digest)
@@ -114,8 +123,19 @@ def resolve_newest() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed",
-             "--report", str(report), f"torch=={torch}", f"{ROOT}[all,dev]"],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--dry-run",
+                "--ignore-installed",
+                "--report",
+                str(report),
+                f"torch=={torch}",
+                f"{ROOT}[all,dev]",
+            ],
             check=True,
         )
         found = json.loads(report.read_text())["install"]

@@ -40,7 +40,14 @@ def cmd_eval(args: argparse.Namespace) -> None:
     context = cfg.reset_every or ids.numel()
     runs = [
         ("baseline", lambda: windowed_nll(model, ids, window=context, progress=not args.quiet)),
-        ("hso", lambda: hso_nll(model, ids, cfg, progress=not args.quiet).token_nll),
+        (
+            "hso",
+            lambda: (
+                hso_nll(
+                    model, ids, cfg, progress=not args.quiet, batch_size=args.batch_size
+                ).token_nll
+            ),
+        ),
     ]
     if args.dynamic_eval:
         de = DynamicEvalConfig(window=cfg.window, lr=args.de_lr, reset_every=cfg.reset_every)
@@ -58,13 +65,17 @@ def cmd_eval(args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{args.model} on {args.corpus} {args.split} ({words} words), contexts of {context}")
+    print(
+        f"{args.model} on {args.corpus} {args.split} ({words} words), contexts of {context}, "
+        f"HSO on {args.batch_size} contexts at a time (dynamic evaluation one at a time: it "
+        "updates the shared weights)"
+    )
     print(format_table(rows))  # floats to 2 decimals
 
 
 def add_parser(sub: Any, add_data_dir: Any) -> None:
     from gencraft.cli.flags import add_dataclass_arguments
-    from gencraft.cli.options import DataOptions, ModelInput, RunOptions
+    from gencraft.cli.options import DataOptions, DecodeOptions, ModelInput, RunOptions
     from gencraft.hso import HSOConfig
 
     p = sub.add_parser("hso", help="hidden-state optimisation of a frozen LM (ch. 3)")
@@ -81,6 +92,12 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     )
     add_dataclass_arguments(e, HSOConfig, defaults={"reset_every": 1024})
     add_dataclass_arguments(e, HSOEvalCommand)
+    add_dataclass_arguments(
+        e,
+        DecodeOptions,
+        only=("batch_size",),
+        helps={"batch_size": "contexts (of --reset-every tokens) optimised together"},
+    )
     add_dataclass_arguments(e, RunOptions, only=("json", "quiet"))
     add_data_dir(e)
     e.set_defaults(func=cmd_eval)

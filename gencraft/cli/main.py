@@ -153,17 +153,15 @@ def cmd_generate(args: argparse.Namespace) -> None:
     model, tok = load_model(args.model, device=args.device)
     chat = {"auto": None, "on": True, "off": False}[settings.chat]
     outputs = []
-    for i, prompt in enumerate(tqdm(prompts, desc="generate", disable=len(prompts) < 2)):
-        outputs.append(
-            generate_text(
-                model,
-                tok,
-                [prompt],
-                chat=chat,
-                seed=settings.seed + i,
-                **settings.generate_kwargs(),
-            )[0]
+    size = args.batch_size
+    bar = tqdm(total=len(prompts), desc="generate", disable=len(prompts) < 2)
+    for i in range(0, len(prompts), size):  # one generate call per batch
+        batch = prompts[i : i + size]
+        outputs += generate_text(
+            model, tok, batch, chat=chat, seed=settings.seed + i, **settings.generate_kwargs()
         )
+        bar.update(len(batch))
+    bar.close()
     for prompt, out in zip(prompts, outputs, strict=True):
         if args.json:
             print(json.dumps({"prompt": prompt, "output": out}))
@@ -199,7 +197,7 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from gencraft.cli.flags import add_dataclass_arguments
-    from gencraft.cli.options import RunOptions
+    from gencraft.cli.options import DecodeOptions, RunOptions
     from gencraft.models.settings import GenerationSettings
 
     parser = argparse.ArgumentParser(prog="gencraft", description=__doc__.splitlines()[0])
@@ -219,6 +217,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="generate text with a model")
     add_dataclass_arguments(p, GenerateCommand)
     add_dataclass_arguments(p, GenerationSettings)
+    add_dataclass_arguments(
+        p,
+        DecodeOptions,
+        only=("batch_size",),
+        helps={
+            "batch_size": "prompts per generate call (sampling: a batch is seeded with --seed "
+            "plus its first prompt's index)"
+        },
+    )
     add_dataclass_arguments(p, RunOptions, only=("device", "json"))
     p.set_defaults(func=cmd_generate)
 

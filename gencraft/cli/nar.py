@@ -92,6 +92,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         sampling,
         method=args.method,
         num_beams=args.num_beams,
+        batch_size=args.batch_size,
         progress=False,
     )
     rows = [
@@ -131,6 +132,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         data_dir=args.data_dir,
         lowercase=args.lowercase,
         progress=not args.quiet,
+        batch_size=args.batch_size,
     )
     preds = r.pop("predictions")
     if args.output:
@@ -165,9 +167,12 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         add_dataclass_arguments(
             q,
             DecodeOptions,
-            only=("num_beams",),
-            defaults={"num_beams": None},
-            helps={"num_beams": "beam size (1: greedy) of --method beam (default: 4)"},
+            only=("num_beams", "batch_size"),
+            defaults={"num_beams": None, "batch_size": 16},
+            helps={
+                "num_beams": "beam size (1: greedy) of --method beam (default: 4)",
+                "batch_size": "sources decoded together (one decoder call per step)",
+            },
         )
         add_dataclass_arguments(q, SamplingConfig)
         add_dataclass_arguments(q, RunOptions, only=("json",))

@@ -1,4 +1,5 @@
-"""``gencraft search beam|mode``: gencraft's beam search and exact mode search on one prompt."""
+"""``gencraft search beam|mode``: gencraft's beam search and exact mode search on prompts, in
+batches of ``--batch-size`` (left-padded, one model call per step for the batch)."""
 
 from __future__ import annotations
 
@@ -13,23 +14,36 @@ from gencraft.config import REQUIRED, option
 
 @dataclass
 class PromptInput:
-    prompt: str = option(
-        REQUIRED, "the instruction (one user turn for chat models)", positional=True
+    prompt: list[str] = option(
+        REQUIRED, "the instructions (one user turn each for chat models)", positional=True
     )
 
 
-def _load(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+def _load(args: argparse.Namespace) -> tuple[Any, Any, list[list[int]]]:
+    from gencraft.errors import GencraftError
     from gencraft.models import load_model
     from gencraft.search.prompts import encode_prompt
 
+    if not args.prompt or any(not p.strip() for p in args.prompt):
+        raise GencraftError("give one or more non-empty prompts")
     model, tok = load_model(args.model, device=args.device)
-    text = args.prompt if not args.raw else None
-    ids = (
-        encode_prompt(tok, text)
-        if text is not None
-        else tok(args.prompt, return_tensors="pt")["input_ids"]
-    )
-    return model, tok, ids
+    prompts = [
+        encode_prompt(tok, p)[0].tolist() if not args.raw else tok(p)["input_ids"]
+        for p in args.prompt
+    ]
+    return model, tok, prompts
+
+
+def _batches(model: Any, tok: Any, prompts: list[list[int]], size: int):
+    """(first row index, ids [b, P], attention mask [b, P]) per batch of ``size`` prompts,
+    left-padded."""
+    from gencraft.models.introspect import pad_id
+    from gencraft.models.prompts import pad_batch
+
+    pad = pad_id(model, tok)
+    for i in range(0, len(prompts), size):
+        batch = pad_batch([{"input_ids": p} for p in prompts[i : i + size]], pad, left=True)
+        yield i, batch["input_ids"], batch["attention_mask"]
 
 
 def _classifier(args: argparse.Namespace, model: Any) -> Any:
@@ -70,51 +84,60 @@ def _classifier(args: argparse.Namespace, model: Any) -> Any:
 
 
 def cmd_beam(args: argparse.Namespace) -> None:
-    from gencraft.search import beam_search
+    from gencraft.progress import tqdm
+    from gencraft.search import beam_search_batch
 
-    model, tok, ids = _load(args)
+    model, tok, prompts = _load(args)
     clf = _classifier(args, model)
-    hyps = beam_search(
-        model,
-        ids,
-        num_beams=args.num_beams,
-        max_new_tokens=args.max_new_tokens,
-        finished=args.finished or ("aside" if clf is None else "on_beam"),
-        force_length=args.force_length,
-        forced_eos=args.forced_eos,
-        classifier=clf,
-        k=args.k if clf is not None else None,
-        length_includes_eos=args.length_includes_eos,
-        forced_ranking=args.forced_ranking,
-    )
-    for h in hyps:
-        print(
-            json.dumps(
-                {
+    several = len(prompts) > 1
+    bar = tqdm(total=len(prompts), desc="beam", disable=not several)
+    for first, ids, mask in _batches(model, tok, prompts, args.batch_size):
+        rows = beam_search_batch(
+            model,
+            ids,
+            mask,
+            num_beams=args.num_beams,
+            max_new_tokens=args.max_new_tokens,
+            finished=args.finished or ("aside" if clf is None else "on_beam"),
+            force_length=args.force_length,
+            forced_eos=args.forced_eos,
+            classifier=clf,
+            k=args.k if clf is not None else None,
+            length_includes_eos=args.length_includes_eos,
+            forced_ranking=args.forced_ranking,
+        )
+        for j, hyps in enumerate(rows):
+            for h in hyps:
+                row = {
                     "text": tok.decode(h.tokens),
                     "log_prob": round(h.score, 4),
                     "tokens": len(h.tokens),
                     "finished": h.finished,
                 }
-            )
-        )
+                print(json.dumps({"input": first + j, **row} if several else row))
+        bar.update(len(rows))
+    bar.close()
 
 
 def cmd_mode(args: argparse.Namespace) -> None:
-    from gencraft.search import exact_mode
+    from gencraft.progress import tqdm
+    from gencraft.search import exact_mode_batch
 
-    model, tok, ids = _load(args)
-    r = exact_mode(
-        model,
-        ids,
-        max_new_tokens=args.max_new_tokens,
-        length=args.length,
-        max_nodes=args.max_nodes,
-        length_includes_eos=args.length_includes_eos,
-    )
-    print(
-        json.dumps(
-            {
+    model, tok, prompts = _load(args)
+    several = len(prompts) > 1
+    bar = tqdm(total=len(prompts), desc="mode", disable=not several)
+    for first, ids, mask in _batches(model, tok, prompts, args.batch_size):
+        found = exact_mode_batch(
+            model,
+            ids,
+            mask,
+            max_new_tokens=args.max_new_tokens,
+            length=args.length,
+            max_nodes=args.max_nodes,
+            length_includes_eos=args.length_includes_eos,
+        )
+        for j, r in enumerate(found):
+            row = {
                 "text": tok.decode(r.tokens),
                 "log_prob": round(r.log_prob, 4),
                 "tokens": len(r.tokens),
@@ -122,8 +145,9 @@ def cmd_mode(args: argparse.Namespace) -> None:
                 "nodes": r.nodes,
                 "seconds": round(r.seconds, 2),
             }
-        )
-    )
+            print(json.dumps({"input": first + j, **row} if several else row))
+        bar.update(len(found))
+    bar.close()
 
 
 def cmd_train_classifier(args: argparse.Namespace) -> None:
@@ -190,7 +214,9 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         add_dataclass_arguments(g, PromptInput)
         add_dataclass_arguments(g, ModelInput, defaults={"model": "smollm2-135m"})
         beam = ("num_beams", "max_new_tokens") if name == "beam" else ("max_new_tokens",)
-        add_dataclass_arguments(g, DecodeOptions, only=beam, defaults={"max_new_tokens": 32})
+        add_dataclass_arguments(
+            g, DecodeOptions, only=(*beam, "batch_size"), defaults={"max_new_tokens": 32}
+        )
         mode = {"raw", "length_includes_eos", "length", "max_nodes"}
         if name == "beam":
             add_dataclass_arguments(g, SearchDecodeConfig, exclude={"length", "max_nodes"})

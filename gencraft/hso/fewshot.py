@@ -160,3 +160,46 @@ def classify(
     else:
         raise GencraftError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     return int(torch.argmax(logits[label_ids]))
+
+
+@torch.no_grad()
+def classify_batch(
+    model: nn.Module,
+    prompts: list[torch.Tensor],
+    label_ids: list[int],
+    method: str,
+    hso: HSOConfig,
+    de: DynamicEvalConfig,
+    *,
+    batch_size: int = 8,
+) -> list[int]:
+    """:func:`classify` for many prompts (each [1, P]): ``batch_size`` of them at a time,
+    left-padded, in one forward (baseline) or one batched HSO prefill and one step (HSO,
+    HSO-2). Dynamic evaluation updates the shared weights per prompt, so it runs one prompt
+    at a time."""
+    from gencraft.models.introspect import pad_id
+    from gencraft.models.prompts import pad_batch
+    from gencraft.models.stepping import HFStepper
+
+    if method not in METHODS:
+        raise GencraftError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+    if batch_size < 1:
+        raise GencraftError(f"batch_size must be >= 1, got {batch_size}")
+    if method == "dynamic eval":
+        return [classify(model, p, label_ids, method, hso, de) for p in prompts]
+    pad = pad_id(model)
+    labels = torch.tensor(label_ids)
+    out: list[int] = []
+    for i in range(0, len(prompts), batch_size):
+        rows = [{"input_ids": p[0].tolist()} for p in prompts[i : i + batch_size]]
+        batch = pad_batch(rows, pad, left=True)
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        stepper = HFStepper(model, ids, attention_mask=mask, max_new_tokens=1)
+        if method == "baseline":
+            logp = stepper.start().log_probs
+        else:
+            cfg = HSOConfig(**{**hso.__dict__, "steps": 2 if method == "hso2" else 1})
+            cache = hso_prefill(model, ids.to(stepper.device), cfg, attention_mask=mask)
+            logp = stepper.step(ids[:, -1], cache).log_probs  # the last token on the states
+        out += logp[:, labels.to(logp.device)].argmax(-1).tolist()
+    return out

@@ -340,17 +340,35 @@ def _run(
 
 
 def hso_nll(
-    model: nn.Module, ids: torch.Tensor, config: HSOConfig | None = None, *, progress: bool = False
+    model: nn.Module,
+    ids: torch.Tensor,
+    config: HSOConfig | None = None,
+    *,
+    progress: bool = False,
+    batch_size: int | None = None,
 ) -> TokenScores:
     """Per-target NLL of ``ids`` [1, N] (or [N]) under HSO with the weights frozen:
     ``token_nll`` [N - 1], each prediction recorded before the update that uses its target.
     With ``lr=0`` it equals the plain model's NLL over the same contexts. The batch of one of
-    :func:`hso_nll_batch`."""
+    :func:`hso_nll_batch`; with ``reset_every``, the contexts are independent, and
+    ``batch_size`` of them run together (the same numbers, up to float rounding)."""
     cfg = config or HSOConfig()
     ids = check_causal_lm(model, ids, what="HSO")
+    if batch_size is not None and batch_size < 1:
+        raise GencraftError(f"batch_size must be >= 1, got {batch_size}")
     t0 = time.perf_counter()
-    nll, _, windows = _run(model, [ids], cfg, progress)
-    return TokenScores(nll[0], windows[0], time.perf_counter() - t0)
+    ranges = contexts(ids.numel() - 1, cfg.reset_every, model)
+    size = batch_size or 1
+    if size == 1 or len(ranges) == 1:
+        nll, _, windows = _run(model, [ids], cfg, progress)
+        return TokenScores(nll[0], windows[0], time.perf_counter() - t0)
+    rows = [ids[c0 : c1 + 1] for c0, c1 in ranges]  # context j: its inputs and their targets
+    parts, total = [], 0
+    for i in tqdm(range(0, len(rows), size), desc="HSO contexts", disable=not progress):
+        nll, _, windows = _run(model, rows[i : i + size], cfg, False)
+        parts += nll
+        total += sum(windows)
+    return TokenScores(torch.cat(parts), total, time.perf_counter() - t0)
 
 
 def hso_nll_batch(

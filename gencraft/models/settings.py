@@ -21,7 +21,9 @@ class GenerationSettings:
         default=None, metadata={"help": "nucleus sampling mass in (0, 1] (with sampling)"}
     )
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature (> 0)"})
-    seed: int = field(default=0, metadata={"help": "sampling seed (prompt i uses seed + i)"})
+    seed: int = field(
+        default=0, metadata={"help": "sampling seed (the batch from prompt i on uses seed + i)"}
+    )
     chat: Literal["auto", "on", "off"] = field(
         default="auto",
         metadata={"help": "wrap prompts in the tokenizer's chat template (auto: when it has one)"},

@@ -84,11 +84,13 @@ def decode(
     num_beams: int | None = None,
     max_source_tokens: int = 128,
     progress: bool = False,
+    batch_size: int | None = 16,
 ) -> tuple[list[str], NAROutput]:
     """Texts for ``sources`` by ``method``: ``sundae``, ``mask-predict``, ``beam`` (a causal
     decoder) or ``auto`` (beam for a causal decoder, else SUNDAE). ``num_beams`` (default 4)
     is beam search's alone; a setting of ``sampling`` that ``method`` does not read is
-    refused (:func:`check_settings_apply`)."""
+    refused (:func:`check_settings_apply`). ``batch_size`` sources are decoded together (None:
+    all at once)."""
     method = resolve_method(model, method)
     check_settings_apply(method, sampling, num_beams)
     if not sources:
@@ -98,10 +100,26 @@ def decode(
     )
     ids, mask = enc["input_ids"], enc["attention_mask"]
     if method == "sundae":
-        out = sundae_generate(model, ids, mask, sampling, noise=noise_ids(tok), progress=progress)
+        out = sundae_generate(
+            model,
+            ids,
+            mask,
+            sampling,
+            noise=noise_ids(tok),
+            progress=progress,
+            batch_size=batch_size,
+        )
     elif method == "mask-predict":
         mask_id = target_token_ids(tok)["mask"]
-        out = mask_predict_generate(model, ids, mask, sampling, mask_id=mask_id, progress=progress)
+        out = mask_predict_generate(
+            model,
+            ids,
+            mask,
+            sampling,
+            mask_id=mask_id,
+            progress=progress,
+            batch_size=batch_size,
+        )
     else:
         out = autoregressive_generate(
             model,
@@ -110,6 +128,7 @@ def decode(
             num_beams=num_beams or DEFAULT_BEAMS,
             max_new_tokens=model.max_target_length,
             progress=progress,
+            batch_size=batch_size,
         )
     texts = [tok.decode(s, skip_special_tokens=True).strip() for s in out.sequences]
     return texts, out
@@ -128,6 +147,7 @@ def evaluate(
     data_dir: str | None = None,
     lowercase: bool = False,
     progress: bool = False,
+    batch_size: int | None = 16,
 ) -> dict[str, Any]:
     """BLEU and ROUGE-L of decoded outputs by the task's one convention
     (:func:`gencraft.metrics.score_task`; ``lowercase``: references lower-cased like the
@@ -143,6 +163,7 @@ def evaluate(
         method=method,
         num_beams=num_beams,
         progress=progress,
+        batch_size=batch_size,
     )
     n = len(texts)
     scores = score_task(task, texts, refs, lowercase=lowercase, metrics=("BLEU", "ROUGE-L"))
@@ -152,5 +173,7 @@ def evaluate(
         "seconds/output": sum(out.seconds) / n,
         "calls/output": sum(out.model_calls) / n,
         "steps/output": sum(out.steps) / n,
+        "tokens/call": sum(map(len, out.sequences)) / max(sum(out.model_calls), 1),
+        "batch_size": batch_size or n,
         "predictions": texts,
     }

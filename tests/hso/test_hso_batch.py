@@ -127,3 +127,31 @@ def test_bad_batches_are_named(llama):
         hso_nll_batch(llama, torch.tensor([[5, 6], [7, 8]]), torch.tensor([[1, 1], [0, 1]]))
     with pytest.raises(GencraftError, match="left-padded"):
         hso_prefill(llama, torch.tensor([[5, 6, 0]]), attention_mask=torch.tensor([[1, 1, 0]]))
+
+
+def test_hso_nll_batches_its_contexts(llama):
+    """With reset_every the contexts are independent: batching them gives the same NLL."""
+    ids = torch.randint(3, 200, (1, 40), generator=torch.Generator().manual_seed(3))
+    cfg = HSOConfig(window=4, reset_every=9)
+    one = hso_nll(llama, ids, cfg)
+    batched = hso_nll(llama, ids, cfg, batch_size=3)
+    assert batched.token_nll.shape == one.token_nll.shape == (39,)
+    assert torch.allclose(batched.token_nll, one.token_nll, atol=1e-5, rtol=0)
+    assert batched.windows == one.windows
+
+
+@pytest.mark.parametrize("method", ["baseline", "hso", "hso2"])
+def test_few_shot_classification_of_a_batch_equals_each_prompt_alone(llama, method):
+    from gencraft.hso import DynamicEvalConfig
+    from gencraft.hso.fewshot import classify, classify_batch
+
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 200, (1, n), generator=g) for n in (12, 7, 15, 9, 10)]
+    labels = [5, 17, 40, 99]
+    hso, de = HSOConfig(window=4, lr=0.5), DynamicEvalConfig()
+    # a large lr: HSO moves the prediction, so the batched states must be the prompt's own
+    alone = [classify(llama, p, labels, method, hso, de) for p in prompts]
+    assert classify_batch(llama, prompts, labels, method, hso, de, batch_size=3) == alone
+    if method == "hso":
+        plain = [classify(llama, p, labels, "baseline", hso, de) for p in prompts]
+        assert plain != alone  # the check can see a wrong state
