@@ -1138,6 +1138,20 @@ M = [
         "            logp = stepper.start().log_probs",
         "tests/hso/test_hso_batch.py -k few_shot",
     ),
+    (
+        "every row stops at the batch's longest limit",
+        "gencraft/search/beam.py",
+        "            ends = is_eos | (t + 1 == limit)[:, None]",
+        "            ends = is_eos | (t + 1 == limit.max())",
+        "tests/search/test_batch.py -k own_length",
+    ),
+    (
+        "every row is forced to the batch's longest length",
+        "gencraft/search/beam.py",
+        "        only_eos = (self.forced & (t >= self.force)) | self._limit(t)",
+        "        only_eos = (self.forced & (t >= self.force.max())) | self._limit(t)",
+        "tests/search/test_batch.py -k own_length",
+    ),
 ]
 
 

@@ -258,30 +258,44 @@ def search_stepper(
     attention_mask: torch.Tensor | None = None,
     *,
     num_beams: int,
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     classifier: AttributeScorer | None = None,
     k: int | None = None,
     alpha: float = 1.0,
     eos_token_id: int | list[int] | None = None,
     finished: Literal["aside", "on_beam"] = "aside",
-    force_length: int | None = None,
+    force_length: int | Sequence[int | None] | None = None,
     forced_eos: Literal["model", "free"] = "model",
     logits_processor: Sequence[Any] | None = None,
     length_includes_eos: bool = False,
     forced_ranking: Literal["score", "selection"] = "score",
 ) -> list[list[Hypothesis]]:
     """:func:`beam_search_batch` with its arguments spelt out (a ``Stepper`` may be given
-    as ``model``, e.g. one built over ``generate``'s encoder outputs)."""
-    force_length = _check_arguments(
-        num_beams,
-        max_new_tokens,
-        alpha,
-        finished,
-        force_length,
-        forced_eos,
-        length_includes_eos,
-        forced_ranking,
-    )
+    as ``model``, e.g. one built over ``generate``'s encoder outputs). ``max_new_tokens`` and
+    ``force_length`` may be given per row (a sequence of B values; None: no forced length
+    for that row)."""
+    rows = batch_size(model) if not isinstance(model, nn.Module) else None
+    if rows is None:
+        rows = (
+            input_ids.shape[0]
+            if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2
+            else 1
+        )
+    limits = _per_row(max_new_tokens, rows, "max_new_tokens")
+    forces = _per_row(force_length, rows, "force_length")
+    forces = [
+        _check_arguments(
+            num_beams,
+            n,
+            alpha,
+            finished,
+            f,
+            forced_eos,
+            length_includes_eos,
+            forced_ranking,
+        )
+        for n, f in zip(limits, forces, strict=True)
+    ]
     if classifier is not None and not getattr(classifier, "enabled", True):
         classifier, k = None, None  # a disabled classifier: plain beam search
     if num_beams == 1 and logits_processor:
@@ -290,7 +304,7 @@ def search_stepper(
         model,
         input_ids,
         eos_token_id,
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=max(limits),
         hidden=classifier is not None,
         attention_mask=attention_mask,
     )
@@ -304,18 +318,28 @@ def search_stepper(
     search = _BeamSearch(
         stepper,
         num_beams,
-        max_new_tokens,
+        limits,
         classifier,
         k,
         alpha,
         eos,
         finished,
-        force_length,
+        forces,
         forced_eos,
         list(logits_processor or []),
         forced_ranking,
     )
     return search.run()
+
+
+def _per_row(value: Any, rows: int, name: str) -> list[Any]:
+    """A setting given once or per row, as one value per row."""
+    if value is None or isinstance(value, int):
+        return [value] * rows
+    values = list(value)
+    if len(values) != rows:
+        raise GencraftError(f"{name} gives {len(values)} values for {rows} rows")
+    return values
 
 
 def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -333,42 +357,55 @@ class _BeamSearch:
         self,
         stepper: Stepper,
         num_beams: int,
-        max_new: int,
+        max_new: list[int],
         clf: AttributeScorer | None,
         k: int | None,
         alpha: float,
         eos: list[int],
         policy: str,
-        force_length: int | None,
+        force_length: list[int | None],
         forced_eos: str = "model",
         processors: list[Any] | None = None,
         forced_ranking: str = "score",
     ) -> None:
-        self.s, self.K, self.max_new, self.clf = stepper, num_beams, max_new, clf
+        self.s, self.K, self.clf = stepper, num_beams, clf
         self.B = batch_size(stepper)
-        self.k, self.alpha, self.policy, self.force_length = k, alpha, policy, force_length
+        self.k, self.alpha, self.policy = k, alpha, policy
         self.forced_eos, self.forced_ranking = forced_eos, forced_ranking
+        # per row: the length limit L and the forced length n (-1: none)
+        self.max_new = max(max_new)
+        self.limit = torch.tensor(max_new)
+        self.force = torch.tensor([-1 if f is None else f for f in force_length])
+        self.forced = self.force >= 0
         self.eos = torch.tensor(eos)
         self.process = ProcessorChain(stepper, processors)
 
-    def _limit(self, t: int) -> bool:
-        """Step t is Alg. 1's last (t = L): on the beam, only a forced EOS can follow."""
-        return self.policy == "on_beam" and self.force_length is None and t + 1 == self.max_new
+    def _limit(self, t: int) -> torch.Tensor:
+        """[B] bool: step t is Alg. 1's last (t = L) for the row: on the beam, only a forced
+        EOS can follow."""
+        last = (t + 1 == self.limit) & ~self.forced
+        return last & (self.policy == "on_beam")
 
     def _transform(self, logp: torch.Tensor, t: int) -> torch.Tensor:
-        """Length forcing (thesis 7.4): no EOS before step n (renormalised), only EOS at n;
-        and Alg. 1's forced EOS at the maximum length (on the beam). ``logp`` [N, V]."""
-        n = self.force_length
-        if n is None and not self._limit(t):
+        """Length forcing (thesis 7.4), per row: no EOS before step n (renormalised), only EOS
+        at n; and Alg. 1's forced EOS at the maximum length (on the beam). ``logp`` [N, V]."""
+        before = self.forced & (t < self.force)
+        only_eos = (self.forced & (t >= self.force)) | self._limit(t)
+        if not bool(before.any() | only_eos.any()):
             return logp
-        eos = self.eos.to(logp.device)
-        if n is not None and t < n:
-            logp = logp.index_fill(1, eos, float("-inf"))
-            return logp - torch.logsumexp(logp, dim=-1, keepdim=True)
-        out = torch.full_like(logp, float("-inf"))
-        # ending with any EOS id is one event: P(end) = sum of their probabilities
-        out[:, eos[0]] = torch.logsumexp(logp[:, eos], dim=-1) if self.forced_eos == "model" else 0
-        return out
+        dev, kb = logp.device, logp.shape[0] // self.B
+        eos = self.eos.to(dev)
+        if bool(before.any()):
+            cut = logp.index_fill(1, eos, float("-inf"))
+            cut = cut - torch.logsumexp(cut, dim=-1, keepdim=True)
+            logp = torch.where(before.to(dev).repeat_interleave(kb)[:, None], cut, logp)
+        if bool(only_eos.any()):
+            out = torch.full_like(logp, float("-inf"))
+            # ending with any EOS id is one event: P(end) = sum of their probabilities
+            end = torch.logsumexp(logp[:, eos], dim=-1) if self.forced_eos == "model" else 0
+            out[:, eos[0]] = end
+            logp = torch.where(only_eos.to(dev).repeat_interleave(kb)[:, None], out, logp)
+        return logp
 
     def _candidates(
         self, logp: torch.Tensor, scores: torch.Tensor, hidden: Any, cstate: Any
@@ -448,6 +485,7 @@ class _BeamSearch:
         dev = out.log_probs.device
         logp, cache, hidden, cstate, scores = self._first_rows(out)
         eos = self.eos.to(dev)
+        limit = self.limit.to(dev)
         tokens = torch.zeros(b, kb, 0, dtype=torch.long, device=dev)
         # the finished set of each row: K slots, best first; fin_ok marks the filled ones
         fin_tok = torch.zeros(b, kb, t_max, dtype=torch.long, device=dev)
@@ -466,7 +504,7 @@ class _BeamSearch:
             c_beam, c_tok = beam.gather(1, idx), tok.gather(1, idx)
             c_unc, c_cond = unc.gather(1, idx), cond.gather(1, idx)
             is_eos = torch.isin(c_tok, eos)
-            ends = is_eos | (t + 1 == t_max)
+            ends = is_eos | (t + 1 == limit)[:, None]
             # finished: of the first K kept candidates, those that end, while the set has room
             m = min(kb, n_keep)
             room = ~done & (fin_ok.sum(1) < kb)
@@ -476,7 +514,7 @@ class _BeamSearch:
                 seq = torch.zeros(b, m, t_max, dtype=torch.long, device=dev)
                 seq[:, :, :t] = _take(tokens, c_beam[:, :m])
                 seq[:, :, t] = torch.where(grown, c_tok[:, :m], 0)
-                key = c_unc if self.force_length is not None else c_cond
+                key = torch.where(self.forced.to(dev)[:, None], c_unc, c_cond)
                 # merged with the old set, stably (old first): the K best stay
                 all_ok = torch.cat([fin_ok, new], 1)
                 all_key = torch.cat([fin_key, key[:, :m]], 1).masked_fill(~all_ok, float("-inf"))
@@ -571,8 +609,9 @@ class _BeamSearch:
             grown = torch.where(grows[..., None], c_tok[..., None], new_tok.gather(2, at))
             new_tok.scatter_(2, at, grown)
             new_len = new_len + grows.long()
-            ended = is_eos & (not self._limit(t))  # a forced EOS at the limit was a cut
-            new_done = torch.where(cont, is_eos | (t + 1 == t_max), slot_done.gather(1, src))
+            ended = is_eos & ~self._limit(t).to(dev)[:, None]  # a forced EOS at L was a cut
+            at_limit = (t + 1 == self.limit.to(dev))[:, None]
+            new_done = torch.where(cont, is_eos | at_limit, slot_done.gather(1, src))
             new_eos = torch.where(cont, torch.where(ended, c_tok, -1), slot_eos.gather(1, src))
             new_sel = torch.where(cont, ch_sel, slot_sel.gather(1, src))
             new_cond = torch.where(cont, cond.gather(1, pick), slot_cond.gather(1, src))
@@ -611,8 +650,10 @@ class _BeamSearch:
         forced length by the model score (or the selection score, ``forced_ranking``)."""
         final, sel, cond = scores[r].tolist(), slot_sel[r].tolist(), slot_cond[r].tolist()
 
+        forced = bool(self.forced[r])
+
         def key(j: int) -> float:
-            if self.force_length is None:
+            if not forced:
                 return -cond[j]  # Alg. 1: the unweighted conditional score
             # a forced length holds by construction: rank by S, or Alg. 1's C' order
             return -(sel[j] if self.forced_ranking == "selection" else final[j])

@@ -326,3 +326,37 @@ def test_sequences_scores_only_with_output_scores_as_generate():
     assert type(ours) is type(theirs)
     assert theirs.sequences_scores is None and ours.sequences_scores is None
     assert ours.sequences.tolist() == theirs.sequences.tolist()
+
+
+@settings(max_examples=60, **SETTINGS)
+@given(
+    kind=st.sampled_from(["peaked-llama", "gpt2", "bart"]),
+    seed=st.integers(0, 2),
+    rows=st.lists(
+        st.tuples(
+            st.lists(st.integers(3, V - 1), min_size=1, max_size=5),
+            st.integers(1, 6),  # the row's max_new_tokens
+            st.one_of(st.none(), st.integers(0, 5)),  # its forced length
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    beams=st.integers(1, 3),
+    finished=st.sampled_from(["aside", "on_beam"]),
+)
+def test_each_row_keeps_its_own_length_limit_and_forced_length(kind, seed, rows, beams, finished):
+    model = _model(kind, seed)
+    prompts = [p for p, _, _ in rows]
+    limits = [n for _, n, _ in rows]
+    forces = [f if f is not None and f < n else None for _, n, f in rows]
+    ids, mask = _batch(prompts, left=not model.config.is_encoder_decoder)
+    kw = dict(num_beams=beams, eos_token_id=[2], finished=finished)
+    batch = beam_search_batch(model, ids, mask, max_new_tokens=limits, force_length=forces, **kw)
+    for r, p in enumerate(prompts):
+        alone = beam_search(
+            model, torch.tensor([p]), max_new_tokens=limits[r], force_length=forces[r], **kw
+        )
+        _same(batch[r], alone)
+        assert all(len(h.tokens) <= limits[r] for h in batch[r])
+        if forces[r] is not None:
+            assert all(len(h.tokens) == forces[r] for h in batch[r])
