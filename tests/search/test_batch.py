@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from method_testing import small_llama
 from transformers import LogitsProcessor
@@ -343,6 +343,14 @@ def test_sequences_scores_only_with_output_scores_as_generate():
     ),
     beams=st.integers(1, 3),
     finished=st.sampled_from(["aside", "on_beam"]),
+)
+# two forced lengths in one batch (the draws seldom give them)
+@example(
+    kind="peaked-llama",
+    seed=0,
+    rows=[([3, 4, 5], 6, 1), ([6, 7], 6, 4)],
+    beams=2,
+    finished="aside",
 )
 def test_each_row_keeps_its_own_length_limit_and_forced_length(kind, seed, rows, beams, finished):
     model = _model(kind, seed)
