@@ -51,6 +51,7 @@ class NARTasksSettings:
     samples: int = settings_field(16, "SUNDAE samples per input (Appendix A: 16)")
     decode_steps: int = settings_field(15, "SUNDAE / Mask-Predict steps (Appendix A: 15)")
     length_candidates: int = settings_field(3, "top-ℓ lengths decoded")
+    decode_batch: int = settings_field(16, "test sources decoded together")
     temperatures: tuple[float, ...] = settings_field(
         (0.1, 0.4, 0.7, 1.0), "SUNDAE temperatures tried on validation"
     )
@@ -143,6 +144,7 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
                 method=method,
                 data_dir=s.data_dir,
                 progress=True,
+                batch_size=s.decode_batch,
             )
             r["lower-cased"] = _rescore(s, r["predictions"])
             return r
@@ -165,8 +167,10 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
         f"{s.scratch_steps}), scored on {s.test_limit or 'all'} test inputs (evenly spaced, all "
         "references). SUNDAE: best of "
         f"{s.samples} samples, {s.decode_steps} steps at most, top-{s.length_candidates} "
-        "lengths, temperature tuned on validation BLEU. Seconds are wall time per output, one "
-        "input at a time; calls are decoder forward passes per output."
+        "lengths, temperature tuned on validation BLEU. Decoding runs batches of "
+        f"{s.decode_batch} sources (a source's output does not depend on its batch: SUNDAE "
+        "seeds each source's generator from its tokens); seconds are a batch's wall time per "
+        "output; calls are the decoder forward passes each output took part in."
     )
     cols = ["model", "init", "steps", "decoding", "outputs", "BLEU", "ROUGE-L"]
     run.table(rows, [*cols, "seconds/output", "calls/output", "steps/output", "time vs AR"])
@@ -204,6 +208,7 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
                     sampling=sp,
                     method=method,
                     data_dir=s.data_dir,
+                    batch_size=s.decode_batch,
                 )
                 return {k: r[k] for k in ("BLEU", "ROUGE-L", "calls/output", "seconds/output")}
 
@@ -232,6 +237,7 @@ def _tune(s: NARTasksSettings, out: Path, sampling: SamplingConfig) -> dict[str,
             sampling=sp,
             method="sundae",
             data_dir=s.data_dir,
+            batch_size=s.decode_batch,
         )
         scores[str(t)] = r["BLEU"]
     best = max(s.temperatures, key=lambda t: scores[str(t)])
@@ -400,7 +406,8 @@ def nar_speed(s: NARSpeedSettings, run: ExperimentRun) -> None:
         f"{s.model} converted (untrained: the cost of decoding does not depend on the weights "
         f"once every output has the same length), {r['inputs']} {s.task} test sources, every "
         f"output {s.length} tokens (oracle lengths for SUNDAE and Mask-Predict, EOS held off "
-        f"for the autoregressive decoder), {s.rounds} interleaved rounds on {r['device']} "
+        f"for the autoregressive decoder), every method decoding all {r['inputs']} sources as "
+        f"one batch, {s.rounds} interleaved rounds on {r['device']} "
         f"({r['threads']} threads). Ratio: median over rounds of the time ratio to an "
         "adjacent run of beam search, q25–q75 beside it. SUNDAE runs every step (an "
         "untrained model's samples keep changing; a trained one may stop earlier)."

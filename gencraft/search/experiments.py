@@ -29,8 +29,8 @@ from gencraft.experiments import ExperimentRun, machine, register, settings_fiel
 from gencraft.models import load_model
 from gencraft.models.stepping import sequence_log_prob
 from gencraft.progress import tqdm
-from gencraft.search.beam import beam_search
-from gencraft.search.exact import exact_mode
+from gencraft.search.beam import beam_search_batch
+from gencraft.search.exact import exact_mode, exact_mode_batch
 from gencraft.search.prompts import encode_prompt, instruction_texts
 
 TINY = {"model": "tiny-llama"}
@@ -43,7 +43,22 @@ class SpeedSettings:
     beams: int = settings_field(4, "beam size")
     new_tokens: int = settings_field(32, "max_new_tokens")
     rounds: int = settings_field(3, "interleaved timing rounds")
+    batch_size: int = settings_field(8, "prompts per batch (both searches)")
     data_dir: str | None = settings_field(None, "datasets directory")
+
+
+def _batched(model, tok, prompts: list[torch.Tensor], size: int):
+    """Left-padded batches (ids [b, P], attention mask [b, P]) of ``size`` prompts [1, P]."""
+    from gencraft.models.introspect import pad_id
+    from gencraft.models.prompts import pad_batch
+
+    pad = pad_id(model, tok)
+    out = []
+    for i in range(0, len(prompts), size):
+        rows = [{"input_ids": p[0].tolist()} for p in prompts[i : i + size]]
+        batch = pad_batch(rows, pad, left=True)
+        out.append((batch["input_ids"], batch["attention_mask"]))
+    return out
 
 
 def _prompts(tok, n: int, data_dir: str | None, xsum_words: int = 60) -> list[torch.Tensor]:
@@ -61,23 +76,30 @@ def _prompts(tok, n: int, data_dir: str | None, xsum_words: int = 60) -> list[to
     cpu_minutes=3,
 )
 def speed(s: SpeedSettings, run: ExperimentRun) -> None:
-    """gencraft's beam_search vs generate on the same prompts."""
+    """gencraft's beam_search_batch vs generate on the same left-padded batches."""
     model, tok = load_model(s.model)
     prompts = _prompts(tok, s.prompts, s.data_dir)
+    batches = _batched(model, tok, prompts, s.batch_size)
     eos = model.generation_config.eos_token_id
     eos = eos if isinstance(eos, int) else eos[0]
 
     def ours():
         return [
-            beam_search(model, p, num_beams=s.beams, max_new_tokens=s.new_tokens) for p in prompts
+            h
+            for ids, mask in batches
+            for h in beam_search_batch(
+                model, ids, mask, num_beams=s.beams, max_new_tokens=s.new_tokens
+            )
         ]
 
     def theirs():
         with torch.no_grad():
             return [
-                model.generate(
-                    p,
-                    attention_mask=torch.ones_like(p),
+                (row, ids.shape[1])
+                for ids, mask in batches
+                for row in model.generate(
+                    ids,
+                    attention_mask=mask,
                     num_beams=s.beams,
                     do_sample=False,
                     length_penalty=0.0,
@@ -85,12 +107,11 @@ def speed(s: SpeedSettings, run: ExperimentRun) -> None:
                     max_new_tokens=s.new_tokens,
                     pad_token_id=eos,
                 )
-                for p in prompts
             ]
 
     def same(hyps, outs) -> bool:
-        for h, o, p in zip(hyps, outs, prompts, strict=True):
-            want = o[0, p.shape[1] :].tolist()
+        for h, (o, width) in zip(hyps, outs, strict=True):
+            want = o[width:].tolist()
             got = h[0].tokens + ([eos] if h[0].finished else [])
             if want[: len(got)] != got:
                 return False
@@ -112,8 +133,9 @@ def speed(s: SpeedSettings, run: ExperimentRun) -> None:
     g = median(r["gencraft"] for r in rounds)
     b = median(r["generate"] for r in rounds)
     run.text(
-        f"{s.model}, {len(prompts)} prompts, beam {s.beams}, up to {s.new_tokens} new tokens; "
-        "median over interleaved rounds."
+        f"{s.model}, {len(prompts)} prompts in left-padded batches of {s.batch_size} (both "
+        f"searches), beam {s.beams}, up to {s.new_tokens} new tokens; median over interleaved "
+        "rounds."
     )
     run.table(
         [
@@ -178,6 +200,7 @@ class EmptySettings:
     e2e_prompts: int = settings_field(80, "E2E prompts (0: none)")
     max_nodes: int = settings_field(200, "DFS node budget per prompt")
     max_new_tokens: int = settings_field(48, "longest output considered")
+    batch_size: int = settings_field(8, "prompts searched together")
     data_dir: str | None = settings_field(None, "datasets directory")
 
 
@@ -211,21 +234,28 @@ def empty(s: EmptySettings, run: ExperimentRun) -> None:
     summary = []
     for name, texts in sets.items():
         rows = []
-        for i, t in enumerate(tqdm(texts, desc=name)):
+        for i in tqdm(range(0, len(texts), s.batch_size), desc=name):
 
-            def one(t=t):
-                ids = encode_prompt(tok, t)
-                r = exact_mode(model, ids, max_new_tokens=s.max_new_tokens, max_nodes=s.max_nodes)
-                return {
-                    "prompt_tokens": ids.shape[1],
-                    "empty": not r.tokens,
-                    "exact": r.exact,
-                    "log_prob": r.log_prob,
-                    "nodes": r.nodes,
-                    "mode": tok.decode(r.tokens),
-                }
+            def some(i=i, texts=texts):
+                prompts = [encode_prompt(tok, t) for t in texts[i : i + s.batch_size]]
+                ((ids, mask),) = _batched(model, tok, prompts, len(prompts))
+                found = exact_mode_batch(
+                    model, ids, mask, max_new_tokens=s.max_new_tokens, max_nodes=s.max_nodes
+                )
+                return [
+                    {
+                        "prompt_tokens": p.shape[1],
+                        "empty": not r.tokens,
+                        "exact": r.exact,
+                        "log_prob": r.log_prob,
+                        "nodes": r.nodes,
+                        "mode": tok.decode(r.tokens),
+                    }
+                    for p, r in zip(prompts, found, strict=True)
+                ]
 
-            rows.append(run.unit(f"{name} #{i}", one))
+            last = min(i + s.batch_size, len(texts)) - 1
+            rows += run.unit(f"{name} #{i}-{last}", some)
         n = len(rows)
         summary.append(
             {
@@ -240,7 +270,8 @@ def empty(s: EmptySettings, run: ExperimentRun) -> None:
         )
     run.text(
         f"{s.model}: DFS with at most {s.max_nodes} nodes and outputs up to "
-        f"{s.max_new_tokens} tokens. 'empty mode' is an upper bound unless proven."
+        f"{s.max_new_tokens} tokens, {s.batch_size} prompts searched together. 'empty mode' is "
+        "an upper bound unless proven."
     )
     run.table(summary)
     _plot_empty(summary, run.plot_path("empty_by_length.png", "empty modes by prompt length"))
@@ -297,6 +328,7 @@ class ConditionalSettings:
     )
     studies: tuple[str, ...] = settings_field(("degenerate", "length"), "which studies")
     classifiers: str | None = settings_field(None, "a previous run's folder: reuse its classifiers")
+    batch_size: int = settings_field(8, "test prompts searched together")
     data_dir: str | None = settings_field(None, "datasets directory")
     work_dir: str | None = settings_field(None, "working folder (default: the run's)")
 
@@ -489,25 +521,33 @@ def _degenerate_study(args, model, tok, clf, tests, result: dict, out_dir: Path)
     }
     rates = dict.fromkeys(systems, 0)
     examples = []
-    for text, _ in tqdm(tests, desc="degenerate"):
-        ids = encode_prompt(tok, text)
-        row = {}
+    size = getattr(args, "batch_size", 8)
+    bar = tqdm(total=len(tests), desc="degenerate")
+    for i in range(0, len(tests), size):
+        chunk = [text for text, _ in tests[i : i + size]]
+        prompts = [encode_prompt(tok, text) for text in chunk]
+        ((ids, mask),) = _batched(model, tok, prompts, len(prompts))
+        rows = [{} for _ in chunk]
         for name, kw in systems.items():
-            h = beam_search(
-                model, ids, num_beams=args.beams[0], max_new_tokens=args.max_new_tokens, **kw
-            )[0]
-            out_text = tok.decode(h.tokens, skip_special_tokens=True)
-            bad = degenerate(out_text, text, h.finished)
-            rates[name] += bad
-            row[name] = {
-                "text": out_text,
-                "degenerate": bad,
-                "finished": h.finished,
-                "log_prob": sequence_log_prob(model, ids, h.tokens, end=h.finished),
-            }
-        examples.append(row)
+            found = beam_search_batch(
+                model, ids, mask, num_beams=args.beams[0], max_new_tokens=args.max_new_tokens, **kw
+            )
+            for row, text, p, hyps in zip(rows, chunk, prompts, found, strict=True):
+                h = hyps[0]
+                out_text = tok.decode(h.tokens, skip_special_tokens=True)
+                bad = degenerate(out_text, text, h.finished)
+                rates[name] += bad
+                row[name] = {
+                    "text": out_text,
+                    "degenerate": bad,
+                    "finished": h.finished,
+                    "log_prob": sequence_log_prob(model, p, h.tokens, end=h.finished),
+                }
+        examples += rows
+        bar.update(len(chunk))
         result["degenerate"] = {"prompts_done": len(examples), **rates}
         (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
+    bar.close()
     n = len(tests)
     only = {
         a: sum(r[a]["degenerate"] < r[b]["degenerate"] for r in examples)
@@ -520,6 +560,7 @@ def _degenerate_study(args, model, tok, clf, tests, result: dict, out_dir: Path)
         "beam_size": args.beams[0],
         "k": args.k,
         "prompts": n,
+        "batch_size": size,
         "rates": {k: v / n for k, v in rates.items()},
         # the headline pair: the same policy for completed hypotheses
         "beam_rate": rates["beam (on_beam)"] / n,
@@ -538,41 +579,51 @@ def _length_study(args, model, tok, clf, prompts, result: dict, out_dir: Path) -
     length_rows: list[dict] = []
     length_tests = prompts(args.length_prompts or args.test_prompts)
     common = dict(forced_eos=args.forced_eos, length_includes_eos=args.length_includes_eos)
-    for text, ref in tqdm(length_tests, desc="length"):
-        ids = encode_prompt(tok, text)
-        ref_len = len(tok(ref, add_special_tokens=False)["input_ids"])
-        ref_len += int(args.length_includes_eos)
+    size = getattr(args, "batch_size", 8)
+    for i in tqdm(range(0, len(length_tests), size), desc="length"):
+        chunk = length_tests[i : i + size]
+        prompts = [encode_prompt(tok, text) for text, _ in chunk]
+        ((ids, mask),) = _batched(model, tok, prompts, len(prompts))
+        ref_lens = [
+            len(tok(ref, add_special_tokens=False)["input_ids"]) + int(args.length_includes_eos)
+            for _, ref in chunk
+        ]
+        found: dict = {}
         for ratio in args.ratios:
-            n = max(1 + int(args.length_includes_eos), round(ratio * ref_len))
-            tokens = n - int(args.length_includes_eos)  # before EOS
+            # each row its own forced length n and limit (n tokens, then EOS)
+            ns = [max(1 + int(args.length_includes_eos), round(ratio * r)) for r in ref_lens]
+            tokens = [n - int(args.length_includes_eos) for n in ns]  # before EOS
+            limits = [t + 1 for t in tokens]
             for b in args.beams:
-                plain = beam_search(
-                    model, ids, num_beams=b, max_new_tokens=tokens + 1, force_length=n, **common
-                )[0]
-                cond = beam_search(
+                plain = beam_search_batch(
                     model,
                     ids,
+                    mask,
                     num_beams=b,
-                    max_new_tokens=tokens + 1,
-                    force_length=n,
-                    classifier=clf.for_length(n, includes_eos=args.length_includes_eos),
-                    k=args.k,
-                    finished="on_beam",
+                    max_new_tokens=limits,
+                    force_length=ns,
                     **common,
-                )[0]
-                length_rows.append(
-                    {
-                        "ratio": ratio,
-                        "beams": b,
-                        "length": n,
-                        "beam_log_prob": sequence_log_prob(model, ids, plain.tokens),
-                        "cond_log_prob": sequence_log_prob(model, ids, cond.tokens),
-                        "beam_search_score": plain.score,
-                        "cond_search_score": cond.score,
-                        "beam_text": tok.decode(plain.tokens),
-                        "cond_text": tok.decode(cond.tokens),
-                    }
                 )
+                cond = _conditional_rows(model, ids, mask, clf, args, b, ns, limits, common)
+                for j in range(len(chunk)):
+                    found[j, ratio, b] = (ns[j], plain[j][0], cond[j][0])
+        for j, p in enumerate(prompts):  # rows in prompt, ratio, beam order
+            for ratio in args.ratios:
+                for b in args.beams:
+                    n, pl, co = found[j, ratio, b]
+                    length_rows.append(
+                        {
+                            "ratio": ratio,
+                            "beams": b,
+                            "length": n,
+                            "beam_log_prob": sequence_log_prob(model, p, pl.tokens),
+                            "cond_log_prob": sequence_log_prob(model, p, co.tokens),
+                            "beam_search_score": pl.score,
+                            "cond_search_score": co.score,
+                            "beam_text": tok.decode(pl.tokens),
+                            "cond_text": tok.decode(co.tokens),
+                        }
+                    )
         result["length"] = {"k": args.k, "rows": length_rows}
         (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
     summary = [
@@ -590,6 +641,29 @@ def _length_study(args, model, tok, clf, prompts, result: dict, out_dir: Path) -
     }
     (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
     _plot_length(summary, out_dir / "length_control.png", args.model)
+
+
+def _conditional_rows(model, ids, mask, clf, args, beams, ns, limits, common) -> list:
+    """Conditional beam search of each row at its own length n: the length classifier is
+    aimed at one n at a time, so the rows that share an n search together."""
+    out: list = [None] * len(ns)
+    for n in sorted(set(ns)):
+        rows = [i for i, m in enumerate(ns) if m == n]
+        found = beam_search_batch(
+            model,
+            ids[rows],
+            mask[rows],
+            num_beams=beams,
+            max_new_tokens=[limits[i] for i in rows],
+            force_length=n,
+            classifier=clf.for_length(n, includes_eos=args.length_includes_eos),
+            k=args.k,
+            finished="on_beam",
+            **common,
+        )
+        for i, hyps in zip(rows, found, strict=True):
+            out[i] = hyps
+    return out
 
 
 def length_wins(rows: list[dict], beams: int, ratio: float, tol: float = 1e-4) -> dict:

@@ -37,18 +37,22 @@ def test_search_empty_runs_end_to_end_and_resumes(shared_data, tmp_path, capsys)
     assert "| xsum, 10 words | 2 |" in report and "e2e MR" in report
     assert (out / "empty_by_length.png").stat().st_size > 1000
     results = json.loads((out / "results.json").read_text())
-    assert len(results["units"]) == 6  # 3 sets x 2 prompts
+    # 3 sets, each one batch of its 2 prompts (searched together)
+    assert sorted(results["units"]) == ["e2e MR #0-1", "xsum, 10 words #0-1", "xsum, 20 words #0-1"]
+    assert all(len(v) == 2 for v in results["units"].values())
+    assert "2 prompts searched together" not in report and "searched together" in report
     # a stopped run resumes: drop one unit, mark the others, and only the missing one reruns
     units = results["units"]
     dropped = sorted(units)[0]
     del units[dropped]
     for v in units.values():
-        v["mode"] = "KEPT"
+        for row in v:
+            row["mode"] = "KEPT"
     (out / "results.json").write_text(json.dumps(results))
     assert main([*args, "--data-dir", str(shared_data)]) == 0
     again = json.loads((out / "results.json").read_text())["units"]
-    assert again[dropped]["mode"] != "KEPT"
-    assert all(again[k]["mode"] == "KEPT" for k in units)
+    assert all(row["mode"] != "KEPT" for row in again[dropped])
+    assert all(row["mode"] == "KEPT" for k in units for row in again[k])
     # other settings in the same folder are refused, not mixed
     assert main([*args, "--data-dir", str(shared_data), "--max-nodes", "5"]) == 2
     assert "other settings (max_nodes)" in capsys.readouterr().err
