@@ -41,6 +41,7 @@ EXPERIMENT_MODULES = (
     "gencraft.hso.experiments",
     "gencraft.recurrence.experiments",
     "gencraft.nar.experiments",
+    "gencraft.throughput",  # every decoder batched against its loop and its peer
 )
 SCALES = ("tiny", "cpu", "gpu")
 
