@@ -181,8 +181,8 @@ M = [
     (
         "length study on the search objective",
         "gencraft/search/experiments.py",
-        '"beam_log_prob": sequence_log_prob(model, ids, plain.tokens),',
-        '"beam_log_prob": plain.score,',
+        '"beam_log_prob": sequence_log_prob(model, p, pl.tokens),',
+        '"beam_log_prob": pl.score,',
         "tests/search/test_search_classifier.py -k length_study",
     ),
     (
@@ -880,8 +880,8 @@ M = [
     (
         "forced-EOS scoring takes the first EOS id's probability",
         "gencraft/search/beam.py",
-        '        out[:, eos[0]] = torch.logsumexp(logp[:, eos], dim=-1) if self.forced_eos == "model" else 0',
-        '        out[:, eos[0]] = logp[:, eos[0]] if self.forced_eos == "model" else 0',
+        '            end = torch.logsumexp(logp[:, eos], dim=-1) if self.forced_eos == "model" else 0',
+        '            end = logp[:, eos[0]] if self.forced_eos == "model" else 0',
         "tests/search/test_search.py -k several_eos",
     ),
     (
@@ -1151,6 +1151,13 @@ M = [
         "        only_eos = (self.forced & (t >= self.force)) | self._limit(t)",
         "        only_eos = (self.forced & (t >= self.force.max())) | self._limit(t)",
         "tests/search/test_batch.py -k own_length",
+    ),
+    (
+        "batched windows all read the first window's logits",
+        "gencraft/metrics/lm.py",
+        "                rows = logits[i, w.first - 1 - w.start : w.end - w.start].float()",
+        "                rows = logits[0, w.first - 1 - w.start : w.end - w.start].float()",
+        "tests/metrics/test_windowed_nll.py -k batched",
     ),
 ]
 

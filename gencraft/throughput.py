@@ -246,7 +246,7 @@ def _nar_cases(s: ThroughputSettings, name: str, b: int, ctx: dict) -> dict[str,
         "cpu": {},
         "gpu": {"dtype": "bfloat16", "rounds": 5},
     },
-    cpu_minutes=25,
+    cpu_minutes=120,  # the loops at b = 32 dominate; docs/results/throughput.md ran b <= 16
 )
 def throughput(s: ThroughputSettings, run: ExperimentRun) -> None:
     """Outputs per second of each decoder at each batch size, as ratios in one run."""

@@ -39,7 +39,12 @@ def cmd_eval(args: argparse.Namespace) -> None:
     contexts(ids.numel() - 1, cfg.reset_every, model)  # refuses contexts past the positions
     context = cfg.reset_every or ids.numel()
     runs = [
-        ("baseline", lambda: windowed_nll(model, ids, window=context, progress=not args.quiet)),
+        (
+            "baseline",
+            lambda: windowed_nll(
+                model, ids, window=context, progress=not args.quiet, batch_size=args.batch_size
+            ),
+        ),
         (
             "hso",
             lambda: (
@@ -96,7 +101,7 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         e,
         DecodeOptions,
         only=("batch_size",),
-        helps={"batch_size": "contexts (of --reset-every tokens) optimised together"},
+        helps={"batch_size": "contexts (of --reset-every tokens) scored or optimised together"},
     )
     add_dataclass_arguments(e, RunOptions, only=("json", "quiet"))
     add_data_dir(e)

@@ -70,6 +70,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         max_words=args.max_words,
         data_dir=args.data_dir,
         progress=not args.quiet,
+        batch_size=args.batch_size,
     )
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -80,7 +81,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
 
 def add_parser(sub: Any, add_data_dir: Any) -> None:
     from gencraft.cli.flags import add_dataclass_arguments
-    from gencraft.cli.options import DataOptions, RunOptions
+    from gencraft.cli.options import DataOptions, DecodeOptions, RunOptions
     from gencraft.recurrence import RecurrenceConfig
     from gencraft.recurrence.config import RecurrenceTrainConfig
 
@@ -96,6 +97,16 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     e = psub.add_parser("eval", help="per-token/per-word perplexity and FLOPs/token by overlap")
     add_dataclass_arguments(e, RecurrenceEvalCommand)
     add_dataclass_arguments(e, DataOptions, only=("corpus", "split", "max_words"))
+    add_dataclass_arguments(
+        e,
+        DecodeOptions,
+        only=("batch_size",),
+        defaults={"batch_size": 4},
+        helps={
+            "batch_size": "windows per forward of a plain LM (a recurrent model carries its "
+            "state from window to window, so it runs them one at a time)"
+        },
+    )
     add_dataclass_arguments(e, RunOptions, only=("json", "quiet"))
     add_data_dir(e)
     e.set_defaults(func=cmd_eval)

@@ -85,16 +85,20 @@ def windowed_nll(
     window: int,
     overlap: int = 0,
     progress: bool = False,
+    batch_size: int = 1,
 ) -> torch.Tensor:
     """Per-target NLL (nats) of ``ids`` [1, N] (or [N]) under windowed evaluation
     (:func:`window_schedule`): a float tensor [N - 1] whose entry j - 1 is
     -log p(ids[j] | the window that scored it).
 
     ``model`` is a causal LM returning ``.logits`` [1, T, V], each window a fresh forward
-    pass, or a :class:`WindowedScorer` that carries its own state across the windows."""
+    pass (``batch_size`` windows of one length per forward: they are independent), or a
+    :class:`WindowedScorer` that carries its own state across the windows (one at a time:
+    each window needs the state the previous one left)."""
     if isinstance(model, WindowedScorer):
         window_schedule(ids.shape[-1], window, overlap)  # the same checks
         return model.windowed_token_nll(ids, window=window, overlap=overlap)
+    check(batch_size >= 1, f"batch_size must be >= 1, got {batch_size}")
     if ids.dim() == 2:
         check(ids.shape[0] == 1, f"ids must be [1, N] or [N], got shape {tuple(ids.shape)}")
         ids = ids[0]
@@ -104,12 +108,22 @@ def windowed_nll(
     schedule = window_schedule(ids.numel(), window, overlap)  # checks N >= 2 first
     check_positions(model, min(window, ids.numel() - 1), "window")
     out = torch.empty(ids.numel() - 1, dtype=torch.float32)
-    for w in tqdm(schedule, desc="windows", disable=not progress, leave=False):
-        with torch.no_grad():  # scoring only: no graph through the model's weights
-            logits = model(input_ids=ids[w.start : w.end].unsqueeze(0)).logits[0]  # [T, V]
-        rows = logits[w.first - 1 - w.start : w.end - w.start].float()  # predict first..end
-        nll = nn.functional.cross_entropy(rows, ids[w.first : w.end + 1], reduction="none")
-        out[w.first - 1 : w.end] = nll.cpu()
+    chunks = [schedule[i : i + batch_size] for i in range(0, len(schedule), batch_size)]
+    bar = tqdm(total=len(schedule), desc="windows", disable=not progress, leave=False)
+    for chunk in chunks:
+        by_length: dict[int, list[Window]] = {}
+        for w in chunk:  # only the last window can be shorter
+            by_length.setdefault(w.end - w.start, []).append(w)
+        for group in by_length.values():
+            inputs = torch.stack([ids[w.start : w.end] for w in group])  # [n, T]
+            with torch.no_grad():  # scoring only: no graph through the model's weights
+                logits = model(input_ids=inputs).logits  # [n, T, V]
+            for i, w in enumerate(group):
+                rows = logits[i, w.first - 1 - w.start : w.end - w.start].float()
+                nll = nn.functional.cross_entropy(rows, ids[w.first : w.end + 1], reduction="none")
+                out[w.first - 1 : w.end] = nll.cpu()
+        bar.update(len(chunk))
+    bar.close()
     return out
 
 

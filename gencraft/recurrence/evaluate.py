@@ -44,14 +44,18 @@ def evaluate(
     max_words: int | None = None,
     data_dir: str | None = None,
     progress: bool = False,
+    batch_size: int = 1,
 ) -> list[dict[str, Any]]:
     """Per-token and per-word perplexity and FLOPs/token of ``model`` (a :class:`RecurrentLM`
-    carries its state; a plain LM runs each window alone) at each overlap."""
+    carries its state, window after window; a plain LM runs each window alone, ``batch_size``
+    windows per forward) at each overlap."""
     ids, words = subword_stream(corpus, split, tok, data_dir=data_dir, max_words=max_words)
     rows = []
     for o in overlaps:
         t0 = time.perf_counter()
-        nll = windowed_nll(model, ids, window=window, overlap=o, progress=progress)
+        nll = windowed_nll(
+            model, ids, window=window, overlap=o, progress=progress, batch_size=batch_size
+        )
         scores = stream_perplexities(nll, words, time.perf_counter() - t0)
         rows.append({"overlap": o, **scores, "flops/token": flops_per_token(model, window, o)})
     return rows

@@ -1,7 +1,11 @@
 """Beam search and conditional beam search (Yoshida 2023, ch. 7, Alg. 1, eq. 7.4).
 
-Hypotheses are the batch: each step runs the model once on the B live hypotheses' last tokens,
-and the KV cache is reordered to follow the surviving beams (no prefix is recomputed).
+One batched core (:func:`beam_search_batch`): B inputs × K beams advance together, one model
+call per step on the B·K live hypotheses' last tokens, and the KV cache is reordered to follow
+the surviving beams (no prefix is recomputed). All state is ``[B, K, ...]`` tensors (running
+tokens and scores, each row's finished set and stop flag), as in ``transformers``' vectorised
+beam search; a row that is done stays in the batch, masked. :func:`beam_search` is the batch
+of one. Below, B is the beam size of one input.
 
 With ``classifier=None`` and ``finished="aside"`` this is ``transformers``' beam search with
 ``do_sample=False, length_penalty=0.0, early_stopping=True`` and no logits processors: each step

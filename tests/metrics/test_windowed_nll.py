@@ -63,3 +63,17 @@ def test_ids_shape_is_checked():
     model, _ = load_model("tiny-llama", seed=0)
     with pytest.raises(ConfigError, match=r"\[1, N\] or \[N\]"):
         windowed_nll(model, torch.zeros(2, 5, dtype=torch.long), window=4)
+
+
+@pytest.mark.parametrize("batch_size", [2, 3, 8])
+@pytest.mark.parametrize(("window", "overlap"), [(5, 0), (6, 2), (4, 3)])
+def test_batched_windows_equal_one_window_at_a_time(batch_size, window, overlap):
+    """A plain LM's windows are independent: scoring several per forward (the last, shorter
+    window in its own group) gives the same NLL as one at a time."""
+    from gencraft.models import load_model
+
+    model, _ = load_model("tiny-llama", seed=0)
+    ids = torch.randint(3, 200, (1, 23), generator=torch.Generator().manual_seed(1))
+    one = windowed_nll(model, ids, window=window, overlap=overlap)
+    batched = windowed_nll(model, ids, window=window, overlap=overlap, batch_size=batch_size)
+    assert torch.allclose(batched, one, atol=1e-5, rtol=0)
