@@ -3,13 +3,19 @@
 ``from gencraft.progress import tqdm`` is ``tqdm.auto.tqdm`` on a terminal (or in a notebook).
 When the bar would go to a stream that is not a terminal (a redirected ``2> train.log``, a CI
 log), it prints plain lines instead, at most one every ``GENCRAFT_PROGRESS_SECONDS``
-(default 30): carriage returns would turn a long run's log into a few huge lines.
+(default 30, fractions allowed): carriage returns would turn a long run's log into a few huge
+lines. A postfix or description update does not redraw a plain bar; the next line shows it.
+
+transformers' own bars (loading and writing weights) are off inside gencraft's loads and saves
+(:func:`hf_bars_off`) unless ``GENCRAFT_HF_PROGRESS=1``.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, TextIO
 
 from tqdm.auto import tqdm as _auto
@@ -19,9 +25,28 @@ PLAIN_SECONDS = 30.0
 
 def _plain_seconds() -> float:
     try:
-        return float(os.environ.get("GENCRAFT_PROGRESS_SECONDS", PLAIN_SECONDS))
+        value = float(os.environ.get("GENCRAFT_PROGRESS_SECONDS", PLAIN_SECONDS))
     except ValueError:
         return PLAIN_SECONDS
+    return value if value >= 0 else PLAIN_SECONDS
+
+
+@contextmanager
+def hf_bars_off() -> Iterator[None]:
+    """transformers' progress bars off for the block (unless ``GENCRAFT_HF_PROGRESS=1``), then
+    as they were."""
+    if os.environ.get("GENCRAFT_HF_PROGRESS", "").strip().lower() in ("1", "true", "yes"):
+        yield
+        return
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
 
 
 class _Lines:
@@ -53,10 +78,21 @@ class tqdm(_auto):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         notebook = type(self).__mro__[1].__module__.startswith("tqdm.notebook")
         stream = kwargs.get("file") or sys.stderr
-        if not notebook and not _is_terminal(stream) and not isinstance(stream, _Lines):
+        self._plain = not notebook and not _is_terminal(stream)
+        if self._plain and not isinstance(stream, _Lines):
             kwargs["file"] = _Lines(stream)
             kwargs.setdefault("mininterval", _plain_seconds())
             kwargs.setdefault("maxinterval", max(_plain_seconds(), 10.0))
             kwargs.setdefault("ascii", True)
             kwargs.setdefault("ncols", 100)
         super().__init__(*args, **kwargs)
+
+    # a plain bar prints at most one line per interval: these do not redraw it
+    def set_postfix(self, ordered_dict: Any = None, refresh: bool = True, **kwargs: Any) -> None:
+        super().set_postfix(ordered_dict, refresh=refresh and not self._plain, **kwargs)
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        super().set_postfix_str(s, refresh=refresh and not self._plain)
+
+    def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
+        super().set_description(desc, refresh=refresh and not getattr(self, "_plain", False))

@@ -16,26 +16,37 @@ class FocusEvalCommand:
     bertscore: bool = option(True, "BERTScore beside ROUGE (--no-bertscore: skip it)")
 
 
-def _examples(name: str, split: str, data_dir: str | None, limit: int | None) -> list:
-    from gencraft.data import load_summarization
+def _examples(args: argparse.Namespace, split: str, limit: int | None, pairs: bool = False) -> list:
+    """``split`` of ``--task``: XSum/CNN-DM, or your own data (a path). Own data's documents
+    keep all their references for scoring; with ``pairs`` (training) each reference is one
+    example."""
+    from gencraft.cli.options import task_fields
+    from gencraft.data import SummarizationExample, load_summarization
+    from gencraft.data.tasks import is_task_path, task_examples
 
-    rows = load_summarization(name, split, data_dir)
+    if args.task not in ("xsum", "cnndm") and is_task_path(args.task):
+        rows = task_examples(args.task, split, **task_fields(args))
+        if pairs:
+            rows = [SummarizationExample(e.id, e.source, r) for e in rows for r in e.references]
+    else:
+        rows = load_summarization(args.task, split, args.data_dir)
     return rows[:limit] if limit else rows
 
 
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
+    from gencraft.cli.options import default_output
     from gencraft.focus.train import FocusTrainConfig, FocusTrainer
     from gencraft.models import load_model
     from gencraft.utils import seed_everything
 
     cfg = dataclass_from_args(FocusTrainConfig, args)
     seed_everything(cfg.fit.seed)
-    train = _examples(args.task, "train", args.data_dir, args.train_examples)
-    valid = _examples(args.task, "validation", args.data_dir, args.valid_examples)
-    base, tok = load_model(args.model)
+    train = _examples(args, "train", args.train_examples, pairs=True)
+    valid = _examples(args, "validation", args.valid_examples, pairs=True)
+    base, tok = load_model(args.model, dtype=cfg.fit.dtype)
     tag = "fame" if cfg.focus else "base"
-    out = Path(args.output or f"outputs/focus-{args.task}-{Path(args.model).name}-{tag}")
+    out = default_output(args.output, "focus", args.task, args.model, tag)
     print(
         f"{'FAME' if cfg.focus else 'baseline'} on {args.model}: {len(train)} train / "
         f"{len(valid)} valid {args.task} documents -> {out}"
@@ -47,11 +58,10 @@ def cmd_train(args: argparse.Namespace) -> None:
     print(json.dumps(result, indent=2))
 
 
-def _load(checkpoint: str, device: str | None, command: str) -> tuple[Any, Any]:
+def _load(args: argparse.Namespace, command: str) -> tuple[Any, Any]:
     from gencraft.focus.train import load_summarizer
 
-    kw = {"device": device} if device else {}
-    return load_summarizer(checkpoint, command, **kw)
+    return load_summarizer(args.checkpoint, command, device=args.device, dtype=args.dtype)
 
 
 def _summaries(args: argparse.Namespace) -> tuple[list, list[list[str]]]:
@@ -60,8 +70,8 @@ def _summaries(args: argparse.Namespace) -> tuple[list, list[list[str]]]:
     from gencraft.focus.evaluate import summarize
 
     decode = dataclass_from_args(FocusDecodeConfig, args)  # checked before any loading
-    model, tok = _load(args.checkpoint, args.device, args.func.__name__.removeprefix("cmd_"))
-    docs = _examples(args.task, args.split, args.data_dir, args.limit)
+    model, tok = _load(args, args.func.__name__.removeprefix("cmd_"))
+    docs = _examples(args, args.split, args.limit)
     groups = summarize(
         model,
         tok,
@@ -84,6 +94,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
     # "prediction": the first summary, so the file feeds `gencraft eval --field prediction`
     lines = [
         json.dumps({"id": d.id, "prediction": g[0], "summaries": g, "reference": d.summary})
+        if not hasattr(d, "references")
+        else json.dumps(
+            {"id": d.id, "prediction": g[0], "summaries": g, "references": d.references}
+        )
         for d, g in zip(docs, groups, strict=True)
     ]
     if args.output:
@@ -98,7 +112,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.focus.evaluate import diversity_metrics, summary_metrics
 
     docs, groups = _summaries(args)
-    refs, texts = [d.summary for d in docs], [d.document for d in docs]
+    from gencraft.data.tasks import references_of
+
+    refs, texts = [references_of(d) for d in docs], [d.document for d in docs]
     empty = sum(not s.strip() for g in groups for s in g)
     total = sum(len(g) for g in groups)
     if empty:
@@ -111,9 +127,10 @@ def cmd_eval(args: argparse.Namespace) -> None:
         )
     bs = args.bertscore
     if args.samples > 1:
-        row = diversity_metrics(groups, refs, texts, with_bertscore=bs)
+        row = diversity_metrics(groups, refs, texts, with_bertscore=bs, task=args.task)
     else:
-        row = summary_metrics([g[0] for g in groups], refs, texts, with_bertscore=bs)
+        firsts = [g[0] for g in groups]
+        row = summary_metrics(firsts, refs, texts, with_bertscore=bs, task=args.task)
     result = {
         "checkpoint": args.checkpoint,
         "data": args.task,
@@ -139,12 +156,12 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
 
     t = fsub.add_parser("train", help="fine-tune a model with FAME (or the plain baseline)")
     add_dataclass_arguments(t, ModelInput)
-    tasks = ("task", "train_examples", "valid_examples")
+    tasks = ("task", "source_field", "target_field", "train_examples", "valid_examples")
     add_dataclass_arguments(t, DataOptions, only=tasks, defaults={"task": "xsum"})
     add_dataclass_arguments(t, FocusTrainConfig)
     add_dataclass_arguments(t, RunOptions, only=("output", "restart", "quiet"))
     add_data_dir(t)
-    t.set_defaults(func=cmd_train)
+    t.set_defaults(func=cmd_train, output_kind="dir")
 
     commands = (
         ("generate", cmd_generate, "write summaries as JSON lines"),
@@ -153,12 +170,13 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     for name, func, text in commands:
         g = fsub.add_parser(name, help=text)
         add_dataclass_arguments(g, RunInput)
-        data = ("task", "split", "limit")
+        data = ("task", "source_field", "target_field", "split", "limit")
         add_dataclass_arguments(g, DataOptions, only=data, defaults={"task": "xsum"})
         add_dataclass_arguments(g, FocusDecodeConfig)
         add_dataclass_arguments(g, DecodeOptions)
-        add_dataclass_arguments(g, RunOptions, only=("seed", "device", "output", "quiet"))
+        run = ("seed", "device", "dtype", "output", "quiet")
+        add_dataclass_arguments(g, RunOptions, only=run + (("json",) if name == "eval" else ()))
         if name == "eval":
             add_dataclass_arguments(g, FocusEvalCommand)
         add_data_dir(g)
-        g.set_defaults(func=func)
+        g.set_defaults(func=func, output_kind="file")

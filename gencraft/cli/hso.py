@@ -30,7 +30,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.models import load_model
 
     cfg = dataclass_from_args(HSOConfig, args)
-    model, tok = load_model(args.model)
+    model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
     model.eval()
     ids, words = subword_stream(
         args.corpus, args.split, tok, data_dir=args.data_dir, max_words=args.max_words
@@ -103,6 +103,6 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         only=("batch_size",),
         helps={"batch_size": "contexts (of --reset-every tokens) scored or optimised together"},
     )
-    add_dataclass_arguments(e, RunOptions, only=("json", "quiet"))
+    add_dataclass_arguments(e, RunOptions, only=("json", "quiet", "device", "dtype"))
     add_data_dir(e)
     e.set_defaults(func=cmd_eval)

@@ -150,7 +150,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     empty = [str(i + 1) for i, p in enumerate(prompts) if not p.strip()]
     if empty:
         raise GencraftError(f"--prompt number {', '.join(empty)} is empty; give text to continue")
-    model, tok = load_model(args.model, device=args.device)
+    model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
     chat = {"auto": None, "on": True, "off": False}[settings.chat]
     outputs = []
     size = args.batch_size
@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
             "plus its first prompt's index)"
         },
     )
-    add_dataclass_arguments(p, RunOptions, only=("device", "json"))
+    add_dataclass_arguments(p, RunOptions, only=("device", "dtype", "json"))
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("eval", help="score predictions against references")
@@ -243,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         p, RunOptions, only=("output", "device"), defaults={"output": "outputs/demo"}
     )
     _add_data_dir(p)
-    p.set_defaults(func=cmd_demo)
+    p.set_defaults(func=cmd_demo, output_kind="dir")
     return parser
 
 
@@ -262,6 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gencraft.cli.options import check_options
 
         check_options(args)
+        kind = getattr(args, "output_kind", None)
+        if kind and getattr(args, "output", None):  # before anything loads or trains
+            from gencraft.cli.options import check_output
+
+            check_output(args.output, kind)
         if getattr(args, "takes_extra", False):
             args.func(args, extra)
         else:

@@ -31,15 +31,16 @@ class NARGenerateCommand:
     sources: list[str] = option(REQUIRED, "source texts (linearised inputs)")
 
 
-def _load(name_or_dir: str, command: str, seed: int = 0) -> tuple[Any, Any]:
+def _load(args: argparse.Namespace, command: str, seed: int = 0) -> tuple[Any, Any]:
     from gencraft.nar import load_mlm_seq2seq
     from gencraft.training import load_run
 
+    name_or_dir, place = args.model, {"device": args.device, "dtype": args.dtype}
     if Path(name_or_dir).is_dir():  # a trained run (its best/) or one of its model directories
-        model, tok, _ = load_run(name_or_dir, method="nar", command=command)
+        model, tok, _ = load_run(name_or_dir, method="nar", command=command, **place)
         return model, tok
     # a masked LM converted on the spot (untrained for generation)
-    return load_mlm_seq2seq(name_or_dir, seed=seed)
+    return load_mlm_seq2seq(name_or_dir, seed=seed, **place)
 
 
 def _check_flags(model: Any, sampling: Any, args: argparse.Namespace) -> None:
@@ -52,6 +53,7 @@ def _check_flags(model: Any, sampling: Any, args: argparse.Namespace) -> None:
 
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
+    from gencraft.cli.options import default_output
     from gencraft.nar import ConvertConfig, ObjectiveConfig
     from gencraft.nar.config import NARTrainConfig
     from gencraft.nar.train import train
@@ -60,9 +62,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     convert = dataclass_from_args(ConvertConfig, args)
     objective = dataclass_from_args(ObjectiveConfig, args)
     init = "mlm" if convert.pretrained else "scratch"
-    out = Path(
-        args.output or f"outputs/nar-{cfg.task}-{Path(cfg.model).name}-{objective.objective}-{init}"
-    )
+    out = default_output(args.output, "nar", cfg.task, cfg.model, objective.objective, init)
     print(f"{objective.objective} on {cfg.task} from {cfg.model} ({init}): -> {out}")
     summary = train(
         cfg,
@@ -83,7 +83,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from gencraft.nar.evaluate import decode
 
     sampling = dataclass_from_args(SamplingConfig, args)
-    model, tok = _load(args.model, "generate")
+    model, tok = _load(args, "generate")
     _check_flags(model, sampling, args)
     texts, out = decode(
         model,
@@ -114,11 +114,12 @@ def cmd_generate(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.evaluate import format_table
     from gencraft.cli.flags import dataclass_from_args
+    from gencraft.cli.options import task_fields
     from gencraft.nar import SamplingConfig
     from gencraft.nar.evaluate import evaluate
 
     sampling = dataclass_from_args(SamplingConfig, args)
-    model, tok = _load(args.model, "eval")
+    model, tok = _load(args, "eval")
     _check_flags(model, sampling, args)
     r = evaluate(
         model,
@@ -133,6 +134,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         lowercase=args.lowercase,
         progress=not args.quiet,
         batch_size=args.batch_size,
+        **task_fields(args),
     )
     preds = r.pop("predictions")
     if args.output:
@@ -160,7 +162,7 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     add_dataclass_arguments(t, ObjectiveConfig)
     add_dataclass_arguments(t, RunOptions, only=("output", "restart", "quiet"))
     add_data_dir(t)
-    t.set_defaults(func=cmd_train)
+    t.set_defaults(func=cmd_train, output_kind="dir")
 
     def decoding_flags(q: argparse.ArgumentParser) -> None:
         add_dataclass_arguments(q, NARDecodeCommand)
@@ -175,7 +177,7 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
             },
         )
         add_dataclass_arguments(q, SamplingConfig)
-        add_dataclass_arguments(q, RunOptions, only=("json",))
+        add_dataclass_arguments(q, RunOptions, only=("json", "device", "dtype"))
 
     g = psub.add_parser("generate", help="decode the given sources")
     decoding_flags(g)
@@ -185,8 +187,11 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     e = psub.add_parser("eval", help="BLEU, ROUGE-L, seconds and model calls per output")
     decoding_flags(e)
     add_dataclass_arguments(
-        e, DataOptions, only=("task", "split", "limit", "lowercase"), defaults={"task": "e2e"}
+        e,
+        DataOptions,
+        only=("task", "source_field", "target_field", "split", "limit", "lowercase"),
+        defaults={"task": "e2e"},
     )
     add_dataclass_arguments(e, RunOptions, only=("output", "quiet"))
     add_data_dir(e)
-    e.set_defaults(func=cmd_eval)
+    e.set_defaults(func=cmd_eval, output_kind="file")

@@ -7,6 +7,8 @@ stay accepted as hidden aliases for one release (``--beams``, ``--data``, ``--ma
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
 from gencraft.config import REQUIRED, option, positive
 
@@ -24,6 +26,9 @@ class RunOptions:
     quiet: bool = option(False, "no progress bars")
     seed: int = option(0, "seed of every random draw")
     device: str | None = option(None, "cpu, cuda or cuda:N (default: cuda when there is one)")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
+        "auto", "dtype the model's weights load in (auto: float32; float16 needs a GPU)"
+    )
     json: bool = option(False, "print JSON instead of a table")
 
 
@@ -35,9 +40,22 @@ class DataOptions:
         None, "directory holding the dataset folders (default: $GENCRAFT_DATA_DIR)"
     )
     task: str | None = option(
-        None, "dataset (default: the one the run was trained on)", aliases=("--data",)
+        None,
+        "dataset, or a path to your own (.jsonl/.csv/.tsv file or a folder of split files; "
+        "default: the one the run was trained on)",
+        aliases=("--data",),
     )
-    corpus: str | None = option(None, "LM corpus (default: the one the run was trained on)")
+    source_field: str | None = option(
+        None, "with --task PATH: the input field (default: the run's, else 'source')"
+    )
+    target_field: str | None = option(
+        None, "with --task PATH: the reference field (default: the run's, else 'target')"
+    )
+    corpus: str | None = option(
+        None,
+        "LM corpus, or a path to your own (a text file, or a folder with train.txt, valid.txt "
+        "and test.txt; default: the one the run was trained on)",
+    )
     split: str = option("test", "split")
     limit: int | None = option(None, "the first N examples (default: all)")
     max_words: int | None = option(None, "the first N words of the split (default: all)")
@@ -90,6 +108,57 @@ class ModelInput:
     model: str = option(REQUIRED, "registered name (gencraft models), local path or hub id")
 
 
+def default_output(output: str | None, *parts: str) -> Path:
+    """``--output``, else ``outputs/<parts joined by ->`` (a dataset or model given as a path
+    contributes its last name, not the path); checked writable (:func:`check_output`)."""
+    from gencraft.data.own import spec_name
+
+    out = Path(output) if output else Path("outputs")
+    if not output:
+        out = out / "-".join(spec_name(str(p).rstrip("/")) for p in parts if p)
+    check_output(out, "dir")
+    return out
+
+
+def check_output(path: str | Path, kind: str) -> None:
+    """Refuse in one line, before any work, an output that cannot be written: a folder
+    (``kind="dir"``: a run, plots) where a file is, or a file where a folder is, or a place
+    this user cannot write. A folder is created; a new file is probed and removed."""
+    import os
+
+    from gencraft.errors import ConfigError
+
+    p = Path(path).expanduser()
+    if kind == "dir" and p.exists() and not p.is_dir():
+        raise ConfigError(f"--output {path} is a file; give a folder (this writes several files)")
+    if kind == "file" and p.is_dir():
+        raise ConfigError(f"--output {path} is a folder; give a file name")
+    folder = p if kind == "dir" else p.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if kind == "file" and not p.exists():
+            p.touch()
+            p.unlink()
+        probe = folder / f".gencraft-write-check-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+        if kind == "file" and p.exists() and not os.access(p, os.W_OK):
+            raise PermissionError(f"{p} is read-only")
+    except OSError as err:
+        why = err.strerror or str(err)
+        raise ConfigError(f"--output {path}: cannot write there ({why})") from None
+
+
+def task_fields(args: object, recorded: dict | None = None) -> dict[str, str]:
+    """``source_field``/``target_field`` for a task given as a path: the flags, else the
+    ones the run was trained with, else ``source``/``target``."""
+    recorded = recorded or {}
+    return {
+        name: getattr(args, name, None) or recorded.get(name) or default
+        for name, default in (("source_field", "source"), ("target_field", "target"))
+    }
+
+
 #: the shared groups whose values every command checks right after parsing
 CHECKED = (DataOptions, DecodeOptions)
 
@@ -97,8 +166,14 @@ CHECKED = (DataOptions, DecodeOptions)
 def check_options(args: object) -> None:
     """Validate the shared option groups a command took (each group's ``__post_init__`` on
     the flags it has), so ``--num-beams 0`` or ``--limit -1`` is refused in one line before
-    anything loads."""
+    anything loads; likewise ``--device`` and ``--dtype`` (a missing CUDA, a misspelt device,
+    float16 on a CPU)."""
     import dataclasses
+
+    if hasattr(args, "device") or hasattr(args, "dtype"):
+        from gencraft.models.placement import check_placement
+
+        check_placement(getattr(args, "device", None), getattr(args, "dtype", None))
 
     for cls in CHECKED:
         names = {f.name for f in dataclasses.fields(cls)}

@@ -18,7 +18,17 @@ CORPORA = ("ptb", "wikitext-2", "wikitext-103")
 class PointerTrainCommand:
     """The model ``pointer train`` builds (the preset, and fields that override it)."""
 
-    corpus: Literal["ptb", "wikitext-2", "wikitext-103"] = option("ptb", "word-level corpus")
+    corpus: str = option(
+        "ptb",
+        "word-level corpus: ptb, wikitext-2, wikitext-103, or a path to your own (a text file, "
+        "or a folder with train.txt, valid.txt and test.txt)",
+    )
+
+    def __post_init__(self) -> None:
+        from gencraft.config import own_task
+
+        self.corpus = own_task(self.corpus, CORPORA, "corpus")
+
     preset: Literal["small", "medium", "tiny"] = option("small", "model size (the paper's)")
     pointer: bool = option(True, "the pointer sentinel (--no-pointer: the plain LSTM baseline)")
     window: int | None = option(None, "pointer window L (default: the preset's, 100)")
@@ -50,12 +60,14 @@ def _corpus(name: str, data_dir: str | None, splits: tuple[str, ...]) -> Any:
 
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
+    from gencraft.cli.options import default_output
     from gencraft.pointer import PointerSentinelLSTM, PointerTrainer, TrainConfig
     from gencraft.pointer.evaluate import evaluate
     from gencraft.pointer.train import preset_k1
     from gencraft.utils import seed_everything
 
     cfg = dataclass_from_args(TrainConfig, args)  # settings are checked before any loading
+    args.corpus = dataclass_from_args(PointerTrainCommand, args).corpus  # a path: absolute
     if cfg.k1 != (k1 := preset_k1(args.preset, cfg.k1)):
         cfg.k1 = k1
         print(f"--preset {args.preset}: k1 = {k1} (the paper's schedule; --k1 {cfg.bptt}: k1 = k2)")
@@ -70,10 +82,8 @@ def cmd_train(args: argparse.Namespace) -> None:
                 overrides[key] = value
     seed_everything(args.seed)
     model = PointerSentinelLSTM.from_preset(args.preset, len(corpus.vocab), **overrides)
-    out = Path(
-        args.output
-        or f"outputs/pointer-{args.corpus}-{args.preset}{'' if args.pointer else '-lstm'}"
-    )
+    tag = "" if args.pointer else "lstm"
+    out = default_output(args.output, "pointer", args.corpus, args.preset, tag)
     n_params = sum(p.numel() for p in model.parameters())
     kind = "pointer sentinel-LSTM" if args.pointer else "plain LSTM"
     n_ptr = model.num_pointer_parameters()
@@ -105,7 +115,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.pointer.evaluate import evaluate
     from gencraft.training import load_run
 
-    model = load_run(args.checkpoint, method="pointer", command="eval", device=args.device).model
+    place = {"device": args.device, "dtype": args.dtype}
+    model = load_run(args.checkpoint, method="pointer", command="eval", **place).model
     corpus_name = args.corpus or model.config.extra.get("corpus")
     if not corpus_name:
         raise GencraftError("the checkpoint records no corpus; pass --corpus")
@@ -141,7 +152,8 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     from gencraft.pointer.evaluate import evaluate
     from gencraft.training import load_run
 
-    ptr = load_run(args.pointer, method="pointer", command="analyze").model
+    place = {"device": args.device, "dtype": args.dtype}
+    ptr = load_run(args.pointer, method="pointer", command="analyze", **place).model
     name = args.corpus or ptr.config.extra.get("corpus")
     if not name:
         raise GencraftError("the checkpoint records no corpus; pass --corpus")
@@ -150,7 +162,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, Any] = {"corpus": name, "split": args.split}
     if args.baseline:
-        base = load_run(args.baseline, method="pointer", command="analyze").model
+        base = load_run(args.baseline, method="pointer", command="analyze", **place).model
         if base.config.vocab_size != ptr.config.vocab_size:
             raise GencraftError("the two checkpoints have different vocabularies")
         ids = corpus[args.split]
@@ -199,14 +211,14 @@ def add_parser(sub: Any, data_dir_arg: Any) -> None:
     add_dataclass_arguments(t, TrainConfig)
     add_dataclass_arguments(t, RunOptions, only=("output", "restart", "quiet"))
     data_dir_arg(t)
-    t.set_defaults(func=cmd_train)
+    t.set_defaults(func=cmd_train, output_kind="dir")
 
     e = psub.add_parser("eval", help="perplexity of a trained checkpoint")
     add_dataclass_arguments(e, RunInput)
     add_dataclass_arguments(e, DataOptions, only=("split", "corpus"))
     add_dataclass_arguments(e, DecodeOptions, only=("batch_size",), defaults={"batch_size": 1})
     add_dataclass_arguments(e, PointerEvalCommand)
-    add_dataclass_arguments(e, RunOptions, only=("device",))
+    add_dataclass_arguments(e, RunOptions, only=("device", "dtype"))
     data_dir_arg(e)
     e.set_defaults(func=cmd_eval)
 
@@ -215,6 +227,6 @@ def add_parser(sub: Any, data_dir_arg: Any) -> None:
     add_dataclass_arguments(a, DataOptions, only=("split", "corpus"))
     add_dataclass_arguments(a, DecodeOptions, only=("batch_size",), defaults={"batch_size": 1})
     out = {"output": "outputs/pointer-analysis"}
-    add_dataclass_arguments(a, RunOptions, only=("output",), defaults=out)
+    add_dataclass_arguments(a, RunOptions, only=("output", "device", "dtype"), defaults=out)
     data_dir_arg(a)
-    a.set_defaults(func=cmd_analyze)
+    a.set_defaults(func=cmd_analyze, output_kind="dir")

@@ -25,6 +25,15 @@ class PrefixGenerateCommand:
 
 
 @dataclass
+class PrefixBaseInput:
+    base: str | None = option(
+        None,
+        "the frozen base the prefixes go on (default: the one the run records; for a run "
+        "moved to another machine, or a base moved to another folder)",
+    )
+
+
+@dataclass
 class PrefixAnalyzeCommand:
     compare: list[str] = option([], "more checkpoints whose spectra share the plot")
 
@@ -38,12 +47,13 @@ def _prefix_config(args: argparse.Namespace) -> Any:
 
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
+    from gencraft.cli.options import default_output
     from gencraft.prefix.config import PrefixTrainConfig
     from gencraft.prefix.train import train
 
     cfg = dataclass_from_args(PrefixTrainConfig, args)
     prefix = _prefix_config(args)
-    out = Path(args.output or f"outputs/prefix-{cfg.task}-{Path(cfg.model).name}-{cfg.method}")
+    out = default_output(args.output, "prefix", cfg.task, cfg.model, cfg.method)
     print(f"{cfg.method} on {cfg.model}, {cfg.task}: -> {out}")
     summary = train(
         cfg, prefix, out, data_dir=args.data_dir, progress=not args.quiet, restart=args.restart
@@ -52,17 +62,41 @@ def cmd_train(args: argparse.Namespace) -> None:
     print(json.dumps(summary, indent=2))
 
 
-def _load(checkpoint: str, command: str) -> tuple[Any, Any, dict]:
+def _load(checkpoint: str, command: str, args: argparse.Namespace) -> tuple[Any, Any, dict]:
+    """The run, on ``--base`` when given (a prefix run's frozen base), on ``--device`` in
+    ``--dtype``."""
+    from gencraft.errors import GencraftError
+    from gencraft.models.method import place
     from gencraft.prefix.variants import rebuild_finetuned
     from gencraft.training import load_run
 
-    return load_run(checkpoint, method="prefix", command=command, build=rebuild_finetuned)
+    base = getattr(args, "base", None)
+    device, dtype = getattr(args, "device", None), getattr(args, "dtype", None)
+
+    def build(d: Path, settings: dict) -> Any:
+        run = rebuild_finetuned(d, settings)
+        if run is not None and base:
+            raise GencraftError(
+                f"--base does not apply: {checkpoint} is a fine-tuned model with its own weights"
+            )
+        return run if run is None else run._replace(model=place(run.model, device, dtype))
+
+    return load_run(
+        checkpoint,
+        method="prefix",
+        command=command,
+        build=build,
+        base=base,
+        device=device,
+        dtype=dtype,
+    )
 
 
 def _run(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    from gencraft.cli.options import task_fields
     from gencraft.prefix.evaluate import evaluate
 
-    model, tok, meta = _load(args.checkpoint, command)
+    model, tok, meta = _load(args.checkpoint, command, args)
     task = args.task or meta["train"]["task"]
     return evaluate(
         model,
@@ -78,6 +112,7 @@ def _run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         batch_size=args.batch_size,
         progress=not args.quiet,
         lowercase=getattr(args, "lowercase", False),
+        **task_fields(args, meta["train"]),
     )
 
 
@@ -90,7 +125,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
             raise GencraftError(f"--source number {', '.join(empty)} is empty; give an input")
         from gencraft.prefix.evaluate import generate_outputs
 
-        model, tok, _ = _load(args.checkpoint, "generate")
+        model, tok, _ = _load(args.checkpoint, "generate", args)
         outs = generate_outputs(
             model,
             tok,
@@ -141,6 +176,7 @@ def run_label(checkpoint: str) -> str:
 
 
 def cmd_analyze(args: argparse.Namespace) -> None:
+    from gencraft.cli.options import task_fields
     from gencraft.data.tasks import source_of, task_examples
     from gencraft.models.prompts import pad_batch
     from gencraft.prefix.analysis import (
@@ -153,13 +189,14 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     out = Path(args.output)
     curves, maps = {}, None
     for checkpoint in [args.checkpoint, *args.compare]:
-        model, tok, meta = _load(checkpoint, "analyze")
+        model, tok, meta = _load(checkpoint, "analyze", args)
         if not hasattr(model, "recording"):
             from gencraft.errors import GencraftError
 
             raise GencraftError(f"{checkpoint} is a fine-tuned model without prefixes")
         task = args.task or meta["train"]["task"]
-        examples = task_examples(task, args.split, args.data_dir)[: args.limit]
+        fields = task_fields(args, meta["train"])
+        examples = task_examples(task, args.split, args.data_dir, **fields)[: args.limit]
         rows = [
             {"input_ids": tok(source_of(e), add_special_tokens=False)["input_ids"][:128]}
             for e in examples
@@ -201,7 +238,7 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     add_dataclass_arguments(t, PrefixTrainCommand)
     add_dataclass_arguments(t, RunOptions, only=("output", "restart", "quiet"))
     add_data_dir(t)
-    t.set_defaults(func=cmd_train)
+    t.set_defaults(func=cmd_train, output_kind="dir")
 
     commands = (
         ("generate", cmd_generate, "outputs of a trained run (JSON lines)"),
@@ -210,22 +247,26 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     for name, func, text in commands:
         g = psub.add_parser(name, help=text)
         add_dataclass_arguments(g, RunInput)
-        data = ("task", "split", "limit", "spread") + (("lowercase",) if name == "eval" else ())
+        data = ("task", "source_field", "target_field", "split", "limit", "spread")
+        data += ("lowercase",) if name == "eval" else ()
         add_dataclass_arguments(g, DataOptions, only=data)
         decode = {"num_beams": 5, "max_new_tokens": 64, "batch_size": 16}  # the paper's beam
         add_dataclass_arguments(g, DecodeOptions, defaults=decode)
-        add_dataclass_arguments(g, RunOptions, only=("output", "quiet", "json"))
+        add_dataclass_arguments(g, PrefixBaseInput)
+        add_dataclass_arguments(g, RunOptions, only=("output", "quiet", "json", "device", "dtype"))
         if name == "generate":
             add_dataclass_arguments(g, PrefixGenerateCommand)
         add_data_dir(g)
-        g.set_defaults(func=func)
+        g.set_defaults(func=func, output_kind="file")
 
     a = psub.add_parser("analyze", help="attention maps and the spectrum plot (PNG)")
     add_dataclass_arguments(a, RunInput)
     add_dataclass_arguments(a, PrefixAnalyzeCommand)
     data = {"split": "validation", "limit": 64}  # the paper averages 1000 inputs
-    add_dataclass_arguments(a, DataOptions, only=("task", "split", "limit"), defaults=data)
+    data_flags = ("task", "source_field", "target_field", "split", "limit")
+    add_dataclass_arguments(a, DataOptions, only=data_flags, defaults=data)
     out = {"output": "outputs/prefix-analysis"}
-    add_dataclass_arguments(a, RunOptions, only=("output",), defaults=out)
+    add_dataclass_arguments(a, PrefixBaseInput)
+    add_dataclass_arguments(a, RunOptions, only=("output", "device", "dtype"), defaults=out)
     add_data_dir(a)
-    a.set_defaults(func=cmd_analyze)
+    a.set_defaults(func=cmd_analyze, output_kind="dir")

@@ -25,6 +25,7 @@ class RecurrenceEvalCommand:
 
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
+    from gencraft.cli.options import default_output
     from gencraft.recurrence import RecurrenceConfig
     from gencraft.recurrence.config import RecurrenceTrainConfig
     from gencraft.recurrence.train import train
@@ -32,7 +33,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     cfg = dataclass_from_args(RecurrenceTrainConfig, args)
     rec = dataclass_from_args(RecurrenceConfig, args)
     kind = "recurrent" if rec.recurrent else "baseline"
-    out = Path(args.output or f"outputs/recurrence-{cfg.corpus}-{Path(cfg.model).name}-{kind}")
+    out = default_output(args.output, "recurrence", cfg.corpus, cfg.model, kind)
     print(f"{kind} {cfg.model} on {cfg.corpus}, windows of {rec.window}: -> {out}")
     summary = train(
         cfg, rec, out, data_dir=args.data_dir, progress=not args.quiet, restart=args.restart
@@ -44,21 +45,24 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.evaluate import format_table
     from gencraft.errors import GencraftError
+    from gencraft.models import load_model
     from gencraft.recurrence.evaluate import evaluate
     from gencraft.training import load_run
 
-    if Path(args.model).is_dir():  # a trained run (its best/) or one of its model directories
-        model, tok, meta = load_run(args.model, method="recurrence", command="eval")
+    place = {"device": args.device, "dtype": args.dtype}
+    run = None
+    if Path(args.model).is_dir():  # a trained run (its best/), or any model folder
+        run = load_run(args.model, method="recurrence", command="eval", **place)
+    if run is not None and "recurrence" in run.settings:
+        model, tok, meta = run
         window = args.window or meta["recurrence"]["window"]
-        corpus = args.corpus or meta["train"]["corpus"]
-    else:  # any causal LM, each window run alone
-        from gencraft.models import load_model
-
+        corpus = args.corpus or meta.get("train", {}).get("corpus") or "wikitext-2"
+    else:  # any causal LM (a name or a folder of your own), each window run alone
         if args.window is None:
             raise GencraftError(
                 "--window is needed for a model that is not a trained recurrence run"
             )
-        model, tok = load_model(args.model)
+        model, tok = run[:2] if run is not None else load_model(args.model, **place)
         window, corpus = args.window, args.corpus or "wikitext-2"
     rows = evaluate(
         model,
@@ -92,7 +96,7 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     add_dataclass_arguments(t, RecurrenceConfig)
     add_dataclass_arguments(t, RunOptions, only=("output", "restart", "quiet"))
     add_data_dir(t)
-    t.set_defaults(func=cmd_train)
+    t.set_defaults(func=cmd_train, output_kind="dir")
 
     e = psub.add_parser("eval", help="per-token/per-word perplexity and FLOPs/token by overlap")
     add_dataclass_arguments(e, RecurrenceEvalCommand)
@@ -107,6 +111,6 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
             "state from window to window, so it runs them one at a time)"
         },
     )
-    add_dataclass_arguments(e, RunOptions, only=("json", "quiet"))
+    add_dataclass_arguments(e, RunOptions, only=("json", "quiet", "device", "dtype"))
     add_data_dir(e)
     e.set_defaults(func=cmd_eval)

@@ -104,7 +104,7 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     )
     add_dataclass_arguments(p, ReproduceCommand)
     add_dataclass_arguments(p, RunOptions, only=("output", "restart"))
-    p.set_defaults(func=cmd_reproduce, takes_extra=True)
+    p.set_defaults(func=cmd_reproduce, takes_extra=True, output_kind="dir")
 
 
 def benchmark_main(doc: str, commands: dict[str, str], argv: list[str] | None = None) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gencraft.config import REQUIRED, option
@@ -26,7 +25,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, list[list[int]]]:
 
     if not args.prompt or any(not p.strip() for p in args.prompt):
         raise GencraftError("give one or more non-empty prompts")
-    model, tok = load_model(args.model, device=args.device)
+    model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
     prompts = [
         encode_prompt(tok, p)[0].tolist() if not args.raw else tok(p)["input_ids"]
         for p in args.prompt
@@ -152,6 +151,7 @@ def cmd_mode(args: argparse.Namespace) -> None:
 
 def cmd_train_classifier(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
+    from gencraft.cli.options import default_output
     from gencraft.models import load_model
     from gencraft.search.prompts import encode_prompt, instruction_texts
     from gencraft.search.train import (
@@ -164,7 +164,7 @@ def cmd_train_classifier(args: argparse.Namespace) -> None:
 
     cfg = dataclass_from_args(ClassifierTrainConfig, args)  # checked before any loading
     seed_everything(args.seed)
-    model, tok = load_model(args.model, device=args.device)
+    model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
     kinds = ("xsum", "e2e") if args.prompts == "both" else (args.prompts,)
     texts = [
         t
@@ -174,7 +174,7 @@ def cmd_train_classifier(args: argparse.Namespace) -> None:
         )
     ]
     prompts = [encode_prompt(tok, t) for t in texts]
-    out = Path(args.output or f"outputs/search-clf-{args.attribute}-{Path(args.model).name}")
+    out = default_output(args.output, "search-clf", args.attribute, args.model)
     print(
         f"{args.attribute} classifier for {args.model}: {len(prompts)} train prompts x "
         f"{args.samples_per_prompt} samples -> {out}"
@@ -222,7 +222,7 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
             add_dataclass_arguments(g, SearchDecodeConfig, exclude={"length", "max_nodes"})
         else:
             add_dataclass_arguments(g, SearchDecodeConfig, only=mode)
-        add_dataclass_arguments(g, RunOptions, only=("device",))
+        add_dataclass_arguments(g, RunOptions, only=("device", "dtype"))
         g.set_defaults(func=func)
 
     t = ssub.add_parser(
@@ -232,6 +232,6 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     add_dataclass_arguments(t, ClassifierTrainConfig)
     add_dataclass_arguments(t, ClassifierDataConfig)
     add_dataclass_arguments(t, DecodeOptions, only=("max_new_tokens",))
-    add_dataclass_arguments(t, RunOptions, only=("device", "output", "restart"))
+    add_dataclass_arguments(t, RunOptions, only=("output", "restart"))
     add_data_dir(t)
-    t.set_defaults(func=cmd_train_classifier)
+    t.set_defaults(func=cmd_train_classifier, output_kind="dir")

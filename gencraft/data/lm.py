@@ -149,27 +149,43 @@ def load_lm_corpus(
     """Load ``wikitext-2``, ``wikitext-103`` or ``ptb`` from the official files.
 
     Args:
-        name: corpus name.
+        name: corpus name, or a path (:mod:`gencraft.data.own`: a text file for every
+            split, or a folder with ``train.txt``/``valid.txt``/``test.txt``).
         data_dir: directory holding ``<name>/`` (default ``$GENCRAFT_DATA_DIR``; downloads the
             official release when neither is set and the network is allowed).
         splits: which splits to tokenise (``train`` is always read, for the vocabulary).
     """
-    if name not in _FILES:
+    from gencraft.data.own import corpus_files, is_path_spec
+
+    name = os.fspath(name)
+    own = name not in _FILES and is_path_spec(name, LM_CORPORA)
+    if name not in _FILES and not own:
         raise DataError(
-            f"unknown language-modelling corpus {name!r}; choose one of {', '.join(LM_CORPORA)}"
+            f"unknown language-modelling corpus {name!r}; choose one of {', '.join(LM_CORPORA)}, "
+            "or give a text file or a folder with train.txt, valid.txt and test.txt"
         )
-    pattern = _FILES[name]
-    root = dataset_dir(name, data_dir, pattern.format(split="train"))
     keep = [normalize_split(s, LM_SPLITS) for s in splits]
     wanted = list(dict.fromkeys(["train", *keep]))
+    if own:  # a researcher's text file or folder
+        files = corpus_files(name, tuple(wanted))
+    else:
+        pattern = _FILES[name]
+        root = dataset_dir(name, data_dir, pattern.format(split="train"))
+        files = {s: root / pattern.format(split=s) for s in wanted}
     lines: dict[str, list[str]] = {}
     tokens: dict[str, list[str]] = {}
     for split in wanted:
-        path = root / pattern.format(split=split)
+        path = files[split]
         if not path.is_file():
             raise DataError(f"{name}: missing {path}")
         lines[split], tokens[split] = _read_split(path)
+    if own:
+        empty = [str(files[s]) for s in wanted if not any(t != EOS for t in tokens[s])]
+        if empty:
+            raise DataError(f"{empty[0]}: no words in it (an empty split)")
     vocab = Vocabulary.build(tokens["train"])
+    if own and UNK not in vocab.stoi:  # own text: words unseen in training become <unk>
+        vocab = Vocabulary([*vocab.itos, UNK], [*vocab.counts, 0])
     encoded = {s: vocab.encode(tokens[s]) for s in wanted}
     return LMCorpus(
         name,

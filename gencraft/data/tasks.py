@@ -17,8 +17,30 @@ class Pair:
     target: str
 
 
-def task_examples(task: str, split: str, data_dir: str | None = None) -> list[Any]:
-    """Evaluation examples (``.input``/``.source`` and ``.references``) of a task's split."""
+def is_task_path(task: str) -> bool:
+    """Whether ``task`` is a researcher's own data (a path), not a named task."""
+    from gencraft.data.own import is_path_spec
+
+    return is_path_spec(task, GENERATION_TASKS)
+
+
+def task_examples(
+    task: str,
+    split: str,
+    data_dir: str | None = None,
+    *,
+    source_field: str = "source",
+    target_field: str = "target",
+) -> list[Any]:
+    """Evaluation examples (``.input``/``.source`` and ``.references``) of a task's split.
+
+    ``task`` is a named task or a path (:mod:`gencraft.data.own`: a ``.jsonl``/``.csv``/
+    ``.tsv`` file or a folder of split files, whose fields ``source_field`` and
+    ``target_field`` name)."""
+    if task not in GENERATION_TASKS and is_task_path(task):
+        from gencraft.data.own import load_task_path
+
+        return load_task_path(task, split, source_field, target_field)
     if task in ("e2e", "webnlg", "dart"):
         from gencraft.data.data2text import load_data_to_text
 
@@ -32,7 +54,10 @@ def task_examples(task: str, split: str, data_dir: str | None = None) -> list[An
         from gencraft.data.summarization import load_summarization
 
         return load_summarization("xsum", split, data_dir)
-    raise ConfigError(f"unknown task {task!r}; choose one of {', '.join(GENERATION_TASKS)}")
+    raise ConfigError(
+        f"unknown task {task!r}; choose one of {', '.join(GENERATION_TASKS)}, or give a path "
+        "(a .jsonl, .csv or .tsv file, or a folder of train/valid/test files)"
+    )
 
 
 def pick_examples(examples: list[Any], limit: int | None, spread: bool = False) -> list[Any]:
@@ -55,10 +80,11 @@ def references_of(example: Any) -> list[str]:
     return list(refs)
 
 
-def training_pairs(task: str, split: str, data_dir: str | None = None) -> list[Pair]:
-    """(source, target) pairs: every reference of every input is one pair."""
+def training_pairs(task: str, split: str, data_dir: str | None = None, **fields: str) -> list[Pair]:
+    """(source, target) pairs: every reference of every input is one pair (``fields``:
+    ``source_field``/``target_field`` of a task given as a path)."""
     return [
         Pair(source_of(e), r)
-        for e in task_examples(task, split, data_dir)
+        for e in task_examples(task, split, data_dir, **fields)
         for r in references_of(e)
     ]

@@ -34,6 +34,8 @@ class SummaryEncoder:
         max_source: tokens kept from the document.
         max_target: tokens kept from the summary (EOS included).
         instruction: causal LMs: the text before the document.
+        eos_token_id: the id ending targets (default: the tokenizer's EOS, else SEP); the
+            trainers pass :func:`gencraft.models.introspect.target_eos_id`.
     """
 
     tokenizer: PreTrainedTokenizerBase
@@ -41,6 +43,7 @@ class SummaryEncoder:
     max_source: int = 512
     max_target: int = 64
     instruction: str = INSTRUCTION
+    eos_token_id: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_source < 1 or self.max_target < 2:
@@ -48,15 +51,23 @@ class SummaryEncoder:
                 f"max_source must be >= 1 and max_target >= 2, got {self.max_source}, "
                 f"{self.max_target}"
             )
-        if self.tokenizer.eos_token_id is None and self.tokenizer.sep_token_id is None:
+        tok = self.tokenizer
+        if self.eos_token_id is None and tok.eos_token_id is None and tok.sep_token_id is None:
             raise GencraftError("the tokenizer has neither an EOS nor a SEP token to end targets")
         if not self.is_encoder_decoder:
             self._prefix, self._suffix = self._prompt_parts()
 
     @property
     def eos_id(self) -> int:
+        if self.eos_token_id is not None:
+            return self.eos_token_id
         tok = self.tokenizer
         return tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens a causal LM's prompt adds around the document (0 for an encoder-decoder)."""
+        return 0 if self.is_encoder_decoder else len(self._prefix) + len(self._suffix)
 
     def _prompt_parts(self) -> tuple[list[int], list[int]]:
         tok = self.tokenizer

@@ -80,6 +80,10 @@ def summarize(
     base = model.base if is_fame else model
     is_ed = bool(base.config.is_encoder_decoder)
     enc = SummaryEncoder(tokenizer, is_ed, max_source=max_source)
+    from gencraft.models.introspect import check_token_budget
+
+    budget = ("--max-source", "--max-new-tokens")  # refused, or cut to fit with a note
+    enc.max_source = check_token_budget(base, max_source, max_new_tokens, budget, enc.prompt_tokens)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else enc.eos_id
     kw = _generate_kwargs(decoding, num_beams, top_k, top_p)
     kw.update(max_new_tokens=max_new_tokens, pad_token_id=pad)
@@ -117,7 +121,7 @@ def summarize(
 
 def summary_metrics(
     predictions: Sequence[str],
-    references: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
     documents: Sequence[str],
     *,
     with_bertscore: bool = True,
@@ -125,13 +129,15 @@ def summary_metrics(
 ) -> dict[str, float]:
     """Table 1 columns: R1/R2/RL (``task``'s convention, :func:`~gencraft.metrics.score_task`),
     BERTScore F1 (local MiniLM), length (words), repetition (%), ROUGE-1 precision against
-    the document (%)."""
-    r = score_task(task, predictions, references)
+    the document (%). A document with several references (own data) is scored against all
+    of them for ROUGE, against its first for BERTScore."""
+    r = score_task(task, predictions, references, metrics=("rouge1", "rouge2", "rougeL"))
     row = {"R1": r["rouge1"], "R2": r["rouge2"], "RL": r["rougeL"]}
     if with_bertscore:
         from gencraft.metrics import bertscore
 
-        row["BERTScore"] = bertscore(predictions, references)["bertscore_f"]
+        firsts = [x if isinstance(x, str) else x[0] for x in references]
+        row["BERTScore"] = bertscore(predictions, firsts)["bertscore_f"]
     row.update(
         length=mean_length(predictions),
         repetition=repetition_rate(predictions),
@@ -142,10 +148,11 @@ def summary_metrics(
 
 def diversity_metrics(
     groups: Sequence[Sequence[str]],
-    references: Sequence[str],
+    references: Sequence[str] | Sequence[Sequence[str]],
     documents: Sequence[str],
     *,
     with_bertscore: bool = True,
+    task: str = "xsum",
 ) -> dict[str, float]:
     """Table 2 columns over ``groups`` (the samples of each document): unique outputs per
     document, distinct-1/2/3 (%, over each document's samples, averaged), and the Table 1
@@ -157,5 +164,5 @@ def diversity_metrics(
     flat = [s for g in groups for s in g]
     refs = [r for r in references for _ in range(n)]
     docs = [d for d in documents for _ in range(n)]
-    row.update(summary_metrics(flat, refs, docs, with_bertscore=with_bertscore))
+    row.update(summary_metrics(flat, refs, docs, with_bertscore=with_bertscore, task=task))
     return row

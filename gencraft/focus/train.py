@@ -31,6 +31,7 @@ from gencraft.focus.data import SummaryEncoder, collate
 from gencraft.focus.features import HeadFeatures, collect_features, head_losses
 from gencraft.focus.functional import frequent_token_ids
 from gencraft.focus.model import FocusConfig, FocusForConditionalGeneration
+from gencraft.models.introspect import check_token_budget, target_eos_id
 from gencraft.progress import tqdm
 from gencraft.training import (
     fit,
@@ -81,12 +82,24 @@ class FocusTrainer:
         self.cfg, self.tok, self.progress = config, tokenizer, progress
         self.out = Path(output_dir)
         self.accelerator = make_accelerator(
-            config.fit.mixed_precision, gradient_accumulation_steps=config.fit.grad_accum
+            config.fit.mixed_precision,
+            config.fit.device,
+            gradient_accumulation_steps=config.fit.grad_accum,
         )
         self.base_name_or_path = base_name_or_path
         torch.manual_seed(config.fit.seed)
         is_ed = bool(base.config.is_encoder_decoder)
-        self.encoder = SummaryEncoder(tokenizer, is_ed, config.max_source, config.max_target)
+        eos = target_eos_id(base, tokenizer)  # what generation stops on
+        self.encoder = SummaryEncoder(
+            tokenizer, is_ed, config.max_source, config.max_target, eos_token_id=eos
+        )
+        self.encoder.max_source = check_token_budget(  # refused, or cut to fit with a note
+            base,
+            config.max_source,
+            config.max_target,
+            ("--max-source", "--max-target"),
+            reserve=self.encoder.prompt_tokens,
+        )
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.train_rows = [self.encoder.encode(e.document, e.summary) for e in train]
         self.valid_rows = [self.encoder.encode(e.document, e.summary) for e in valid]

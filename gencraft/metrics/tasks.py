@@ -37,12 +37,18 @@ SUMMARY_METRICS = ("rouge1", "rouge2", "rougeL")
 class TaskConvention:
     """How a task is scored: its metrics, which ROUGE, whether ROUGE stems."""
 
-    family: Literal["data-to-text", "summarization"]
+    family: Literal["data-to-text", "summarization", "own"]
     metrics: tuple[str, ...]
     rouge: Literal["coco", "rouge-score"]
     stem: bool
 
     def describe(self, lowercase: bool) -> str:
+        if self.family == "own":
+            case = " lower-cased (asked for by the caller)" if lowercase else ""
+            return (
+                f"own data{case}: BLEU (sacrebleu, 13a) and ROUGE-L (pycocoevalcap) as for E2E; "
+                "rouge1/2/L F1 (rouge-score, Porter stemming)"
+            )
         if self.family == "summarization":
             return "ROUGE F1 (rouge-score, Porter stemming, lower-cased by its tokenizer)"
         case = (
@@ -62,6 +68,21 @@ CONVENTIONS: dict[str, TaskConvention] = {
     "xsum": _SUMM,
     "cnndm": _SUMM,
 }
+#: a task given as a path (a researcher's own data): both families' main metrics
+OWN_CONVENTION = TaskConvention("own", ("BLEU", "ROUGE-L", *SUMMARY_METRICS), "coco", True)
+
+
+def convention_of(task: str) -> TaskConvention:
+    """The scoring convention of a named task, or :data:`OWN_CONVENTION` for a path."""
+    if task in CONVENTIONS:
+        return CONVENTIONS[task]
+    from gencraft.data.tasks import is_task_path
+
+    if is_task_path(task):
+        return OWN_CONVENTION
+    raise ConfigError(
+        f"no scoring convention for task {task!r}; known: {sorted(CONVENTIONS)} or a path"
+    )
 
 
 def _references(task: str, references: Sequence[Any], n: int) -> list[list[str]]:
@@ -100,9 +121,7 @@ def score_task(
     Returns ``{metric: value, ..., "convention": text}``; percentages except NIST, CIDEr
     (x1) and TER (a fraction), as the papers print them.
     """
-    if task not in CONVENTIONS:
-        raise ConfigError(f"no scoring convention for task {task!r}; known: {sorted(CONVENTIONS)}")
-    conv = CONVENTIONS[task]
+    conv = convention_of(task)
     if not outputs:
         raise ConfigError(f"no outputs to score for task {task!r}")
     refs = _references(task, references, len(outputs))
@@ -115,6 +134,13 @@ def score_task(
         from gencraft.metrics.text import rouge
 
         scores: dict[str, Any] = rouge(preds, refs, wanted, use_stemmer=conv.stem)
+    elif conv.family == "own":
+        from gencraft.metrics.text import rouge
+
+        summ = tuple(m for m in wanted if m in SUMMARY_METRICS)
+        scores = _data_to_text(preds, refs, tuple(m for m in wanted if m not in summ))
+        scores |= rouge(preds, refs, summ, use_stemmer=True) if summ else {}
+        scores = {m: scores[m] for m in wanted}
     else:
         scores = _data_to_text(preds, refs, wanted)
     scores["convention"] = conv.describe(lowercase)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
@@ -126,6 +127,35 @@ def model_name(model: nn.Module) -> str | None:
     return str(name) if name else None
 
 
+def same_model_name(a: str | None, b: str | None) -> bool:
+    """Whether two recorded model names name the same model: registered names and hub ids
+    as written, local paths resolved (``own/x`` and ``/abs/own/x`` are one folder)."""
+    if not a or not b:
+        return False
+    from gencraft.models.registry import canonical_name
+
+    return canonical_name(a) == canonical_name(b)
+
+
+def fingerprint(model: nn.Module) -> str:
+    """A short hash of ``model``'s architecture config (names and paths left out) and its
+    first 64 input-embedding rows: the same model wherever its folder lies, a different one
+    when its weights differ."""
+    import hashlib
+    import json
+
+    hf = hf_model(model)
+    config = {
+        k: v
+        for k, v in hf.config.to_dict().items()
+        if not k.startswith("_") and k not in ("transformers_version", "torch_dtype", "dtype")
+    }
+    digest = hashlib.sha1(json.dumps(config, sort_keys=True, default=str).encode())
+    emb = hf.get_input_embeddings().weight[:64].detach().float().cpu()
+    digest.update(emb.mul(1e4).round().to(torch.int64).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def context_size(model: nn.Module) -> int | None:
     """Positions the generating stack can take (None: no absolute limit)."""
     return _first(
@@ -138,6 +168,55 @@ def encoder_context_size(model: nn.Module) -> int | None:
     cfg = hf_model(model).config
     enc = getattr(cfg, "encoder", cfg)
     return _first(enc, "max_position_embeddings", "n_positions", "max_source_positions")
+
+
+def check_token_budget(
+    model: nn.Module,
+    source: int,
+    target: int,
+    flags: tuple[str, str] = ("--max-source-tokens", "--max-target-tokens"),
+    reserve: int = 0,
+) -> int:
+    """The source budget the model's positions hold, or a one-line refusal naming the flag.
+
+    An encoder-decoder's source is checked against its encoder, its target against its
+    decoder: a budget past either is refused. A causal LM reads ``reserve`` (a prompt
+    template's tokens) + source + target in one sequence: a source budget that leaves no room
+    for the target is refused, one that leaves too little is cut to fit, with a note. Models
+    without an absolute limit (relative positions) keep ``source``."""
+    import warnings
+
+    from gencraft.errors import ConfigError
+
+    name = model_name(model) or type(hf_model(model)).__name__
+    if is_encoder_decoder(model):
+        enc, dec = encoder_context_size(model), context_size(model)
+        if enc is not None and source > enc:
+            raise ConfigError(
+                f"{flags[0]} {source} exceeds the {enc} encoder positions of {name}; "
+                f"use at most {enc}"
+            )
+        if dec is not None and target + 1 > dec:  # + the decoder's start token
+            raise ConfigError(
+                f"{flags[1]} {target} exceeds the {dec} decoder positions of {name} (with its "
+                f"start token); use at most {dec - 1}"
+            )
+        return source
+    ctx = context_size(model)
+    if ctx is None or reserve + source + target <= ctx:
+        return source
+    room = ctx - reserve - target
+    if room < 1 or source > ctx:
+        raise ConfigError(
+            f"{flags[0]} {source} + {flags[1]} {target} (+ {reserve} prompt tokens) exceed the "
+            f"{ctx} positions of {name}; make them sum to at most {ctx - reserve}"
+        )
+    warnings.warn(
+        f"{flags[0]} {source} cut to {room}: {name} holds {ctx} positions, {target} of them "
+        f"for {flags[1]}" + (f" and {reserve} for the prompt" if reserve else ""),
+        stacklevel=2,
+    )
+    return room
 
 
 def _ids(value: Any) -> list[int]:
@@ -161,6 +240,34 @@ def eos_ids(model: nn.Module, eos_token_id: int | list[int] | None = None) -> li
     if not ids:
         raise GencraftError("eos_token_id is an empty list")
     return ids
+
+
+def target_eos_id(model: nn.Module, tokenizer: Any) -> int:
+    """The EOS a method appends to training targets: the generation config's first EOS id
+    (what generation stops on), even where the tokenizer names another one, which is said
+    once (a GGUF conversion under some transformers releases gave SmolLM2's tokenizer
+    ``<|im_start|>`` as EOS). Without one in the configs: the tokenizer's EOS, else SEP."""
+    import warnings
+
+    own = getattr(tokenizer, "eos_token_id", None)
+    if own is None:
+        own = getattr(tokenizer, "sep_token_id", None)
+    try:
+        eos = eos_ids(model)[0]
+    except GencraftError:
+        if own is None:
+            raise GencraftError(
+                "neither the model's configs nor its tokenizer define an EOS"
+            ) from None
+        return int(own)
+    if own is not None and own != eos:
+        name = model_name(model) or type(hf_model(model)).__name__
+        warnings.warn(
+            f"{name}: the tokenizer's EOS is id {own}, the generation config's is {eos}; "
+            f"training targets end with {eos}, the id generation stops on",
+            stacklevel=2,
+        )
+    return eos
 
 
 def decoder_start_id(model: nn.Module) -> int:

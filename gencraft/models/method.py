@@ -187,6 +187,10 @@ class MethodModel(nn.Module):
         }
         if base_name_or_path:
             config["base_name_or_path"] = base_name_or_path
+        if config.get("base_name_or_path"):  # a local path absolute: the run loads anywhere
+            from gencraft.models.registry import canonical_name
+
+            config["base_name_or_path"] = canonical_name(config["base_name_or_path"])
         return save_head(
             directory,
             config=config,
@@ -209,15 +213,16 @@ class MethodModel(nn.Module):
             base = kwargs.pop("base_model")
         payload, tensors = cls.read_saved(d)
         task = cls.base_task(payload)
+        load_kw = {k: kwargs.pop(k) for k in ("device", "dtype", "seed") if k in kwargs}
         if task is not None:
-            load_kw = {k: kwargs.pop(k) for k in ("device", "dtype", "seed") if k in kwargs}
             base = load_base(d, payload, task, base, **load_kw)
         try:
-            return cls.from_method_payload(payload, tensors, base, **kwargs)
+            model = cls.from_method_payload(payload, tensors, base, **kwargs)
         except (KeyError, TypeError) as err:
             raise GencraftError(
                 f"{d}: the saved settings do not fit {cls.__name__} ({err})"
             ) from None
+        return place(model, load_kw.get("device"), load_kw.get("dtype"))
 
     @classmethod
     def read_saved(cls, directory: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -243,6 +248,19 @@ class MethodModel(nn.Module):
         raise GencraftError(
             f"{d} is not a saved {cls.__name__} (expected {METHOD_CONFIG} and {METHOD_WEIGHTS})"
         )
+
+
+def place(model: nn.Module, device: Any = None, dtype: Any = None) -> nn.Module:
+    """``model`` moved to ``device`` and cast to ``dtype`` (a ``--dtype`` name or a
+    ``torch.dtype``; ``auto``/None: as it is), both checked first."""
+    if device is None and dtype is None:
+        return model
+    from gencraft.models.placement import check_placement
+
+    dev, dt = check_placement(device, dtype)
+    if dt is not None:
+        model = model.to(dt)
+    return model.to(dev) if device is not None else model
 
 
 def load_method(directory: str | Path, base: nn.Module | None = None, **kwargs: Any) -> Any:

@@ -36,7 +36,10 @@ def save_head(
     (d / config_name).write_text(json.dumps({**config, "base_saved": bool(save_base)}, indent=2))
     save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(d / weights_name))
     if save_base:
-        base.save_pretrained(d / "base")
+        from gencraft.progress import hf_bars_off
+
+        with hf_bars_off():
+            base.save_pretrained(d / "base")
     return d
 
 
@@ -82,11 +85,13 @@ def load_base(
 ) -> nn.Module:
     """The base of a saved head: ``base_model`` if given, else ``directory/base``, else
     :func:`gencraft.models.load_model` on the recorded ``base_name_or_path``."""
-    if base_model is not None:
+    if base_model is not None and not isinstance(base_model, str):
         return base_model
     from gencraft.models.registry import _AUTO_CLASSES, load_model
 
     d = Path(directory)
+    if isinstance(base_model, str):  # another base than the recorded one (--base)
+        return load_model(base_model, task=task, **load_kw)[0]
     if config.get("base_saved"):
         return _AUTO_CLASSES[task].from_pretrained(d / "base").eval()
     if config.get("base_name_or_path"):

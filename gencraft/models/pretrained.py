@@ -18,6 +18,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -99,16 +100,50 @@ def minilm_bert2bert() -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     return model, tok
 
 
+GGUF_SPECIAL = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "padding_token_id"}
+
+
+def gguf_special_ids(gguf_file: Path) -> dict[str, int]:
+    """``{"bos": id, "eos": id, "pad": id}`` as the GGUF file's metadata records them
+    (``tokenizer.ggml.*_token_id``; a missing one is left out)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf_file)).fields
+    out = {}
+    for name, key in GGUF_SPECIAL.items():
+        field = fields.get(f"tokenizer.ggml.{key}")
+        if field is not None and field.data:
+            out[name] = int(field.parts[field.data[0]][0])
+    return out
+
+
+def set_special_ids(model: Any, tokenizer: Any, ids: dict[str, int]) -> None:
+    """The tokenizer's, config's and generation config's BOS/EOS/pad set to ``ids`` (the
+    GGUF metadata's), whatever this transformers release's GGUF conversion made of them."""
+    for name, i in ids.items():
+        setattr(tokenizer, f"{name}_token", tokenizer.convert_ids_to_tokens(i))
+        for cfg in (model.config, model.generation_config):
+            setattr(cfg, f"{name}_token_id", i)
+
+
 def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
     """Dequantise a GGUF causal LM to fp32 and save it (model + tokenizer) as safetensors.
+    BOS, EOS and pad come from the GGUF metadata (:func:`gguf_special_ids`): under
+    transformers 5.14 the converted tokenizer's EOS was ``<|im_start|>``, the metadata's is
+    ``<|im_end|>``.
 
     The save goes to a temporary sibling directory that is renamed at the end, so an
     interrupted conversion never leaves a half-written cache behind.
     """
     require("gguf", "gguf", "loading GGUF files")
     src_dir, name = str(gguf_file.parent), gguf_file.name
+    from gencraft.progress import hf_bars_off
+
     tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
-    gguf_model = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=name, dtype=torch.float32)
+    with hf_bars_off():
+        gguf_model = AutoModelForCausalLM.from_pretrained(
+            src_dir, gguf_file=name, dtype=torch.float32
+        )
     cfg = gguf_model.config.to_dict()
     cfg.pop("quantization_config", None)
     if cfg.get("model_type") != "llama":
@@ -120,6 +155,7 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
     model = LlamaForCausalLM(config)
     model.load_state_dict(gguf_model.state_dict(), strict=True)
     model.generation_config = gguf_model.generation_config
+    set_special_ids(model, tokenizer, gguf_special_ids(gguf_file))
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
@@ -137,8 +173,12 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
 
 
 def smollm2_dir() -> Path:
-    """Safetensors cache of SmolLM2-135M-Instruct, converting from GGUF on first use."""
-    out = cache_dir("models", "smollm2-135m-instruct")
+    """Safetensors cache of SmolLM2-135M-Instruct, converting from GGUF on first use. One
+    cache per transformers release: releases convert the GGUF tokenizer differently, so a
+    conversion made by one is never read by another."""
+    import transformers
+
+    out = cache_dir("models", f"smollm2-135m-instruct-transformers-{transformers.__version__}")
     if not (out / _DONE_MARKER).is_file():
         print(
             f"gencraft: converting SmolLM2-135M-Instruct GGUF to safetensors in {out} "

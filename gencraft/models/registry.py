@@ -126,8 +126,17 @@ def _finish(
         model = model.to(dtype)
     if device is not None:
         model = model.to(device)
-    model.gencraft_name = name  # the name it was loaded by (models.introspect.model_name)
+    model.gencraft_name = canonical_name(name)  # what a run records (introspect.model_name)
     return model.eval(), tokenizer
+
+
+def canonical_name(name: str) -> str:
+    """A model as a run records it: a registered name or hub id as written, a local path made
+    absolute, so the run loads its base from any working directory."""
+    if name in MODELS:
+        return name
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.exists() else name
 
 
 def _unknown_name_error(name: str, reason: str) -> ModelLoadError:
@@ -180,8 +189,11 @@ def _load_hf(path_or_id: str, task: str | None, dtype: torch.dtype | None, **kw)
         ) from err
     task = task or infer_task(config)
     cls = _AUTO_CLASSES[task]
+    from gencraft.progress import hf_bars_off
+
     try:
-        model = cls.from_pretrained(path_or_id, dtype=dtype or torch.float32, **gguf_kw, **kw)
+        with hf_bars_off():  # transformers' "Loading weights" bars (GENCRAFT_HF_PROGRESS=1)
+            model = cls.from_pretrained(path_or_id, dtype=dtype or torch.float32, **gguf_kw, **kw)
         tokenizer = AutoTokenizer.from_pretrained(path_or_id, **gguf_kw)
     except Exception as err:  # missing/damaged weights or tokenizer files, wrong Auto class
         damaged = damaged_weights(local if local.exists() else None)
@@ -241,7 +253,7 @@ def load_model(
     name_or_path: str,
     *,
     task: Task | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     device: str | torch.device | None = None,
     seed: int = 0,
     **from_pretrained_kw,
@@ -258,8 +270,9 @@ def load_model(
             converted from GGUF to safetensors on first use (see
             :mod:`gencraft.models.pretrained`). ``tiny-*`` models are random, seeded by ``seed``.
         task: ``causal-lm``, ``seq2seq-lm``, ``encoder`` or ``masked-lm``; inferred when None.
-        dtype: parameter dtype (default float32).
-        device: where to put the model.
+        dtype: parameter dtype (default float32), a ``torch.dtype`` or a ``--dtype`` name
+            (``auto``, ``float32``, ``bfloat16``, ``float16``).
+        device: where to put the model (checked first: :mod:`gencraft.models.placement`).
         seed: initialisation seed for the ``tiny-*`` models and minilm-l6's new MLM head.
         **from_pretrained_kw: passed to ``from_pretrained`` for paths and hub ids.
 
@@ -272,6 +285,11 @@ def load_model(
             (with the pip command), hub id while offline, or a task the checkpoint lacks.
     """
     _check_task(task)
+    if isinstance(dtype, str) or device is not None:  # one line for a bad device or dtype
+        from gencraft.models.placement import check_placement
+
+        checked, dtype = check_placement(device, dtype)
+        device = checked if device is not None else None
     if name_or_path in TINY_BUILDERS:
         want = MODELS[name_or_path].task
         if task not in (None, want):

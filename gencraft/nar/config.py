@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from gencraft.config import check, option, positive
+from gencraft.config import check, option, own_task, positive
 from gencraft.training.config import FitConfig, fit_options
 
 OBJECTIVES = ("sundae", "mask-predict", "autoregressive")
@@ -125,7 +125,15 @@ class NARTrainConfig:
     use AdamW with linear warm-up and decay."""
 
     model: str = option("minilm-l6", "the masked LM (registered name or local path)")
-    task: Literal["e2e", "webnlg", "dart"] = option("e2e", "seq2seq task: e2e, webnlg or dart")
+    task: str = option(
+        "e2e",
+        "seq2seq task: e2e, webnlg, dart, or your own data as a path (a .jsonl, .csv or .tsv "
+        "file, or a folder of train/valid/test files: docs/datasets.md)",
+    )
+    source_field: str = option("source", "with --task PATH: the field holding the input")
+    target_field: str = option(
+        "target", "with --task PATH: the field holding the reference (text or a list)"
+    )
     preset: Literal["auto", "pretrained", "scratch"] = option(
         "auto", "Appendix A's settings: auto picks pretrained or scratch by --pretrained"
     )
@@ -137,7 +145,7 @@ class NARTrainConfig:
     fit: FitConfig = fit_options(batch_size=32, warmup=0.05)
 
     def __post_init__(self) -> None:
-        check(self.task in NAR_TASKS, f"task must be one of {NAR_TASKS}, got {self.task!r}")
+        self.task = own_task(self.task, NAR_TASKS)
         check(self.preset in ("auto", *PRESETS), f"unknown preset {self.preset!r}")
         check(self.lr is None or self.lr > 0, f"lr must be > 0, got {self.lr}")
         check(self.weight_decay is None or self.weight_decay >= 0, "weight_decay must be >= 0")

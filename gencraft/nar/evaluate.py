@@ -148,11 +148,14 @@ def evaluate(
     lowercase: bool = False,
     progress: bool = False,
     batch_size: int | None = 16,
+    source_field: str = "source",
+    target_field: str = "target",
 ) -> dict[str, Any]:
     """BLEU and ROUGE-L of decoded outputs by the task's one convention
     (:func:`gencraft.metrics.score_task`; ``lowercase``: references lower-cased like the
     outputs of an uncased tokenizer), with decoding time and model calls per output."""
-    examples = pick_examples(task_examples(task, split, data_dir), limit, spread=True)
+    fields = {"source_field": source_field, "target_field": target_field}  # own data's
+    examples = pick_examples(task_examples(task, split, data_dir, **fields), limit, spread=True)
     sources = [source_of(e) for e in examples]
     refs = [references_of(e) for e in examples]
     texts, out = decode(

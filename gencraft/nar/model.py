@@ -103,7 +103,10 @@ class NARSeq2Seq(EncoderDecoderModel, MethodModel):
     def from_pretrained(cls, directory: str | Path, base: Any = None, **kwargs: Any) -> Any:
         if base is not None:
             raise GencraftError("a NARSeq2Seq holds its whole network: it takes no base=")
-        return super().from_pretrained(directory, **kwargs)
+        from gencraft.models.method import place
+
+        device, dtype = kwargs.pop("device", None), kwargs.pop("dtype", None)
+        return place(super().from_pretrained(directory, **kwargs), device, dtype)
 
     def use_tokenizer(self, tokenizer: Any) -> Any:
         configure_special_ids(self, tokenizer)
@@ -236,12 +239,17 @@ def mlm_to_seq2seq(
     return _convert(_mlm(name_or_model, seed)[0], seed, settings)
 
 
-def load_mlm_seq2seq(name: str, *, seed: int = 0, **convert: Any) -> tuple[NARSeq2Seq, Any]:
+def load_mlm_seq2seq(
+    name: str, *, seed: int = 0, device: Any = None, dtype: Any = None, **convert: Any
+) -> tuple[NARSeq2Seq, Any]:
     """(:func:`mlm_to_seq2seq` model, its tokenizer) with the special ids set from the
-    tokenizer ([CLS] starts an autoregressive decoder, [SEP] ends it)."""
+    tokenizer ([CLS] starts an autoregressive decoder, [SEP] ends it), on ``device`` in
+    ``dtype`` (:func:`gencraft.models.method.place`)."""
+    from gencraft.models.method import place
+
     mlm, tok = _mlm(name, seed)
     model = _convert(mlm, seed, ConvertConfig(**convert))
-    return configure_special_ids(model, tok), tok
+    return place(configure_special_ids(model, tok), device, dtype), tok
 
 
 def _nar_classes(mlm: nn.Module) -> tuple[type, type, str]:

@@ -39,11 +39,14 @@ def encode_pairs(
     max_target: int,
     limit: int | None = None,
     data_dir: str | None = None,
+    source_field: str = "source",
+    target_field: str = "target",
 ) -> tuple[list[tuple[list[int], list[int]]], int]:
     """(source ids, target ids) for every reference of ``split`` (targets without special
     tokens), and how many pairs were dropped for a target longer than ``max_target``."""
     pairs, dropped = [], 0
-    for e in task_examples(task, split, data_dir):
+    fields = {"source_field": source_field, "target_field": target_field}
+    for e in task_examples(task, split, data_dir, **fields):
         src = tok(source_of(e), truncation=True, max_length=max_source)["input_ids"]
         for ref in references_of(e):
             tgt = tok(ref, add_special_tokens=False)["input_ids"]
@@ -76,13 +79,18 @@ def train(
         raise ConfigError(f"--objective {objective.objective} needs a bidirectional decoder")
     lr, wd, objective = cfg.resolved(convert, objective)
     out = Path(output)
-    model, tok = load_mlm_seq2seq(cfg.model, seed=cfg.fit.seed, **asdict(convert))
+    model, tok = load_mlm_seq2seq(
+        cfg.model, seed=cfg.fit.seed, dtype=cfg.fit.dtype, **asdict(convert)
+    )
     top = model.max_target_length
     enc = dict(max_source=cfg.max_source_tokens, max_target=top, data_dir=data_dir)
+    enc.update(source_field=cfg.source_field, target_field=cfg.target_field)
     train_pairs, dropped = encode_pairs(cfg.task, "train", tok, limit=cfg.train_examples, **enc)
     valid_pairs, _ = encode_pairs(cfg.task, "validation", tok, limit=cfg.valid_examples, **enc)
     check(bool(train_pairs), "no training pairs")
-    acc = make_accelerator(cfg.fit.mixed_precision, gradient_accumulation_steps=cfg.fit.grad_accum)
+    acc = make_accelerator(
+        cfg.fit.mixed_precision, cfg.fit.device, gradient_accumulation_steps=cfg.fit.grad_accum
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd)
     settings = {
         "train": settings_of(cfg),

@@ -100,6 +100,13 @@ class TrainConfig:
     mixed_precision: Literal["no", "bf16", "fp16"] = option(
         "no", "autocast the forward and loss (accelerate): no, bf16 or fp16 (GPU)"
     )
+    device: str | None = option(
+        None, "cpu or cuda (default: cuda when there is one; more: accelerate launch)"
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = option(
+        "auto",
+        "dtype of the weights (auto: float32); the LSTM stays float32 (docs/pointer.md)",
+    )
     save_every: float = option(
         300.0,
         "seconds between periodic checkpoints (as on every trainer)",

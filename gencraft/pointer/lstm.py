@@ -303,7 +303,11 @@ class PointerSentinelLSTM(MethodModel):
 
     @classmethod
     def from_pretrained(
-        cls, directory: str | Path, base: Any = None, device: str | torch.device | None = None
+        cls,
+        directory: str | Path,
+        base: Any = None,
+        device: str | torch.device | None = None,
+        dtype: Any = None,
     ) -> PointerSentinelLSTM:
-        model = super().from_pretrained(directory)
-        return model.to(device) if device is not None else model
+        """The saved model, on ``device`` in ``dtype`` (its LSTM stays float32)."""
+        return super().from_pretrained(directory, device=device, dtype=dtype)

@@ -13,6 +13,11 @@ Shapes: B batch, T time steps, E input size, H hidden size, N layers.
 
 With zoneout off (rates 0, or eval with ``zoneout_eval="none"``) each layer runs the fused
 ``nn.LSTM`` kernel; otherwise a step loop over the same parameters. Both give the same numbers.
+
+The LSTM is a float32 island: its weights stay float32 when the model is cast (``.to(bf16)``,
+``--dtype``), and it runs outside autocast (``--mixed-precision``) on float32 inputs, with
+its outputs cast back to the input's dtype. A recurrence over hundreds of steps accumulates
+rounding in half precision, and the CPU's oneDNN LSTM has no bfloat16 kernel.
 """
 
 from __future__ import annotations
@@ -118,7 +123,8 @@ class ZoneoutLSTM(nn.Module):
         masks: list[torch.Tensor | None] | None = None,
         keep_state_at: int | None = None,
     ) -> tuple[torch.Tensor, LSTMState, LSTMState | None]:
-        """Run ``x`` [B, T, E] from ``state`` (zeros if None).
+        """Run ``x`` [B, T, E] from ``state`` (zeros if None), in float32 (the module
+        docstring says why); outputs in ``x``'s dtype, states in float32.
 
         Args:
             masks: per-layer input dropout masks from :meth:`sample_masks` (drawn here if None).
@@ -129,6 +135,30 @@ class ZoneoutLSTM(nn.Module):
             ``(outputs [B, T, H], final_state, state_at_keep or None)``; outputs are the last
             layer's h before any output dropout.
         """
+        dtype = x.dtype
+        with torch.autocast(x.device.type, enabled=False):
+            x = x.float()
+            if state is not None:
+                state = (state[0].float(), state[1].float())
+            if masks is not None:
+                masks = [m if m is None else m.float() for m in masks]
+            out, final, kept = self._run(x, state, masks, keep_state_at)
+        return out.to(dtype), final, kept
+
+    def _apply(self, fn, recurse: bool = True):
+        super()._apply(fn, recurse)
+        for p in self.parameters():  # a cast of the model leaves the LSTM in float32
+            if p.is_floating_point() and p.dtype != torch.float32:
+                p.data = p.data.float()
+        return self
+
+    def _run(
+        self,
+        x: torch.Tensor,
+        state: LSTMState | None,
+        masks: list[torch.Tensor | None] | None,
+        keep_state_at: int | None,
+    ) -> tuple[torch.Tensor, LSTMState, LSTMState | None]:
         b, t = x.shape[0], x.shape[1]
         if state is None:
             state = self.zero_state(b, x.device)

@@ -62,6 +62,7 @@ BUDGET_KEYS = (
     "max_epochs",
     "eval_every",
     "save_every",
+    "device",
 )
 
 
@@ -92,12 +93,17 @@ class PointerTrainer:
                 raise GencraftError(f"corpus {corpus.name!r} has no {split!r} split loaded")
         self.config, self.corpus, self.progress = config, corpus, progress
         self.output_dir = Path(output_dir)
-        self.accelerator = accelerator or make_accelerator(config.mixed_precision)
+        self.accelerator = accelerator or make_accelerator(config.mixed_precision, config.device)
         acc = self.accelerator
         if config.batch_size % acc.num_processes:
             raise GencraftError(
                 f"batch_size {config.batch_size} is not divisible by {acc.num_processes} processes"
             )
+        from gencraft.models.placement import check_dtype
+
+        dtype = check_dtype(config.dtype, acc.device)
+        if dtype is not None:  # the LSTM stays float32 (gencraft.pointer.rnn)
+            model = model.to(dtype)
         torch.manual_seed(config.seed)
         streams = batchify(corpus["train"], config.batch_size)
         self.streams = streams[acc.process_index :: acc.num_processes].to(acc.device)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gencraft.config import check, option, positive
+from gencraft.config import check, option, own_task, positive
 from gencraft.errors import ConfigError
 from gencraft.extras import require
 from gencraft.training.config import FitConfig, fit_options
@@ -241,7 +241,15 @@ class PrefixTrainConfig:
     SoftSA's noise."""
 
     model: str = option("smollm2-135m", "base model (registered name or local path)")
-    task: Literal["e2e", "dart", "xsum"] = option("e2e", "dataset: e2e, dart (dev split) or xsum")
+    task: str = option(
+        "e2e",
+        "dataset: e2e, dart (dev split), xsum, or your own data as a path (a .jsonl, .csv or "
+        ".tsv file, or a folder of train/valid/test files: docs/datasets.md)",
+    )
+    source_field: str = option("source", "with --task PATH: the field holding the input")
+    target_field: str = option(
+        "target", "with --task PATH: the field holding the reference (text or a list)"
+    )
     method: Literal["prefix", "peft", "finetune"] = option(
         "prefix",
         "prefix-tuning (base frozen), the same through peft's PrefixTuning (same start), or "
@@ -261,7 +269,7 @@ class PrefixTrainConfig:
     fit: FitConfig = fit_options(epochs=10, batch_size=16)
 
     def __post_init__(self) -> None:
-        check(self.task in TASKS, f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        self.task = own_task(self.task, TASKS)
         check(
             self.method in ("prefix", "peft", "finetune"),
             f"method: prefix, peft or finetune, not {self.method}",

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from gencraft.data.tasks import Pair
-from gencraft.models.introspect import eos_ids, is_encoder_decoder
+from gencraft.models.introspect import is_encoder_decoder, target_eos_id
 from gencraft.models.prompts import pad_batch
 
 SEPARATOR = "\nText:"
@@ -27,7 +27,7 @@ def encode_pairs(
     ``input_ids`` and ``labels``."""
     if not pairs:
         return []
-    eos = eos_ids(model)[0]
+    eos = target_eos_id(model, tokenizer)
     # one batched call each (the fast tokenizers' batch path): the same ids as pair by pair
     sources = tokenizer([p.source for p in pairs], add_special_tokens=False)["input_ids"]
     targets = [" " + p.target.strip() for p in pairs]

@@ -74,12 +74,16 @@ def evaluate(
     batch_size: int = 16,
     progress: bool = True,
     lowercase: bool = False,
+    source_field: str = "source",
+    target_field: str = "target",
 ) -> dict[str, Any]:
     """Generate for a task's split and score: data-to-text metrics (E2E/DART, all references)
     or ROUGE-1/2/L (XSum). ``limit`` inputs are the split's first ones, or with ``spread``
     ones evenly spaced over it (DART's test file is ordered by source corpus). ``lowercase``:
-    outputs and references lower-cased (:func:`gencraft.metrics.score_task`)."""
-    examples = pick_examples(task_examples(task, split, data_dir), limit, spread)
+    outputs and references lower-cased (:func:`gencraft.metrics.score_task`). ``task`` may be
+    a path to your own data, whose fields ``source_field`` and ``target_field`` name."""
+    fields = {"source_field": source_field, "target_field": target_field}
+    examples = pick_examples(task_examples(task, split, data_dir, **fields), limit, spread)
     sources = [source_of(e) for e in examples]
     refs = [references_of(e) for e in examples]
     new = max_new_tokens or 64

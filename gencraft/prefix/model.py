@@ -612,7 +612,11 @@ class PrefixModel(MethodModel):
     ) -> PrefixModel:
         """Load saved prefixes onto ``base`` (a model, a name for ``load_model``, or None: the
         recorded name). Raises when ``base`` is not the model the prefixes were trained on.
-        ``overrides``: PrefixConfig fields to change (e.g. ``output_length``)."""
+        ``overrides``: PrefixConfig fields to change (e.g. ``output_length``); ``device`` and
+        ``dtype``: where the model goes, in which dtype (:func:`gencraft.models.method.place`)."""
+        from gencraft.models.method import place
+
+        placement = {k: overrides.pop(k) for k in ("device", "dtype") if k in overrides}
         saved, tensors = cls.read_saved(Path(directory))
         settings = dict(saved["prefix"])
         if settings.get("segmenter") == "callable" and segmenter is None:
@@ -626,12 +630,21 @@ class PrefixModel(MethodModel):
             raise GencraftError(f"{directory}: the saved prefix settings: {err}") from None
         recorded = saved.get("base_name_or_path") or ""
         if base is None or isinstance(base, str):
+            from gencraft.errors import ModelLoadError
             from gencraft.models import load_model
 
             name = base or recorded
             if not name:
                 raise GencraftError(f"{directory} records no base model; pass base=")
-            base, tok = load_model(name)
+            try:
+                base, tok = load_model(name, **placement)
+            except ModelLoadError as err:
+                if base:
+                    raise
+                raise ModelLoadError(
+                    f"the base these prefixes were trained on, {name!r}, does not load from "
+                    f"here ({err}); name it with --base PATH (Python: base=)"
+                ) from None
             tokenizer = tokenizer or tok
         model = cls(base, config, tokenizer=tokenizer)
         mine, theirs = model._signature(), saved.get("base", {})
@@ -648,7 +661,7 @@ class PrefixModel(MethodModel):
                 f"the weights in {directory} do not match their config: missing "
                 f"{missing[:5]}, unexpected {unexpected[:5]}"
             )
-        return model
+        return place(model, **placement)
 
     @classmethod
     def from_peft(cls, peft_model: nn.Module, adapter: str | None = None) -> PrefixModel:

@@ -16,9 +16,9 @@ import torch
 from torch import nn
 
 from gencraft.data.tasks import training_pairs
-from gencraft.models.introspect import pad_id
+from gencraft.models.introspect import check_token_budget, pad_id
 from gencraft.prefix.config import PrefixConfig, PrefixTrainConfig
-from gencraft.prefix.data import collate_rows, encode_pairs
+from gencraft.prefix.data import SEPARATOR, collate_rows, encode_pairs
 from gencraft.prefix.variants import build_model, save_trained
 from gencraft.training import fit, settings_of
 
@@ -38,14 +38,19 @@ def train(
 
     out = Path(output_dir)
     cfg = replace(cfg, lr=cfg.learning_rate(prefix))  # the run records the rate it used
-    base, tok = load_model(cfg.model)
+    fields = {"source_field": cfg.source_field, "target_field": cfg.target_field}
+    train_pairs = training_pairs(cfg.task, "train", data_dir, **fields)  # data errors first
+    base, tok = load_model(cfg.model, dtype=cfg.fit.dtype)
+    reserve = len(tok(SEPARATOR, add_special_tokens=False)["input_ids"]) + 1  # + EOS
+    budget = (cfg.max_source_tokens, cfg.max_target_tokens)
+    fitting = check_token_budget(base, *budget, reserve=reserve)
+    cfg = replace(cfg, max_source_tokens=fitting)  # the run records the budget it used
     torch.manual_seed(cfg.fit.seed)
-    train_pairs = training_pairs(cfg.task, "train", data_dir)
     order = torch.randperm(len(train_pairs), generator=torch.Generator().manual_seed(cfg.fit.seed))
     train_pairs = [train_pairs[i] for i in order.tolist()]
     if cfg.train_examples:
         train_pairs = train_pairs[: cfg.train_examples]
-    valid_pairs = training_pairs(cfg.task, "validation", data_dir)[: cfg.valid_examples]
+    valid_pairs = training_pairs(cfg.task, "validation", data_dir, **fields)[: cfg.valid_examples]
     if prefix.decoder_segments > 1 and prefix.output_length is None:
         lengths = [len(tok(p.target)["input_ids"]) for p in train_pairs[:2000]]
         prefix.output_length = max(1, round(sum(lengths) / len(lengths)))

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gencraft.config import check, option, positive
+from gencraft.config import check, option, own_task, positive
 from gencraft.training.config import FitConfig, fit_options
 
 ACTIVATIONS = ("gelu", "relu", "tanh")
@@ -77,7 +77,11 @@ class RecurrenceTrainConfig:
     and ``fit.seed`` seeds the shuffle and the recurrence's initialisation."""
 
     model: str = option("smollm2-135m", "base model (registered name or local path)")
-    corpus: str = option("wikitext-2", "word-level corpus: wikitext-2, wikitext-103 or ptb")
+    corpus: str = option(
+        "wikitext-2",
+        "word-level corpus: wikitext-2, wikitext-103, ptb, or a path to your own (a text file, "
+        "or a folder with train.txt, valid.txt and test.txt)",
+    )
     lr: float = option(5e-5, "Adam learning rate (after 100 warm-up steps, then constant)")
     recurrence_lr: float | None = option(
         1e-3, "learning rate of the new parameters (α and the FFN; None: lr)"
@@ -91,5 +95,8 @@ class RecurrenceTrainConfig:
     )
 
     def __post_init__(self) -> None:
+        from gencraft.data.lm import LM_CORPORA
+
+        self.corpus = own_task(self.corpus, LM_CORPORA, "corpus")
         check(self.lr > 0, f"lr must be > 0, got {self.lr}")
         check(self.eval_every_tokens >= 1, "eval_every_tokens must be >= 1")

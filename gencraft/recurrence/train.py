@@ -47,7 +47,7 @@ def train(
     from gencraft.models import load_model
 
     out = Path(output)
-    base, tok = load_model(cfg.model)
+    base, tok = load_model(cfg.model, dtype=cfg.fit.dtype)
     torch.manual_seed(cfg.fit.seed)
     model = RecurrentLM(base, rec)
     n = rec.sequence_tokens()

@@ -171,16 +171,6 @@ class AttributeClassifier(MethodModel):
     def bind(self, model: nn.Module) -> AttributeClassifier:
         """Use ``model``'s input embeddings for candidate tokens; checks that ``model`` is the
         one it was trained on (its recorded name, when both are known) and the sizes match."""
-        from gencraft.models.introspect import hf_model, model_name
-
-        trained, given = self.config.model_name, model_name(model)
-        known = {given, getattr(hf_model(model).config, "_name_or_path", None)}  # either name
-        if trained and given and trained not in known:
-            raise GencraftError(
-                f"this classifier was trained on the hidden states of {trained!r}, not of "
-                f"{given!r}: train one for {given} (gencraft search train-classifier --model "
-                f"{given})"
-            )
         want = (self.config.num_layers, self.config.hidden_size, self.config.embed_size)
         got = state_dims(model)
         if want != got:
@@ -188,6 +178,23 @@ class AttributeClassifier(MethodModel):
                 f"this classifier was trained for a model with {want[0]} hidden-state layers of "
                 f"size {want[1]} (embeddings {want[2]}), not {got[0]} x {got[1]} ({got[2]}): it "
                 "was trained for another model"
+            )
+        import shlex
+
+        from gencraft.models.introspect import fingerprint, hf_model, model_name, same_model_name
+
+        trained, given = self.config.model_name, model_name(model)
+        recorded = self.config.model_fingerprint
+        if recorded is not None:  # the model itself, wherever its folder lies
+            same = recorded == fingerprint(model)
+        else:  # a classifier saved before fingerprints: by name, paths resolved
+            names = (given, getattr(hf_model(model).config, "_name_or_path", None))
+            same = not trained or not given or any(same_model_name(trained, n) for n in names)
+        if not same:
+            raise GencraftError(
+                f"this classifier was trained on the hidden states of {trained!r}, not of "
+                f"{given!r}: train one for it (gencraft search train-classifier --model "
+                f"{shlex.quote(str(given))})"
             )
         self._embedding = [model.get_input_embeddings()]
         return self

@@ -30,6 +30,9 @@ class ClassifierConfig:
     dropout: float = option(0.33, "dropout")
     mlp_hidden: int = option(48, "width of the 2-layer MLP")
     model_name: str | None = option(None, "the NLG model it reads")
+    model_fingerprint: str | None = option(
+        None, "its config and first embedding rows, hashed (models.introspect.fingerprint)"
+    )
 
     def __post_init__(self) -> None:
         check(self.num_classes >= 2, f"num_classes must be >= 2, got {self.num_classes}")

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
-from gencraft.models.introspect import check_generator, eos_ids, model_name
+from gencraft.models.introspect import check_generator, eos_ids, fingerprint, model_name
 from gencraft.progress import tqdm
 from gencraft.search.classifier import (
     NUM_LENGTH_BUCKETS,
@@ -165,6 +165,7 @@ def classifier_for(
         num_classes=classes,
         attribute=attribute,
         model_name=model_name(model),
+        model_fingerprint=fingerprint(model),
         **overrides,
     )
     return AttributeClassifier(c).bind(model)

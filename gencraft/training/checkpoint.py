@@ -112,9 +112,27 @@ def load_trainable_state(model: torch.nn.Module, state: dict[str, torch.Tensor],
             params[name].copy_(value.to(params[name].device))
 
 
+def _flat(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested settings as ``{"train.lr": 0.1, ...}``, so a change names its one setting."""
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _differences(saved: dict[str, Any], now: dict[str, Any], ignore: set[str]) -> list[str]:
-    keys = sorted((set(saved) | set(now)) - ignore)
+    """``name old -> new`` for each setting (at any depth) that changed, but those whose last
+    name is in ``ignore`` (budgets, where and how often it saves)."""
+    saved, now = _flat(saved), _flat(now)
+    keys = sorted(k for k in set(saved) | set(now) if k.rsplit(".", 1)[-1] not in ignore)
     return [f"{k} {saved.get(k)!r} -> {now.get(k)!r}" for k in keys if saved.get(k) != now.get(k)]
+
+
+#: settings a continuation may change: budgets, how often it saves, where it runs
+RESUMABLE = ("max_steps", "max_time", "epochs", "max_epochs", "save_every", "device")
 
 
 class RunCheckpoint:
@@ -132,7 +150,7 @@ class RunCheckpoint:
         self,
         output_dir: str | Path,
         settings: dict[str, Any],
-        budget_keys: tuple[str, ...] = ("max_steps", "max_time", "epochs", "max_epochs"),
+        budget_keys: tuple[str, ...] = RESUMABLE,
     ) -> None:
         self.output_dir = Path(output_dir)
         self.directory = self.output_dir / CHECKPOINT_DIR

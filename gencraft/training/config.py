@@ -52,9 +52,27 @@ class FitConfig:
         default="no",
         metadata={"help": "autocast the forward and loss (accelerate): no, bf16 or fp16 (GPU)"},
     )
+    device: str | None = field(
+        default=None,
+        metadata={
+            "help": "cpu or cuda (default: cuda when there is one; several GPUs or processes: "
+            "accelerate launch, docs/core.md)"
+        },
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
+        default="auto",
+        metadata={
+            "help": "dtype the model's weights load in (auto: float32); --mixed-precision "
+            "autocasts float32 weights instead"
+        },
+    )
 
     def __post_init__(self) -> None:
         check_mixed_precision(self.mixed_precision)
+        check(
+            self.dtype in ("auto", "float32", "bfloat16", "float16"),
+            f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}",
+        )
         positive(self, "epochs", "batch_size", "grad_accum")
         positive(self, "max_steps", "eval_every", "eval_batch_size", "patience", allow_none=True)
         check(

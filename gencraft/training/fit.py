@@ -49,12 +49,14 @@ from gencraft.training.schedules import warmup_schedule
 from gencraft.training.state import rng_state, set_rng_state, write_json
 
 
-def make_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Any:
+def make_accelerator(mixed_precision: str = "no", device: str | None = None, **kwargs: Any) -> Any:
     """An ``accelerate.Accelerator`` for gencraft's trainers. On a machine without CUDA it is
     made with ``cpu=True``, which is what lets ``accelerate launch --multi_gpu
     --num_processes N`` (torchrun underneath) run N CPU processes with the gloo backend.
     ``mixed_precision``: ``no``, ``bf16`` or ``fp16`` (the trainers' ``--mixed-precision``);
-    the weights stay float32, the forward and loss run under autocast."""
+    the weights stay float32, the forward and loss run under autocast. ``device``: the
+    trainers' ``--device`` (``cpu`` trains on the CPU of a GPU machine; ``cuda:N`` picks the
+    GPU of a one-process run; processes and GPUs beyond that are accelerate's)."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState, PartialState
 
@@ -70,7 +72,13 @@ def make_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Any:
                 f"{mixed_precision!r}"
             )
         AcceleratorState._reset_state()
-    return Accelerator(cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision, **kwargs)
+    from gencraft.models.placement import check_device
+
+    dev = check_device(device)
+    if dev.type == "cuda" and dev.index is not None and PartialState().num_processes == 1:
+        torch.cuda.set_device(dev.index)  # accelerate's one process runs on the current GPU
+    cpu = dev.type == "cpu" or not torch.cuda.is_available()
+    return Accelerator(cpu=cpu, mixed_precision=mixed_precision, **kwargs)
 
 
 @dataclass
@@ -226,7 +234,7 @@ class _Loop:
     ) -> None:
         self.model, self.optimizer, self.loss_fn, self.cfg = model, optimizer, loss_fn, cfg
         self.acc = accelerator or make_accelerator(
-            cfg.mixed_precision, gradient_accumulation_steps=cfg.grad_accum
+            cfg.mixed_precision, cfg.device, gradient_accumulation_steps=cfg.grad_accum
         )
         self.out = Path(output_dir) if output_dir is not None else None
         self.progress = progress

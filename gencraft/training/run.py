@@ -64,7 +64,10 @@ def save_run(
     (``save_kw`` passed on), the tokenizer, and ``settings`` as ``run_settings.json``."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(d, **save_kw)
+    from gencraft.progress import hf_bars_off
+
+    with hf_bars_off():  # transformers' "Writing model shards" bars
+        model.save_pretrained(d, **save_kw)
     if tokenizer is not None:
         tokenizer.save_pretrained(d)
     (d / RUN_SETTINGS).write_text(json.dumps(settings or {}, indent=2, default=str))
