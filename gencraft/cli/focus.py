@@ -64,7 +64,7 @@ def _load(args: argparse.Namespace, command: str) -> tuple[Any, Any]:
     return load_summarizer(args.checkpoint, command, device=args.device, dtype=args.dtype)
 
 
-def _summaries(args: argparse.Namespace) -> tuple[list, list[list[str]]]:
+def _summaries(args: argparse.Namespace, on_batch: Any = None) -> tuple[list, list[list[str]]]:
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.focus.config import FocusDecodeConfig
     from gencraft.focus.evaluate import summarize
@@ -85,27 +85,39 @@ def _summaries(args: argparse.Namespace) -> tuple[list, list[list[str]]]:
         batch_size=args.batch_size,
         seed=args.seed,
         progress=not args.quiet,
+        on_batch=on_batch if on_batch is None else lambda j, g: on_batch(docs, j, g),
     )
     return docs, groups
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    docs, groups = _summaries(args)
-    # "prediction": the first summary, so the file feeds `gencraft eval --field prediction`
-    lines = [
-        json.dumps({"id": d.id, "prediction": g[0], "summaries": g, "reference": d.summary})
-        if not hasattr(d, "references")
-        else json.dumps(
-            {"id": d.id, "prediction": g[0], "summaries": g, "references": d.references}
-        )
-        for d, g in zip(docs, groups, strict=True)
-    ]
+    from gencraft.cli.options import JsonLines
+
+    def record(d: Any, g: list[str]) -> dict:
+        # "prediction": the first summary, so the file feeds `gencraft eval --field prediction`
+        refs = {"references": d.references} if hasattr(d, "references") else {}
+        return {
+            "id": d.id,
+            "prediction": g[0],
+            "summaries": g,
+            **(refs or {"reference": d.summary}),
+        }
+
+    with JsonLines(args.output) as out:  # each batch's lines written as it finishes
+
+        def on_batch(docs: list, j: int, groups: list[list[str]]) -> None:
+            for d, g in zip(docs[j : j + len(groups)], groups, strict=True):
+                out.write(record(d, g))
+
+        _summaries(args, on_batch)
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text("\n".join(lines) + "\n")
-        print(f"{len(lines)} documents -> {args.output}")
+        print(f"{len(out.lines)} documents -> {args.output}")
+    elif args.json:
+        print("\n".join(out.lines))
     else:
-        print("\n".join(lines))
+        for line in out.lines:
+            r = json.loads(line)
+            print(f"{r['id']}: {r['prediction']}")
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -143,7 +155,14 @@ def cmd_eval(args: argparse.Namespace) -> None:
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    from gencraft.cli.evaluate import format_table
+
+    head = ("checkpoint", "data", "split", "documents", "decoding", "samples")
+    print(", ".join(f"{k} {result[k]}" for k in head))
+    print(format_table([{k: v for k, v in result.items() if k not in head}]))
 
 
 def add_parser(sub: Any, add_data_dir: Any) -> None:
@@ -174,8 +193,8 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         add_dataclass_arguments(g, DataOptions, only=data, defaults={"task": "xsum"})
         add_dataclass_arguments(g, FocusDecodeConfig)
         add_dataclass_arguments(g, DecodeOptions)
-        run = ("seed", "device", "dtype", "output", "quiet")
-        add_dataclass_arguments(g, RunOptions, only=run + (("json",) if name == "eval" else ()))
+        run = ("seed", "device", "dtype", "output", "quiet", "json")
+        add_dataclass_arguments(g, RunOptions, only=run)
         if name == "eval":
             add_dataclass_arguments(g, FocusEvalCommand)
         add_data_dir(g)

@@ -125,11 +125,8 @@ def cmd_models(args: argparse.Namespace) -> None:
     from gencraft.cli.evaluate import format_table
     from gencraft.models import list_models
 
-    print(
-        format_table(
-            [{"name": m.name, "task": m.task, "description": m.description} for m in list_models()]
-        )
-    )
+    rows = [{"name": m.name, "task": m.task, "description": m.description} for m in list_models()]
+    print(json.dumps(rows, indent=2) if args.json else format_table(rows))
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -204,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("models", help="list registered model names")
+    add_dataclass_arguments(p, RunOptions, only=("json",))
     p.set_defaults(func=cmd_models)
 
     p = sub.add_parser("data", help="dataset utilities")
@@ -257,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not sys.stderr.isatty():  # transformers' and the hub's own bars: no \r lines in logs
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if extra and not getattr(args, "takes_extra", False):
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.parse_args(argv)  # the subcommand's own usage and error (exits 2)
     try:
         from gencraft.cli.options import check_options
 

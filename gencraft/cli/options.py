@@ -149,6 +149,39 @@ def check_output(path: str | Path, kind: str) -> None:
         raise ConfigError(f"--output {path}: cannot write there ({why})") from None
 
 
+class JsonLines:
+    """``--output FILE`` written one JSON line per finished item, flushed as it goes, so an
+    interrupted run keeps what it made; without a file, the lines go to stdout at the end
+    (``quiet_stdout``: not at all)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = Path(path) if path else None
+        self.lines: list[str] = []
+        self._file = None
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = self.path.open("w", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        import json
+
+        line = json.dumps(record)
+        self.lines.append(line)
+        if self._file is not None:
+            self._file.write(line + "\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+    def __enter__(self) -> JsonLines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def task_fields(args: object, recorded: dict | None = None) -> dict[str, str]:
     """``source_field``/``target_field`` for a task given as a path: the flags, else the
     ones the run was trained with, else ``source``/``target``."""

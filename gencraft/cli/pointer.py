@@ -126,19 +126,22 @@ def cmd_eval(args: argparse.Namespace) -> None:
             f"vocabulary mismatch: the checkpoint has {model.config.vocab_size} words, "
             f"{corpus_name} has {len(corpus.vocab)}"
         )
+    ids = corpus[args.split] if args.limit is None else corpus[args.split][: args.limit]
     r = evaluate(
         model,
-        corpus[args.split],
+        ids,
         batch_size=args.batch_size,
         bptt=args.bptt,
-        progress=True,
+        progress=not args.quiet,
         desc=args.split,
     )
-    print(
-        json.dumps(
-            {"corpus": corpus_name, "split": args.split, "ppl": r["ppl"], "tokens": r["tokens"]}
-        )
-    )
+    row = {"corpus": corpus_name, "split": args.split, "ppl": r["ppl"], "tokens": r["tokens"]}
+    if args.json:
+        print(json.dumps(row))
+    else:
+        from gencraft.cli.evaluate import format_table
+
+        print(format_table([row]))
 
 
 def cmd_analyze(args: argparse.Namespace) -> None:
@@ -215,10 +218,15 @@ def add_parser(sub: Any, data_dir_arg: Any) -> None:
 
     e = psub.add_parser("eval", help="perplexity of a trained checkpoint")
     add_dataclass_arguments(e, RunInput)
-    add_dataclass_arguments(e, DataOptions, only=("split", "corpus"))
+    add_dataclass_arguments(
+        e,
+        DataOptions,
+        only=("split", "corpus", "limit"),
+        helps={"limit": "the first N word tokens of the split (<eos> counted; default: all)"},
+    )
     add_dataclass_arguments(e, DecodeOptions, only=("batch_size",), defaults={"batch_size": 1})
     add_dataclass_arguments(e, PointerEvalCommand)
-    add_dataclass_arguments(e, RunOptions, only=("device", "dtype"))
+    add_dataclass_arguments(e, RunOptions, only=("device", "dtype", "json", "quiet"))
     data_dir_arg(e)
     e.set_defaults(func=cmd_eval)
 

@@ -92,7 +92,7 @@ def _load(checkpoint: str, command: str, args: argparse.Namespace) -> tuple[Any,
     )
 
 
-def _run(args: argparse.Namespace, command: str) -> dict[str, Any]:
+def _run(args: argparse.Namespace, command: str, on_batch: Any = None) -> dict[str, Any]:
     from gencraft.cli.options import task_fields
     from gencraft.prefix.evaluate import evaluate
 
@@ -113,6 +113,7 @@ def _run(args: argparse.Namespace, command: str) -> dict[str, Any]:
         progress=not args.quiet,
         lowercase=getattr(args, "lowercase", False),
         **task_fields(args, meta["train"]),
+        on_batch=on_batch,
     )
 
 
@@ -137,14 +138,14 @@ def cmd_generate(args: argparse.Namespace) -> None:
         for s, o in zip(args.source, outs, strict=True):
             print(json.dumps({"source": s, "output": o}))
         return
-    result = _run(args, "generate")
-    lines = [json.dumps({"prediction": o}) for o in result["outputs"]]
+    from gencraft.cli.options import JsonLines
+
+    with JsonLines(args.output) as out:  # each batch's lines written as it finishes
+        _run(args, "generate", lambda i, texts: [out.write({"prediction": t}) for t in texts])
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text("\n".join(lines) + "\n")
-        print(f"{len(lines)} outputs -> {args.output}")
+        print(f"{len(out.lines)} outputs -> {args.output}")
     else:
-        print("\n".join(lines))
+        print("\n".join(out.lines))
 
 
 def cmd_eval(args: argparse.Namespace) -> None:

@@ -14,7 +14,7 @@ Decodings (Table 1 / Table 2 / Fig. 4 of Aralikatte et al.):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -61,11 +61,13 @@ def summarize(
     seed: int = 0,
     progress: bool = True,
     focus_renormalize: bool = True,
+    on_batch: Callable[[int, list[list[str]]], None] | None = None,
 ) -> list[list[str]]:
     """``samples`` summaries per document (list per document), decoded with ``decoding``.
     ``focus_k``: |V_k| of the focus decodings (default 10,000, or the whole vocabulary when
     it is smaller; a larger value is refused); ``focus_renormalize``: scores re-normalised over
-    V_k ∪ F (eq. 5, default) or only masked.
+    V_k ∪ F (eq. 5, default) or only masked. ``on_batch(first index, summaries)`` runs as
+    each batch of documents finishes (a file written as it goes survives an interruption).
 
     ``model`` is a :class:`FocusForConditionalGeneration` or a plain HF model (then only the
     non-focus decodings are available)."""
@@ -115,6 +117,8 @@ def summarize(
             for i, t in enumerate(texts):
                 out[j + i].append(t.strip())
             bar.update(len(docs))
+        if on_batch is not None:
+            on_batch(j, out[j : j + len(docs)])
     bar.close()
     return out
 

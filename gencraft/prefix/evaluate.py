@@ -4,6 +4,7 @@ split, scored by :func:`gencraft.metrics.score_task`."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,9 +29,12 @@ def generate_outputs(
     num_beams: int = 5,
     batch_size: int = 16,
     progress: bool = True,
+    on_batch: Callable[[int, list[str]], None] | None = None,
     **generate_kw: Any,
 ) -> list[str]:
-    """Outputs for ``sources`` (beam 5 as the paper); batches are left-padded for causal LMs."""
+    """Outputs for ``sources`` (beam 5 as the paper); batches are left-padded for causal LMs.
+    ``on_batch(first index, outputs)`` runs as each batch finishes (a file written as it
+    goes keeps what an interrupted run made)."""
     base = getattr(model, "base", model)
     ed = is_encoder_decoder(base)
     eos = eos_ids(base)[0]
@@ -38,6 +42,7 @@ def generate_outputs(
     sep = tokenizer(SEPARATOR, add_special_tokens=False)["input_ids"]
     outs: list[str] = []
     chunks = [sources[i : i + batch_size] for i in range(0, len(sources), batch_size)]
+    dev = next(model.parameters()).device
     for chunk in tqdm(chunks, desc="generate", disable=not progress):
         rows = []
         for s in chunk:
@@ -45,8 +50,8 @@ def generate_outputs(
             rows.append({"input_ids": ids + ([eos] if ed else sep)})
         batch = pad_batch(rows, pad, left=not ed)
         seq = model.generate(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
+            input_ids=batch["input_ids"].to(dev),
+            attention_mask=batch["attention_mask"].to(dev),
             max_new_tokens=max_new_tokens,
             num_beams=num_beams,
             pad_token_id=pad,
@@ -55,7 +60,10 @@ def generate_outputs(
         )
         if not ed:
             seq = seq[:, batch["input_ids"].shape[1] :]
-        outs += [t.strip() for t in tokenizer.batch_decode(seq, skip_special_tokens=True)]
+        texts = [t.strip() for t in tokenizer.batch_decode(seq, skip_special_tokens=True)]
+        if on_batch is not None:
+            on_batch(len(outs), texts)
+        outs += texts
     return outs
 
 
@@ -76,6 +84,7 @@ def evaluate(
     lowercase: bool = False,
     source_field: str = "source",
     target_field: str = "target",
+    on_batch: Callable[[int, list[str]], None] | None = None,
 ) -> dict[str, Any]:
     """Generate for a task's split and score: data-to-text metrics (E2E/DART, all references)
     or ROUGE-1/2/L (XSum). ``limit`` inputs are the split's first ones, or with ``spread``
@@ -97,6 +106,7 @@ def evaluate(
         num_beams=num_beams,
         batch_size=batch_size,
         progress=progress,
+        on_batch=on_batch,
     )
     seconds = time.time() - start
     scores = score_task(task, outputs, refs, lowercase=lowercase)

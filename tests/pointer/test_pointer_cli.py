@@ -72,6 +72,7 @@ def test_train_writes_results_and_eval_reproduces_them(trained, synthetic_lm_dir
             "10",
             "--data-dir",
             str(synthetic_lm_dir),
+            "--json",
         ]
     )
     assert rc == 0
