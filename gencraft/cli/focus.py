@@ -35,7 +35,7 @@ def _examples(args: argparse.Namespace, split: str, limit: int | None, pairs: bo
 
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
-    from gencraft.cli.options import default_output
+    from gencraft.cli.options import batch_note, default_output, say
     from gencraft.focus.train import FocusTrainConfig, FocusTrainer
     from gencraft.models import load_model
     from gencraft.utils import seed_everything
@@ -47,15 +47,16 @@ def cmd_train(args: argparse.Namespace) -> None:
     base, tok = load_model(args.model, dtype=cfg.fit.dtype)
     tag = "fame" if cfg.focus else "base"
     out = default_output(args.output, "focus", args.task, args.model, tag)
-    print(
+    say(
         f"{'FAME' if cfg.focus else 'baseline'} on {args.model}: {len(train)} train / "
-        f"{len(valid)} valid {args.task} documents -> {out}"
+        f"{len(valid)} valid {args.task} documents -> {out}; "
+        + batch_note(cfg.fit.batch_size, cfg.fit.grad_accum)
     )
     trainer = FocusTrainer(
         base, tok, train, valid, cfg, out, base_name_or_path=args.model, progress=not args.quiet
     )
     result = trainer.train(restart=args.restart)
-    print(json.dumps(result, indent=2))
+    say(json.dumps(result, indent=2))
 
 
 def _load(args: argparse.Namespace, command: str) -> tuple[Any, Any]:

@@ -270,7 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             args.func(args)
     except Interrupted as err:  # Ctrl-C during training: saved, one line, no traceback
-        print(f"gencraft: {err}", file=sys.stderr)
+        if os.environ.get("RANK", "0") in ("0", ""):  # one process says it
+            print(f"gencraft: {err}", file=sys.stderr)
         return 130
     except KeyboardInterrupt:
         print("gencraft: stopped (Ctrl-C)", file=sys.stderr)

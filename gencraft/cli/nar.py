@@ -53,7 +53,7 @@ def _check_flags(model: Any, sampling: Any, args: argparse.Namespace) -> None:
 
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
-    from gencraft.cli.options import default_output
+    from gencraft.cli.options import batch_note, default_output, say
     from gencraft.nar import ConvertConfig, ObjectiveConfig
     from gencraft.nar.config import NARTrainConfig
     from gencraft.nar.train import train
@@ -63,7 +63,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     objective = dataclass_from_args(ObjectiveConfig, args)
     init = "mlm" if convert.pretrained else "scratch"
     out = default_output(args.output, "nar", cfg.task, cfg.model, objective.objective, init)
-    print(f"{objective.objective} on {cfg.task} from {cfg.model} ({init}): -> {out}")
+    note = batch_note(cfg.fit.batch_size, cfg.fit.grad_accum)
+    say(f"{objective.objective} on {cfg.task} from {cfg.model} ({init}): -> {out}; {note}")
     summary = train(
         cfg,
         convert,
@@ -74,7 +75,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         restart=args.restart,
     )
     summary.pop("history", None)
-    print(json.dumps(summary, indent=2))
+    say(json.dumps(summary, indent=2))
 
 
 def cmd_generate(args: argparse.Namespace) -> None:

@@ -182,6 +182,33 @@ class JsonLines:
         self.close()
 
 
+def world_size() -> int:
+    """Processes of this run (``accelerate launch``/torchrun set ``WORLD_SIZE``)."""
+    import os
+
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def say(*parts: object) -> None:
+    """``print`` on the main process only: one header, one summary under ``accelerate
+    launch``."""
+    import os
+
+    if os.environ.get("RANK", "0") in ("0", ""):
+        print(*parts, flush=True)
+
+
+def batch_note(batch_size: int, grad_accum: int = 1) -> str:
+    """The global batch in words: ``--batch-size`` is per process."""
+    n = world_size()
+    step = batch_size * grad_accum * n
+    accum = f" x {grad_accum} accumulated" if grad_accum > 1 else ""
+    return f"batch {batch_size} per process{accum} x {n} process(es) = {step} examples a step"
+
+
 def task_fields(args: object, recorded: dict | None = None) -> dict[str, str]:
     """``source_field``/``target_field`` for a task given as a path: the flags, else the
     ones the run was trained with, else ``source``/``target``."""

@@ -60,7 +60,7 @@ def _corpus(name: str, data_dir: str | None, splits: tuple[str, ...]) -> Any:
 
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
-    from gencraft.cli.options import default_output
+    from gencraft.cli.options import default_output, say
     from gencraft.pointer import PointerSentinelLSTM, PointerTrainer, TrainConfig
     from gencraft.pointer.evaluate import evaluate
     from gencraft.pointer.train import preset_k1
@@ -70,7 +70,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     args.corpus = dataclass_from_args(PointerTrainCommand, args).corpus  # a path: absolute
     if cfg.k1 != (k1 := preset_k1(args.preset, cfg.k1)):
         cfg.k1 = k1
-        print(f"--preset {args.preset}: k1 = {k1} (the paper's schedule; --k1 {cfg.bptt}: k1 = k2)")
+        say(f"--preset {args.preset}: k1 = {k1} (the paper's schedule; --k1 {cfg.bptt}: k1 = k2)")
     corpus = _corpus(args.corpus, args.data_dir, ("train", "valid", "test"))
     overrides: dict[str, Any] = {"pointer": args.pointer, "extra": {"corpus": args.corpus}}
     for key in ("window", "hidden_size", "dropout", "zoneout"):
@@ -87,7 +87,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     kind = "pointer sentinel-LSTM" if args.pointer else "plain LSTM"
     n_ptr = model.num_pointer_parameters()
-    print(f"{kind} ({args.preset}): {n_params:,} parameters ({n_ptr:,} in the pointer) -> {out}")
+    say(f"{kind} ({args.preset}): {n_params:,} parameters ({n_ptr:,} in the pointer) -> {out}")
     trainer = PointerTrainer(model, corpus, cfg, out, progress=not args.quiet)
     trainer.train(restart=args.restart)
     best = PointerSentinelLSTM.from_pretrained(out / "best", device=trainer.accelerator.device)
@@ -108,7 +108,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         )
         result[f"{split}_ppl"] = r["ppl"]
     (out / "results.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
+    say(json.dumps(result, indent=2))
 
 
 def cmd_eval(args: argparse.Namespace) -> None:

@@ -47,19 +47,20 @@ def _prefix_config(args: argparse.Namespace) -> Any:
 
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
-    from gencraft.cli.options import default_output
+    from gencraft.cli.options import batch_note, default_output, say
     from gencraft.prefix.config import PrefixTrainConfig
     from gencraft.prefix.train import train
 
     cfg = dataclass_from_args(PrefixTrainConfig, args)
     prefix = _prefix_config(args)
     out = default_output(args.output, "prefix", cfg.task, cfg.model, cfg.method)
-    print(f"{cfg.method} on {cfg.model}, {cfg.task}: -> {out}")
+    note = batch_note(cfg.fit.batch_size, cfg.fit.grad_accum)
+    say(f"{cfg.method} on {cfg.model}, {cfg.task}: -> {out}; {note}")
     summary = train(
         cfg, prefix, out, data_dir=args.data_dir, progress=not args.quiet, restart=args.restart
     )
     summary.pop("history", None)
-    print(json.dumps(summary, indent=2))
+    say(json.dumps(summary, indent=2))
 
 
 def _load(checkpoint: str, command: str, args: argparse.Namespace) -> tuple[Any, Any, dict]:

@@ -25,7 +25,7 @@ class RecurrenceEvalCommand:
 
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
-    from gencraft.cli.options import default_output
+    from gencraft.cli.options import batch_note, default_output, say
     from gencraft.recurrence import RecurrenceConfig
     from gencraft.recurrence.config import RecurrenceTrainConfig
     from gencraft.recurrence.train import train
@@ -34,12 +34,13 @@ def cmd_train(args: argparse.Namespace) -> None:
     rec = dataclass_from_args(RecurrenceConfig, args)
     kind = "recurrent" if rec.recurrent else "baseline"
     out = default_output(args.output, "recurrence", cfg.corpus, cfg.model, kind)
-    print(f"{kind} {cfg.model} on {cfg.corpus}, windows of {rec.window}: -> {out}")
+    note = batch_note(cfg.fit.batch_size, cfg.fit.grad_accum)
+    say(f"{kind} {cfg.model} on {cfg.corpus}, windows of {rec.window}: -> {out}; {note}")
     summary = train(
         cfg, rec, out, data_dir=args.data_dir, progress=not args.quiet, restart=args.restart
     )
     summary.pop("history", None)
-    print(json.dumps(summary, indent=2))
+    say(json.dumps(summary, indent=2))
 
 
 def cmd_eval(args: argparse.Namespace) -> None:

@@ -18,6 +18,7 @@ The rule, for every trainer (``fit`` and the pointer's TBPTT trainer):
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import signal
@@ -35,40 +36,98 @@ CHECKPOINT_DIR = "checkpoint"
 STATE_FILE = "state.pt"
 
 
-def resume_command() -> str | None:
-    """The command line of this process, as a user would retype it (None outside a CLI)."""
-    if not sys.argv or not sys.argv[0]:
+def resume_command(argv: list[str] | None = None, world_size: int | None = None) -> str | None:
+    """The command line of this process, as a user would retype it, shell-quoted (None
+    outside a CLI). gencraft run as ``python -m gencraft``, ``-m gencraft.cli.main`` or its
+    script is ``gencraft``; under ``accelerate launch`` (``WORLD_SIZE`` > 1) the line starts
+    ``accelerate launch --multi_gpu --num_processes N -m gencraft``."""
+    argv = list(sys.argv if argv is None else argv)
+    if not argv or not argv[0]:
         return None
-    prog = Path(sys.argv[0]).name
-    if prog in ("-c", "pytest", "__main__.py") or prog.startswith("pytest"):
+    if world_size is None:
+        try:
+            world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        except ValueError:
+            world_size = 1
+    prog = Path(argv[0]).name
+    ours = prog == "gencraft" or _is_gencraft_entry(argv[0])
+    if not ours and (prog in ("-c", "pytest", "__main__.py") or prog.startswith("pytest")):
         return None
-    args = [a for a in sys.argv[1:] if a != "--restart"]
-    return " ".join(shlex.quote(a) for a in ["gencraft" if prog == "gencraft" else prog, *args])
+    args = [a for a in argv[1:] if a != "--restart"]
+    if world_size > 1:
+        launch = ["accelerate", "launch", "--multi_gpu", "--num_processes", str(world_size)]
+        head = [*launch, "-m", "gencraft"] if ours else [*launch, argv[0]]
+    else:
+        head = ["gencraft" if ours else prog]
+    return " ".join(shlex.quote(a) for a in [*head, *args])
+
+
+def _is_gencraft_entry(path: str) -> bool:
+    """``path`` is gencraft's own ``__main__.py`` or ``cli/main.py``."""
+    import gencraft
+
+    root = Path(gencraft.__file__).resolve().parent
+    try:
+        here = Path(path).resolve()
+    except OSError:
+        return False
+    return here in (root / "__main__.py", root / "cli" / "main.py")
+
+
+def _world_size() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
 
 
 class InterruptGuard:
     """Turns the first SIGINT (Ctrl-C) into a flag the training loop checks between steps;
-    a second SIGINT raises ``KeyboardInterrupt`` as usual. A no-op outside the main thread."""
+    a second SIGINT raises ``KeyboardInterrupt`` as usual. A no-op outside the main thread.
+
+    Under ``accelerate launch`` the launcher answers Ctrl-C by sending its workers SIGTERM
+    (and SIGKILL 30 s later): a worker treats SIGTERM as the same request, so every process
+    finishes its step and the checkpoint is written before the launcher ends them."""
 
     def __init__(self) -> None:
         self.requested = False
         self._previous: Any = None
+        self._previous_term: Any = None
+        self._first = 0.0
 
     def _handle(self, signum: int, frame: Any) -> None:
+        import time
+
+        now = time.monotonic()
         if self.requested:
+            # under a launcher one Ctrl-C arrives twice (the terminal's, then the launcher's
+            # forwarded copy): only a second press, later, stops at once
+            if _world_size() > 1 and now - self._first < 2.0:
+                return
             raise KeyboardInterrupt
-        self.requested = True
-        print("\ngencraft: stopping after this step (Ctrl-C again to stop now)", file=sys.stderr)
+        self.requested, self._first = True, now
+        if os.environ.get("RANK", "0") in ("0", ""):
+            print(
+                "\ngencraft: stopping after this step (Ctrl-C again to stop now)", file=sys.stderr
+            )
+
+    def _handle_term(self, signum: int, frame: Any) -> None:
+        self.requested = True  # never "stop now": the launcher waits for the save
 
     def __enter__(self) -> InterruptGuard:
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._handle)
+            if _world_size() > 1:  # the launcher's SIGTERM after a Ctrl-C
+                self._previous_term = signal.signal(signal.SIGTERM, self._handle_term)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
             self._previous = None
+        if self._previous_term is not None:
+            signal.signal(signal.SIGTERM, self._previous_term)
+            self._previous_term = None
 
 
 def budget_reason(

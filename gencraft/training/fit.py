@@ -20,6 +20,7 @@ does the rest the same way for every method:
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -95,6 +96,8 @@ class FitResult:
     trained_examples: int = 0
     resumed: bool = False
     earlier_wall: float = 0.0  # wall seconds of the invocations before this one (resumed)
+    processes: int = 1
+    global_batch: int | None = None  # examples per optimizer step over every process
 
     def write_summary(self, directory: str | Path, started: float, **extra: Any) -> dict[str, Any]:
         """Write ``directory/train_summary.json`` (steps, budget, best validation loss, times,
@@ -107,6 +110,8 @@ class FitResult:
             "stopped": self.stopped,
             "wall_seconds": self.earlier_wall + time.time() - started,
             "train_seconds": self.train_time,
+            "processes": self.processes,
+            "global_batch": self.global_batch,
             **extra,
             "history": self.history,
         }
@@ -149,6 +154,7 @@ class _State:
     running: float = 0.0  # training loss summed since the last validation
     running_n: int = 0  # the batches in that sum
     wall_time: float = 0.0  # wall seconds of every invocation up to the last save
+    processes: int = 1  # how many processes trained (a resume may change it)
 
 
 LossFn = Callable[[nn.Module, Any], "torch.Tensor | tuple[torch.Tensor, dict[str, float]]"]
@@ -242,7 +248,7 @@ class _Loop:
         self.save_fn: Callable[[nn.Module, Path], None] | None = None
         self.on_step: Callable[[int, Any], None] | None = None
         self.ckpt: RunCheckpoint | None = None
-        self.st = _State()
+        self.st = _State(processes=self.acc.num_processes)
         self.pending_rng: Any = None
         self.resumed = False
         self.last_save = self.started = time.perf_counter()
@@ -300,6 +306,30 @@ class _Loop:
         self.earlier_wall = self.st.wall_time
         self.pending_rng = payload["rng"]
         self.resumed = True
+        self.rescale_to_processes()
+
+    @property
+    def global_batch(self) -> int:
+        """Examples per optimizer step over every process (``--batch-size`` is per process)."""
+        return self.cfg.batch_size * self.cfg.grad_accum * self.acc.num_processes
+
+    def rescale_to_processes(self) -> None:
+        """A run resumed on another number of processes: its place in the epoch in this run's
+        batches (the same examples seen), and one line saying so (history rows record the
+        processes and global batch of each evaluation)."""
+        st, now = self.st, self.acc.num_processes
+        if st.processes == now:
+            return
+        seen = st.batch_in_epoch * self.cfg.batch_size * st.processes
+        was = self.cfg.batch_size * self.cfg.grad_accum * st.processes
+        st.batch_in_epoch = seen // (self.cfg.batch_size * now)
+        if self.acc.is_main_process:
+            print(
+                f"gencraft: warning: {self.out} was trained on {st.processes} process(es) and "
+                f"resumes on {now}: the global batch is now {self.global_batch} (was {was})",
+                file=sys.stderr,
+            )
+        st.processes = now
 
     def budget_left(self) -> str | None:
         """Which budget has run out (None: train on)."""
@@ -346,6 +376,8 @@ class _Loop:
             "step": st.step,
             "epoch": round(st.epoch + st.batch_in_epoch / max(1, len(self.loader)), 4),
             "train_time": round(st.train_time, 3),
+            "processes": self.acc.num_processes,
+            "global_batch": self.global_batch,
         }
         if st.running_n:  # over the whole interval, an interrupt and resume included
             row["train_loss"] = st.running / st.running_n
@@ -483,6 +515,8 @@ class _Loop:
             st.trained_examples,
             self.resumed,
             self.earlier_wall,
+            self.acc.num_processes,
+            self.global_batch,
         )
 
     def run(self) -> FitResult:
@@ -499,8 +533,12 @@ class _Loop:
             return self.result(stopped, st.epoch)
         self.model.train()
         show = self.progress
-        self.bar = tqdm(
-            total=self.total, initial=st.step, desc="train", disable=not show, unit="step"
+        self.bar = tqdm(  # one bar, the main process's
+            total=self.total,
+            initial=st.step,
+            desc="train",
+            disable=not show or not self.acc.is_main_process,
+            unit="step",
         )
         self.last_save = time.perf_counter()
         interrupted = False
