@@ -245,6 +245,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)subcommand parser ``args`` went through, whose usage fits an error."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            sub = action.choices.get(getattr(args, action.dest, None) or "")
+            if sub is not None:
+                return _chosen(sub, args)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from gencraft.cli.flags import given_flags
 
@@ -254,8 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.given = given_flags(parser, argv)  # flags written out, for "does not apply" checks
     if not sys.stderr.isatty():  # transformers' and the hub's own bars: no \r lines in logs
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    if extra and not getattr(args, "takes_extra", False):
-        parser.parse_args(argv)  # the subcommand's own usage and error (exits 2)
+    if extra and not getattr(args, "takes_extra", False):  # the subcommand's usage (exit 2)
+        _chosen(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         from gencraft.cli.options import check_options
 

@@ -132,6 +132,12 @@ def _records(path: Path) -> list[tuple[int, dict]]:
                     f"{path}, line {reader.line_num}: {len(reader.fieldnames) + len(row[None])} "
                     f"cells but the header names {len(reader.fieldnames)}"
                 )
+            short = [k for k, v in row.items() if v is None]
+            if short:  # fewer cells than the header names
+                raise DataError(
+                    f"{path}, line {reader.line_num}: {len(row) - len(short)} cells but the "
+                    f"header names {len(reader.fieldnames)} (no {short[0]!r})"
+                )
             rows.append((reader.line_num, row))
         return rows
     raise DataError(f"{path}: a task file is .jsonl, .csv or .tsv, not {suffix or 'no suffix'}")

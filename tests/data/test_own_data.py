@@ -1,0 +1,165 @@
+"""A researcher's own data (issue 37 §1): task files (.jsonl/.csv/.tsv, or a folder of split
+files) read against a reference grouping over drawn records, LM corpora as a text file or a
+folder, and errors that name the file, the line and the field."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gencraft.data.lm import EOS, UNK, load_lm_corpus
+from gencraft.data.tasks import task_examples, training_pairs
+from gencraft.errors import DataError
+
+TEXT = st.text(
+    alphabet=st.characters(codec="utf-8", exclude_categories=("Cs", "Cc", "Zl", "Zp")),
+    min_size=1,
+    max_size=12,
+).filter(lambda s: s.strip() and s == s.strip())
+SOURCES = st.lists(TEXT, min_size=1, max_size=4, unique=True)
+
+
+def _reference(rows: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """Grouped by source in order of first appearance, references in row order."""
+    out: dict[str, list[str]] = {}
+    for src, tgts in rows:
+        out.setdefault(src, []).extend(tgts)
+    return list(out.items())
+
+
+def _write(path: Path, rows: list[tuple[str, list[str]]], fields=("source", "target")) -> None:
+    if path.suffix == ".jsonl":
+        lines = []
+        for src, tgts in rows:
+            tgt = tgts if len(tgts) > 1 else tgts[0]
+            lines.append(json.dumps({fields[0]: src, fields[1]: tgt, "extra": 1}))
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, delimiter="\t" if path.suffix == ".tsv" else ",")
+        w.writerow([fields[0], "extra", fields[1]])
+        for src, tgts in rows:
+            for t in tgts:  # several references: repeated rows
+                w.writerow([src, "x", t])
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sources=SOURCES,
+    picks=st.lists(
+        st.tuples(st.integers(0, 3), st.lists(TEXT, min_size=1, max_size=3)), max_size=8
+    ),
+    suffix=st.sampled_from([".jsonl", ".csv", ".tsv"]),
+    fields=st.sampled_from([("source", "target"), ("src", "tgt"), ("document", "summary")]),
+)
+def test_task_files_group_references_by_source_as_the_reference_does(
+    tmp_path, sources, picks, suffix, fields
+):
+    rows = [(sources[i % len(sources)], tgts) for i, tgts in picks] or [(sources[0], ["x"])]
+    path = tmp_path / f"data{suffix}"
+    _write(path, rows, fields)
+    kw = {"source_field": fields[0], "target_field": fields[1]}
+    got = task_examples(str(path), "test", **kw)
+    assert [(e.source, e.references) for e in got] == _reference(rows)
+    # every split of a single file is the file; training pairs are one per reference
+    assert [(e.source, e.references) for e in task_examples(str(path), "train", **kw)] == [
+        (e.source, e.references) for e in got
+    ]
+    pairs = training_pairs(str(path), "train", **kw)
+    assert [(p.source, p.target) for p in pairs] == [
+        (s, t) for s, ts in _reference(rows) for t in ts
+    ]
+
+
+def test_a_folder_gives_each_split_its_own_file(tmp_path):
+    (tmp_path / "train.jsonl").write_text(json.dumps({"source": "a", "target": "A"}) + "\n")
+    _write(tmp_path / "dev.csv", [("b", ["B"])])
+    _write(tmp_path / "test.tsv", [("c", ["C1", "C2"])])
+    assert [e.source for e in task_examples(str(tmp_path), "train")] == ["a"]
+    assert [e.source for e in task_examples(str(tmp_path), "validation")] == ["b"]
+    assert [e.references for e in task_examples(str(tmp_path), "test")] == [["C1", "C2"]]
+    e = task_examples(str(tmp_path), "test")[0]
+    assert (e.input, e.document, e.summary) == ("c", "c", "C1")  # what every evaluator reads
+
+
+@pytest.mark.parametrize(
+    ("content", "suffix", "message"),
+    [
+        (
+            '{"source": "a", "target": "b"}\n{"source": "a"}\n',
+            ".jsonl",
+            ", line 2: no field 'target'",
+        ),
+        ('{"source": "a", "target": "b"}\nnot json\n', ".jsonl", ", line 2: not JSON"),
+        ('{"source": "", "target": "b"}\n', ".jsonl", ", line 1: field 'source' must be"),
+        ('{"source": "a", "target": []}\n', ".jsonl", ", line 1: field 'target' must be"),
+        ("[1, 2]\n", ".jsonl", ", line 1: expected a JSON object"),
+        ("source,target\na,b\nc\n", ".csv", ", line 3: 1 cells but the header names 2"),
+        ("source,target\na,b,c\n", ".csv", ", line 2: 3 cells but the header names 2"),
+        ("", ".csv", "empty, or no header line"),
+        ("a b\n", ".txt", "a task file is .jsonl, .csv or .tsv"),
+    ],
+)
+def test_errors_name_the_file_line_and_field(tmp_path, content, suffix, message):
+    path = tmp_path / f"mine{suffix}"
+    path.write_text(content)
+    with pytest.raises(DataError) as err:
+        task_examples(str(path), "test")
+    assert str(path) in str(err.value) and message in str(err.value)
+
+
+def test_missing_paths_and_split_files_are_named(tmp_path):
+    with pytest.raises(DataError, match="no such task file or folder"):
+        task_examples(str(tmp_path / "nope.jsonl"), "test")
+    (tmp_path / "train.jsonl").write_text('{"source": "a", "target": "b"}\n')
+    with pytest.raises(DataError, match=r"no test file .*test\.jsonl"):
+        task_examples(str(tmp_path), "test")
+    with pytest.raises(DataError, match="no field 'tgt'.*--target-field"):
+        task_examples(str(tmp_path), "train", target_field="tgt")
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    lines=st.lists(
+        st.lists(st.sampled_from("a b c d e f".split()), max_size=6), min_size=1, max_size=6
+    ),
+    folder=st.booleans(),
+)
+def test_own_corpora_count_words_like_the_named_ones(tmp_path, lines, folder):
+    """Each line's words then <eos>; the vocabulary from train; a single file is every split."""
+    lines = [*lines, ["a"]]  # at least one word
+    text = "\n".join(" ".join(w) for w in lines) + "\n"
+    if folder:
+        root = tmp_path / f"corpus{len(lines)}"
+        root.mkdir(exist_ok=True)
+        for name in ("train", "valid", "test"):
+            (root / f"{name}.txt").write_text(text)
+        spec = str(root)
+    else:
+        spec = str(tmp_path / "corpus.txt")
+        Path(spec).write_text(text)
+    corpus = load_lm_corpus(spec, splits=("train", "valid", "test"))
+    want = [t for line in lines for t in (*line, EOS)]
+    for split in ("train", "valid", "test"):
+        assert corpus.vocab.decode(corpus[split]) == want
+    assert UNK in corpus.vocab.stoi  # words unseen in train map to <unk>
+
+
+def test_own_corpus_unseen_words_become_unk_and_empty_splits_are_refused(tmp_path):
+    for name, text in (("train", "a b\n"), ("valid", "a z\n"), ("test", "\n")):
+        (tmp_path / f"{name}.txt").write_text(text)
+    corpus = load_lm_corpus(str(tmp_path), splits=("valid",))
+    assert corpus.vocab.decode(corpus["valid"]) == ["a", UNK, EOS]
+    with pytest.raises(DataError, match=r"test\.txt: no words in it"):
+        load_lm_corpus(str(tmp_path), splits=("test",))
+    with pytest.raises(DataError, match="no such corpus file or folder"):
+        load_lm_corpus(str(tmp_path / "missing.txt"))
