@@ -130,7 +130,7 @@ def test_missing_paths_and_split_files_are_named(tmp_path):
 )
 @given(
     lines=st.lists(
-        st.lists(st.sampled_from("a b c d e f".split()), max_size=6), min_size=1, max_size=6
+        st.lists(st.sampled_from(["a", "b", "c", "d", "e", "f"]), max_size=6), min_size=1, max_size=6
     ),
     folder=st.booleans(),
 )

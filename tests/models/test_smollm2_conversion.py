@@ -23,7 +23,9 @@ def test_smollm2_special_tokens_follow_the_gguf_metadata():
     assert model.config.eos_token_id == 2 and model.config.pad_token_id == 2
     assert model.generation_config.eos_token_id in (2, [2])
     assert smollm2_dir().name.endswith(transformers.__version__)  # one cache per release
-    print(f"transformers {transformers.__version__}: eos {tok.eos_token_id}, pad {tok.pad_token_id}")
+    print(
+        f"transformers {transformers.__version__}: eos {tok.eos_token_id}, pad {tok.pad_token_id}"
+    )
 
 
 def test_fame_targets_end_with_the_id_generation_stops_on():
