@@ -121,7 +121,7 @@ def test_missing_paths_and_split_files_are_named(tmp_path):
     (tmp_path / "train.jsonl").write_text('{"source": "a", "target": "b"}\n')
     with pytest.raises(DataError, match=r"no test file .*test\.jsonl"):
         task_examples(str(tmp_path), "test")
-    with pytest.raises(DataError, match="no field 'tgt'.*--target-field"):
+    with pytest.raises(DataError, match=r"no field 'tgt'.*--target-field"):
         task_examples(str(tmp_path), "train", target_field="tgt")
 
 
@@ -129,9 +129,7 @@ def test_missing_paths_and_split_files_are_named(tmp_path):
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    lines=st.lists(
-        st.lists(st.sampled_from(["a", "b", "c", "d", "e", "f"]), max_size=6), min_size=1, max_size=6
-    ),
+    lines=st.lists(st.lists(st.sampled_from(list("abcdef")), max_size=6), min_size=1, max_size=6),
     folder=st.booleans(),
 )
 def test_own_corpora_count_words_like_the_named_ones(tmp_path, lines, folder):
