@@ -123,8 +123,9 @@ class ZoneoutLSTM(nn.Module):
         masks: list[torch.Tensor | None] | None = None,
         keep_state_at: int | None = None,
     ) -> tuple[torch.Tensor, LSTMState, LSTMState | None]:
-        """Run ``x`` [B, T, E] from ``state`` (zeros if None), in float32 (the module
-        docstring says why); outputs in ``x``'s dtype, states in float32.
+        """Run ``x`` [B, T, E] from ``state`` (zeros if None), in the weights' dtype (float32
+        in a half-precision model: the module docstring says why); outputs in ``x``'s dtype,
+        states in the weights' dtype.
 
         Args:
             masks: per-layer input dropout masks from :meth:`sample_masks` (drawn here if None).
@@ -135,21 +136,26 @@ class ZoneoutLSTM(nn.Module):
             ``(outputs [B, T, H], final_state, state_at_keep or None)``; outputs are the last
             layer's h before any output dropout.
         """
-        dtype = x.dtype
+        dtype, run = x.dtype, self.layers[0].weight_hh_l0.dtype  # float32 (or float64)
         with torch.autocast(x.device.type, enabled=False):
-            x = x.float()
+            x = x.to(run)
             if state is not None:
-                state = (state[0].float(), state[1].float())
+                state = (state[0].to(run), state[1].to(run))
             if masks is not None:
-                masks = [m if m is None else m.float() for m in masks]
+                masks = [m if m is None else m.to(run) for m in masks]
             out, final, kept = self._run(x, state, masks, keep_state_at)
         return out.to(dtype), final, kept
 
     def _apply(self, fn, recurse: bool = True):
+        # a cast to half precision leaves the LSTM's weights as they were (float32, not
+        # rounded to half and back); moves to a device still apply
+        before = {name: p.data for name, p in self.named_parameters()}
         super()._apply(fn, recurse)
-        for p in self.parameters():  # a cast of the model leaves the LSTM in float32
-            if p.is_floating_point() and p.dtype != torch.float32:
-                p.data = p.data.float()
+        for name, p in self.named_parameters():
+            if p.dtype in (torch.float16, torch.bfloat16):
+                old = before[name]
+                keep = old.dtype if old.dtype not in (torch.float16, torch.bfloat16) else None
+                p.data = old.to(device=p.device, dtype=keep or torch.float32)
         return self
 
     def _run(
