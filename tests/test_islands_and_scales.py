@@ -152,6 +152,10 @@ def test_heatmap_scale_follows_the_documented_rules(values):
         assert image.norm.vmax == pytest.approx(positive.max())
     else:
         assert image.norm.vmin == pytest.approx(values.min())
+        if values.max() > values.min():
+            assert image.norm.vmax == pytest.approx(values.max())
+    label = image.colorbar.ax.get_ylabel()  # says which scale the reader is looking at
+    assert label == ("p (log scale)" if log else "p")
 
 
 # -- progress lines in logs -------------------------------------------------------------------

@@ -1,0 +1,123 @@
+"""``make mutmut``: the automatic mutation tool (mutmut 3) over gencraft's packages, one
+package at a time against the tests that guard it, with a score per package.
+
+    python .ci/mutmut_run.py plotting metrics/lm       # some packages
+    python .ci/mutmut_run.py --list                     # the packages and their tests
+
+Each package runs in its own work folder (``$GENCRAFT_MUTMUT_DIR``, default
+``/tmp/gencraft-mutmut/<package>``) holding a copy of ``gencraft/`` and ``tests/`` and a
+``pyproject.toml`` whose ``[tool.mutmut]`` names the files to mutate and the tests to run, so
+runs never touch the checkout and resume where they stopped. The scores go to
+``<work>/score.json`` and are printed as one line per package: killed / (killed + survived),
+timeouts counted as killed, mutants no test reaches (``no tests``) counted as survived.
+``.ci/mutations.py`` (hand-written mutations, CI's rotating share) is separate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: package -> (files to mutate, tests that guard them), the held-out list's gaps first
+PACKAGES: dict[str, tuple[list[str], list[str]]] = {
+    "plotting": (["gencraft/plotting.py"], ["tests/test_plots.py", "tests/test_islands_and_scales.py"]),
+    "progress": (["gencraft/progress.py"], ["tests/test_progress.py", "tests/test_islands_and_scales.py"]),
+    "metrics/lm": (["gencraft/metrics/lm.py"], ["tests/metrics"]),
+    "search/custom_generate": (
+        ["gencraft/search/custom_generate.py"],
+        ["tests/test_custom_generate.py", "tests/search/test_batch.py"],
+    ),
+    "models/introspect": (["gencraft/models/introspect.py"], ["tests/models", "tests/test_methods.py"]),
+    "models/placement": (["gencraft/models/placement.py"], ["tests/cli/test_your_data_and_machines.py"]),
+    "data/own": (["gencraft/data/own.py"], ["tests/data/test_own_data.py"]),
+    "training/checkpoint": (["gencraft/training/checkpoint.py"], ["tests/training"]),
+    "nar/decoding": (["gencraft/nar/decoding.py"], ["tests/nar"]),
+}
+
+
+def _config(files: list[str], tests: list[str]) -> str:
+    lines = [
+        "[tool.mutmut]",
+        'source_paths = ["gencraft"]',
+        f"only_mutate = {json.dumps(files)}",
+        f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
+        'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x", "-m", "not slow"]',
+        'process_isolation = "forkserver"',
+        "timeout_multiplier = 5.0",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _score(work: Path) -> dict[str, int]:
+    out = subprocess.run(
+        [sys.executable, "-m", "mutmut", "results", "--all", "true"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+    ).stdout
+    counts: dict[str, int] = {}
+    for line in out.splitlines():
+        if ":" in line:
+            status = line.rsplit(":", 1)[1].strip()
+            counts[status] = counts.get(status, 0) + 1
+    return counts
+
+
+def run(package: str, children: int) -> dict:
+    files, tests = PACKAGES[package]
+    base = Path(os.environ.get("GENCRAFT_MUTMUT_DIR", "/tmp/gencraft-mutmut"))
+    work = base / package.replace("/", "-")
+    work.mkdir(parents=True, exist_ok=True)
+    for name in ("gencraft", "tests"):  # a fresh copy; mutmut's own state in mutants/ stays
+        shutil.rmtree(work / name, ignore_errors=True)
+        shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (work / "pyproject.toml").write_text(_config(files, tests))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env.setdefault("GENCRAFT_DATA_DIR", str(ROOT.parent / "shared" / "data"))
+    cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(children)]
+    subprocess.run(cmd, cwd=work, env=env, stdout=subprocess.DEVNULL)
+    counts = _score(work)
+    killed = counts.get("killed", 0) + counts.get("timeout", 0)
+    survived = counts.get("survived", 0) + counts.get("no tests", 0)
+    result = {
+        "package": package,
+        "files": files,
+        "tests": tests,
+        "counts": counts,
+        "score": round(killed / max(1, killed + survived), 3),
+    }
+    (work / "score.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def main(argv: list[str]) -> int:
+    if "--list" in argv:
+        for name, (files, tests) in PACKAGES.items():
+            print(f"{name:24s} {' '.join(files)}  <-  {' '.join(tests)}")
+        return 0
+    children = int(os.environ.get("GENCRAFT_MUTMUT_CHILDREN", "2"))
+    names = [a for a in argv if not a.startswith("-")] or list(PACKAGES)
+    unknown = [n for n in names if n not in PACKAGES]
+    if unknown:
+        print(f"unknown package(s) {unknown}; --list shows them", file=sys.stderr)
+        return 2
+    for name in names:
+        r = run(name, children)
+        c = r["counts"]
+        print(
+            f"{name:24s} score {r['score']:.3f}  killed {c.get('killed', 0)}  timeout "
+            f"{c.get('timeout', 0)}  survived {c.get('survived', 0)}  no tests "
+            f"{c.get('no tests', 0)}",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,236 @@
+"""Behaviours a held-out list of plausible bugs found unguarded (issue 37 §6), each tested
+against a reference over drawn cases where one exists: layer indices, position limits, model
+shapes and special ids, tiny models' seeds, damaged files, resumable settings, fractional
+epochs, and an export that shares its submodule's name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gencraft.errors import GencraftError
+
+FAST = settings(max_examples=30, deadline=None)
+
+
+# -- layer indices: -n <= i < n, never wrapped from n to 0 ------------------------------------
+@FAST
+@given(n=st.integers(1, 6), picks=st.lists(st.integers(-13, 13), min_size=1, max_size=4))
+def test_prefix_layer_sets_accept_exactly_the_python_indices(n, picks):
+    from gencraft.errors import ConfigError
+    from gencraft.prefix.config import resolve_layers
+
+    if all(-n <= i < n for i in picks):
+        assert resolve_layers(picks, n) == sorted({range(n)[i] for i in picks})
+    else:
+        with pytest.raises(ConfigError, match="out of range"):
+            resolve_layers(picks, n)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    from gencraft.models import load_model
+
+    return load_model("tiny-llama")[0]
+
+
+@settings(max_examples=20, deadline=None)
+@given(picks=st.lists(st.integers(-5, 5), min_size=1, max_size=3))
+def test_attention_sites_by_layer_index(llama, picks):
+    from gencraft.models.attention import select_sites
+
+    n = llama.config.num_hidden_layers
+    if all(-n <= i < n for i in picks):
+        got = [s.layer for s, _ in select_sites(llama, layers=picks)]
+        assert got == sorted({range(n)[i] for i in picks})
+    else:
+        with pytest.raises(GencraftError, match="out of range"):
+            select_sites(llama, layers=picks)
+
+
+@pytest.mark.parametrize("layer", [-1, "n"])
+def test_recurrence_refuses_an_insert_layer_past_the_last(llama, layer):
+    from gencraft.errors import ConfigError
+    from gencraft.recurrence import RecurrenceConfig, RecurrentLM
+
+    n = llama.config.num_hidden_layers
+    if layer == "n":
+        with pytest.raises(ConfigError, match=f"in \\[0, {n}\\)"):
+            RecurrentLM(llama, RecurrenceConfig(window=8, insert_layer=n))
+    else:
+        RecurrentLM(llama, RecurrenceConfig(window=8, insert_layer=n - 1))
+
+
+# -- windowed_nll at and around the position limit --------------------------------------------
+@pytest.fixture(scope="module")
+def short_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=40, n_positions=12, n_embd=16, n_layer=1, n_head=2)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+@FAST
+@given(n=st.integers(2, 30), delta=st.integers(-3, 3), seed=st.integers(0, 2**16))
+def test_windowed_nll_at_the_position_limit(short_gpt2, n, delta, seed):
+    from gencraft.errors import ConfigError
+    from gencraft.metrics import windowed_nll
+
+    positions = short_gpt2.config.n_positions
+    window = max(1, positions + delta)
+    ids = torch.randint(0, 40, (n,), generator=torch.Generator().manual_seed(seed))
+    fed = min(window, n - 1)  # the tokens one pass actually takes
+    if fed > positions:
+        with pytest.raises(ConfigError, match="positions"):
+            windowed_nll(short_gpt2, ids, window=window)
+        return
+    got = windowed_nll(short_gpt2, ids, window=window)
+    if n - 1 <= window:  # one window: the plain forward's NLL
+        with torch.no_grad():
+            logits = short_gpt2(input_ids=ids[None, :-1]).logits[0]
+        want = torch.nn.functional.cross_entropy(logits.double(), ids[1:], reduction="none")
+        torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    assert got.shape == (n - 1,) and bool(torch.isfinite(got).all())
+
+
+# -- model shapes and special ids --------------------------------------------------------------
+@FAST
+@given(heads=st.sampled_from([1, 2, 4]), head_dim=st.sampled_from([4, 8, 12]), kv=st.booleans())
+def test_model_shape_reads_head_dim_from_the_config(heads, head_dim, kv):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from gencraft.models.introspect import model_shape
+
+    cfg = LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=heads,
+        num_key_value_heads=1 if kv else heads,
+        head_dim=head_dim,  # not hidden / heads
+        max_position_embeddings=32,
+    )
+    shape = model_shape(LlamaForCausalLM(cfg))
+    assert (shape.heads, shape.head_dim, shape.kv_heads) == (heads, head_dim, 1 if kv else heads)
+
+
+@FAST
+@given(config_eos=st.integers(0, 20), generation_eos=st.one_of(st.none(), st.integers(0, 20)))
+def test_eos_ids_prefer_the_generation_config(llama, config_eos, generation_eos):
+    from gencraft.models.introspect import eos_ids
+
+    old = (llama.config.eos_token_id, llama.generation_config.eos_token_id)
+    try:
+        llama.config.eos_token_id = config_eos
+        llama.generation_config.eos_token_id = generation_eos
+        want = config_eos if generation_eos is None else generation_eos
+        assert eos_ids(llama) == [want]
+        assert eos_ids(llama, [7, 8]) == [7, 8]  # given ids win
+    finally:
+        llama.config.eos_token_id, llama.generation_config.eos_token_id = old
+
+
+@pytest.mark.parametrize("name", ["llama", "bart", "t5", "bert2bert"])
+def test_tiny_architectures_differ_by_seed_and_pin_the_decoder_start(name):
+    from gencraft.models.architectures import SPECIAL, tiny_architecture
+
+    a, b = tiny_architecture(name, seed=0), tiny_architecture(name, seed=1)
+    same = tiny_architecture(name, seed=0)
+    wa, wb = a.get_input_embeddings().weight, b.get_input_embeddings().weight
+    assert not torch.equal(wa, wb)
+    assert torch.equal(wa, same.get_input_embeddings().weight)
+    if a.config.is_encoder_decoder:
+        assert a.config.decoder_start_token_id is not None
+        assert a.config.decoder_start_token_id in SPECIAL.values()
+
+
+# -- damaged files, resumable settings, fractional epochs ---------------------------------------
+@pytest.mark.parametrize("damaged", ["tokenizer_config.json", "method_config.json"])
+def test_a_damaged_json_file_of_a_run_is_one_line(tmp_path, damaged, capsys):
+    from gencraft.cli.main import main
+    from gencraft.models import load_model
+    from gencraft.prefix import PrefixConfig, PrefixModel
+    from gencraft.training import save_run
+
+    base, tok = load_model("tiny-llama")
+    run = tmp_path / "run"
+    settings_ = {"train": {"model": "tiny-llama", "task": "e2e", "max_source_tokens": 32}}
+    save_run(run, PrefixModel(base, PrefixConfig(num_virtual_tokens=2)), tok, settings_)
+    path = run / damaged
+    path.write_text(path.read_text()[:20])
+    assert main(["prefix", "generate", str(run), "--source", "x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and damaged in err[0] and "damaged or truncated" in err[0]
+
+
+def _fit(tmp_path, **cfg):
+    from gencraft.training import FitConfig, fit
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    data = [torch.randn(2) for _ in range(8)]
+
+    def loss_fn(m, batch):
+        return m(batch).pow(2).mean()
+
+    return fit(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        data,
+        loss_fn=loss_fn,
+        config=FitConfig(**cfg),
+        valid=data[:2],
+        output_dir=tmp_path / "run",
+        save_fn=lambda m, d: torch.save(m.state_dict(), d / "m.pt"),
+        progress=False,
+    )
+
+
+def test_a_resume_may_change_how_often_it_saves_and_where(tmp_path):
+    _fit(tmp_path, batch_size=2, max_steps=1, save_every=300.0)
+    r = _fit(tmp_path, batch_size=2, max_steps=2, save_every=5.0, device="cpu")
+    assert r.steps == 2 and r.resumed
+
+
+@FAST
+@given(batches=st.integers(2, 8), every=st.integers(1, 3))
+def test_mid_epoch_history_rows_have_fractional_epochs(tmp_path_factory, batches, every):
+    tmp = tmp_path_factory.mktemp("fit")
+    r = _fit(tmp, batch_size=8 // batches if 8 % batches == 0 else 1, eval_every=every, epochs=1)
+    per_epoch = 8 // (8 // batches if 8 % batches == 0 else 1)
+    for row in r.history:
+        assert row["epoch"] == pytest.approx(round(row["step"] / per_epoch, 4))
+
+
+def test_save_every_counts_seconds(tmp_path, monkeypatch):
+    """A checkpoint is written once ``save_every`` seconds have passed, however few steps."""
+    import importlib
+
+    fit_module = importlib.import_module("gencraft.training.fit")  # the module, not fit()
+    clock = iter(float(i) * 10.0 for i in range(10_000))  # each reading: 10 s later
+    monkeypatch.setattr(fit_module.time, "perf_counter", lambda: next(clock))
+    saves = []
+    cls = fit_module._Loop
+    real = cls.save_checkpoint
+
+    def counted(self):
+        saves.append(self.st.step)
+        real(self)
+
+    monkeypatch.setattr(cls, "save_checkpoint", counted)
+    _fit(tmp_path, batch_size=2, epochs=1, save_every=15.0, eval_every=100)
+    periodic = [s for s in saves[:-1] if 0 < s < 4]  # before the end-of-run saves
+    assert periodic, saves  # every step is 10+ s apart here: 15 s passes within the epoch
+
+
+def test_an_export_keeps_its_name_after_its_submodule_is_imported():
+    import importlib
+
+    import gencraft.pointer as pointer
+
+    importlib.import_module("gencraft.pointer.evaluate")
+    assert callable(pointer.evaluate) and pointer.evaluate.__name__ == "evaluate"
