@@ -1440,6 +1440,27 @@ M = [
         '                self.acc, [guard.requested, since_save > 1e9 * self.cfg.save_every]',
         'tests/test_unlisted_behaviours.py -k counts_seconds',
     ),
+    (
+        'the global batch forgets the processes',
+        'gencraft/training/fit.py',
+        '        return self.cfg.batch_size * self.cfg.grad_accum * self.acc.num_processes',
+        '        return self.cfg.batch_size * self.cfg.grad_accum',
+        'tests/cli/test_your_data_and_machines.py -k two_processes',
+    ),
+    (
+        'every process prints the header',
+        'gencraft/cli/options.py',
+        '    if os.environ.get("RANK", "0") in ("0", ""):\n        print(*parts, flush=True)',
+        '    if True:\n        print(*parts, flush=True)',
+        'tests/cli/test_your_data_and_machines.py -k two_processes',
+    ),
+    (
+        'a resume on fewer processes keeps the batch position',
+        'gencraft/training/fit.py',
+        '        st.batch_in_epoch = seen // (self.cfg.batch_size * now)',
+        '        st.batch_in_epoch = st.batch_in_epoch',
+        'tests/cli/test_your_data_and_machines.py -k two_processes',
+    ),
 ]
 
 

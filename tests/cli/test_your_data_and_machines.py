@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -465,3 +466,38 @@ def test_the_resume_command_runs_as_printed(argv, world, want):
     if "cli/main.py" in argv[0]:
         argv = [str(Path(gencraft.__file__).parent / "cli" / "main.py"), *argv[1:]]
     assert resume_command(argv, world) == want
+
+
+def test_two_processes_print_once_and_a_resume_on_one_says_so(tmp_path, own, capsys):
+    """``accelerate launch`` with two CPU processes (gloo): one header, one summary with the
+    global batch; the run resumed on one process warns once and its history records both."""
+    import subprocess
+    import sys
+
+    launcher = Path(sys.executable).with_name("accelerate")
+    run = tmp_path / "run"
+    train = ["prefix", "train", "--model", "tiny-gpt2", "--task", str(own / "my task"), *FIELDS]
+    train += ["--batch-size", "2", "--output", str(run), "--quiet"]
+    cmd = [str(launcher), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
+    cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "-m", "gencraft"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [*cmd, *train, "--max-steps", "2"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert out.count("prefix on tiny-gpt2") == 1
+    assert "batch 2 per process x 2 process(es) = 4 examples a step" in out
+    assert out.count('"steps": 2') == 1
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert (summary["processes"], summary["global_batch"]) == (2, 4)
+    capsys.readouterr()
+    assert main([*train, "--max-steps", "4"]) == 0
+    err = capsys.readouterr().err
+    warning = [x for x in err.splitlines() if "resumes on 1" in x]
+    assert len(warning) == 1 and "trained on 2 process(es)" in warning[0]
+    assert "global batch is now 2 (was 4)" in warning[0]
+    history = json.loads((run / "history.json").read_text())
+    assert [(r["processes"], r["global_batch"]) for r in history] == [(2, 4), (1, 2)]
+    # 24 pairs: 2 steps of 4, then 2 steps of 2 = 12 examples, half an epoch
+    assert history[-1]["epoch"] == pytest.approx(0.5)
