@@ -1461,6 +1461,20 @@ M = [
         '        st.batch_in_epoch = st.batch_in_epoch',
         'tests/cli/test_your_data_and_machines.py -k two_processes',
     ),
+    (
+        'custom_generate appends the first EOS whichever ended',
+        'gencraft/search/custom_generate.py',
+        '            end = [eos_token if eos_token is not None else eos[0]] if finished else []',
+        '            end = [eos[0]] if finished else []',
+        'tests/search/test_batch.py -k from_generate_equals_generate',
+    ),
+    (
+        'custom_generate beam drops length_includes_eos',
+        'gencraft/search/custom_generate.py',
+        '            forced_eos=forced_eos,  # type: ignore[arg-type]\n            logits_processor=processors,\n            length_includes_eos=length_includes_eos,',
+        '            forced_eos=forced_eos,  # type: ignore[arg-type]\n            logits_processor=processors,\n            length_includes_eos=False,',
+        'tests/test_custom_generate.py -k length_includes',
+    ),
 ]
 
 

@@ -203,3 +203,27 @@ def test_hub_folder_loads_offline_and_equals_the_callable(name, monkeypatch, tmp
     ref = model.generate(**kw, custom_generate=getattr(cg, name))
     got = model.generate(**kw, custom_generate=str(folder), trust_remote_code=True)
     assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("includes", [False, True])
+@pytest.mark.parametrize("which", ["beam", "exact"])
+def test_length_includes_eos_reaches_the_search(which, includes):
+    """``generate(custom_generate=..., length_includes_eos=...)`` gives what gencraft's own
+    search gives with that setting, and the two settings differ by one token."""
+    model = _causal()
+    ids, mask = _left_padded(PROMPTS)
+    if which == "beam":
+        kw = dict(num_beams=3, max_new_tokens=5, force_length=3, length_includes_eos=includes)
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, custom_generate=cg.beam_search, **kw
+        )
+        own = [search.beam_search(model, torch.tensor([p]), **kw)[0] for p in PROMPTS]
+    else:
+        kw = dict(max_new_tokens=5, length=3, length_includes_eos=includes)
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, custom_generate=cg.exact_mode, **kw
+        )
+        own = [search.exact_mode(model, torch.tensor([p]), **kw) for p in PROMPTS]
+    found = [[*h.tokens, 2] for h in own]
+    assert out.tolist() == _expected_rows(model, PROMPTS, found, ids)
+    assert all(len(h.tokens) == (2 if includes else 3) for h in own)

@@ -264,18 +264,21 @@ class PenaliseEvenRows(LogitsProcessor):
     length=st.sampled_from(["new", "max_length"]),
     n_return=st.integers(1, 2),
     processor=st.sampled_from([None, "ngram", "bad_words", "prefix_fn", "custom"]),
+    eos=st.sampled_from(["model", "several"]),
 )
 def test_batched_beam_search_from_generate_equals_generate(
-    kind, seed, prompts, beams, length, n_return, processor
+    kind, seed, prompts, beams, length, n_return, processor, eos
 ):
     model = _model(kind, seed)
     ed = model.config.is_encoder_decoder
     ids, mask = _batch(prompts, pad=model.generation_config.pad_token_id or 0, left=not ed)
     kw: dict = dict(num_beams=beams, num_return_sequences=min(n_return, beams))
-    if length == "new" or ed:
+    if length == "new":
         kw["max_new_tokens"] = 5
-    else:
-        kw["max_length"] = ids.shape[1] + 5
+    else:  # max_length counts the prompt of a causal LM, the decoder's start of a seq2seq
+        kw["max_length"] = (1 if ed else ids.shape[1]) + 5
+    if eos == "several":  # the EOS appended is the one that ended each output
+        kw["eos_token_id"] = [model.generation_config.eos_token_id, 9, 11]
     if processor == "ngram":
         kw["no_repeat_ngram_size"] = 2
     elif processor == "bad_words":
