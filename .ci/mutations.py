@@ -1475,6 +1475,20 @@ M = [
         '            forced_eos=forced_eos,  # type: ignore[arg-type]\n            logits_processor=processors,\n            length_includes_eos=False,',
         'tests/test_custom_generate.py -k length_includes',
     ),
+    (
+        'a multi-query c_attn is split as if it had three equal parts',
+        'gencraft/models/attention.py',
+        '        if not split or fused.shape[-1] != 3 * split:',
+        '        if False:',
+        'tests/test_unlisted_behaviours.py -k multi_query',
+    ),
+    (
+        'a refusal to attach names no architecture',
+        'gencraft/models/attention.py',
+        '            f"{architecture(model)}: no {kind}-attention module in the {stack} stack matches "',
+        '            f"no {kind}-attention module in the {stack} stack matches "',
+        'tests/test_unlisted_behaviours.py -k no_site',
+    ),
 ]
 
 

@@ -234,3 +234,40 @@ def test_an_export_keeps_its_name_after_its_submodule_is_imported():
 
     importlib.import_module("gencraft.pointer.evaluate")
     assert callable(pointer.evaluate) and pointer.evaluate.__name__ == "evaluate"
+
+
+# -- attention discovery: a refusal at construction that names the model ------------------------
+@pytest.mark.parametrize("multi_query", [True, False])
+def test_a_fused_multi_query_projection_is_refused_by_name(multi_query):
+    from transformers import GPTBigCodeConfig, GPTBigCodeForCausalLM
+
+    from gencraft.recurrence import RecurrenceConfig, RecurrentLM
+
+    torch.manual_seed(0)
+    cfg = GPTBigCodeConfig(
+        vocab_size=32,
+        n_embd=16,
+        n_layer=2,
+        n_head=4,
+        n_positions=32,
+        multi_query=multi_query,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    model = GPTBigCodeForCausalLM(cfg).eval()
+    if multi_query:
+        with pytest.raises(GencraftError) as err:
+            RecurrentLM(model, RecurrenceConfig(window=8))
+        assert "GPTBigCodeForCausalLM (gpt_bigcode)" in str(err.value)
+        assert "multi-query" in str(err.value)
+    else:  # the same class with separate heads attaches and runs
+        rec = RecurrentLM(model, RecurrenceConfig(window=8)).eval()
+        with torch.no_grad():
+            assert torch.isfinite(rec(torch.randint(3, 32, (1, 20))).loss)
+
+
+def test_no_site_in_a_stack_names_the_architecture(llama):
+    from gencraft.models.attention import AttentionPlugin, attach
+
+    with pytest.raises(GencraftError, match=r"LlamaForCausalLM \(llama\): no cross-attention"):
+        attach(llama, AttentionPlugin(), kind="cross")

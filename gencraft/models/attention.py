@@ -411,7 +411,10 @@ def attach(
         modules = [m for _, m in select_sites(model, kind=kind, stack=stack, layers=layers)]
     modules = list(modules)
     if not modules:
-        raise GencraftError(f"no {kind}-attention module in the {stack} stack matches {layers}")
+        raise GencraftError(
+            f"{architecture(model)}: no {kind}-attention module in the {stack} stack matches "
+            f"{'every layer' if layers is None else layers}; this plug-in cannot attach to it"
+        )
     for m in modules:
         if not hasattr(m, _SITE):
             raise GencraftError(f"{type(m).__name__} is not an attention module of this model")
@@ -452,8 +455,8 @@ def input_norm(model: nn.Module, site: AttentionSite) -> nn.Module:
     if names and names <= {*POST_NORMS, "post_feedforward_layernorm"}:
         return nn.Identity()
     raise GencraftError(
-        f"no input norm ({', '.join(INPUT_NORMS)}) found beside {site.name} in "
-        f"{type(block).__name__}"
+        f"{architecture(model)}: no input norm ({', '.join(INPUT_NORMS)}) found beside "
+        f"{site.name} in {type(block).__name__}"
     )
 
 
@@ -486,7 +489,15 @@ def project_key_value(module: nn.Module, hidden: torch.Tensor) -> tuple[torch.Te
         _, k, v = qkv.chunk(3, dim=-1)
         return k, v
     if hasattr(module, "c_attn") and d and not getattr(module, "is_cross_attention", False):
-        _, k, v = module.c_attn(hidden).split(module.split_size, dim=2)
+        fused = module.c_attn(hidden)
+        split = getattr(module, "split_size", None)
+        if not split or fused.shape[-1] != 3 * split:  # e.g. GPTBigCode's multi-query [q | k | v]
+            raise GencraftError(
+                f"{type(module).__name__} fuses its key/value projection in a layout gencraft "
+                f"does not know (c_attn gives {fused.shape[-1]} columns, not 3 x {split}: "
+                "multi-query attention)"
+            )
+        _, k, v = fused.split(split, dim=2)
         return k.view(b, p, -1, d).transpose(1, 2), v.view(b, p, -1, d).transpose(1, 2)
     raise GencraftError(
         f"cannot project keys/values with {type(module).__name__} (no k_proj/v_proj, qkv_proj, "

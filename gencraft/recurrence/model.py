@@ -35,6 +35,7 @@ from gencraft.models.attention import (
     AttentionCall,
     AttentionPlugin,
     ExtraKeyValues,
+    architecture,
     attach,
     attention_context,
     current_context,
@@ -102,14 +103,16 @@ class RecurrentLM(MethodModel):
             if i < len(widths) - 2:
                 parts.append(_ACT[self.config.activation]())
         self.ffn = nn.Sequential(*parts)
-        site, module = select_sites(
-            hf, kind="self", stack="decoder", layers=[self.config.insert_layer]
-        )[0]
-        self.slot = _HPrevSlot(input_norm(hf, site) if self.config.hprev_norm else None)
-        # fail now, not in the second window, for attention modules we cannot project with
-        project_key_value(
-            module, torch.zeros(1, 1, shape.hidden, dtype=next(hf.parameters()).dtype)
-        )
+        try:  # fail now, naming the model, not in the second window
+            site, module = select_sites(
+                hf, kind="self", stack="decoder", layers=[self.config.insert_layer]
+            )[0]
+            self.slot = _HPrevSlot(input_norm(hf, site) if self.config.hprev_norm else None)
+            project_key_value(
+                module, torch.zeros(1, 1, shape.hidden, dtype=next(hf.parameters()).dtype)
+            )
+        except GencraftError as err:
+            raise GencraftError(f"RecurrentLM cannot attach to {architecture(hf)}: {err}") from None
         self._handle = attach(hf, self.slot, modules=[module])
         if not self.config.train_base:
             self._freeze(hf)
