@@ -9,6 +9,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from gencraft.config import REQUIRED, option
 from gencraft.errors import GencraftError, Interrupted
@@ -39,6 +40,18 @@ class DataStatsCommand:
         REQUIRED, "wikitext-2, wikitext-103, ptb, xsum, cnndm, e2e, webnlg or dart", positional=True
     )
     split: str | None = option(None, "one split only (default: all)")
+
+
+@dataclass
+class DataExportCommand:
+    name: str = option(
+        REQUIRED,
+        "a named dataset: wikitext-2, wikitext-103, ptb (a text file per split), or xsum, "
+        "cnndm, e2e, webnlg, dart (JSON lines of source and target)",
+        positional=True,
+    )
+    output: str = option(REQUIRED, "the file to write (.jsonl, .csv or .tsv for a task; .txt)")
+    split: str = option("test", "the split to write")
 
 
 @dataclass
@@ -112,6 +125,43 @@ def data_stats(name: str, split: str | None, data_dir: str | None) -> list[dict]
             )
         return rows
     raise GencraftError(f"unknown dataset {name!r}; choose one of {', '.join(data.DATASETS)}")
+
+
+def export_dataset(name: str, split: str, output: str, data_dir: str | None) -> int:
+    """Write ``split`` of a named dataset in the own-data formats (docs/datasets.md): an LM
+    corpus as plain text, one line per line, ``<unk>`` kept; a task as ``source`` and
+    ``target`` fields, several references as a list (.jsonl) or repeated rows (.csv/.tsv).
+    Returns the lines written."""
+    import csv
+
+    from gencraft import data
+    from gencraft.data.tasks import references_of, source_of, task_examples
+
+    out = Path(output)
+    if name in data.LM_CORPORA:
+        corpus = data.load_lm_corpus(name, data_dir, (split,))
+        lines = corpus.lines[data.lm.normalize_split(split, data.lm.LM_SPLITS)]
+        out.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        return len(lines)
+    examples = task_examples(name, split, data_dir)
+    if out.suffix in (".csv", ".tsv"):
+        with out.open("w", newline="", encoding="utf-8") as f:
+            w = csv.writer(f, delimiter="\t" if out.suffix == ".tsv" else ",")
+            w.writerow(["source", "target"])
+            rows = [(source_of(e), r) for e in examples for r in references_of(e)]
+            w.writerows(rows)
+        return len(rows)
+    with out.open("w", encoding="utf-8") as f:
+        for e in examples:
+            refs = references_of(e)
+            target = refs if len(refs) > 1 else refs[0]
+            f.write(json.dumps({"source": source_of(e), "target": target}) + "\n")
+    return len(examples)
+
+
+def cmd_data_export(args: argparse.Namespace) -> None:
+    n = export_dataset(args.name, args.split, args.output, args.data_dir)
+    print(f"{args.name} {args.split}: {n} lines -> {args.output}")
 
 
 def cmd_data_stats(args: argparse.Namespace) -> None:
@@ -211,6 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_arguments(s, RunOptions, only=("json",))
     _add_data_dir(s)
     s.set_defaults(func=cmd_data_stats)
+    x = dsub.add_parser("export", help="write a named dataset in the own-data formats")
+    add_dataclass_arguments(x, DataExportCommand)
+    _add_data_dir(x)
+    x.set_defaults(func=cmd_data_export, output_kind="file")
 
     p = sub.add_parser("generate", help="generate text with a model")
     add_dataclass_arguments(p, GenerateCommand)

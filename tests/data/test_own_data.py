@@ -161,3 +161,34 @@ def test_own_corpus_unseen_words_become_unk_and_empty_splits_are_refused(tmp_pat
         load_lm_corpus(str(tmp_path), splits=("test",))
     with pytest.raises(DataError, match="no such corpus file or folder"):
         load_lm_corpus(str(tmp_path / "missing.txt"))
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".tsv"])
+@pytest.mark.parametrize("name", ["e2e", "xsum"])
+def test_a_named_task_exported_reads_back_the_same(shared_data, tmp_path, name, suffix):
+    from gencraft.cli.main import main
+    from gencraft.data.tasks import references_of, source_of
+
+    out = tmp_path / f"{name}{suffix}"
+    argv = ["data", "export", name, "--split", "test", "--output", str(out)]
+    assert main([*argv, "--data-dir", str(shared_data)]) == 0
+    want = task_examples(name, "test", str(shared_data))
+    got = task_examples(str(out), "test")
+    key = [(source_of(e), references_of(e)) for e in want]
+    if suffix == ".tsv":  # repeated rows are grouped by source text: merge duplicates alike
+        merged: dict[str, list[str]] = {}
+        for s, refs in key:
+            merged.setdefault(s, []).extend(refs)
+        key = list(merged.items())
+    assert [(e.source, e.references) for e in got] == key
+
+
+def test_a_named_corpus_exported_reads_back_the_same_words(shared_data, tmp_path):
+    from gencraft.cli.main import main
+
+    out = tmp_path / "ptb-valid.txt"
+    argv = ["data", "export", "ptb", "--split", "valid", "--output", str(out)]
+    assert main([*argv, "--data-dir", str(shared_data)]) == 0
+    want = load_lm_corpus("ptb", str(shared_data), ("valid",))
+    got = load_lm_corpus(str(out), splits=("valid",))
+    assert got.vocab.decode(got["valid"]) == want.vocab.decode(want["valid"])
