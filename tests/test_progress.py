@@ -32,3 +32,58 @@ def test_a_closed_transient_bar_leaves_no_blank_lines(capsys, monkeypatch):
     bar.update(3)
     bar.close()
     assert all(line.strip() for line in capsys.readouterr().err.splitlines())
+
+
+class _Tty(__import__("io").StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+class _Closed(__import__("io").StringIO):
+    def isatty(self) -> bool:
+        raise ValueError("I/O operation on closed file")
+
+
+def test_a_terminal_keeps_tqdms_redraws_and_immediate_postfix():
+    tty = _Tty()
+    bar = tqdm(total=3, file=tty, desc="t")
+    assert not bar._plain
+    before = tty.getvalue().count("\r")
+    bar.set_postfix(loss=1.0)  # a terminal redraws at once
+    bar.set_postfix_str("x=2")
+    bar.set_description("u")
+    assert tty.getvalue().count("\r") >= before + 3
+    bar.close()
+
+
+def test_a_stream_that_cannot_say_is_not_a_terminal():
+    import io
+
+    assert tqdm(total=1, file=_Closed())._plain
+    assert tqdm(total=1, file=io.StringIO())._plain
+
+
+def test_plain_lines_are_ascii_narrow_and_carry_every_update(monkeypatch):
+    import io
+
+    monkeypatch.setenv("GENCRAFT_PROGRESS_SECONDS", "1000")
+    out = io.StringIO()
+    bar = tqdm(total=50, file=out, desc="a")
+    for _ in range(50):
+        bar.set_description("train")
+        bar.set_postfix_str("lr=0.1")
+        bar.update(1)
+    bar.close()
+    lines = out.getvalue().splitlines()
+    last = lines[-1]
+    assert last.startswith("train:") and "lr=0.1" in last and "50/50" in last
+    assert all(line.isascii() and len(line) <= 100 and line == line.strip() for line in lines)
+    assert bar.maxinterval >= 10.0
+
+
+def test_a_negative_or_unreadable_period_falls_back_to_the_default(monkeypatch):
+    import io
+
+    for value in ("-5", "soon"):
+        monkeypatch.setenv("GENCRAFT_PROGRESS_SECONDS", value)
+        assert tqdm(total=1, file=io.StringIO()).mininterval == 30.0
