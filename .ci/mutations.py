@@ -1489,6 +1489,34 @@ M = [
         '            f"no {kind}-attention module in the {stack} stack matches "',
         'tests/test_unlisted_behaviours.py -k no_site',
     ),
+    (
+        'NAR max_target_length ignores the decoder positions',
+        'gencraft/nar/model.py',
+        '        return min(self.nar_settings.max_target_length, positions)',
+        '        return self.nar_settings.max_target_length',
+        'tests/test_unlisted_behaviours.py -k capped_by_the_decoder',
+    ),
+    (
+        'NAR decoder start is the pad id',
+        'gencraft/nar/model.py',
+        '    start = cfg.bos_token_id if cfg.bos_token_id is not None else cfg.pad_token_id',
+        '    start = cfg.pad_token_id',
+        'tests/test_unlisted_behaviours.py -k mlms_bos',
+    ),
+    (
+        'the seq2seq stepper counts the source against the decoder',
+        'gencraft/models/stepping.py',
+        '        need = max_new_tokens + (1 if self.is_ed else int(lengths.max()))',
+        '        need = max_new_tokens + int(lengths.max())',
+        'tests/test_unlisted_behaviours.py -k stepper_counts',
+    ),
+    (
+        'a plain bar counts a terminal',
+        'gencraft/progress.py',
+        '        self._plain = not notebook and not _is_terminal(stream)',
+        '        self._plain = not notebook',
+        'tests/test_progress.py -k terminal_keeps',
+    ),
 ]
 
 

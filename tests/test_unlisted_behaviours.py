@@ -271,3 +271,94 @@ def test_no_site_in_a_stack_names_the_architecture(llama):
 
     with pytest.raises(GencraftError, match=r"LlamaForCausalLM \(llama\): no cross-attention"):
         attach(llama, AttentionPlugin(), kind="cross")
+
+
+# -- NAR conversions ---------------------------------------------------------------------------
+@settings(max_examples=12, deadline=None)
+@given(wanted=st.integers(1, 1200))
+def test_nar_max_target_length_is_capped_by_the_decoder_positions(wanted):
+    from gencraft.nar import mlm_to_seq2seq
+
+    model = mlm_to_seq2seq("tiny-bert", seed=0, max_target_length=wanted)
+    positions = model.config.decoder.max_position_embeddings
+    assert model.max_target_length == min(wanted, positions)
+
+
+@pytest.mark.parametrize(("cls", "bos", "pad"), [("Roberta", 0, 1), ("Electra", None, 0)])
+def test_nar_decoder_start_is_the_mlms_bos_where_it_has_one(cls, bos, pad):
+    import transformers
+
+    from gencraft.nar import mlm_to_seq2seq
+
+    cfg = getattr(transformers, f"{cls}Config")(
+        vocab_size=40,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=40,
+        bos_token_id=bos,
+        pad_token_id=pad,
+        eos_token_id=2,
+        **({"embedding_size": 16} if cls == "Electra" else {}),
+    )
+    torch.manual_seed(0)
+    mlm = getattr(transformers, f"{cls}ForMaskedLM")(cfg).eval()
+    model = mlm_to_seq2seq(mlm, seed=0)
+    want = bos if bos is not None else pad
+    assert model.config.decoder_start_token_id == want
+    assert model.generation_config.decoder_start_token_id == want
+
+
+@pytest.fixture(scope="module")
+def short_models():
+    from transformers import BartConfig, BartForConditionalGeneration, GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    bart = BartForConditionalGeneration(
+        BartConfig(
+            vocab_size=40,
+            d_model=16,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=32,
+            decoder_ffn_dim=32,
+            max_position_embeddings=16,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+            decoder_start_token_id=2,
+            forced_eos_token_id=None,
+        )
+    ).eval()
+    gpt2 = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=40,
+            n_positions=16,
+            n_embd=16,
+            n_layer=1,
+            n_head=2,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    ).eval()
+    return {"bart": bart, "gpt2": gpt2}
+
+
+@FAST
+@given(kind=st.sampled_from(["bart", "gpt2"]), prompt=st.integers(1, 16), new=st.integers(1, 20))
+def test_the_stepper_counts_what_each_stack_holds(short_models, kind, prompt, new):
+    """A decoder-only model holds prompt + new tokens; an encoder-decoder's decoder holds its
+    start token + new tokens, whatever the source's length (the encoder holds that)."""
+    from gencraft.models.stepping import HFStepper
+
+    model = short_models[kind]
+    ids = torch.randint(3, 40, (1, prompt))
+    need = 1 + new if kind == "bart" else prompt + new
+    if need <= 16:
+        HFStepper(model, ids, max_new_tokens=new)
+    else:
+        with pytest.raises(GencraftError, match="exceeds the model's context of 16"):
+            HFStepper(model, ids, max_new_tokens=new)
