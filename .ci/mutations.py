@@ -1517,6 +1517,20 @@ M = [
         '        self._plain = not notebook',
         'tests/test_progress.py -k terminal_keeps',
     ),
+    (
+        'FAME reads a sliding-window last layer',
+        'gencraft/focus/capture.py',
+        '    full = [(s, m) for s, m in sites if not getattr(m, "sliding_window", None)]',
+        '    full = sites',
+        'tests/test_unlisted_behaviours.py -k whole_source',
+    ),
+    (
+        "a post-norm block's h_prev gets its post norm",
+        'gencraft/models/attention.py',
+        '    if names and names <= {*POST_NORMS, "post_feedforward_layernorm"}:\n        return nn.Identity()',
+        '    if names and names <= {*POST_NORMS, "post_feedforward_layernorm"}:\n        return getattr(block, POST_NORMS[0])',
+        'tests/test_unlisted_behaviours.py -k olmo2',
+    ),
 ]
 
 

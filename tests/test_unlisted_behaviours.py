@@ -362,3 +362,30 @@ def test_the_stepper_counts_what_each_stack_holds(short_models, kind, prompt, ne
     else:
         with pytest.raises(GencraftError, match="exceeds the model's context of 16"):
             HFStepper(model, ids, max_new_tokens=new)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gemma2", "gemma3_text", "qwen2", "olmo2"])
+def test_fame_reads_the_last_decoder_layer_that_sees_the_whole_source(name):
+    """A sliding-window last layer (Gemma-2/3) is passed over for the last full-attention
+    one; elsewhere FAME reads the last layer."""
+    from gencraft.focus.capture import find_attention_module
+    from gencraft.models.architectures import tiny_architecture
+    from gencraft.models.attention import attention_sites
+
+    model = tiny_architecture(name)
+    sites = [(s, m) for s, m in attention_sites(model) if s.kind == "self" and s.stack == "decoder"]
+    full = [s.name for s, m in sites if not getattr(m, "sliding_window", None)]
+    got, module = find_attention_module(model, "self")
+    assert got == full[-1] and not getattr(module, "sliding_window", None)
+    if name.startswith("gemma"):
+        assert getattr(sites[-1][1], "sliding_window", None) or got == sites[-1][0].name
+
+
+def test_olmo2_post_norm_blocks_give_h_prev_no_input_norm():
+    from gencraft.models.architectures import tiny_architecture
+    from gencraft.models.attention import input_norm, select_sites
+
+    for name, post in (("olmo2", True), ("llama", False)):
+        model = tiny_architecture(name)
+        site, _ = select_sites(model, kind="self", layers=[0])[0]
+        assert isinstance(input_norm(model, site), torch.nn.Identity) == post

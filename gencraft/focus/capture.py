@@ -35,7 +35,7 @@ def find_attention_module(model: nn.Module, kind: str) -> tuple[str, nn.Module]:
     sites = [(s, m) for s, m in attention_sites(model) if s.kind == kind and s.stack == "decoder"]
     if not sites:
         raise GencraftError(
-            f"unsupported architecture {type(model).__name__}: no {kind}-attention module was "
+            f"{architecture(model)} is not supported by FAME: no {kind}-attention module was "
             "found in its decoder"
         )
     # a sliding-window layer (Gemma-2/3) sees only the last keys: its attention is not over the
