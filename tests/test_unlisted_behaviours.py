@@ -389,3 +389,28 @@ def test_olmo2_post_norm_blocks_give_h_prev_no_input_norm():
         model = tiny_architecture(name)
         site, _ = select_sites(model, kind="self", layers=[0])[0]
         assert isinstance(input_norm(model, site), torch.nn.Identity) == post
+
+
+@pytest.mark.parametrize("types", [("full", "full", "sliding"), ("sliding", "sliding", "sliding")])
+def test_fame_passes_over_a_sliding_last_layer_or_refuses(types):
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    from gencraft.focus.capture import find_attention_module
+
+    cfg = Gemma2Config(
+        vocab_size=40,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        sliding_window=4,
+        layer_types=[f"{t}_attention" for t in types],
+    )
+    model = Gemma2ForCausalLM(cfg)
+    if "full" in types:
+        assert find_attention_module(model, "self")[0] == "model.layers.1.self_attn"
+    else:
+        with pytest.raises(GencraftError, match=r"Gemma2ForCausalLM \(gemma2\) is not supported"):
+            find_attention_module(model, "self")
