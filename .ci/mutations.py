@@ -1522,7 +1522,7 @@ M = [
         'gencraft/focus/capture.py',
         '    full = [(s, m) for s, m in sites if not getattr(m, "sliding_window", None)]',
         '    full = sites',
-        'tests/test_unlisted_behaviours.py -k whole_source',
+        "tests/test_unlisted_behaviours.py -k 'whole_source or sliding_last'",
     ),
     (
         "a post-norm block's h_prev gets its post norm",
