@@ -1531,6 +1531,13 @@ M = [
         '    if names and names <= {*POST_NORMS, "post_feedforward_layernorm"}:\n        return getattr(block, POST_NORMS[0])',
         'tests/test_unlisted_behaviours.py -k olmo2',
     ),
+    (
+        'a plug-in on both stacks skips its check with encoder_outputs',
+        'gencraft/models/attention.py',
+        '        encoder_only = all(getattr(m, _SITE).stack == "encoder" for m in self.modules)',
+        '        encoder_only = any(getattr(m, _SITE).stack == "encoder" for m in self.modules)',
+        'tests/test_unlisted_behaviours.py -k both_stacks',
+    ),
 ]
 
 

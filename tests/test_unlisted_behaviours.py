@@ -414,3 +414,24 @@ def test_fame_passes_over_a_sliding_last_layer_or_refuses(types):
     else:
         with pytest.raises(GencraftError, match=r"Gemma2ForCausalLM \(gemma2\) is not supported"):
             find_attention_module(model, "self")
+
+
+def test_a_plugin_on_both_stacks_still_refuses_when_its_decoder_bypasses_the_dispatcher():
+    """``generate`` runs the encoder once, then the decoder with ``encoder_outputs``: the
+    guard must still check the decoder's modules, not skip the check as for an encoder-only
+    plug-in."""
+    from gencraft.models.attention import AttentionPlugin, attach
+    from gencraft.models.tiny import build_tiny_model
+
+    model = build_tiny_model("tiny-bart", 0)
+    ids = torch.tensor([[5, 6, 7, 2]])
+    with torch.no_grad():
+        enc = model.get_encoder()(input_ids=ids)
+    for layer in model.model.decoder.layers:  # a decoder whose attention skips the registry
+        layer.self_attn.forward = lambda hidden_states, *a, **k: (hidden_states, None)
+    handle = attach(model, AttentionPlugin(), kind="self", stack="any")
+    with pytest.raises(
+        GencraftError, match=r"BartForConditionalGeneration \(bart\) is not supported"
+    ):
+        model(encoder_outputs=enc, decoder_input_ids=torch.tensor([[2, 5]]))
+    handle.remove()
