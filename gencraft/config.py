@@ -46,6 +46,15 @@ def check(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def field_options() -> tuple[Any, Any]:
+    """The ``source_field`` and ``target_field`` of a training config whose task may be a
+    path (one definition for every method's flags)."""
+    return (
+        option("source", "with --task PATH: the field holding the input"),
+        option("target", "with --task PATH: the field holding the reference (text or a list)"),
+    )
+
+
 def own_task(task: str, names: tuple[str, ...], what: str = "task") -> str:
     """``task`` (or a ``corpus``: ``what``) checked for a training config: one of ``names``, or
     a path to the user's own data, which the run records absolute (so it evaluates from any

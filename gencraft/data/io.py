@@ -40,11 +40,10 @@ def read_text_lines(path: str | Path) -> list[str]:
     return read_text(path).splitlines()
 
 
-def read_jsonl(path: str | Path, required: Iterable[str] = ()) -> list[dict]:
-    """Read a JSON-lines file (blank lines skipped); every record must be an object holding
-    the ``required`` keys. Raises DataError naming the file and line on bad input."""
+def read_jsonl_numbered(path: str | Path) -> list[tuple[int, dict]]:
+    """(line number, object) of each non-blank line of a JSON-lines file; DataError naming
+    the file and line for a line that is not a JSON object."""
     path = Path(path)
-    required = tuple(required)
     rows = []
     for lineno, line in enumerate(read_text_lines(path), 1):
         if not line.strip():
@@ -52,12 +51,23 @@ def read_jsonl(path: str | Path, required: Iterable[str] = ()) -> list[dict]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
-            raise DataError(f"{path}:{lineno}: malformed JSON line ({err.msg})") from err
+            raise DataError(f"{path}, line {lineno}: not JSON ({err.msg})") from None
         if not isinstance(row, dict):
-            raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            raise DataError(
+                f"{path}, line {lineno}: expected a JSON object, got {type(row).__name__}"
+            )
+        rows.append((lineno, row))
+    return rows
+
+
+def read_jsonl(path: str | Path, required: Iterable[str] = ()) -> list[dict]:
+    """Read a JSON-lines file (blank lines skipped); every record must be an object holding
+    the ``required`` keys. Raises DataError naming the file and line on bad input."""
+    rows = []
+    for lineno, row in read_jsonl_numbered(path):
         missing = [k for k in required if k not in row]
         if missing:
-            raise DataError(f"{path}:{lineno}: missing field(s) {', '.join(missing)}")
+            raise DataError(f"{path}, line {lineno}: missing field(s) {', '.join(missing)}")
         rows.append(row)
     return rows
 

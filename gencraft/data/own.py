@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gencraft.data.io import normalize_split, read_text
+from gencraft.data.io import normalize_split, read_jsonl_numbered, read_text
 from gencraft.errors import DataError
 
 TASK_SUFFIXES = (".jsonl", ".csv", ".tsv")
@@ -107,20 +106,7 @@ def _records(path: Path) -> list[tuple[int, dict]]:
     suffix = path.suffix.lower()
     text = read_text(path)
     if suffix == ".jsonl":
-        rows = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}, line {lineno}: not JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise DataError(
-                    f"{path}, line {lineno}: expected a JSON object, got {type(row).__name__}"
-                )
-            rows.append((lineno, row))
-        return rows
+        return read_jsonl_numbered(path)
     if suffix in (".csv", ".tsv"):
         reader = csv.DictReader(io.StringIO(text), delimiter="\t" if suffix == ".tsv" else ",")
         if not reader.fieldnames:

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from gencraft.config import check, option, own_task, positive
+from gencraft.config import check, field_options, option, own_task, positive
 from gencraft.training.config import FitConfig, fit_options
 
 OBJECTIVES = ("sundae", "mask-predict", "autoregressive")
@@ -130,10 +130,9 @@ class NARTrainConfig:
         "seq2seq task: e2e, webnlg, dart, or your own data as a path (a .jsonl, .csv or .tsv "
         "file, or a folder of train/valid/test files: docs/datasets.md)",
     )
-    source_field: str = option("source", "with --task PATH: the field holding the input")
-    target_field: str = option(
-        "target", "with --task PATH: the field holding the reference (text or a list)"
-    )
+    source_field: str
+    target_field: str
+    source_field, target_field = field_options()
     preset: Literal["auto", "pretrained", "scratch"] = option(
         "auto", "Appendix A's settings: auto picks pretrained or scratch by --pretrained"
     )

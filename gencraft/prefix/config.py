@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gencraft.config import check, option, own_task, positive
+from gencraft.config import check, field_options, option, own_task, positive
 from gencraft.errors import ConfigError
 from gencraft.extras import require
 from gencraft.training.config import FitConfig, fit_options
@@ -246,10 +246,9 @@ class PrefixTrainConfig:
         "dataset: e2e, dart (dev split), xsum, or your own data as a path (a .jsonl, .csv or "
         ".tsv file, or a folder of train/valid/test files: docs/datasets.md)",
     )
-    source_field: str = option("source", "with --task PATH: the field holding the input")
-    target_field: str = option(
-        "target", "with --task PATH: the field holding the reference (text or a list)"
-    )
+    source_field: str
+    target_field: str
+    source_field, target_field = field_options()
     method: Literal["prefix", "peft", "finetune"] = option(
         "prefix",
         "prefix-tuning (base frozen), the same through peft's PrefixTuning (same start), or "

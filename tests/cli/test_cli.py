@@ -72,7 +72,7 @@ def test_eval_errors_are_clear(tmp_path, capsys):
     (tmp_path / "pred.txt").write_text("a\n")
     (tmp_path / "ref.txt").write_text("a\nb\n")
     cases = [
-        ("pred.jsonl", "ref.txt", "rouge", "pred.jsonl:2: malformed JSON line"),
+        ("pred.jsonl", "ref.txt", "rouge", "pred.jsonl, line 2: not JSON"),
         ("pred.txt", "ref.txt", "rouge", "1 predictions but 2 references"),
         ("pred.txt", "pred.txt", "novel", "metric 'novel' needs --sources"),
         ("pred.txt", "pred.txt", "meteor", "unknown metric(s) meteor"),
