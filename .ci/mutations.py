@@ -1538,6 +1538,13 @@ M = [
         '        encoder_only = any(getattr(m, _SITE).stack == "encoder" for m in self.modules)',
         'tests/test_unlisted_behaviours.py -k both_stacks',
     ),
+    (
+        'own task ids are not read',
+        'gencraft/data/own.py',
+        '            grouped[source] = OwnExample(str(row.get("id", len(grouped))), source, [])',
+        '            grouped[source] = OwnExample(str(len(grouped)), source, [])',
+        'tests/data/test_own_data.py -k survivors',
+    ),
 ]
 
 

@@ -28,7 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     "plotting": (["gencraft/plotting.py"], ["tests/test_plots.py", "tests/test_islands_and_scales.py"]),
     "progress": (["gencraft/progress.py"], ["tests/test_progress.py", "tests/test_islands_and_scales.py"]),
-    "metrics/lm": (["gencraft/metrics/lm.py"], ["tests/metrics"]),
+    "metrics/lm": (
+        ["gencraft/metrics/lm.py"],
+        ["tests/metrics", "tests/test_unlisted_behaviours.py"],
+    ),
     "search/custom_generate": (
         ["gencraft/search/custom_generate.py"],
         ["tests/test_custom_generate.py", "tests/search/test_batch.py"],

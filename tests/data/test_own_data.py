@@ -192,3 +192,26 @@ def test_a_named_corpus_exported_reads_back_the_same_words(shared_data, tmp_path
     want = load_lm_corpus("ptb", str(shared_data), ("valid",))
     got = load_lm_corpus(str(out), splits=("valid",))
     assert got.vocab.decode(got["valid"]) == want.vocab.decode(want["valid"])
+
+
+def test_mutmut_survivors_ids_blank_lines_list_sources_and_ambiguous_folders(tmp_path):
+    """Gaps mutmut found in the first run over gencraft/data/own.py."""
+    from gencraft.data.own import read_task_file
+
+    path = tmp_path / "t.jsonl"
+    rows = [{"id": "a1", "source": "s1", "target": "t1"}, {"source": "s2", "target": "t2"}]
+    path.write_text(json.dumps(rows[0]) + "\n\n" + json.dumps(rows[1]) + "\n")  # a blank line
+    got = read_task_file(path)  # default fields: source, target
+    assert [(e.id, e.source, e.references) for e in got] == [
+        ("a1", "s1", ["t1"]),
+        ("1", "s2", ["t2"]),
+    ]
+    path.write_text(json.dumps({"source": ["a", "b"], "target": "t"}) + "\n")
+    with pytest.raises(DataError, match="field 'source' must be non-empty text, got"):
+        read_task_file(path)
+    folder = tmp_path / "two"
+    folder.mkdir()
+    (folder / "test.jsonl").write_text(json.dumps(rows[1]) + "\n")
+    (folder / "test.csv").write_text("source,target\ns,t\n")
+    with pytest.raises(DataError, match=r"several test files \(test\.jsonl, test\.csv\)"):
+        task_examples(str(folder), "test")
