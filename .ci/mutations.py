@@ -1450,7 +1450,7 @@ M = [
     (
         'every process prints the header',
         'gencraft/cli/options.py',
-        '    if os.environ.get("RANK", "0") in ("0", ""):\n        print(*parts, flush=True)',
+        '    if world_rank() == 0:\n        print(*parts, flush=True)',
         '    if True:\n        print(*parts, flush=True)',
         'tests/cli/test_your_data_and_machines.py -k two_processes',
     ),

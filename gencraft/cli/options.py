@@ -192,12 +192,20 @@ def world_size() -> int:
         return 1
 
 
+def world_rank() -> int:
+    """This process's rank under ``accelerate launch``/torchrun (0 alone)."""
+    import os
+
+    try:
+        return int(os.environ.get("RANK") or 0)
+    except ValueError:
+        return 0
+
+
 def say(*parts: object) -> None:
     """``print`` on the main process only: one header, one summary under ``accelerate
     launch``."""
-    import os
-
-    if os.environ.get("RANK", "0") in ("0", ""):
+    if world_rank() == 0:
         print(*parts, flush=True)
 
 

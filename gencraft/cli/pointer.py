@@ -60,7 +60,7 @@ def _corpus(name: str, data_dir: str | None, splits: tuple[str, ...]) -> Any:
 
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
-    from gencraft.cli.options import default_output, say
+    from gencraft.cli.options import default_output, say, world_rank
     from gencraft.pointer import PointerSentinelLSTM, PointerTrainer, TrainConfig
     from gencraft.pointer.evaluate import evaluate
     from gencraft.pointer.train import preset_k1
@@ -107,7 +107,8 @@ def cmd_train(args: argparse.Namespace) -> None:
             desc=split,
         )
         result[f"{split}_ppl"] = r["ppl"]
-    (out / "results.json").write_text(json.dumps(result, indent=2))
+    if world_rank() == 0:  # one writer under accelerate launch
+        (out / "results.json").write_text(json.dumps(result, indent=2))
     say(json.dumps(result, indent=2))
 
 

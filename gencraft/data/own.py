@@ -6,7 +6,8 @@ formats. Each record has a source field and a target field (``--source-field`` /
 ``--target-field``, default ``source`` / ``target``). Several references per source are
 written either as a JSON list in the target field, or as repeated rows with the same source:
 rows are grouped by source text, in order of first appearance. A single file serves every
-split (a train command then validates on its training data and says so).
+split (a train command then validates on its training data: a folder with a valid file
+holds data out).
 
 **LM corpora** (``--corpus PATH``): a plain UTF-8 text file, or a folder holding
 ``train.txt``, ``valid.txt`` and ``test.txt``. Lines are split on whitespace, each followed by

@@ -20,6 +20,7 @@ does the rest the same way for every method:
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -115,7 +116,8 @@ class FitResult:
             **extra,
             "history": self.history,
         }
-        write_json(Path(directory) / "train_summary.json", summary)
+        if os.environ.get("RANK", "0") in ("0", ""):  # one writer under accelerate launch
+            write_json(Path(directory) / "train_summary.json", summary)
         return summary
 
 
