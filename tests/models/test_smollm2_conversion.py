@@ -6,9 +6,30 @@ from __future__ import annotations
 
 import pytest
 
+from gencraft.errors import ModelLoadError
+
 pytestmark = pytest.mark.slow
 
 
+def _old_release() -> bool:
+    import transformers
+    from packaging.version import Version
+
+    return Version(transformers.__version__) < Version("5.14")
+
+
+# measured in make test-compat (2026-11-25): under the floor, transformers 5.5.0, the GGUF
+# conversion gives a tokenizer of 49,157 tokens for an embedding table of 49,152 rows, and
+# load_model refuses it; strict, so a fix shows up as a failure to remove this mark
+FLOOR_FAILS = pytest.mark.xfail(
+    condition=_old_release(),
+    raises=ModelLoadError,
+    strict=True,
+    reason="SmolLM2's GGUF tokenizer converts to 49,157 tokens under transformers < 5.14",
+)
+
+
+@FLOOR_FAILS
 def test_smollm2_special_tokens_follow_the_gguf_metadata():
     import transformers
 
@@ -28,6 +49,7 @@ def test_smollm2_special_tokens_follow_the_gguf_metadata():
     )
 
 
+@FLOOR_FAILS
 def test_fame_targets_end_with_the_id_generation_stops_on():
     from gencraft.focus.data import SummaryEncoder
     from gencraft.models import load_model
