@@ -41,3 +41,19 @@ def seed_everything(seed: int) -> None:
 def default_device() -> str:
     """``"cuda"`` when a GPU is there, else ``"cpu"`` (where experiments run by default)."""
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def world_size() -> int:
+    """Processes of this run (``accelerate launch``/torchrun set ``WORLD_SIZE``; 1 alone)."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE") or 1))
+    except ValueError:
+        return 1
+
+
+def world_rank() -> int:
+    """This process's rank (torchrun sets ``RANK``; 0 alone): only rank 0 prints and writes."""
+    try:
+        return int(os.environ.get("RANK") or 0)
+    except ValueError:
+        return 0

@@ -334,7 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             args.func(args)
     except Interrupted as err:  # Ctrl-C during training: saved, one line, no traceback
-        if os.environ.get("RANK", "0") in ("0", ""):  # one process says it
+        from gencraft.utils import world_rank
+
+        if world_rank() == 0:  # one process says it
             print(f"gencraft: {err}", file=sys.stderr)
         return 130
     except KeyboardInterrupt:

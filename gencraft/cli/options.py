@@ -182,35 +182,19 @@ class JsonLines:
         self.close()
 
 
-def world_size() -> int:
-    """Processes of this run (``accelerate launch``/torchrun set ``WORLD_SIZE``)."""
-    import os
-
-    try:
-        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
-
-
-def world_rank() -> int:
-    """This process's rank under ``accelerate launch``/torchrun (0 alone)."""
-    import os
-
-    try:
-        return int(os.environ.get("RANK") or 0)
-    except ValueError:
-        return 0
-
-
 def say(*parts: object) -> None:
     """``print`` on the main process only: one header, one summary under ``accelerate
     launch``."""
+    from gencraft.utils import world_rank
+
     if world_rank() == 0:
         print(*parts, flush=True)
 
 
 def batch_note(batch_size: int, grad_accum: int = 1) -> str:
     """The global batch in words: ``--batch-size`` is per process."""
+    from gencraft.utils import world_size
+
     n = world_size()
     step = batch_size * grad_accum * n
     accum = f" x {grad_accum} accumulated" if grad_accum > 1 else ""

@@ -60,11 +60,11 @@ def _corpus(name: str, data_dir: str | None, splits: tuple[str, ...]) -> Any:
 
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
-    from gencraft.cli.options import default_output, say, world_rank
+    from gencraft.cli.options import default_output, say
     from gencraft.pointer import PointerSentinelLSTM, PointerTrainer, TrainConfig
     from gencraft.pointer.evaluate import evaluate
     from gencraft.pointer.train import preset_k1
-    from gencraft.utils import seed_everything
+    from gencraft.utils import seed_everything, world_rank
 
     cfg = dataclass_from_args(TrainConfig, args)  # settings are checked before any loading
     args.corpus = dataclass_from_args(PointerTrainCommand, args).corpus  # a path: absolute

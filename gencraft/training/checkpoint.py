@@ -18,7 +18,6 @@ The rule, for every trainer (``fit`` and the pointer's TBPTT trainer):
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 import signal
@@ -31,6 +30,8 @@ import torch
 
 from gencraft.errors import GencraftError
 from gencraft.training.state import atomic_torch_save
+from gencraft.utils import world_rank
+from gencraft.utils import world_size as _world_size
 
 CHECKPOINT_DIR = "checkpoint"
 STATE_FILE = "state.pt"
@@ -45,10 +46,7 @@ def resume_command(argv: list[str] | None = None, world_size: int | None = None)
     if not argv or not argv[0]:
         return None
     if world_size is None:
-        try:
-            world_size = int(os.environ.get("WORLD_SIZE", "1"))
-        except ValueError:
-            world_size = 1
+        world_size = _world_size()
     prog = Path(argv[0]).name
     ours = prog == "gencraft" or _is_gencraft_entry(argv[0])
     if not ours and (prog in ("-c", "pytest", "__main__.py") or prog.startswith("pytest")):
@@ -72,13 +70,6 @@ def _is_gencraft_entry(path: str) -> bool:
     except OSError:
         return False
     return here in (root / "__main__.py", root / "cli" / "main.py")
-
-
-def _world_size() -> int:
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 1
 
 
 class InterruptGuard:
@@ -106,7 +97,7 @@ class InterruptGuard:
                 return
             raise KeyboardInterrupt
         self.requested, self._first = True, now
-        if os.environ.get("RANK", "0") in ("0", ""):
+        if world_rank() == 0:
             print(
                 "\ngencraft: stopping after this step (Ctrl-C again to stop now)", file=sys.stderr
             )

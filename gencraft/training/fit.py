@@ -20,7 +20,6 @@ does the rest the same way for every method:
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +48,7 @@ from gencraft.training.config import (
 )
 from gencraft.training.schedules import warmup_schedule
 from gencraft.training.state import rng_state, set_rng_state, write_json
+from gencraft.utils import world_rank
 
 
 def make_accelerator(mixed_precision: str = "no", device: str | None = None, **kwargs: Any) -> Any:
@@ -116,7 +116,7 @@ class FitResult:
             **extra,
             "history": self.history,
         }
-        if os.environ.get("RANK", "0") in ("0", ""):  # one writer under accelerate launch
+        if world_rank() == 0:  # one writer under accelerate launch
             write_json(Path(directory) / "train_summary.json", summary)
         return summary
 
