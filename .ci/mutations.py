@@ -614,8 +614,8 @@ M = [
     (
         "mixed precision not passed to accelerate",
         "gencraft/training/fit.py",
-        "cpu=not torch.cuda.is_available(), mixed_precision=mixed_precision, **kwargs",
-        "cpu=not torch.cuda.is_available(), **kwargs",
+        "Accelerator(cpu=cpu, mixed_precision=mixed_precision, **kwargs)",
+        "Accelerator(cpu=cpu, **kwargs)",
         "tests/training/test_training.py -k mixed_precision",
     ),
     (
@@ -705,8 +705,8 @@ M = [
     (
         "a classifier steers a model it was not trained on",
         "gencraft/search/classifier.py",
-        "        if trained and given and trained not in known:",
-        "        if False:",
+        "        if not same:\n            raise GencraftError(\n                f\"this classifier was trained on the hidden",
+        "        if False:\n            raise GencraftError(\n                f\"this classifier was trained on the hidden",
         "tests/cli/test_bad_input.py -k first_contact",
     ),
     (
@@ -796,8 +796,8 @@ M = [
     (
         "progress bars redraw with carriage returns in a log file",
         "gencraft/progress.py",
-        "        if not notebook and not _is_terminal(stream) and not isinstance(stream, _Lines):",
-        "        if False:",
+        "        self._plain = not notebook and not _is_terminal(stream)",
+        "        self._plain = False",
         "tests/test_progress.py",
     ),
     (

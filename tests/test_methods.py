@@ -20,7 +20,7 @@ from gencraft.search.train import classifier_for
 
 def _prompt_span(ids: torch.Tensor) -> torch.Tensor:
     # a causal LM's source is the prompt, as during generation and search
-    return (torch.arange(ids.shape[1]) < len(PROMPT)).expand_as(ids)
+    return (torch.arange(ids.shape[1], device=ids.device) < len(PROMPT)).expand_as(ids)
 
 
 class FocusCase(MethodCase):
@@ -173,7 +173,7 @@ class NARCase(MethodCase):
     def loss(self, wrapped, ids):
         hidden = wrapped.encode(ids).last_hidden_state
         logits = wrapped.decode_logits(ids, hidden)
-        length = torch.full((ids.shape[0],), ids.shape[1])
+        length = torch.full((ids.shape[0],), ids.shape[1], device=ids.device)
         return torch.nn.functional.cross_entropy(
             logits.flatten(0, 1), ids.flatten()
         ) + torch.nn.functional.cross_entropy(wrapped.length_logits(hidden), length)
@@ -203,7 +203,7 @@ class ClassifierCase(MethodCase):
 
     def loss(self, wrapped, ids):
         logits = self._logits(wrapped, ids)
-        target = torch.zeros(logits.shape[:2], dtype=torch.long)
+        target = torch.zeros(logits.shape[:2], dtype=torch.long, device=logits.device)
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), target.flatten())
 
     def _logits(self, clf, ids):
