@@ -1545,6 +1545,34 @@ M = [
         '            grouped[source] = OwnExample(str(len(grouped)), source, [])',
         'tests/data/test_own_data.py -k survivors',
     ),
+    (
+        'a GPU index equal to the count passes',
+        'gencraft/models/placement.py',
+        '        if dev.index is not None and dev.index >= count:',
+        '        if dev.index is not None and dev.index > count:',
+        'tests/models/test_placement.py',
+    ),
+    (
+        'the meta device is refused',
+        'gencraft/models/placement.py',
+        '    elif dev.type not in ("cpu", "cuda", "mps", "xpu", "meta"):',
+        '    elif dev.type not in ("cpu", "cuda", "mps", "xpu"):',
+        'tests/models/test_placement.py',
+    ),
+    (
+        'no device means the CPU even with a GPU',
+        'gencraft/models/placement.py',
+        '        return torch.device("cuda" if torch.cuda.is_available() else "cpu")',
+        '        return torch.device("cpu")',
+        'tests/models/test_placement.py',
+    ),
+    (
+        'a torch.dtype given is dropped',
+        'gencraft/models/placement.py',
+        '    if isinstance(dtype, torch.dtype) or dtype is None:\n        value = dtype',
+        '    if isinstance(dtype, torch.dtype) or dtype is None:\n        value = None',
+        'tests/models/test_placement.py',
+    ),
 ]
 
 

@@ -37,7 +37,7 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
         ["tests/test_custom_generate.py", "tests/search/test_batch.py"],
     ),
     "models/introspect": (["gencraft/models/introspect.py"], ["tests/models", "tests/test_methods.py"]),
-    "models/placement": (["gencraft/models/placement.py"], ["tests/cli/test_your_data_and_machines.py"]),
+    "models/placement": (["gencraft/models/placement.py"], ["tests/models/test_placement.py"]),
     "data/own": (["gencraft/data/own.py"], ["tests/data/test_own_data.py"]),
     "training/checkpoint": (["gencraft/training/checkpoint.py"], ["tests/training"]),
     "nar/decoding": (["gencraft/nar/decoding.py"], ["tests/nar"]),
