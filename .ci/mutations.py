@@ -1573,6 +1573,27 @@ M = [
         '    if isinstance(dtype, torch.dtype) or dtype is None:\n        value = None',
         'tests/models/test_placement.py',
     ),
+    (
+        'a focus run does not record its data',
+        'gencraft/focus/train.py',
+        '        if self.data:\n            settings["data"] = self.data\n        save_run(',
+        '        save_run(',
+        'tests/cli/test_your_data_and_machines.py -k task_file',
+    ),
+    (
+        'eval ignores the task a run was trained on',
+        'gencraft/cli/options.py',
+        '    task = getattr(args, "task", None) or recorded.get("task") or default',
+        '    task = getattr(args, "task", None) or default',
+        "tests/cli/test_your_data_and_machines.py -k 'task_file or task_folder'",
+    ),
+    (
+        'a constant heat map keeps an empty range',
+        'gencraft/plotting.py',
+        '        if not hi - lo > 1e-9 * max(1.0, abs(lo), abs(hi)):  # NaN too',
+        '        if False:',
+        'tests/test_islands_and_scales.py -k heatmap',
+    ),
 ]
 
 

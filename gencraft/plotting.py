@@ -20,7 +20,10 @@ def heatmap(fig: Any, ax: Any, values: Any, label: str, cmap: str = "viridis") -
     """``values`` [rows, columns] drawn on ``ax`` with a colorbar labelled ``label``, on a
     scale that shows their variation: logarithmic when the positive values span more than two
     decades (attention and pointer probabilities; the floor four decades below the largest),
-    else linear from the smallest to the largest value. Returns the image."""
+    else linear from the smallest to the largest value. A range too narrow to draw (constant
+    values: a span under 1e-9 of max(1, |largest value|)) is widened about its middle m by
+    max(0.1·|m|, 0.1) each way, set on the image so the colorbar and the cells agree. Returns
+    the image."""
     import numpy as np
     from matplotlib.colors import LogNorm, Normalize
 
@@ -33,7 +36,10 @@ def heatmap(fig: Any, ax: Any, values: Any, label: str, cmap: str = "viridis") -
         v = np.clip(v, floor, None)
     else:
         lo, hi = float(np.nanmin(v)), float(np.nanmax(v))
-        norm = Normalize(vmin=lo, vmax=hi if hi > lo else lo + 1e-12)
+        if not hi - lo > 1e-9 * max(1.0, abs(lo), abs(hi)):  # NaN too
+            mid = (lo + hi) / 2 if np.isfinite(lo + hi) else 0.0
+            lo, hi = mid - max(0.1 * abs(mid), 0.1), mid + max(0.1 * abs(mid), 0.1)
+        norm = Normalize(vmin=lo, vmax=hi)
     image = ax.imshow(v, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
     fig.colorbar(image, ax=ax, label=f"{label}{' (log scale)' if log else ''}", pad=0.01)
     return image

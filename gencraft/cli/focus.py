@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from gencraft.config import option
+from gencraft.data.summarization import SUMMARIZATION_DATASETS as SUMMARIZATION
 
 
 @dataclass
@@ -24,7 +25,7 @@ def _examples(args: argparse.Namespace, split: str, limit: int | None, pairs: bo
     from gencraft.data import SummarizationExample, load_summarization
     from gencraft.data.tasks import is_task_path, task_examples
 
-    if args.task not in ("xsum", "cnndm") and is_task_path(args.task):
+    if args.task not in SUMMARIZATION and is_task_path(args.task):
         rows = task_examples(args.task, split, **task_fields(args))
         if pairs:
             rows = [SummarizationExample(e.id, e.source, r) for e in rows for r in e.references]
@@ -35,7 +36,8 @@ def _examples(args: argparse.Namespace, split: str, limit: int | None, pairs: bo
 
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
-    from gencraft.cli.options import batch_note, default_output, say
+    from gencraft.cli.options import batch_note, default_output, say, task_fields
+    from gencraft.config import own_task
     from gencraft.focus.train import FocusTrainConfig, FocusTrainer
     from gencraft.models import load_model
     from gencraft.utils import seed_everything
@@ -52,8 +54,17 @@ def cmd_train(args: argparse.Namespace) -> None:
         f"{len(valid)} valid {args.task} documents -> {out}; "
         + batch_note(cfg.fit.batch_size, cfg.fit.grad_accum)
     )
+    data = {"task": own_task(args.task, SUMMARIZATION), **task_fields(args)}
     trainer = FocusTrainer(
-        base, tok, train, valid, cfg, out, base_name_or_path=args.model, progress=not args.quiet
+        base,
+        tok,
+        train,
+        valid,
+        cfg,
+        out,
+        base_name_or_path=args.model,
+        data=data,
+        progress=not args.quiet,
     )
     result = trainer.train(restart=args.restart)
     say(json.dumps(result, indent=2))
@@ -67,10 +78,12 @@ def _load(args: argparse.Namespace, command: str) -> tuple[Any, Any]:
 
 def _summaries(args: argparse.Namespace, on_batch: Any = None) -> tuple[list, list[list[str]]]:
     from gencraft.cli.flags import dataclass_from_args
+    from gencraft.cli.options import use_run_task
     from gencraft.focus.config import FocusDecodeConfig
     from gencraft.focus.evaluate import summarize
 
     decode = dataclass_from_args(FocusDecodeConfig, args)  # checked before any loading
+    use_run_task(args, args.checkpoint, "xsum")  # the run's own data unless --task says
     model, tok = _load(args, args.func.__name__.removeprefix("cmd_"))
     docs = _examples(args, args.split, args.limit)
     groups = summarize(
@@ -191,7 +204,7 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         g = fsub.add_parser(name, help=text)
         add_dataclass_arguments(g, RunInput)
         data = ("task", "source_field", "target_field", "split", "limit")
-        add_dataclass_arguments(g, DataOptions, only=data, defaults={"task": "xsum"})
+        add_dataclass_arguments(g, DataOptions, only=data)
         add_dataclass_arguments(g, FocusDecodeConfig)
         add_dataclass_arguments(g, DecodeOptions)
         run = ("seed", "device", "dtype", "output", "quiet", "json")

@@ -115,11 +115,12 @@ def cmd_generate(args: argparse.Namespace) -> None:
 def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.evaluate import format_table
     from gencraft.cli.flags import dataclass_from_args
-    from gencraft.cli.options import task_fields
+    from gencraft.cli.options import use_run_task
     from gencraft.nar import SamplingConfig
     from gencraft.nar.evaluate import evaluate
 
     sampling = dataclass_from_args(SamplingConfig, args)
+    use_run_task(args, args.model, "e2e")  # the run's own data unless --task says
     model, tok = _load(args, "eval")
     _check_flags(model, sampling, args)
     r = evaluate(
@@ -135,7 +136,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
         lowercase=args.lowercase,
         progress=not args.quiet,
         batch_size=args.batch_size,
-        **task_fields(args),
+        source_field=args.source_field,
+        target_field=args.target_field,
     )
     preds = r.pop("predictions")
     if args.output:
@@ -191,7 +193,6 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         e,
         DataOptions,
         only=("task", "source_field", "target_field", "split", "limit", "lowercase"),
-        defaults={"task": "e2e"},
     )
     add_dataclass_arguments(e, RunOptions, only=("output", "quiet"))
     add_data_dir(e)

@@ -211,6 +211,34 @@ def task_fields(args: object, recorded: dict | None = None) -> dict[str, str]:
     }
 
 
+def recorded_data(run: str | None) -> dict:
+    """What a trained run recorded of its data (its task, as a name or an absolute path, and
+    the field names): the settings' ``train`` section for prefix and NAR runs, ``data`` for
+    focus runs; empty for a model name or a folder saved outside a run."""
+    if not run or not Path(run).is_dir():
+        return {}
+    from gencraft.errors import GencraftError
+    from gencraft.training.run import model_directory, read_settings
+
+    try:
+        settings = read_settings(model_directory(run))
+    except GencraftError:
+        return {}  # loading the run says what is wrong with it
+    return settings.get("data") or settings.get("train") or {}
+
+
+def use_run_task(args: object, run: str | None, default: str) -> None:
+    """Set ``args.task`` and its field names for an eval/generate command: ``--task`` when
+    given, else the task the run was trained on (so a run on your own data evaluates on it
+    without naming the path again), else ``default``."""
+    recorded = recorded_data(run)
+    task = getattr(args, "task", None) or recorded.get("task") or default
+    fields = task_fields(args, recorded if task == recorded.get("task") else None)
+    args.task = task
+    for name, value in fields.items():
+        setattr(args, name, value)
+
+
 #: the shared groups whose values every command checks right after parsing
 CHECKED = (DataOptions, DecodeOptions)
 

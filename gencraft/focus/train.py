@@ -63,6 +63,8 @@ class FocusTrainer:
     config: :class:`FocusTrainConfig`.
     output_dir: where ``best/``, ``last/`` and ``history.json`` go.
     base_name_or_path: recorded so a frozen base need not be saved.
+    data: what the run trained on (``task``, a name or an absolute path, and its
+        ``source_field``/``target_field``), recorded so eval and generate default to it.
     """
 
     def __init__(
@@ -75,6 +77,7 @@ class FocusTrainer:
         output_dir: str | Path,
         *,
         base_name_or_path: str | None = None,
+        data: dict[str, str] | None = None,
         progress: bool = True,
     ) -> None:
         if not train:
@@ -87,6 +90,7 @@ class FocusTrainer:
             gradient_accumulation_steps=config.fit.grad_accum,
         )
         self.base_name_or_path = base_name_or_path
+        self.data = dict(data) if data else None
         torch.manual_seed(config.fit.seed)
         is_ed = bool(base.config.is_encoder_decoder)
         eos = target_eos_id(base, tokenizer)  # what generation stops on
@@ -180,6 +184,8 @@ class FocusTrainer:
             "base": self.base_name_or_path,
             "train_examples": len(self.train_rows),
         }
+        if self.data:  # another task in the same folder is a changed setting
+            settings["data"] = self.data
         result = fit(
             self.model,
             self.optimizer,
@@ -232,6 +238,8 @@ class FocusTrainer:
 
     def _save(self, model: nn.Module, directory: Path) -> None:
         settings = {"train": settings_of(self.cfg), "base": self.base_name_or_path}
+        if self.data:
+            settings["data"] = self.data
         save_run(directory, model, self.tok, settings)
 
     def save(self, directory: Path) -> None:

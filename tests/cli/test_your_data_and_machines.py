@@ -88,7 +88,8 @@ def test_prefix_and_nar_train_and_eval_on_a_task_folder(own, tmp_path, capsys, m
     argv = ["nar", "train", "--model", "tiny-bert", "--task", str(task), *FIELDS]
     assert main([*argv, "--max-steps", "2", "--output", str(nar), "--quiet"]) == 0
     capsys.readouterr()
-    argv = ["nar", "eval", str(nar / "best"), "--task", str(task), *FIELDS, "--limit", "2"]
+    # the run's task and fields by default, as for prefix runs
+    argv = ["nar", "eval", str(nar / "best"), "--limit", "2"]
     assert main([*argv, "--json", "--steps", "2", "--samples", "2"]) == 0
     assert json.loads(capsys.readouterr().out)["outputs"] == 2
 
@@ -102,10 +103,22 @@ def test_focus_trains_and_evaluates_on_a_task_file(own, tmp_path, capsys):
         == 0
     )
     capsys.readouterr()
-    argv = ["focus", "eval", str(run / "best"), "--task", str(task), *FIELDS, "--limit", "2"]
+    settings = json.loads((run / "best" / "run_settings.json").read_text())
+    assert settings["data"] == {
+        "task": str(task.resolve()),
+        "source_field": "src",
+        "target_field": "tgt",
+    }
+    # no --task: the run's own file and fields, not xsum
+    argv = ["focus", "eval", str(run / "best"), "--limit", "2"]
     assert main([*argv, "--no-bertscore", "--max-new-tokens", "4", "--json", "--quiet"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["documents"] == 2 and {"R1", "R2", "RL"} <= set(out)
+    assert out["data"] == str(task.resolve())
+    # --task still overrides it
+    folder = ["focus", "eval", str(run / "best"), "--task", str(own / "my task"), *FIELDS]
+    assert main([*folder, "--no-bertscore", "--max-new-tokens", "2", "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["data"] == str(own / "my task")
 
 
 def test_lm_commands_read_a_corpus_file_or_folder(own, tmp_path, capsys):
