@@ -1594,6 +1594,27 @@ M = [
         '        if False:',
         'tests/test_islands_and_scales.py -k heatmap',
     ),
+    (
+        "old releases' infill tokens are kept",
+        'gencraft/models/pretrained.py',
+        '    data["added_tokens"] = [t for t in data["added_tokens"] if t["id"] < n]',
+        '    data["added_tokens"] = data["added_tokens"]',
+        'tests/models/test_smollm2_conversion.py -k old_release',
+    ),
+    (
+        "old releases' decoder is kept",
+        'gencraft/models/pretrained.py',
+        '    data["decoder"] = dict(_BYTE_LEVEL)',
+        '    data["decoder"] = data["decoder"]',
+        'tests/models/test_smollm2_conversion.py -k old_release',
+    ),
+    (
+        'a BOS is added to every SmolLM2 input',
+        'gencraft/models/pretrained.py',
+        '        "single": (bos if add_bos else []) + seq,',
+        '        "single": bos + seq,',
+        'tests/models/test_smollm2_conversion.py -k old_release',
+    ),
 ]
 
 

@@ -109,11 +109,88 @@ def gguf_special_ids(gguf_file: Path) -> dict[str, int]:
     from gguf import GGUFReader
 
     fields = GGUFReader(str(gguf_file)).fields
-    out = {}
-    for name, key in GGUF_SPECIAL.items():
-        field = fields.get(f"tokenizer.ggml.{key}")
-        if field is not None and field.data:
-            out[name] = int(field.parts[field.data[0]][0])
+    ids = {name: gguf_value(fields, f"tokenizer.ggml.{key}") for name, key in GGUF_SPECIAL.items()}
+    return {name: int(i) for name, i in ids.items() if i is not None}
+
+
+#: a byte-level BPE as GPT-2 and SmolLM2 have it: what transformers >= 5.14 makes of a GGUF
+#: ``gpt2`` tokenizer, and what older releases must be corrected to
+_BYTE_LEVEL = {
+    "type": "ByteLevel",
+    "add_prefix_space": True,
+    "trim_offsets": True,
+    "use_regex": True,
+}
+_BPE_FLAGS = {
+    "unk_token": None,
+    "continuing_subword_prefix": "",
+    "end_of_word_suffix": "",
+    "fuse_unk": False,
+    "byte_fallback": False,
+}
+
+
+def gguf_value(fields: Any, key: str) -> Any:
+    """A scalar or string field of a GGUF file's metadata (``GGUFReader(...).fields``), or
+    None when the file has no such field."""
+    from gguf import GGUFValueType
+
+    field = fields.get(key)
+    if field is None or not field.data:
+        return None
+    value = field.parts[field.data[0]]
+    if field.types and field.types[0] == GGUFValueType.STRING:
+        return bytes(value).decode()
+    return value[0].item()
+
+
+def byte_level_tokenizer(tokenizer: Any, gguf_file: Path) -> Any:
+    """The GGUF's byte-level BPE tokenizer, the same under every transformers release.
+
+    Releases before 5.14 convert SmolLM2's ``gpt2`` tokenizer as a CodeLlama tokenizer: five
+    invented infill tokens (ids 49,152 to 49,156, past the embedding), a BOS added to every
+    input, byte fallback, and a decoder that turns '▁' into spaces. The vocabulary and
+    merges they read are the file's own, so this keeps those and resets the rest to the
+    byte-level form: no added tokens beyond the file's list, no normaliser, no BOS added
+    (``tokenizer.ggml.add_bos_token``), the byte-level decoder. A tokenizer that is already
+    in that form is returned as it is."""
+    import json
+
+    from gguf import GGUFReader
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    fields = GGUFReader(str(gguf_file)).fields
+    if gguf_value(fields, "tokenizer.ggml.model") != "gpt2":
+        return tokenizer
+    n = len(fields["tokenizer.ggml.tokens"].data)
+    add_bos = bool(gguf_value(fields, "tokenizer.ggml.add_bos_token"))
+    data = json.loads(tokenizer.backend_tokenizer.to_str())
+    if len(tokenizer) == n and bool(getattr(tokenizer, "add_bos_token", False)) == add_bos:
+        return tokenizer
+    data["added_tokens"] = [t for t in data["added_tokens"] if t["id"] < n]
+    data["normalizer"] = None
+    data["decoder"] = dict(_BYTE_LEVEL)
+    data["model"].update(_BPE_FLAGS)
+    bos = [{"SpecialToken": {"id": tokenizer.convert_ids_to_tokens(1), "type_id": 0}}]
+    seq = [{"Sequence": {"id": "A", "type_id": 0}}]
+    data["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": (bos if add_bos else []) + seq,
+        "pair": (bos if add_bos else []) + seq + [{"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {},
+    }
+    if add_bos:  # not SmolLM2's case; the template needs the id it names
+        token = bos[0]["SpecialToken"]["id"]
+        data["post_processor"]["special_tokens"] = {
+            token: {"id": token, "ids": [tokenizer.convert_tokens_to_ids(token)], "tokens": [token]}
+        }
+    unk = gguf_value(fields, "tokenizer.ggml.unknown_token_id")
+    out = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(json.dumps(data)),
+        unk_token=tokenizer.convert_ids_to_tokens(int(unk)) if unk is not None else None,
+        chat_template=getattr(tokenizer, "chat_template", None),
+    )
     return out
 
 
@@ -139,7 +216,9 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
     src_dir, name = str(gguf_file.parent), gguf_file.name
     from gencraft.progress import hf_bars_off
 
-    tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=name)
+    tokenizer = byte_level_tokenizer(
+        AutoTokenizer.from_pretrained(src_dir, gguf_file=name), gguf_file
+    )
     with hf_bars_off():
         gguf_model = AutoModelForCausalLM.from_pretrained(
             src_dir, gguf_file=name, dtype=torch.float32
@@ -160,7 +239,8 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".", dir=out_dir.parent))
     try:
-        model.save_pretrained(tmp)
+        with hf_bars_off():
+            model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / _DONE_MARKER).write_text(f"converted from {gguf_file}\n")
         if out_dir.exists():
@@ -178,7 +258,9 @@ def smollm2_dir() -> Path:
     conversion made by one is never read by another."""
     import transformers
 
-    out = cache_dir("models", f"smollm2-135m-instruct-transformers-{transformers.__version__}")
+    # v2: the tokenizer rebuilt byte-level (byte_level_tokenizer); v1 caches are not read
+    name = f"smollm2-135m-instruct-v2-transformers-{transformers.__version__}"
+    out = cache_dir("models", name)
     if not (out / _DONE_MARKER).is_file():
         print(
             f"gencraft: converting SmolLM2-135M-Instruct GGUF to safetensors in {out} "
