@@ -1615,6 +1615,34 @@ M = [
         '        "single": bos + seq,',
         'tests/models/test_smollm2_conversion.py -k old_release',
     ),
+    (
+        'heat map cells below the log floor are not clipped',
+        'gencraft/plotting.py',
+        '        v = np.clip(v, floor, None)',
+        '        v = np.clip(v, None, None)',
+        'tests/test_islands_and_scales.py -k heatmap',
+    ),
+    (
+        'heat maps switch to log at exactly two decades',
+        'gencraft/plotting.py',
+        'positive.max() > 100 * positive.min()',
+        'positive.max() >= 100 * positive.min()',
+        'tests/test_islands_and_scales.py -k heatmap',
+    ),
+    (
+        'heat maps smooth across cells',
+        'gencraft/plotting.py',
+        'interpolation="nearest")',
+        'interpolation="bilinear")',
+        'tests/test_islands_and_scales.py -k heatmap',
+    ),
+    (
+        'an all-missing heat map has a NaN range',
+        'gencraft/plotting.py',
+        '            mid = (lo + hi) / 2 if np.isfinite(lo + hi) else 0.0',
+        '            mid = (lo + hi) / 2',
+        'tests/test_islands_and_scales.py -k heatmap',
+    ),
 ]
 
 

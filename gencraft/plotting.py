@@ -24,6 +24,8 @@ def heatmap(fig: Any, ax: Any, values: Any, label: str, cmap: str = "viridis") -
     values: a span under 1e-9 of max(1, |largest value|)) is widened about its middle m by
     max(0.1·|m|, 0.1) each way, set on the image so the colorbar and the cells agree. Returns
     the image."""
+    import warnings
+
     import numpy as np
     from matplotlib.colors import LogNorm, Normalize
 
@@ -35,7 +37,9 @@ def heatmap(fig: Any, ax: Any, values: Any, label: str, cmap: str = "viridis") -
         norm = LogNorm(vmin=floor, vmax=float(positive.max()))
         v = np.clip(v, floor, None)
     else:
-        lo, hi = float(np.nanmin(v)), float(np.nanmax(v))
+        with warnings.catch_warnings():  # all missing: drawn about zero, below
+            warnings.simplefilter("ignore", RuntimeWarning)
+            lo, hi = float(np.nanmin(v)), float(np.nanmax(v))
         if not hi - lo > 1e-9 * max(1.0, abs(lo), abs(hi)):  # NaN too
             mid = (lo + hi) / 2 if np.isfinite(lo + hi) else 0.0
             lo, hi = mid - max(0.1 * abs(mid), 0.1), mid + max(0.1 * abs(mid), 0.1)

@@ -136,6 +136,10 @@ VALUES = arrays(
 @example(values=np.array([[0.0, 2.2250738585072014e-308]]))  # CI drew it: the bar went ±0.1
 @example(values=np.full((2, 3), 1e6))  # constant
 @example(values=np.full((1, 2), 0.5))
+@example(values=np.array([[1.0, 100.0]]))  # exactly two decades: linear
+@example(values=np.array([[1.0, 100.5], [0.0, 0.0]]))  # just past: log, zeros at the floor
+@example(values=np.array([[0.0, 1.5e-9]]))  # narrow but drawable: the data's own range
+@example(values=np.array([[1e6, 1e6 + 1e-4]]))  # below resolution for its size: widened
 def test_heatmap_scale_follows_the_documented_rules(values):
     from matplotlib.colors import LogNorm
 
@@ -151,8 +155,11 @@ def test_heatmap_scale_follows_the_documented_rules(values):
     log = positive.size > 0 and values.min() >= 0 and positive.max() > 100 * positive.min()
     assert isinstance(image.norm, LogNorm) == log
     if log:  # about two decades switch it on; the floor four decades below the largest
-        assert image.norm.vmin == pytest.approx(max(positive.min(), positive.max() * 1e-4))
+        floor = max(positive.min(), positive.max() * 1e-4)
+        assert image.norm.vmin == pytest.approx(floor)
         assert image.norm.vmax == pytest.approx(positive.max())
+        # cells below the floor (zeros included) are drawn at it, not as masked or "under"
+        assert np.asarray(image.get_array()).min() == pytest.approx(floor)
     else:
         # the range drawn holds every value; it is the data's own unless too narrow to draw
         assert image.norm.vmin <= values.min() and image.norm.vmax >= values.max()
@@ -167,6 +174,21 @@ def test_heatmap_scale_follows_the_documented_rules(values):
             assert image.norm.vmax == pytest.approx(mid + half)
     label = image.colorbar.ax.get_ylabel()  # says which scale the reader is looking at
     assert label == ("p (log scale)" if log else "p")
+    # one flat cell per value (no smoothing across attention cells), filling the axes
+    assert image.get_interpolation() == "nearest" and image.get_cmap().name == "viridis"
+    assert ax.get_aspect() == "auto"
+
+
+def test_a_heatmap_of_missing_values_is_drawn_not_nan():
+    from gencraft.plotting import heatmap, pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    try:
+        image = heatmap(fig, ax, np.full((2, 2), np.nan), "p")
+    finally:
+        plt.close(fig)
+    assert (image.norm.vmin, image.norm.vmax) == pytest.approx((-0.1, 0.1))
 
 
 # -- progress lines in logs -------------------------------------------------------------------
