@@ -1636,13 +1636,6 @@ M = [
         'interpolation="bilinear")',
         'tests/test_islands_and_scales.py -k heatmap',
     ),
-    (
-        'an all-missing heat map has a NaN range',
-        'gencraft/plotting.py',
-        '            mid = (lo + hi) / 2 if np.isfinite(lo + hi) else 0.0',
-        '            mid = (lo + hi) / 2',
-        'tests/test_islands_and_scales.py -k heatmap',
-    ),
 ]
 
 
