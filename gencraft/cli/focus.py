@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from gencraft.config import option
-from gencraft.data.summarization import SUMMARIZATION_DATASETS as SUMMARIZATION
 
 
 @dataclass
@@ -23,6 +22,7 @@ def _examples(args: argparse.Namespace, split: str, limit: int | None, pairs: bo
     example."""
     from gencraft.cli.options import task_fields
     from gencraft.data import SummarizationExample, load_summarization
+    from gencraft.data.summarization import SUMMARIZATION_DATASETS as SUMMARIZATION
     from gencraft.data.tasks import is_task_path, task_examples
 
     if args.task not in SUMMARIZATION and is_task_path(args.task):
@@ -38,6 +38,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.cli.options import batch_note, default_output, say, task_fields
     from gencraft.config import own_task
+    from gencraft.data.summarization import SUMMARIZATION_DATASETS as SUMMARIZATION
     from gencraft.focus.train import FocusTrainConfig, FocusTrainer
     from gencraft.models import load_model
     from gencraft.utils import seed_everything
