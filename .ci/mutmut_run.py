@@ -5,7 +5,7 @@ package at a time against the tests that guard it, with a score per package.
     python .ci/mutmut_run.py --list                     # the packages and their tests
 
 Each package runs in its own work folder (``$GENCRAFT_MUTMUT_DIR``, default
-``/tmp/gencraft-mutmut/<package>``) holding a copy of ``gencraft/`` and ``tests/`` and a
+``/tmp/gencraft-mutmut/<package>``) holding a copy of ``gencraft/``, ``tests/`` and ``hub/`` and a
 ``pyproject.toml`` whose ``[tool.mutmut]`` names the files to mutate and the tests to run, so
 runs never touch the checkout and resume where they stopped. The scores go to
 ``<work>/score.json`` and are printed as one line per package: killed / (killed + survived),
@@ -48,6 +48,7 @@ def _config(files: list[str], tests: list[str]) -> str:
     lines = [
         "[tool.mutmut]",
         'source_paths = ["gencraft"]',
+        'also_copy = ["hub"]',
         f"only_mutate = {json.dumps(files)}",
         f"pytest_add_cli_args_test_selection = {json.dumps(tests)}",
         'pytest_add_cli_args = ["-p", "no:cacheprovider", "-q", "-x", "-m", "not slow"]',
@@ -77,7 +78,9 @@ def run(package: str, children: int) -> dict:
     base = Path(os.environ.get("GENCRAFT_MUTMUT_DIR", "/tmp/gencraft-mutmut"))
     work = base / package.replace("/", "-")
     work.mkdir(parents=True, exist_ok=True)
-    for name in ("gencraft", "tests"):  # a fresh copy; mutmut's own state in mutants/ stays
+    # a fresh copy; mutmut's own state in mutants/ stays. hub/ holds the custom_generate
+    # folders that tests/test_custom_generate.py loads
+    for name in ("gencraft", "tests", "hub"):
         shutil.rmtree(work / name, ignore_errors=True)
         shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
     (work / "pyproject.toml").write_text(_config(files, tests))
