@@ -1636,6 +1636,27 @@ M = [
         'interpolation="bilinear")',
         'tests/test_islands_and_scales.py -k heatmap',
     ),
+    (
+        'a dataset name is taken for a path',
+        'gencraft/data/own.py',
+        '    if text in names:\n        return False',
+        '    if text in names:\n        return True',
+        'tests/data/test_own_data.py -k documented_rule',
+    ),
+    (
+        'a .txt name is not a path',
+        'gencraft/data/own.py',
+        '        or text.endswith((*TASK_SUFFIXES, ".txt"))',
+        '        or text.endswith(TASK_SUFFIXES)',
+        'tests/data/test_own_data.py -k documented_rule',
+    ),
+    (
+        'own task fields have no defaults',
+        'gencraft/data/own.py',
+        '    source_field: str = "source",\n    target_field: str = "target",\n) -> list[OwnExample]',
+        '    source_field: str = "src",\n    target_field: str = "tgt",\n) -> list[OwnExample]',
+        'tests/data/test_own_data.py -k default_fields',
+    ),
 ]
 
 

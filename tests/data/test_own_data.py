@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gencraft.data.lm import EOS, UNK, load_lm_corpus
@@ -215,3 +215,79 @@ def test_mutmut_survivors_ids_blank_lines_list_sources_and_ambiguous_folders(tmp
     (folder / "test.csv").write_text("source,target\ns,t\n")
     with pytest.raises(DataError, match=r"several test files \(test\.jsonl, test\.csv\)"):
         task_examples(str(folder), "test")
+
+
+# -- what names a path (docs/datasets.md): the rule written out, against the code ------------
+NAMES = ("e2e", "xsum")
+SUFFIXES = (".jsonl", ".csv", ".tsv", ".txt")
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    stem=st.sampled_from(["e2e", "xsum", "mine", "my data", "E2E", "txt", "a.b"]),
+    suffix=st.sampled_from(["", *SUFFIXES, ".TXT", ".json", ".txt.bak"]),
+    folder=st.sampled_from(["", "sub/", "./", "~/"]),
+    exists=st.booleans(),
+)
+@example(stem="corpus", suffix=".txt", folder="", exists=False)  # a suffix alone makes a path
+@example(stem="e2e", suffix="", folder="", exists=True)  # a name, even beside such a file
+@example(stem="mine", suffix="", folder="", exists=False)  # neither
+def test_what_names_a_path_follows_the_documented_rule(tmp_path, stem, suffix, folder, exists):
+    import os
+
+    from gencraft.data.own import canonical_spec, is_path_spec, spec_name
+
+    spec = f"{folder}{stem}{suffix}"
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        if exists and not folder.startswith("~"):
+            Path(spec).parent.mkdir(parents=True, exist_ok=True)
+            Path(spec).touch()
+        # a path: not a dataset name, and it exists, holds a separator or ends with a data suffix
+        want = spec not in NAMES and (Path(spec).exists() or "/" in spec or spec.endswith(SUFFIXES))
+        assert is_path_spec(spec, NAMES) == want
+        got = canonical_spec(spec, NAMES)
+        if want:  # recorded absolute, so the run evaluates from any folder
+            assert got == str(Path(spec).expanduser().resolve()) and Path(got).is_absolute()
+        else:
+            assert got == spec
+    finally:
+        os.chdir(cwd)
+    # a default output folder's name: the last part, less a data suffix
+    last = Path(spec).name
+    assert spec_name(spec) == (last[: -len(suffix)] if suffix in SUFFIXES else last)
+
+
+def test_default_fields_empty_files_and_flag_names_in_messages(tmp_path):
+    from gencraft.data.own import corpus_files, load_task_path
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"source": "a b", "target": "c"}\n')
+    assert [(e.source, e.references) for e in load_task_path(str(path), "train")] == [
+        ("a b", ["c"])
+    ]  # source/target by default
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(DataError, match=r"empty\.jsonl: no examples"):
+        load_task_path(str(tmp_path / "empty.jsonl"), "train")
+    path.write_text('{"src": "a", "target": "c"}\n')
+    with pytest.raises(
+        DataError, match=r"no field 'source' \(fields: src, target\).*--source-field"
+    ):
+        load_task_path(str(path), "train")
+    path.write_text('{"source": "a", "target": 3}\n')
+    with pytest.raises(DataError, match=r"non-empty text or a list of texts, got 3"):
+        load_task_path(str(path), "train")
+    (tmp_path / "t.xml").write_text("<a/>")
+    with pytest.raises(DataError, match=r"not \.xml"):
+        load_task_path(str(tmp_path / "t.xml"), "train")
+    folder = tmp_path / "f"
+    folder.mkdir()
+    with pytest.raises(
+        DataError, match=r"no validation file for a task \(looked for valid\.jsonl, "
+    ):
+        load_task_path(str(folder), "validation")
+    with pytest.raises(DataError, match=r"no test file for a corpus \(looked for test\.txt"):
+        corpus_files(str(folder), ("test",))
