@@ -1657,6 +1657,34 @@ M = [
         '    source_field: str = "src",\n    target_field: str = "tgt",\n) -> list[OwnExample]',
         'tests/data/test_own_data.py -k default_fields',
     ),
+    (
+        'a windowed scorer gets overlap 0',
+        'gencraft/metrics/lm.py',
+        '        return model.windowed_token_nll(ids, window=window, overlap=overlap)',
+        '        return model.windowed_token_nll(ids, window=window, overlap=0)',
+        'tests/metrics/test_windowed_nll.py -k windowed_scorer',
+    ),
+    (
+        "a windowed scorer skips the schedule's checks",
+        'gencraft/metrics/lm.py',
+        '        window_schedule(ids.shape[-1], window, overlap)  # the same checks',
+        '        pass  # the same checks',
+        'tests/metrics/test_windowed_nll.py -k windowed_scorer',
+    ),
+    (
+        'windowed_nll overlaps by default',
+        'gencraft/metrics/lm.py',
+        '    overlap: int = 0,\n    progress: bool = False,',
+        '    overlap: int = 1,\n    progress: bool = False,',
+        'tests/metrics/test_windowed_nll.py -k defaults_are_disjoint',
+    ),
+    (
+        'a one-token stream is refused',
+        'gencraft/metrics/lm.py',
+        '    if nll.numel() == 0 or words <= 0:',
+        '    if nll.numel() <= 1 or words <= 0:',
+        'tests/metrics/test_windowed_nll.py -k defaults_are_disjoint',
+    ),
 ]
 
 

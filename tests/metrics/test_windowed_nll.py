@@ -77,3 +77,57 @@ def test_batched_windows_equal_one_window_at_a_time(batch_size, window, overlap)
     one = windowed_nll(model, ids, window=window, overlap=overlap)
     batched = windowed_nll(model, ids, window=window, overlap=overlap, batch_size=batch_size)
     assert torch.allclose(batched, one, atol=1e-5, rtol=0)
+
+
+# -- mutmut's survivors in gencraft/metrics/lm.py (docs/core.md, "The automatic tool") -------
+class _Recording(torch.nn.Module):
+    """A WindowedScorer that records what windowed_nll hands it."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def windowed_token_nll(self, ids, *, window, overlap):
+        self.calls.append((ids, window, overlap))
+        return torch.zeros(ids.shape[-1] - 1)
+
+
+def test_a_windowed_scorer_gets_the_text_window_and_overlap_after_the_same_checks():
+    model, ids = _Recording(), torch.arange(12)[None]
+    out = windowed_nll(model, ids, window=5, overlap=2)
+    assert out.shape == (11,) and len(model.calls) == 1
+    got_ids, window, overlap = model.calls[0]
+    assert torch.equal(got_ids, ids) and (window, overlap) == (5, 2)
+    with pytest.raises(ConfigError, match="overlap must be in"):
+        windowed_nll(model, ids, window=5, overlap=5)  # the schedule's checks apply first
+    with pytest.raises(ConfigError, match="at least 2 tokens"):
+        windowed_nll(model, ids[:, :1], window=5)
+    assert len(model.calls) == 1
+
+
+def test_defaults_are_disjoint_windows_and_the_smallest_legal_values_pass():
+    import math
+
+    from gencraft.metrics.lm import causal_lm_nll, perplexity, stream_perplexities
+
+    model, _ = load_model("tiny-llama", seed=0)
+    model.eval()
+    ids = torch.randint(3, 200, (1, 13), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(
+        windowed_nll(model, ids, window=4), windowed_nll(model, ids, window=4, overlap=0)
+    )
+    assert window_schedule(3, 1, 0)  # a window of one token is legal
+    # exactly the model's positions in one window: scored, not refused
+    n = model.config.max_position_embeddings
+    long = torch.randint(3, 200, (n + 1,), generator=torch.Generator().manual_seed(2))
+    assert windowed_nll(model, long, window=n + 50).shape == (n,)
+    with pytest.raises(ValueError, match="stride"):
+        causal_lm_nll(model, ids[0], max_length=8, stride=0, progress=False)
+    assert perplexity(0.0, 1) == 1.0  # one token, zero loss
+    assert perplexity(math.log(3.0), 1) == pytest.approx(3.0)
+    for bad in (-0.5, float("nan")):
+        with pytest.raises(ValueError, match="non-negative number"):
+            perplexity(bad, 2)
+    one = stream_perplexities(torch.tensor([math.log(2.0)]), words=1, seconds=0.5)
+    assert one["tokens"] == 1 and one["words"] == 1 and one["token ppl"] == pytest.approx(2.0)
+    assert one["seconds"] == 0.5 and one["ms/token"] == pytest.approx(500.0)
