@@ -165,14 +165,17 @@ def byte_level_tokenizer(tokenizer: Any, gguf_file: Path) -> Any:
         return tokenizer
     n = len(fields["tokenizer.ggml.tokens"].data)
     add_bos = bool(gguf_value(fields, "tokenizer.ggml.add_bos_token"))
-    data = json.loads(tokenizer.backend_tokenizer.to_str())
     if len(tokenizer) == n and bool(getattr(tokenizer, "add_bos_token", False)) == add_bos:
         return tokenizer
+    data = json.loads(tokenizer.backend_tokenizer.to_str())
     data["added_tokens"] = [t for t in data["added_tokens"] if t["id"] < n]
     data["normalizer"] = None
     data["decoder"] = dict(_BYTE_LEVEL)
     data["model"].update(_BPE_FLAGS)
-    bos = [{"SpecialToken": {"id": tokenizer.convert_ids_to_tokens(1), "type_id": 0}}]
+    bos_id = gguf_value(fields, "tokenizer.ggml.bos_token_id")
+    bos_token = tokenizer.convert_ids_to_tokens(int(bos_id)) if bos_id is not None else None
+    add_bos = add_bos and bos_token is not None
+    bos = [{"SpecialToken": {"id": bos_token, "type_id": 0}}]
     seq = [{"Sequence": {"id": "A", "type_id": 0}}]
     data["post_processor"] = {
         "type": "TemplateProcessing",
@@ -181,17 +184,15 @@ def byte_level_tokenizer(tokenizer: Any, gguf_file: Path) -> Any:
         "special_tokens": {},
     }
     if add_bos:  # not SmolLM2's case; the template needs the id it names
-        token = bos[0]["SpecialToken"]["id"]
         data["post_processor"]["special_tokens"] = {
-            token: {"id": token, "ids": [tokenizer.convert_tokens_to_ids(token)], "tokens": [token]}
+            bos_token: {"id": bos_token, "ids": [int(bos_id)], "tokens": [bos_token]}
         }
     unk = gguf_value(fields, "tokenizer.ggml.unknown_token_id")
-    out = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_str(json.dumps(data)),
         unk_token=tokenizer.convert_ids_to_tokens(int(unk)) if unk is not None else None,
         chat_template=getattr(tokenizer, "chat_template", None),
     )
-    return out
 
 
 def set_special_ids(model: Any, tokenizer: Any, ids: dict[str, int]) -> None:
