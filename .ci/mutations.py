@@ -1685,6 +1685,27 @@ M = [
         '    if nll.numel() <= 1 or words <= 0:',
         'tests/metrics/test_windowed_nll.py -k defaults_are_disjoint',
     ),
+    (
+        'custom exact_mode drops max_nodes',
+        'gencraft/search/custom_generate.py',
+        '            length=length,\n            max_nodes=max_nodes,',
+        '            length=length,\n            max_nodes=None,',
+        'tests/test_custom_generate.py -k exact_arguments',
+    ),
+    (
+        'custom conditional search drops k',
+        'gencraft/search/custom_generate.py',
+        '            k=k,\n            alpha=alpha,',
+        '            k=None,\n            alpha=alpha,',
+        'tests/test_custom_generate.py -k conditional_arguments',
+    ),
+    (
+        'custom beam search drops forced_eos',
+        'gencraft/search/custom_generate.py',
+        '            forced_eos=forced_eos,  # type: ignore[arg-type]',
+        '            forced_eos="model",  # type: ignore[arg-type]',
+        'tests/test_custom_generate.py -k beam_arguments',
+    ),
 ]
 
 

@@ -227,3 +227,102 @@ def test_length_includes_eos_reaches_the_search(which, includes):
     found = [[*h.tokens, 2] for h in own]
     assert out.tolist() == _expected_rows(model, PROMPTS, found, ids)
     assert all(len(h.tokens) == (2 if includes else 3) for h in own)
+
+
+# -- every method argument reaches the search: drawn settings against gencraft's own ---------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from transformers import LogitsProcessorList, SuppressTokensLogitsProcessor  # noqa: E402
+
+
+def _processors(suppress):
+    return LogitsProcessorList([SuppressTokensLogitsProcessor(suppress)]) if suppress else None
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    beams=st.integers(1, 3),
+    k=st.integers(1, 6),
+    alpha=st.sampled_from([0.0, 0.5, 2.0]),
+    finished=st.sampled_from(["aside", "on_beam"]),
+    suppress=st.sampled_from([[], [5], [4, 7]]),
+)
+def test_conditional_arguments_reach_the_search(beams, k, alpha, finished, suppress):
+    model = _causal()
+    torch.manual_seed(1)
+    clf = classifier_for(model, "degenerate", d_clf=8, num_heads=2, d_out=4, mlp_hidden=8).eval()
+    ids, mask = _left_padded(PROMPTS[:2])
+    kw = {"k": k, "alpha": alpha, "finished": finished}
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        num_beams=beams,
+        max_new_tokens=4,
+        custom_generate=cg.conditional_beam_search,
+        classifier=clf,
+        logits_processor=_processors(suppress),
+        return_dict_in_generate=True,
+        output_scores=True,
+        **kw,
+    )
+    rows, scores = [], []
+    for p in PROMPTS[:2]:
+        h = search.beam_search(
+            model,
+            torch.tensor([p]),
+            num_beams=beams,
+            max_new_tokens=4,
+            classifier=clf,
+            logits_processor=_processors(suppress),
+            **kw,
+        )[0]
+        rows.append(h.tokens + ([h.eos_token] if h.finished else []))
+        scores.append(h.conditional_score)
+    assert out.sequences.tolist() == _expected_rows(model, PROMPTS[:2], rows, ids)
+    assert out.sequences_scores.tolist() == pytest.approx(scores, abs=1e-5)
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    beams=st.integers(1, 3),
+    finished=st.sampled_from(["aside", "on_beam"]),
+    forced_eos=st.sampled_from(["model", "free"]),
+    force_length=st.sampled_from([None, 2, 3]),
+)
+def test_beam_arguments_reach_the_search(beams, finished, forced_eos, force_length):
+    model = _causal()
+    ids, mask = _left_padded(PROMPTS)
+    kw = {"finished": finished, "forced_eos": forced_eos, "force_length": force_length}
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        num_beams=beams,
+        max_new_tokens=4,
+        custom_generate=cg.beam_search,
+        **kw,
+    )
+    rows = []
+    for p in PROMPTS:
+        h = search.beam_search(model, torch.tensor([p]), num_beams=beams, max_new_tokens=4, **kw)[0]
+        rows.append(h.tokens + ([h.eos_token] if h.finished else []))
+    assert out.tolist() == _expected_rows(model, PROMPTS, rows, ids)
+
+
+@settings(max_examples=8, deadline=None)
+@given(max_nodes=st.integers(1, 30), new=st.integers(1, 4))
+def test_exact_arguments_reach_the_search_and_an_empty_search_gives_the_prompt(max_nodes, new):
+    model = _causal()
+    ids, mask = _left_padded(PROMPTS)
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=new,
+        custom_generate=cg.exact_mode,
+        max_nodes=max_nodes,
+    )
+    found = []
+    for p in PROMPTS:
+        r = search.exact_mode(model, torch.tensor([p]), max_new_tokens=new, max_nodes=max_nodes)
+        # no complete output within the budget: the prompt alone
+        found.append([] if r.log_prob == float("-inf") else [*r.tokens, 2])
+    assert out.tolist() == _expected_rows(model, PROMPTS, found, ids)
