@@ -227,14 +227,21 @@ def recorded_data(run: str | None) -> dict:
     return settings.get("data") or settings.get("train") or {}
 
 
-def use_run_task(args: object, run: str | None, default: str) -> None:
-    """Set ``args.task`` and its field names for an eval/generate command: ``--task`` when
-    given, else the task the run was trained on (so a run on your own data evaluates on it
-    without naming the path again), else ``default``."""
-    recorded = recorded_data(run)
+def run_task(
+    args: object, recorded: dict | None, default: str | None = None
+) -> tuple[str, dict[str, str]]:
+    """(task, field names) of an eval/generate command: ``--task`` when given, else the task
+    the run was trained on (``recorded``: so a run on your own data evaluates on it without
+    naming the path again), else ``default``. The recorded field names go with the recorded
+    task only; another task takes the flags, or ``source``/``target``."""
+    recorded = recorded or {}
     task = getattr(args, "task", None) or recorded.get("task") or default
-    fields = task_fields(args, recorded if task == recorded.get("task") else None)
-    args.task = task
+    return task, task_fields(args, recorded if task == recorded.get("task") else None)
+
+
+def use_run_task(args: object, run: str | None, default: str) -> None:
+    """:func:`run_task` for the run at ``run`` (:func:`recorded_data`), set on ``args``."""
+    args.task, fields = run_task(args, recorded_data(run), default)
     for name, value in fields.items():
         setattr(args, name, value)
 

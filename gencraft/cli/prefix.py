@@ -94,11 +94,11 @@ def _load(checkpoint: str, command: str, args: argparse.Namespace) -> tuple[Any,
 
 
 def _run(args: argparse.Namespace, command: str, on_batch: Any = None) -> dict[str, Any]:
-    from gencraft.cli.options import task_fields
+    from gencraft.cli.options import run_task
     from gencraft.prefix.evaluate import evaluate
 
     model, tok, meta = _load(args.checkpoint, command, args)
-    task = args.task or meta["train"]["task"]
+    task, fields = run_task(args, meta["train"])
     return evaluate(
         model,
         tok,
@@ -113,7 +113,7 @@ def _run(args: argparse.Namespace, command: str, on_batch: Any = None) -> dict[s
         batch_size=args.batch_size,
         progress=not args.quiet,
         lowercase=getattr(args, "lowercase", False),
-        **task_fields(args, meta["train"]),
+        **fields,
         on_batch=on_batch,
     )
 
@@ -178,7 +178,7 @@ def run_label(checkpoint: str) -> str:
 
 
 def cmd_analyze(args: argparse.Namespace) -> None:
-    from gencraft.cli.options import task_fields
+    from gencraft.cli.options import run_task
     from gencraft.data.tasks import source_of, task_examples
     from gencraft.models.prompts import pad_batch
     from gencraft.prefix.analysis import (
@@ -196,8 +196,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
             from gencraft.errors import GencraftError
 
             raise GencraftError(f"{checkpoint} is a fine-tuned model without prefixes")
-        task = args.task or meta["train"]["task"]
-        fields = task_fields(args, meta["train"])
+        task, fields = run_task(args, meta["train"])
         examples = task_examples(task, args.split, args.data_dir, **fields)[: args.limit]
         rows = [
             {"input_ids": tok(source_of(e), add_special_tokens=False)["input_ids"][:128]}
