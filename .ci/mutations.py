@@ -1706,6 +1706,13 @@ M = [
         '            forced_eos="model",  # type: ignore[arg-type]',
         'tests/test_custom_generate.py -k beam_arguments',
     ),
+    (
+        "another task borrows the run's field names",
+        'gencraft/cli/options.py',
+        '    return task, task_fields(args, recorded if task == recorded.get("task") else None)',
+        '    return task, task_fields(args, recorded)',
+        'tests/cli/test_your_data_and_machines.py -k task_folder',
+    ),
 ]
 
 

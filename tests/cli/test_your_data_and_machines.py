@@ -84,6 +84,12 @@ def test_prefix_and_nar_train_and_eval_on_a_task_folder(own, tmp_path, capsys, m
     out = json.loads(capsys.readouterr().out)
     assert out["examples"] == 3 and out["task"] == str(task.resolve())
     assert set(out["scores"]) >= {"BLEU", "ROUGE-L", "rouge1", "rouge2", "rougeL"}
+    # another task keeps its own fields (source/target here), not the run's src/tgt
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"source": "name[A], food[Thai]", "target": "A serves Thai food."}\n')
+    argv = ["prefix", "eval", str(run), "--task", str(other), "--max-new-tokens", "2"]
+    assert main([*argv, "--json", "--quiet"]) == 0
+    assert json.loads(capsys.readouterr().out)["examples"] == 1
     nar = tmp_path / "nar"
     argv = ["nar", "train", "--model", "tiny-bert", "--task", str(task), *FIELDS]
     assert main([*argv, "--max-steps", "2", "--output", str(nar), "--quiet"]) == 0
