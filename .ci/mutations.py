@@ -721,7 +721,7 @@ M = [
         "gencraft/experiments.py",
         "    if out.exists() and not out.is_dir():",
         "    if False:",
-        "tests/cli/test_bad_input.py -k first_contact",
+        "tests/cli/test_reproduce.py -k python_api_refuses",
     ),
     (
         "prefix generate takes an empty --source",

@@ -167,3 +167,12 @@ def test_speed_experiments_interleave_against_their_baseline(
         assert f"| {r} | " in report
     units = json.loads((tmp_path / "results.json").read_text())["units"]
     assert units["speed"]["threads"] >= 1
+
+
+def test_the_python_api_refuses_a_file_where_the_report_folder_goes(tmp_path):
+    """The CLI checks --output before anything runs; reproduce() called from Python does too."""
+    path = tmp_path / "taken"
+    path.write_text("mine\n")
+    with pytest.raises(GencraftError, match="is a file; an experiment writes a directory"):
+        reproduce("search-memory", scale="tiny", output=path)
+    assert path.read_text() == "mine\n"
