@@ -1561,9 +1561,9 @@ M = [
     ),
     (
         'no device means the CPU even with a GPU',
-        'gencraft/models/placement.py',
-        '        return torch.device("cuda" if torch.cuda.is_available() else "cpu")',
-        '        return torch.device("cpu")',
+        'gencraft/utils.py',
+        '    return "cuda" if torch.cuda.is_available() else "cpu"',
+        '    return "cpu"',
         'tests/models/test_placement.py',
     ),
     (

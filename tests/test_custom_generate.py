@@ -45,10 +45,12 @@ def _expected_rows(model, prompts, found, ids):
     return [r + [2] * (width - len(r)) for r in rows]
 
 
-def _beam_rows(model, prompts, beams, max_new, ids):
+def _beam_rows(model, prompts, beams, max_new, ids, **kw):
     rows = []
     for p in prompts:
-        h = search.beam_search(model, torch.tensor([p]), num_beams=beams, max_new_tokens=max_new)[0]
+        h = search.beam_search(
+            model, torch.tensor([p]), num_beams=beams, max_new_tokens=max_new, **kw
+        )[0]
         rows.append(h.tokens + ([h.eos_token] if h.finished else []))
     return _expected_rows(model, prompts, rows, ids)
 
@@ -301,11 +303,7 @@ def test_beam_arguments_reach_the_search(beams, finished, forced_eos, force_leng
         custom_generate=cg.beam_search,
         **kw,
     )
-    rows = []
-    for p in PROMPTS:
-        h = search.beam_search(model, torch.tensor([p]), num_beams=beams, max_new_tokens=4, **kw)[0]
-        rows.append(h.tokens + ([h.eos_token] if h.finished else []))
-    assert out.tolist() == _expected_rows(model, PROMPTS, rows, ids)
+    assert out.tolist() == _beam_rows(model, PROMPTS, beams, 4, ids, **kw)
 
 
 @settings(max_examples=8, deadline=None)

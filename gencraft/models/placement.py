@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from gencraft.errors import ConfigError
+from gencraft.utils import default_device
 
 DTYPES: dict[str, torch.dtype | None] = {
     "auto": None,
@@ -26,7 +27,7 @@ def check_device(device: str | torch.device | None) -> torch.device:
     :class:`ConfigError` in one line: a string torch cannot read, CUDA where this torch or
     machine has none, a GPU index past the last one, MPS where there is none."""
     if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(default_device())
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
