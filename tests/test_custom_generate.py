@@ -19,6 +19,8 @@ from gencraft.search.train import classifier_for
 HUB = Path(__file__).resolve().parent.parent / "hub"
 V = 12
 PROMPTS = [[1, 5, 7, 9], [1, 4], [1, 8, 3]]
+# gencraft's own searches default to the thesis's scoring; generate's defaults are 1.0 and False
+THESIS = {"length_penalty": 0.0, "early_stopping": True}
 
 
 def _causal(arch="llama"):
@@ -66,6 +68,7 @@ def test_beam_search_from_generate_equals_gencrafts_own_for_a_padded_batch(beams
         max_new_tokens=5,
         do_sample=False,
         custom_generate=cg.beam_search,
+        **THESIS,
     )
     assert out.tolist() == _beam_rows(model, PROMPTS, beams, 5, ids)
 
@@ -80,6 +83,7 @@ def test_beam_search_with_scores_and_several_returns():
         num_return_sequences=2,
         max_new_tokens=4,
         custom_generate=cg.beam_search,
+        **THESIS,
         return_dict_in_generate=True,
         output_scores=True,
     )
@@ -126,6 +130,7 @@ def test_conditional_beam_search_from_generate_equals_gencrafts_own():
         num_beams=3,
         max_new_tokens=4,
         custom_generate=cg.conditional_beam_search,
+        **THESIS,
         classifier=clf,
         k=4,
         return_dict_in_generate=True,
@@ -158,6 +163,7 @@ def test_encoder_decoder_batch_equals_gencrafts_own():
         num_beams=2,
         max_new_tokens=4,
         custom_generate=cg.beam_search,
+        **THESIS,
     )
     start = model.generation_config.decoder_start_token_id
     rows = []
@@ -186,6 +192,7 @@ def test_other_stopping_criteria_are_refused_by_name():
             max_new_tokens=2,
             stopping_criteria=StoppingCriteriaList([Never()]),
             custom_generate=cg.beam_search,
+        **THESIS,
         )
 
 
@@ -261,6 +268,7 @@ def test_conditional_arguments_reach_the_search(beams, k, alpha, finished, suppr
         num_beams=beams,
         max_new_tokens=4,
         custom_generate=cg.conditional_beam_search,
+        **THESIS,
         classifier=clf,
         logits_processor=_processors(suppress),
         return_dict_in_generate=True,
@@ -301,6 +309,7 @@ def test_beam_arguments_reach_the_search(beams, finished, forced_eos, force_leng
         num_beams=beams,
         max_new_tokens=4,
         custom_generate=cg.beam_search,
+        **THESIS,
         **kw,
     )
     assert out.tolist() == _beam_rows(model, PROMPTS, beams, 4, ids, **kw)

@@ -1,19 +1,32 @@
 """Beam search and conditional beam search (Yoshida 2023, ch. 7, Alg. 1, eq. 7.4).
 
-One batched core (:func:`beam_search_batch`): B inputs × K beams advance together, one model
-call per step on the B·K live hypotheses' last tokens, and the KV cache is reordered to follow
-the surviving beams (no prefix is recomputed). All state is ``[B, K, ...]`` tensors (running
-tokens and scores, each row's finished set and stop flag), as in ``transformers``' vectorised
-beam search; a row that is done stays in the batch, masked. :func:`beam_search` is the batch
-of one. Below, B is the beam size of one input.
+One batched core (:func:`beam_search_tensors`): B rows (inputs) x K beams advance together, one
+model call per step on the B·K live hypotheses' last tokens, and the KV cache is reordered to
+follow the surviving beams (no prefix is recomputed). The state is tensor records of
+``[B, K, ...]`` (:class:`Beams`: a row's finished set or its slots; :class:`Candidates`: a
+step's continuations), as in ``transformers``' vectorised beam search; a row that is done stays
+in the batch, masked. :func:`beam_search_batch` returns the same result as lists of
+:class:`Hypothesis`, and :func:`beam_search` is the batch of one. Every setting is checked once
+into a frozen :class:`BeamSettings`. Letters: B rows, K beams, V vocabulary, T steps, C
+candidates of a row, N = B·K flattened hypotheses.
 
 With ``classifier=None`` and ``finished="aside"`` this is ``transformers``' beam search with
-``do_sample=False, length_penalty=0.0, early_stopping=True`` and no logits processors: each step
-keeps the max(2, 1 + E)·B best continuations of all live beams (E: the number of EOS ids, so
-that B of them never end); the first B of them that end (EOS, or ``max_new_tokens`` reached)
-join the finished set unless it is full; the best B that do not end stay live (an ended
-hypothesis never continues); search stops when B hypotheses have finished. Scores are summed
-log-probabilities including the EOS step.
+``do_sample=False`` and the same ``length_penalty`` and ``early_stopping``: each step keeps the
+max(2, 1 + E)·K best continuations of all live beams (E: the number of EOS ids, so that K of
+them never end); of the first K of them, those that end (EOS, or ``max_new_tokens`` reached)
+join the row's finished set, ranked by score / length^``length_penalty`` (length: the new tokens
+with the EOS); the best K that do not end stay live (an ended hypothesis never continues). A row
+stops as ``generate``'s rows do: ``early_stopping=True`` when K hypotheses have finished; False
+or ``"never"`` when its best live score can no longer beat the worst finished one by
+``generate``'s own heuristic (``"never"`` with a positive penalty: at the maximum length).
+gencraft's own searches keep the thesis's scoring, which is the defaults here:
+``length_penalty=0.0, early_stopping=True`` (summed log-probabilities, EOS step included; stop at
+K finished). ``generate(custom_generate=beam_search)`` passes ``generate``'s values, so that it
+equals ``generate``'s beam search under its defaults and any explicit value. One deviation: a
+row with fewer than K possible continuations (a ``prefix_allowed_tokens_fn`` allowing fewer
+tokens than beams) has dead beams, scored -1e9; ``generate`` lets their completions into the
+finished set (where, by float32 rounding and ``topk``'s order on ties, they can fill it and stop
+the row early, and be returned), while gencraft's finished set holds possible hypotheses only.
 
 At ``num_beams=1`` this is beam search with one beam, not ``generate``'s greedy path: logits
 processors act on log-probabilities (as in ``generate``'s beam search), while greedy
@@ -27,12 +40,15 @@ accumulated into the running score S. Only the top-``k`` continuations of each l
 (by model likelihood) are scored by the classifier. Completed hypotheses:
 
 * ``finished="aside"`` (default, ``transformers``' policy): they leave the beam for a finished
-  set of B, ranked by the unweighted conditional score S + log P_clf (= S without classifier).
+  set of K, ranked by the unweighted conditional score S + log P_clf (= S without classifier),
+  over length^``length_penalty``; under a forced length, by S. The heuristic stop compares the
+  best live model score S, an upper bound of its conditional score.
 * ``finished="on_beam"`` (the thesis's Alg. 1): they stay on the beam with their score frozen,
   competing with live continuations, and can be evicted; search stops when every beam is
   complete or at ``max_new_tokens``, whose step is Alg. 1's forced EOS (lines 10-14: the only
   candidate is EOS, scored by the classifier, costing ``forced_eos``); the output ranks the
-  final beam by the unweighted conditional score (α = 1).
+  final beam by the unweighted conditional score (α = 1). It takes no length penalty and no
+  other stopping rule (``length_penalty=0.0, early_stopping=True`` only).
 
 Lengths: ``force_length=n`` counts the tokens before EOS; the thesis's tables count EOS too
 (``length_includes_eos=True`` takes n in that convention: n - 1 tokens, then EOS).
@@ -42,13 +58,14 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
+from gencraft.models.records import TensorRecord
 from gencraft.models.stepping import ProcessorChain, Stepper, batch_size, resolve
 
 NEG = -1.0e9  # transformers' "impossible" score; kept so that ties break as there
@@ -124,42 +141,229 @@ class AttributeScorer(Protocol):
     def reorder(self, state: Any, index: torch.Tensor) -> Any: ...
 
 
-def _check_arguments(
-    num_beams: int,
-    max_new_tokens: int,
-    alpha: float,
-    finished: str,
-    force_length: int | None,
-    forced_eos: str,
-    length_includes_eos: bool,
-    forced_ranking: str,
-) -> int | None:
-    """:func:`beam_search`'s arguments checked; returns the forced length in tokens before
-    EOS."""
-    if num_beams < 1:
-        raise GencraftError(f"num_beams must be >= 1, got {num_beams}")
-    if alpha < 0:
-        raise GencraftError(f"alpha must be >= 0, got {alpha}")
-    if finished not in ("aside", "on_beam"):
-        raise GencraftError(f"finished must be 'aside' or 'on_beam', got {finished!r}")
-    if forced_eos not in ("model", "free"):
-        raise GencraftError(f"forced_eos must be 'model' or 'free', got {forced_eos!r}")
-    if forced_ranking not in ("score", "selection"):
-        raise GencraftError(
-            f"forced_ranking must be 'score' or 'selection', got {forced_ranking!r}"
-        )
-    if length_includes_eos and force_length is not None:
-        if force_length < 1:
+EarlyStopping = bool | Literal["never"]
+
+
+@dataclass(frozen=True)
+class BeamSettings:
+    """Every setting of one batched search, checked once by :meth:`build`.
+
+    Attributes:
+        num_beams: K > 0.
+        max_new_tokens: each row's limit L (generated tokens at most, EOS included).
+        force_length: each row's forced length n in tokens before EOS, or None: the output has
+            exactly n tokens, then EOS (EOS removed and renormalised before step n, forced at
+            n; ch. 7.4).
+        classifier: an :class:`AttributeScorer` (conditional beam search) or None.
+        k: continuations per hypothesis scored (by model likelihood); None: all V.
+        alpha: weight of log P_clf during selection (>= 0); the output ranking uses 1.
+        finished: ``"aside"`` (transformers) or ``"on_beam"`` (Alg. 1); see the module doc.
+        forced_eos: a forced EOS's score: ``"model"`` log P(EOS | x_{1:n}), so an output that
+            cannot end there pays for it; ``"free"`` log 1 = 0 (Alg. 1 at the maximum length).
+        forced_ranking: with a forced length on the beam: ``"score"`` by S, or
+            ``"selection"`` by Alg. 1's C' = S + α·log P_clf.
+        length_penalty: finished scores are divided by length^length_penalty, as in
+            ``generate`` (0: summed log-probabilities).
+        early_stopping: ``True``, ``False`` or ``"never"``, as in ``generate``.
+        logits_processor: ``LogitsProcessor``s applied to each step's log-probabilities
+            [N, V] with the hypotheses' ids so far [N, prompt + t], as ``generate``'s beam
+            search applies them.
+    """
+
+    num_beams: int
+    max_new_tokens: tuple[int, ...]
+    force_length: tuple[int | None, ...]
+    classifier: AttributeScorer | None = None
+    k: int | None = None
+    alpha: float = 1.0
+    finished: str = "aside"
+    forced_eos: str = "model"
+    forced_ranking: str = "score"
+    length_penalty: float = 0.0
+    early_stopping: EarlyStopping = True
+    logits_processor: tuple[Any, ...] = field(default=())
+
+    @classmethod
+    def build(
+        cls,
+        rows: int,
+        max_new_tokens: int | Sequence[int],
+        force_length: int | Sequence[int | None] | None,
+        length_includes_eos: bool,
+        **settings: Any,
+    ) -> BeamSettings:
+        """The settings of a search over ``rows`` inputs: ``max_new_tokens`` and
+        ``force_length`` given once or per row (a forced length counted as the thesis counts
+        it with ``length_includes_eos``); the other fields as keywords. Raises a
+        ``GencraftError`` naming the first bad value."""
+        limits = _per_row(max_new_tokens, rows, "max_new_tokens")
+        forces = _per_row(force_length, rows, "force_length")
+        clf = settings.get("classifier")
+        if clf is not None and not getattr(clf, "enabled", True):
+            settings.update(classifier=None, k=None)  # a disabled classifier: plain search
+        settings["logits_processor"] = tuple(settings.get("logits_processor") or ())
+        out = cls(num_beams=settings.pop("num_beams"), max_new_tokens=tuple(limits),
+                  force_length=tuple(_forced_length(n, f, length_includes_eos)
+                                     for n, f in zip(limits, forces, strict=True)),
+                  **settings)  # fmt: skip
+        out._check()
+        return out
+
+    def _check(self) -> None:
+        _choice("finished", self.finished, ("aside", "on_beam"))
+        _choice("forced_eos", self.forced_eos, ("model", "free"))
+        _choice("forced_ranking", self.forced_ranking, ("score", "selection"))
+        _choice("early_stopping", self.early_stopping, (True, False, "never"))
+        if self.num_beams < 1:
+            raise GencraftError(f"num_beams must be >= 1, got {self.num_beams}")
+        if self.alpha < 0:
+            raise GencraftError(f"alpha must be >= 0, got {self.alpha}")
+        if not -1e4 < float(self.length_penalty) < 1e4:
             raise GencraftError(
-                f"force_length={force_length} with length_includes_eos: the EOS alone is 1"
+                f"length_penalty must be a finite number, got {self.length_penalty}"
             )
-        force_length -= 1
-    if force_length is not None and not 0 <= force_length < max_new_tokens:
+        if self.finished == "on_beam" and (
+            self.length_penalty != 0 or self.early_stopping is not True
+        ):
+            raise GencraftError(
+                "finished='on_beam' (the thesis's Alg. 1) ranks by the summed score and stops "
+                "when every slot is complete: it takes length_penalty=0.0 and "
+                f"early_stopping=True, got {self.length_penalty} and {self.early_stopping!r}"
+            )
+
+    def for_vocabulary(self, vocab_size: int) -> BeamSettings:
+        """These settings with ``k`` checked against the vocabulary (a classifier scores all
+        V continuations unless ``k`` says fewer)."""
+        if self.k is not None and not 1 <= self.k <= vocab_size:
+            raise GencraftError(f"k must be in [1, vocab size {vocab_size}], got {self.k}")
+        if self.classifier is not None and self.k is None:
+            return replace(self, k=vocab_size)
+        return self
+
+
+def _choice(name: str, value: Any, allowed: tuple[Any, ...]) -> None:
+    # `is`/type check too: early_stopping=1 is not True for generate
+    if not any(value is a or (type(value) is type(a) and value == a) for a in allowed):
+        raise GencraftError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+
+
+def _forced_length(limit: int, force: int | None, includes_eos: bool) -> int | None:
+    """A row's forced length in tokens before EOS, checked against its limit."""
+    if includes_eos and force is not None:
+        if force < 1:
+            raise GencraftError(
+                f"force_length={force} with length_includes_eos: the EOS alone is 1"
+            )
+        force -= 1
+    if force is not None and not 0 <= force < limit:
         raise GencraftError(
-            f"force_length={force_length} needs 0 <= force_length < max_new_tokens "
-            f"({max_new_tokens}): the EOS after the n tokens counts as a new token"
+            f"force_length={force} needs 0 <= force_length < max_new_tokens "
+            f"({limit}): the EOS after the n tokens counts as a new token"
         )
-    return force_length
+    return force
+
+
+def _per_row(value: Any, rows: int, name: str) -> list[Any]:
+    """A setting given once or per row, as one value per row."""
+    if value is None or isinstance(value, int):
+        return [value] * rows
+    values = list(value)
+    if len(values) != rows:
+        raise GencraftError(f"{name} gives {len(values)} values for {rows} rows")
+    return values
+
+
+@dataclass
+class Beams(TensorRecord):
+    """K hypotheses of each of B rows (a row's finished set, or its slots on the beam).
+
+    ``tokens`` [B, K, T] generated ids, EOS excluded (0 past ``length``); ``length`` [B, K];
+    ``score`` [B, K] summed log-probability S (EOS step included); ``cond`` [B, K] S + log
+    P_clf at completion (= S without a classifier); ``key`` [B, K] what ranks it (finished
+    set: S or the conditional score over length^length_penalty; on the beam: the selection
+    score frozen at completion); ``eos`` [B, K] the EOS id that ended it (-1: none, or cut at
+    the limit); ``done`` [B, K] bool (finished set: the slot is filled; on the beam: the
+    hypothesis is complete)."""
+
+    tokens: torch.Tensor
+    length: torch.Tensor
+    score: torch.Tensor
+    cond: torch.Tensor
+    key: torch.Tensor
+    eos: torch.Tensor
+    done: torch.Tensor
+
+    @classmethod
+    def empty(cls, rows: int, beams: int, steps: int, device: torch.device) -> Beams:
+        """No hypothesis: every slot empty, keys -inf."""
+        zeros = torch.zeros(rows, beams, device=device)
+        return cls(
+            tokens=torch.zeros(rows, beams, steps, dtype=torch.long, device=device),
+            length=zeros.long(),
+            score=zeros,
+            cond=zeros.clone(),
+            key=torch.full_like(zeros, float("-inf")),
+            eos=torch.full_like(zeros, -1, dtype=torch.long),
+            done=zeros.bool(),
+        )
+
+
+@dataclass
+class Candidates(TensorRecord):
+    """A step's continuations of each row, [B, C] each: ``sel`` the selection score (S, plus
+    α·log P_clf), ``score`` the model score S, ``cond`` S + log P_clf, ``beam`` the beam it
+    continues, ``token`` the token it adds. A beam's candidates are contiguous, beams in
+    order."""
+
+    sel: torch.Tensor
+    score: torch.Tensor
+    cond: torch.Tensor
+    beam: torch.Tensor
+    token: torch.Tensor
+
+
+@dataclass
+class BeamResult(TensorRecord):
+    """Each row's outputs, best first; a row with fewer outputs than K has its ``valid`` ones
+    first. ``tokens`` [B, K, T] (EOS excluded; 0 past ``length``); ``length`` [B, K];
+    ``score`` [B, K] summed log-probability (EOS step included when finished);
+    ``conditional`` [B, K] score + log P_clf at completion (NaN without a classifier);
+    ``sequence_score`` [B, K] the value the row's outputs are ranked by (what ``generate``
+    reports as ``sequences_scores``); ``finished`` [B, K] ended with EOS (False: cut at the
+    limit); ``eos`` [B, K] the EOS id that ended it (-1: cut); ``valid`` [B, K] the slot
+    holds an output."""
+
+    tokens: torch.Tensor
+    length: torch.Tensor
+    score: torch.Tensor
+    conditional: torch.Tensor
+    sequence_score: torch.Tensor
+    finished: torch.Tensor
+    eos: torch.Tensor
+    valid: torch.Tensor
+
+    def hypotheses(self) -> list[list[Hypothesis]]:
+        """Each row's valid outputs as :class:`Hypothesis` lists, best first."""
+        tokens, length, score, cond, eos, valid = (
+            x.tolist()
+            for x in (self.tokens, self.length, self.score, self.conditional, self.eos, self.valid)
+        )
+        rows = []
+        for r in range(len(valid)):
+            rows.append(
+                [
+                    Hypothesis(
+                        tokens[r][j][: length[r][j]],
+                        score[r][j],
+                        eos[r][j] >= 0,
+                        None if cond[r][j] != cond[r][j] else cond[r][j],  # NaN: no classifier
+                        eos[r][j] if eos[r][j] >= 0 else None,
+                    )
+                    for j in range(len(valid[r]))
+                    if valid[r][j]
+                ]
+            )
+        return rows
 
 
 def beam_search(
@@ -178,38 +382,17 @@ def beam_search(
     logits_processor: Sequence[Any] | None = None,
     length_includes_eos: bool = False,
     forced_ranking: Literal["score", "selection"] = "score",
+    length_penalty: float = 0.0,
+    early_stopping: EarlyStopping = True,
 ) -> list[Hypothesis]:
-    """Beam search for one input; returns up to ``num_beams`` hypotheses, best first. The
-    batch of one of :func:`beam_search_batch`.
+    """Beam search for one input; returns up to ``num_beams`` hypotheses, best first: the batch
+    of one of :func:`beam_search_batch`.
 
-    Args:
-        model: a Hugging Face causal LM or encoder-decoder, or a ``Stepper`` of one input.
-        input_ids: [1, P] prompt (causal) or encoder input (encoder-decoder); None for a Stepper.
-        num_beams: B > 0.
-        max_new_tokens: generated tokens at most, EOS included; a hypothesis reaching it ends.
-        classifier: an ``AttributeScorer`` for conditional beam search; None for plain search.
-        k: continuations per hypothesis scored by the classifier (default: all).
-        alpha: weight of log P_clf during selection (>= 0); the output ranking uses alpha = 1.
-        eos_token_id: id or ids ending a hypothesis; default the model's.
-        finished: ``"aside"`` (transformers) or ``"on_beam"`` (thesis Alg. 1); see module doc.
-        force_length: n: every output has exactly n tokens before EOS: EOS is removed and the
-            distribution renormalised before step n, and EOS is forced at step n (ch. 7.4).
-        forced_eos: the score of a forced EOS (at ``force_length``, and with ``"on_beam"`` at
-            ``max_new_tokens``): ``"model"`` (default) the model's own log P(EOS | x_{1:n}), so
-            an output that cannot end there (a cut sentence) pays for it, as in the thesis's
-            reported likelihoods; ``"free"``: log 1 = 0 (its Alg. 1 at the maximum length),
-            which makes every prefix of length n a complete output.
-        logits_processor: ``transformers`` ``LogitsProcessor``s (e.g. FAME's focus vocabulary),
-            applied to each step's log-probabilities [B, V] with the hypotheses' ids so far
-            [B, prompt + t] (the decoder start for encoder-decoders), as ``generate`` applies
-            them in beam search (no renormalisation by the search).
-        length_includes_eos: ``force_length`` counts the EOS token (the thesis's tables'
-            convention): the output has ``force_length - 1`` tokens before EOS.
-        forced_ranking: with ``force_length`` and ``"on_beam"``, the final order: ``"score"``
-            (default) by the model score S (the attribute holds for every output); or
-            ``"selection"``: the final beam's order under C' = S + α·log P_clf, which is what
-            Alg. 1 returns for a deterministic attribute (b_best = 1).
-    """
+    ``model``: a Hugging Face causal LM or encoder-decoder, or a ``Stepper`` of one input;
+    ``input_ids`` [1, P] its prompt (causal) or encoder input (encoder-decoder), None for a
+    Stepper; ``eos_token_id`` the id or ids ending a hypothesis (default: the model's). The
+    other arguments are :class:`BeamSettings`' fields (``length_includes_eos``: the forced
+    length counts the EOS, as the thesis's tables do)."""
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] != 1:
         raise GencraftError(
             f"beam_search takes one input [1, P], got {list(input_ids.shape)}; use "
@@ -218,47 +401,17 @@ def beam_search(
     if not isinstance(model, nn.Module) and batch_size(model) != 1:
         raise GencraftError("beam_search takes a Stepper of one input; use beam_search_batch")
     return beam_search_batch(
-        model,
-        input_ids,
-        num_beams=num_beams,
-        max_new_tokens=max_new_tokens,
-        classifier=classifier,
-        k=k,
-        alpha=alpha,
-        eos_token_id=eos_token_id,
-        finished=finished,
-        force_length=force_length,
-        forced_eos=forced_eos,
-        logits_processor=logits_processor,
-        length_includes_eos=length_includes_eos,
-        forced_ranking=forced_ranking,
-    )[0]
+        model, input_ids, None, num_beams=num_beams, max_new_tokens=max_new_tokens,
+        classifier=classifier, k=k, alpha=alpha, eos_token_id=eos_token_id, finished=finished,
+        force_length=force_length, forced_eos=forced_eos, logits_processor=logits_processor,
+        length_includes_eos=length_includes_eos, forced_ranking=forced_ranking,
+        length_penalty=length_penalty, early_stopping=early_stopping,
+    )[0]  # fmt: skip
 
 
 def beam_search_batch(
     model: nn.Module | Stepper,
     input_ids: torch.Tensor | None = None,
-    attention_mask: torch.Tensor | None = None,
-    **kwargs: Any,
-) -> list[list[Hypothesis]]:
-    """Beam search over a batch of inputs: every row's beams advance in one model call per
-    step, and each row keeps its own finished hypotheses and stop. Returns one list of
-    hypotheses per row, each what :func:`beam_search` returns for that row alone.
-
-    Args:
-        model: a Hugging Face causal LM or encoder-decoder, or a ``Stepper`` (of
-            ``batch_size`` inputs).
-        input_ids: [B, P] prompts (causal LM: left-padded) or encoder inputs (encoder-decoder:
-            padded on either side); None for a Stepper.
-        attention_mask: [B, P] 1 for tokens, 0 for padding (default: none padded).
-        kwargs: the keyword arguments of :func:`beam_search`.
-    """
-    return search_stepper(model, input_ids, attention_mask, **kwargs)
-
-
-def search_stepper(
-    model: nn.Module | Stepper,
-    input_ids: torch.Tensor | None,
     attention_mask: torch.Tensor | None = None,
     *,
     num_beams: int,
@@ -273,11 +426,49 @@ def search_stepper(
     logits_processor: Sequence[Any] | None = None,
     length_includes_eos: bool = False,
     forced_ranking: Literal["score", "selection"] = "score",
+    length_penalty: float = 0.0,
+    early_stopping: EarlyStopping = True,
 ) -> list[list[Hypothesis]]:
-    """:func:`beam_search_batch` with its arguments spelt out (a ``Stepper`` may be given
-    as ``model``, e.g. one built over ``generate``'s encoder outputs). ``max_new_tokens`` and
-    ``force_length`` may be given per row (a sequence of B values; None: no forced length
-    for that row)."""
+    """Beam search over a batch: one list of hypotheses per row, each what
+    :func:`beam_search` returns for that row alone. :func:`beam_search_tensors` takes the same
+    arguments and returns the tensors (:class:`BeamResult`)."""
+    return beam_search_tensors(
+        model, input_ids, attention_mask, num_beams=num_beams, max_new_tokens=max_new_tokens,
+        classifier=classifier, k=k, alpha=alpha, eos_token_id=eos_token_id, finished=finished,
+        force_length=force_length, forced_eos=forced_eos, logits_processor=logits_processor,
+        length_includes_eos=length_includes_eos, forced_ranking=forced_ranking,
+        length_penalty=length_penalty, early_stopping=early_stopping,
+    ).hypotheses()  # fmt: skip
+
+
+def beam_search_tensors(
+    model: nn.Module | Stepper,
+    input_ids: torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
+    *,
+    num_beams: int,
+    max_new_tokens: int | Sequence[int],
+    classifier: AttributeScorer | None = None,
+    k: int | None = None,
+    alpha: float = 1.0,
+    eos_token_id: int | list[int] | None = None,
+    finished: Literal["aside", "on_beam"] = "aside",
+    force_length: int | Sequence[int | None] | None = None,
+    forced_eos: Literal["model", "free"] = "model",
+    logits_processor: Sequence[Any] | None = None,
+    length_includes_eos: bool = False,
+    forced_ranking: Literal["score", "selection"] = "score",
+    length_penalty: float = 0.0,
+    early_stopping: EarlyStopping = True,
+) -> BeamResult:
+    """The batched search; returns each row's outputs as tensors.
+
+    ``model``: a Hugging Face causal LM or encoder-decoder, or a ``Stepper`` of B inputs (e.g.
+    one built over ``generate``'s encoder outputs); ``input_ids`` [B, P] prompts (causal LM:
+    left-padded) or encoder inputs (padded on either side), None for a Stepper;
+    ``attention_mask`` [B, P] 1 for tokens (default: none padded). ``max_new_tokens`` and
+    ``force_length`` are given once or per row (B values; None: no forced length). The other
+    arguments are :class:`BeamSettings`' fields."""
     rows = batch_size(model) if not isinstance(model, nn.Module) else None
     if rows is None:
         rows = (
@@ -285,394 +476,394 @@ def search_stepper(
             if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2
             else 1
         )
-    limits = _per_row(max_new_tokens, rows, "max_new_tokens")
-    forces = _per_row(force_length, rows, "force_length")
-    forces = [
-        _check_arguments(
-            num_beams,
-            n,
-            alpha,
-            finished,
-            f,
-            forced_eos,
-            length_includes_eos,
-            forced_ranking,
-        )
-        for n, f in zip(limits, forces, strict=True)
-    ]
-    if classifier is not None and not getattr(classifier, "enabled", True):
-        classifier, k = None, None  # a disabled classifier: plain beam search
-    if num_beams == 1 and logits_processor:
-        _warn_one_beam(logits_processor)
+    settings = BeamSettings.build(
+        rows, max_new_tokens, force_length, length_includes_eos, num_beams=num_beams,
+        classifier=classifier, k=k, alpha=alpha, finished=finished, forced_eos=forced_eos,
+        forced_ranking=forced_ranking, length_penalty=length_penalty,
+        early_stopping=early_stopping, logits_processor=logits_processor,
+    )  # fmt: skip
+    if num_beams == 1 and settings.logits_processor:
+        _warn_one_beam(settings.logits_processor)
     stepper, eos = resolve(
         model,
         input_ids,
         eos_token_id,
-        max_new_tokens=max(limits),
-        hidden=classifier is not None,
+        max_new_tokens=max(settings.max_new_tokens),
+        hidden=settings.classifier is not None,
         attention_mask=attention_mask,
     )
-    v = stepper.vocab_size
-    if classifier is not None:
-        k = v if k is None else k
-        if not 1 <= k <= v:
-            raise GencraftError(f"k must be in [1, vocab size {v}], got {k}")
-    elif k is not None and not 1 <= k <= v:
-        raise GencraftError(f"k must be in [1, vocab size {v}], got {k}")
-    search = _BeamSearch(
-        stepper,
-        num_beams,
-        limits,
-        classifier,
-        k,
-        alpha,
-        eos,
-        finished,
-        forces,
-        forced_eos,
-        list(logits_processor or []),
-        forced_ranking,
-    )
-    return search.run()
+    return _BeamSearch(stepper, settings.for_vocabulary(stepper.vocab_size), eos).run()
 
 
-def _per_row(value: Any, rows: int, name: str) -> list[Any]:
-    """A setting given once or per row, as one value per row."""
-    if value is None or isinstance(value, int):
-        return [value] * rows
-    values = list(value)
-    if len(values) != rows:
-        raise GencraftError(f"{name} gives {len(values)} values for {rows} rows")
-    return values
+@dataclass
+class _ModelState:
+    """What the next step starts from: ``log_probs`` [N, V] of the next token, the KV
+    ``cache`` and the ``hidden`` states [N, L+1, H] (classifier runs) of the N = B·K
+    hypotheses, and the classifier's per-hypothesis state."""
 
-
-def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``x`` [B, C, *rest] at ``index`` [B, K] along dim 1: [B, K, *rest]."""
-    shape = (*index.shape, *x.shape[2:])
-    return x.gather(1, index.view(*index.shape, *([1] * (x.dim() - 2))).expand(shape))
+    log_probs: torch.Tensor
+    cache: Any
+    hidden: torch.Tensor | None
+    clf_state: Any
 
 
 class _BeamSearch:
-    """The batched search: B inputs x K beams, every tensor of state ``[B, K, ...]``; the
-    model sees the N = B·K hypotheses flattened (input-major) in one call per step. A row
-    that is done stays in the batch, masked: its state no longer changes."""
+    """One batched search over a stepper of B inputs, K beams each; ``run`` returns the
+    :class:`BeamResult`."""
 
-    def __init__(
-        self,
-        stepper: Stepper,
-        num_beams: int,
-        max_new: list[int],
-        clf: AttributeScorer | None,
-        k: int | None,
-        alpha: float,
-        eos: list[int],
-        policy: str,
-        force_length: list[int | None],
-        forced_eos: str = "model",
-        processors: list[Any] | None = None,
-        forced_ranking: str = "score",
-    ) -> None:
-        self.s, self.K, self.clf = stepper, num_beams, clf
-        self.B = batch_size(stepper)
-        self.k, self.alpha, self.policy = k, alpha, policy
-        self.forced_eos, self.forced_ranking = forced_eos, forced_ranking
-        # per row: the length limit L and the forced length n (-1: none)
-        self.max_new = max(max_new)
-        self.limit = torch.tensor(max_new)
-        self.force = torch.tensor([-1 if f is None else f for f in force_length])
+    def __init__(self, stepper: Stepper, settings: BeamSettings, eos: list[int]) -> None:
+        self.s, self.cfg, self.clf = stepper, settings, settings.classifier
+        self.B, self.K = batch_size(stepper), settings.num_beams
+        self.T = max(settings.max_new_tokens)
+        # per row: the limit L and the forced length n (-1: none); moved to the model's device
+        # at the start
+        self.limit = torch.tensor(settings.max_new_tokens)
+        self.force = torch.tensor([-1 if f is None else f for f in settings.force_length])
         self.forced = self.force >= 0
         self.eos = torch.tensor(eos)
-        self.process = ProcessorChain(stepper, processors)
+        self.process = ProcessorChain(stepper, list(settings.logits_processor))
 
-    def _limit(self, t: int) -> torch.Tensor:
-        """[B] bool: step t is Alg. 1's last (t = L) for the row: on the beam, only a forced
-        EOS can follow."""
-        last = (t + 1 == self.limit) & ~self.forced
-        return last & (self.policy == "on_beam")
+    def run(self) -> BeamResult:
+        return self._aside() if self.cfg.finished == "aside" else self._on_beam()
 
-    def _transform(self, logp: torch.Tensor, t: int) -> torch.Tensor:
-        """Length forcing (thesis 7.4), per row: no EOS before step n (renormalised), only EOS
-        at n; and Alg. 1's forced EOS at the maximum length (on the beam). ``logp`` [N, V]."""
-        before = self.forced & (t < self.force)
-        only_eos = (self.forced & (t >= self.force)) | self._limit(t)
-        if not bool(before.any() | only_eos.any()):
-            return logp
-        dev, kb = logp.device, logp.shape[0] // self.B
-        eos = self.eos.to(dev)
-        if bool(before.any()):
-            cut = logp.index_fill(1, eos, float("-inf"))
-            cut = cut - torch.logsumexp(cut, dim=-1, keepdim=True)
-            logp = torch.where(before.to(dev).repeat_interleave(kb)[:, None], cut, logp)
-        if bool(only_eos.any()):
-            out = torch.full_like(logp, float("-inf"))
-            # ending with any EOS id is one event: P(end) = sum of their probabilities
-            end = torch.logsumexp(logp[:, eos], dim=-1) if self.forced_eos == "model" else 0
-            out[:, eos[0]] = end
-            logp = torch.where(only_eos.to(dev).repeat_interleave(kb)[:, None], out, logp)
-        return logp
-
-    def _candidates(
-        self, logp: torch.Tensor, scores: torch.Tensor, hidden: Any, cstate: Any
-    ) -> tuple[torch.Tensor, ...]:
-        """Each row's candidates, [B, C] each: (selection, unconditional, conditional score,
-        beam, token), and the classifier state extended by this position. ``logp`` [N, V],
-        ``scores`` [B, K]; a beam's candidates are contiguous, beams in order."""
-        (n, v), (b, kb) = logp.shape, scores.shape
-        dev = logp.device
-        if self.clf is None and (self.k is None or self.k >= v):
-            flat = (scores.reshape(n, 1) + logp).view(b, kb * v)  # every continuation
-            beam = torch.arange(kb, device=dev).repeat_interleave(v).expand(b, -1)
-            tok = torch.arange(v, device=dev).repeat(kb).expand(b, -1)
-            return flat, flat, flat, beam, tok, cstate
-        top_lp, tok = logp.topk(self.k, dim=-1)  # [N, k], by model likelihood
-        unc = scores.reshape(n, 1) + top_lp
-        sel = cond = unc
-        if self.clf is not None:
-            clf_lp, cstate = self.clf.score(cstate, hidden, tok)
-            dead = ~torch.isfinite(top_lp)  # impossible stays impossible, whatever the classifier
-            cond = (unc + clf_lp.to(unc)).masked_fill(dead, NEG)
-            sel = (unc + self.alpha * clf_lp.to(unc)).masked_fill(dead, NEG)
-        beam = torch.arange(kb, device=dev).repeat_interleave(self.k).expand(b, -1)
-        c = kb * self.k
-        return sel.view(b, c), unc.view(b, c), cond.view(b, c), beam, tok.view(b, c), cstate
-
-    def run(self) -> list[list[Hypothesis]]:
-        return self._aside() if self.policy == "aside" else self._on_beam()
-
-    def _start(self) -> Any:
+    # -- shared steps -------------------------------------------------------------------------
+    def _start(self) -> tuple[_ModelState, torch.Tensor]:
+        """The prompts run once; the first step's N = B·K rows are copies of each input's
+        (only beam 0 alive). Returns the model state and the running scores [B, K]."""
         out = self.s.start()
         if out.log_probs.shape[0] != self.B:
             raise GencraftError(
                 f"the stepper holds {self.B} inputs but started {out.log_probs.shape[0]} rows"
             )
-        if self.clf is not None:
-            want = (self.clf.num_layers, self.clf.hidden_size)
-            got = tuple(out.hidden.shape[1:]) if out.hidden is not None else None
-            if got != want:
-                raise GencraftError(
-                    f"the classifier reads {want[0]} layers x {want[1]} hidden states, but this "
-                    f"model gives {got[0]} x {got[1]}: it was trained for another model"
-                    if got
-                    else "this model gives no hidden states for the classifier"
-                )
-        return out
-
-    def _first_rows(self, out: Any) -> tuple[Any, ...]:
-        """The first step's N = B·K rows: (log-probs [N, V], cache, hidden states, classifier
-        state, scores [B, K] with only beam 0 alive), each input's K rows copies of its
-        prompt's (the prompt ran once)."""
-        b, kb, dev = self.B, self.K, out.log_probs.device
-        index = torch.arange(b, device=dev).repeat_interleave(kb)
-        cache = self.s.reorder(out.cache, index) if kb > 1 else out.cache
-        logp = out.log_probs.repeat_interleave(kb, 0)
-        hidden = out.hidden.repeat_interleave(kb, 0) if out.hidden is not None else None
-        cstate = self.clf.init(b * kb) if self.clf is not None else None
-        scores = torch.full((b, kb), NEG, device=dev)
+        self._check_classifier(out.hidden)
+        dev = out.log_probs.device
+        self.limit, self.force, self.forced, self.eos = (
+            x.to(dev) for x in (self.limit, self.force, self.forced, self.eos)
+        )
+        index = torch.arange(self.B, device=dev).repeat_interleave(self.K)
+        state = _ModelState(
+            log_probs=out.log_probs.repeat_interleave(self.K, 0),
+            cache=self.s.reorder(out.cache, index) if self.K > 1 else out.cache,
+            hidden=out.hidden.repeat_interleave(self.K, 0) if out.hidden is not None else None,
+            clf_state=self.clf.init(self.B * self.K) if self.clf is not None else None,
+        )
+        scores = torch.full((self.B, self.K), NEG, device=dev)
         scores[:, 0] = 0.0
-        return logp, cache, hidden, cstate, scores
+        return state, scores
 
-    def _advance(self, cache: Any, cstate: Any, src: torch.Tensor, feed: torch.Tensor):
-        """Reorder the cache and classifier state to beams ``src`` [B, K] of each row and feed
-        ``feed`` [B, K]: (log-probs [N, V], cache, hidden states, classifier state)."""
+    def _check_classifier(self, hidden: torch.Tensor | None) -> None:
+        if self.clf is None:
+            return
+        want = (self.clf.num_layers, self.clf.hidden_size)
+        got = tuple(hidden.shape[1:]) if hidden is not None else None
+        if got != want:
+            raise GencraftError(
+                f"the classifier reads {want[0]} layers x {want[1]} hidden states, but this "
+                f"model gives {got[0]} x {got[1]}: it was trained for another model"
+                if got
+                else "this model gives no hidden states for the classifier"
+            )
+
+    def _last_step(self, t: int) -> torch.Tensor:
+        """[B] bool: step t is Alg. 1's last for the row (t + 1 = L, on the beam, no forced
+        length): only a forced EOS can follow."""
+        last = (t + 1 == self.limit) & ~self.forced
+        return last & (self.cfg.finished == "on_beam")
+
+    def _log_probs(self, state: _ModelState, ids: torch.Tensor, t: int) -> torch.Tensor:
+        """Step t's log-probabilities [N, V]: the logits processors on ``ids`` [N, t], then
+        length forcing (thesis 7.4), per row: no EOS before step n (renormalised), only EOS at
+        n; and Alg. 1's forced EOS at the maximum length (on the beam)."""
+        logp = self.process(state.log_probs, ids)
+        before = self.forced & (t < self.force)
+        only_eos = (self.forced & (t >= self.force)) | self._last_step(t)
+        if not bool(before.any() | only_eos.any()):
+            return logp
+        if bool(before.any()):
+            cut = logp.index_fill(1, self.eos, float("-inf"))
+            cut = cut - torch.logsumexp(cut, dim=-1, keepdim=True)
+            logp = torch.where(before.repeat_interleave(self.K)[:, None], cut, logp)
+        if bool(only_eos.any()):
+            out = torch.full_like(logp, float("-inf"))
+            # ending with any EOS id is one event: P(end) = sum of their probabilities
+            end = (
+                torch.logsumexp(logp[:, self.eos], dim=-1) if self.cfg.forced_eos == "model" else 0
+            )
+            out[:, self.eos[0]] = end
+            logp = torch.where(only_eos.repeat_interleave(self.K)[:, None], out, logp)
+        return logp
+
+    def _candidates(
+        self, logp: torch.Tensor, scores: torch.Tensor, state: _ModelState
+    ) -> tuple[Candidates, Any]:
+        """Each row's candidates (:class:`Candidates`, [B, C]) from ``logp`` [N, V] and the
+        running scores [B, K], and the classifier state extended by this position."""
+        (n, v), (b, kb), dev = logp.shape, scores.shape, logp.device
+        k = self.cfg.k
+        if self.clf is None and (k is None or k >= v):
+            flat = (scores.reshape(n, 1) + logp).view(b, kb * v)  # every continuation
+            beam = torch.arange(kb, device=dev).repeat_interleave(v).expand(b, -1)
+            token = torch.arange(v, device=dev).repeat(kb).expand(b, -1)
+            return Candidates(flat, flat, flat, beam, token), state.clf_state
+        top_lp, token = logp.topk(k, dim=-1)  # [N, k], by model likelihood
+        score = scores.reshape(n, 1) + top_lp
+        sel = cond = score
+        clf_state = state.clf_state
+        if self.clf is not None:
+            clf_lp, clf_state = self.clf.score(clf_state, state.hidden, token)
+            dead = ~torch.isfinite(top_lp)  # impossible stays impossible, whatever the classifier
+            cond = (score + clf_lp.to(score)).masked_fill(dead, NEG)
+            sel = (score + self.cfg.alpha * clf_lp.to(score)).masked_fill(dead, NEG)
+        beam = torch.arange(kb, device=dev).repeat_interleave(k).expand(b, -1)
+        c = kb * k
+        flat = (sel.view(b, c), score.view(b, c), cond.view(b, c), beam, token.view(b, c))
+        return Candidates(*flat), clf_state
+
+    def _advance(
+        self, state: _ModelState, clf_state: Any, src: torch.Tensor, feed: torch.Tensor
+    ) -> _ModelState:
+        """Reorder the cache and the classifier state to beams ``src`` [B, K] of each row and
+        feed ``feed`` [B, K]: the next step's model state."""
         b, kb = src.shape
         flat = (torch.arange(b, device=src.device)[:, None] * kb + src).view(-1)
         if self.clf is not None:
-            cstate = self.clf.reorder(cstate, flat)
-        cache = self.s.reorder(cache, flat)
-        out = self.s.step(feed.reshape(-1), cache)
-        return out.log_probs, out.cache, out.hidden, cstate
+            clf_state = self.clf.reorder(clf_state, flat)
+        out = self.s.step(feed.reshape(-1), self.s.reorder(state.cache, flat))
+        return _ModelState(out.log_probs, out.cache, out.hidden, clf_state)
 
-    # -- transformers' policy ----------------------------------------------------------------
-    def _aside(self) -> list[list[Hypothesis]]:
-        b, kb, t_max = self.B, self.K, self.max_new
-        out = self._start()
-        dev = out.log_probs.device
-        logp, cache, hidden, cstate, scores = self._first_rows(out)
-        eos = self.eos.to(dev)
-        limit = self.limit.to(dev)
-        tokens = torch.zeros(b, kb, 0, dtype=torch.long, device=dev)
-        # the finished set of each row: K slots, best first; fin_ok marks the filled ones
-        fin_tok = torch.zeros(b, kb, t_max, dtype=torch.long, device=dev)
-        fin_len = torch.zeros(b, kb, dtype=torch.long, device=dev)
-        fin_key = torch.full((b, kb), float("-inf"), device=dev)
-        fin_score = torch.zeros(b, kb, device=dev)
-        fin_eos = torch.full((b, kb), -1, dtype=torch.long, device=dev)
-        fin_ok = torch.zeros(b, kb, dtype=torch.bool, device=dev)
-        done = torch.zeros(b, dtype=torch.bool, device=dev)
-        for t in range(t_max):
-            logp = self.process(logp, tokens.view(b * kb, t))
-            logp = self._transform(logp, t)
-            sel, unc, cond, beam, tok, cstate = self._candidates(logp, scores, hidden, cstate)
-            n_keep = min(max(2, 1 + len(eos)) * kb, sel.shape[1])
-            top_sel, idx = sel.topk(n_keep, dim=1)
-            c_beam, c_tok = beam.gather(1, idx), tok.gather(1, idx)
-            c_unc, c_cond = unc.gather(1, idx), cond.gather(1, idx)
-            is_eos = torch.isin(c_tok, eos)
-            ends = is_eos | (t + 1 == limit)[:, None]
-            # finished: of the first K kept candidates, those that end, while the set has room
-            m = min(kb, n_keep)
-            room = ~done & (fin_ok.sum(1) < kb)
-            new = ends[:, :m] & (top_sel[:, :m] > NEG / 2) & room[:, None]
-            if bool(new.any()):
-                grown = ~is_eos[:, :m]  # cut at the limit: the last token is kept
-                seq = torch.zeros(b, m, t_max, dtype=torch.long, device=dev)
-                seq[:, :, :t] = _take(tokens, c_beam[:, :m])
-                seq[:, :, t] = torch.where(grown, c_tok[:, :m], 0)
-                key = torch.where(self.forced.to(dev)[:, None], c_unc, c_cond)
-                # merged with the old set, stably (old first): the K best stay
-                all_ok = torch.cat([fin_ok, new], 1)
-                all_key = torch.cat([fin_key, key[:, :m]], 1).masked_fill(~all_ok, float("-inf"))
-                order = all_key.sort(dim=1, descending=True, stable=True).indices[:, :kb]
-                fin_ok = all_ok.gather(1, order)
-                fin_key = all_key.gather(1, order)
-                fin_score = torch.cat([fin_score, c_unc[:, :m]], 1).gather(1, order)
-                fin_len = torch.cat([fin_len, t + grown.long()], 1).gather(1, order)
-                ends_with = torch.where(is_eos[:, :m], c_tok[:, :m], -1)
-                fin_eos = torch.cat([fin_eos, ends_with], 1).gather(1, order)
-                fin_tok = _take(torch.cat([fin_tok, seq], 1), order)
-            # live: the best K of the kept candidates that do not end
-            # (-inf, not NEG: an ended candidate must never come back as a live one)
-            keep_key = top_sel.masked_fill(ends, float("-inf"))
-            stuck = ~(keep_key > NEG / 2).any(1)  # e.g. force_length=0 after its EOS
-            done = done | (fin_ok.sum(1) >= kb) | ends.all(1) | stuck
+    # -- transformers' policy: finished hypotheses aside ----------------------------------------
+    def _aside(self) -> BeamResult:
+        state, scores = self._start()
+        dev = scores.device
+        live = Beams.empty(self.B, self.K, self.T, dev)
+        live.score = scores
+        finished = Beams.empty(self.B, self.K, self.T, dev)
+        done = torch.zeros(self.B, dtype=torch.bool, device=dev)
+        improvable = torch.ones(self.B, dtype=torch.bool, device=dev)
+        for t in range(self.T):
+            ids = live.tokens[:, :, :t].reshape(self.B * self.K, t)
+            cand, clf_state = self._candidates(self._log_probs(state, ids, t), live.score, state)
+            top, ends = self._top_candidates(cand, t)
+            finished = self._merge_finished(finished, top, ends, live, t, open=~done)
+            live, src, alive = self._next_live(top, ends, live, t)
+            improvable = improvable & self._improvable(live, finished, t)
+            full = finished.done.all(1) & (self.cfg.early_stopping is True)
+            done = done | full | ends.all(1) | ~alive | ~improvable
             if bool(done.all()):
                 break
-            nxt_key, nxt = keep_key.topk(kb, dim=1)
-            src = c_beam.gather(1, nxt)
-            scores = c_unc.gather(1, nxt).masked_fill(nxt_key == float("-inf"), NEG)
-            new_tok = c_tok.gather(1, nxt)
-            tokens = torch.cat([_take(tokens, src), new_tok[..., None]], dim=2)
-            logp, cache, hidden, cstate = self._advance(cache, cstate, src, new_tok)
-        results = []
-        for r in range(b):
-            row = []
-            for j in torch.nonzero(fin_ok[r]).flatten().tolist():
-                end = int(fin_eos[r, j])
-                key = float(fin_key[r, j])
-                row.append(
-                    Hypothesis(
-                        fin_tok[r, j, : int(fin_len[r, j])].tolist(),
-                        float(fin_score[r, j]),
-                        end >= 0,
-                        key if self.clf is not None else None,
-                        end if end >= 0 else None,
-                    )
-                )
-            results.append(row)
-        return results
+            state = self._advance(state, clf_state, src, live.tokens[:, :, t])
+        return self._finished_result(finished)
 
-    # -- the thesis's Alg. 1 -----------------------------------------------------------------
-    def _on_beam(self) -> list[list[Hypothesis]]:
-        b, kb, t_max = self.B, self.K, self.max_new
-        out = self._start()
-        dev = out.log_probs.device
-        logp, cache, hidden, cstate, scores = self._first_rows(out)
-        eos = self.eos.to(dev)
-        # the K slots of each row: tokens, whether complete, the EOS that ended it (-1: none or
-        # cut), and the selection and conditional scores frozen when it completed
-        slot_tok = torch.zeros(b, kb, t_max, dtype=torch.long, device=dev)
-        slot_len = torch.zeros(b, kb, dtype=torch.long, device=dev)
-        slot_done = torch.zeros(b, kb, dtype=torch.bool, device=dev)
-        slot_eos = torch.full((b, kb), -1, dtype=torch.long, device=dev)
-        slot_sel = torch.zeros(b, kb, device=dev)
-        slot_cond = torch.zeros(b, kb, device=dev)
-        done = torch.zeros(b, dtype=torch.bool, device=dev)
-        arange_t = torch.arange(t_max, device=dev)
-        for t in range(t_max):
-            if self.process:  # each slot's tokens, left-padded with 0 to the step (t)
-                at = arange_t[:t] - (t - slot_len[..., None])
-                ids = slot_tok.gather(2, at.clamp_min(0)).masked_fill(at < 0, 0)
-                logp = self.process(logp, ids.view(b * kb, t))
-            logp = self._transform(logp, t)
-            sel, unc, cond, beam, tok, cstate = self._candidates(logp, scores, hidden, cstate)
-            c = sel.shape[1]
-            # Alg. 1's selection: the K best of the live beams' continuations and the complete
-            # slots (with their frozen scores); stable on ties, live (lower index) first
-            live = ~slot_done.gather(1, beam)
-            pool = torch.cat(
-                [
-                    sel.masked_fill(~live, float("-inf")),
-                    slot_sel.masked_fill(~slot_done, float("-inf")),
-                ],
-                dim=1,
+    def _top_candidates(self, cand: Candidates, t: int) -> tuple[Candidates, torch.Tensor]:
+        """The max(2, 1 + E)·K best candidates of each row by selection score, best first
+        ([B, C'] each), and which of them end [B, C'] (EOS, or the row's limit reached)."""
+        n_keep = min(max(2, 1 + len(self.eos)) * self.K, cand.sel.shape[1])
+        top = cand.gather(cand.sel.topk(n_keep, dim=1).indices)
+        ends = torch.isin(top.token, self.eos) | (t + 1 == self.limit)[:, None]
+        return top, ends
+
+    def _merge_finished(
+        self,
+        finished: Beams,
+        top: Candidates,
+        ends: torch.Tensor,
+        live: Beams,
+        t: int,
+        open: torch.Tensor,
+    ) -> Beams:
+        """``transformers``' ``_update_finished_beams``: of the first K candidates, those that
+        end join the finished set (rows ``open`` [B] only, and not a full one under
+        ``early_stopping=True``), keyed by their score over length^length_penalty; the K best
+        of the old and the new stay (stably: old first on ties)."""
+        kb = self.K
+        full = finished.done.all(1) & (self.cfg.early_stopping is True)
+        first = top.map(lambda x: x[:, :kb])
+        is_eos = torch.isin(first.token, self.eos)
+        rank = torch.where(self.forced[:, None], first.score, first.cond)
+        key = rank / float((t + 1) ** self.cfg.length_penalty)
+        # only possible hypotheses (generate also admits a dead beam's, scored about -1e9)
+        new = ends[:, :kb] & (first.sel > NEG / 2) & (open & ~full)[:, None]
+        if not bool(new.any()):
+            return finished
+        grown = ~is_eos  # cut at the limit: the last token is kept
+        parent = live.gather(first.beam)
+        parent.tokens[:, :, t] = torch.where(grown, first.token, 0)
+        arrivals = Beams(
+            tokens=parent.tokens,
+            length=t + grown.long(),
+            score=first.score,
+            cond=first.cond,
+            key=key,
+            eos=torch.where(is_eos, first.token, -1),
+            done=new,
+        )
+        merged = finished.cat(arrivals)
+        merged.key = merged.key.masked_fill(~merged.done, float("-inf"))
+        order = merged.key.sort(dim=1, descending=True, stable=True).indices[:, :kb]
+        return merged.gather(order)
+
+    def _next_live(
+        self, top: Candidates, ends: torch.Tensor, live: Beams, t: int
+    ) -> tuple[Beams, torch.Tensor, torch.Tensor]:
+        """``transformers``' ``_get_running_beams_for_next_iteration``: the best K candidates
+        that do not end. Returns the live beams (token t written), each one's parent beam
+        [B, K], and whether the row has any live candidate [B]."""
+        # -inf, not NEG: an ended candidate must never come back as a live one
+        keep = top.sel.masked_fill(ends, float("-inf"))
+        alive = (keep > NEG / 2).any(1)  # none: e.g. force_length=0 after its EOS
+        key, index = keep.topk(self.K, dim=1)
+        chosen = top.gather(index)
+        nxt = live.gather(chosen.beam)
+        nxt.tokens[:, :, t] = chosen.token
+        nxt.length = nxt.length + 1
+        nxt.score = chosen.score.masked_fill(key == float("-inf"), NEG)
+        return nxt, chosen.beam, alive
+
+    def _improvable(self, live: Beams, finished: Beams, t: int) -> torch.Tensor:
+        """[B] bool, ``transformers``' ``_check_early_stop_heuristic``: the row's finished
+        set is not full, or its best live score over the hypothetical length^length_penalty
+        beats its worst finished key (length: the live beams' t + 1 tokens; ``"never"`` with
+        a positive penalty: the row's limit)."""
+        lp = self.cfg.length_penalty
+        if self.cfg.early_stopping == "never" and lp > 0:
+            best = live.score.max(1).values / self.limit.double().pow(lp).float()
+        else:
+            best = live.score.max(1).values / float((t + 1) ** lp)
+        return ~finished.done.all(1) | (best > finished.key.min(1).values)
+
+    def _finished_result(self, finished: Beams) -> BeamResult:
+        """The finished sets as the result: already best first, filled slots first."""
+        return BeamResult(
+            tokens=finished.tokens,
+            length=finished.length,
+            score=finished.score,
+            conditional=self._conditional(finished.cond),
+            sequence_score=finished.key,
+            finished=finished.eos >= 0,
+            eos=finished.eos,
+            valid=finished.done,
+        )
+
+    def _conditional(self, cond: torch.Tensor) -> torch.Tensor:
+        return cond if self.clf is not None else torch.full_like(cond, float("nan"))
+
+    # -- the thesis's Alg. 1: finished hypotheses on the beam ----------------------------------
+    def _on_beam(self) -> BeamResult:
+        state, scores = self._start()
+        slots = Beams.empty(self.B, self.K, self.T, scores.device)
+        slots.score, slots.key = scores, torch.zeros_like(scores)
+        done = torch.zeros(self.B, dtype=torch.bool, device=scores.device)
+        for t in range(self.T):
+            cand, clf_state = self._candidates(
+                self._log_probs(state, self._slot_ids(slots, t), t), slots.score, state
             )
-            order = pool.sort(dim=1, descending=True, stable=True).indices[:, :kb]
-            ch_sel = pool.gather(1, order)
-            valid, eligible = ch_sel > NEG / 2, ch_sel > float("-inf")
-            use = torch.where(valid.any(1, keepdim=True), valid, eligible)
-            cont = order < c  # a live beam continued (else a complete slot staying)
-            pick = order.clamp_max(c - 1)
-            c_beam, c_tok = beam.gather(1, pick), tok.gather(1, pick)
-            src = torch.where(cont, c_beam, order - c)
-            src = torch.where(use, src, src[:, :1])  # unused slots: dead, fed from beam 0's
-            is_eos = torch.isin(c_tok, eos) & cont
-            grows = cont & ~is_eos
-            new_tok = _take(slot_tok, src)
-            new_len = slot_len.gather(1, src)
-            at = new_len.clamp_max(t_max - 1)[..., None]  # a growing slot has t < t_max tokens
-            grown = torch.where(grows[..., None], c_tok[..., None], new_tok.gather(2, at))
-            new_tok.scatter_(2, at, grown)
-            new_len = new_len + grows.long()
-            ended = is_eos & ~self._limit(t).to(dev)[:, None]  # a forced EOS at L was a cut
-            at_limit = (t + 1 == self.limit.to(dev))[:, None]
-            new_done = torch.where(cont, is_eos | at_limit, slot_done.gather(1, src))
-            new_eos = torch.where(cont, torch.where(ended, c_tok, -1), slot_eos.gather(1, src))
-            new_sel = torch.where(cont, ch_sel, slot_sel.gather(1, src))
-            new_cond = torch.where(cont, cond.gather(1, pick), slot_cond.gather(1, src))
-            new_unc = torch.where(cont, unc.gather(1, pick), scores.gather(1, src))
-            # fewer candidates than beams (tiny vocabularies): the rest are dead slots
-            new_len = new_len.masked_fill(~use, 0)
-            new_done = new_done | ~use
-            new_eos = new_eos.masked_fill(~use, -1)
-            new_sel, new_cond, new_unc = (
-                x.masked_fill(~use, NEG) for x in (new_sel, new_cond, new_unc)
-            )
-            feed = torch.where(cont & use, c_tok, eos[0])
-            # a row that is done keeps its slots
-            keep = done[:, None]
-            slot_tok = torch.where(keep[..., None], slot_tok, new_tok)
-            slot_len = torch.where(keep, slot_len, new_len)
-            slot_done = torch.where(keep, slot_done, new_done)
-            slot_eos = torch.where(keep, slot_eos, new_eos)
-            slot_sel = torch.where(keep, slot_sel, new_sel)
-            slot_cond = torch.where(keep, slot_cond, new_cond)
-            scores = torch.where(keep, scores, new_unc)
-            done = slot_done.all(1)
+            choice = self._select_on_beam(cand, slots)
+            kept = done[:, None]  # a row that is done keeps its slots
+            slots = slots.where(kept, self._update_slots(slots, cand, choice, t))
+            done = slots.done.all(1)
             if bool(done.all()):
                 break
-            src = torch.where(keep, torch.arange(kb, device=dev).expand(b, -1), src)
-            logp, cache, hidden, cstate = self._advance(cache, cstate, src, feed)
-        return [
-            self._ranked(r, slot_tok, slot_len, slot_eos, slot_sel, slot_cond, scores)
-            for r in range(b)
-        ]
+            src = torch.where(kept, torch.arange(self.K, device=done.device), choice.src)
+            feed = torch.where(choice.cont & choice.use, choice.token, self.eos[0])
+            state = self._advance(state, clf_state, src, feed)
+        return self._ranked_result(slots)
 
-    def _ranked(
-        self, r, slot_tok, slot_len, slot_eos, slot_sel, slot_cond, scores
-    ) -> list[Hypothesis]:
-        """Row r's final slots, best first: by the conditional score (Alg. 1), or under a
+    def _slot_ids(self, slots: Beams, t: int) -> torch.Tensor:
+        """Each slot's tokens, left-padded with 0 to the step: [N, t] (for the processors)."""
+        if not self.process:
+            return slots.tokens[:, :, :0].reshape(self.B * self.K, 0)
+        at = torch.arange(t, device=slots.length.device) - (t - slots.length[..., None])
+        ids = slots.tokens.gather(2, at.clamp_min(0)).masked_fill(at < 0, 0)
+        return ids.view(self.B * self.K, t)
+
+    def _select_on_beam(self, cand: Candidates, slots: Beams) -> _Choice:
+        """Alg. 1's selection: the K best of the live beams' continuations and the complete
+        slots (with their frozen keys); stable on ties, continuations (lower index) first."""
+        c = cand.sel.shape[1]
+        live = ~slots.done.gather(1, cand.beam)
+        pool = torch.cat(
+            [
+                cand.sel.masked_fill(~live, float("-inf")),
+                slots.key.masked_fill(~slots.done, float("-inf")),
+            ],
+            dim=1,
+        )
+        order = pool.sort(dim=1, descending=True, stable=True).indices[:, : self.K]
+        key = pool.gather(1, order)
+        valid, eligible = key > NEG / 2, key > float("-inf")
+        use = torch.where(valid.any(1, keepdim=True), valid, eligible)
+        cont = order < c  # a live beam continued (else a complete slot staying)
+        pick = order.clamp_max(c - 1)
+        chosen = cand.gather(pick)
+        src = torch.where(cont, chosen.beam, order - c)
+        src = torch.where(use, src, src[:, :1])  # unused slots: dead, fed from beam 0's
+        return _Choice(key=key, use=use, cont=cont, pick=pick, src=src, token=chosen.token)
+
+    def _update_slots(self, slots: Beams, cand: Candidates, choice: _Choice, t: int) -> Beams:
+        """The slots after the selection: a continued beam grows by its token (or completes
+        with EOS, or at the limit); a complete slot stays as it was; an unused one is dead."""
+        chosen = cand.gather(choice.pick)
+        parent = slots.gather(choice.src)
+        is_eos = torch.isin(choice.token, self.eos) & choice.cont
+        grows = choice.cont & ~is_eos
+        at = parent.length.clamp_max(self.T - 1)[..., None]  # a growing slot has t < T tokens
+        grown = torch.where(grows[..., None], choice.token[..., None], parent.tokens.gather(2, at))
+        ended = is_eos & ~self._last_step(t)[:, None]  # a forced EOS at L was a cut
+        continued = Beams(
+            tokens=parent.tokens.scatter(2, at, grown),
+            length=parent.length + grows.long(),
+            score=chosen.score,
+            cond=chosen.cond,
+            key=choice.key,
+            eos=torch.where(ended, choice.token, -1),
+            done=is_eos | (t + 1 == self.limit)[:, None],
+        )
+        new = continued.where(choice.cont, parent)
+        # fewer candidates than beams (tiny vocabularies): the rest are dead slots
+        dead = ~choice.use
+        return replace(
+            new,
+            length=new.length.masked_fill(dead, 0),
+            done=new.done | dead,
+            eos=new.eos.masked_fill(dead, -1),
+            key=new.key.masked_fill(dead, NEG),
+            cond=new.cond.masked_fill(dead, NEG),
+            score=new.score.masked_fill(dead, NEG),
+        )
+
+    def _ranked_result(self, slots: Beams) -> BeamResult:
+        """Each row's final slots, best first: by the conditional score (Alg. 1), or under a
         forced length by the model score (or the selection score, ``forced_ranking``)."""
-        final, sel, cond = scores[r].tolist(), slot_sel[r].tolist(), slot_cond[r].tolist()
+        by_forced = slots.key if self.cfg.forced_ranking == "selection" else slots.score
+        rank = torch.where(self.forced[:, None], by_forced, slots.cond)
+        valid = slots.score > NEG / 2
+        by_rank = rank.masked_fill(~valid, float("-inf")).sort(dim=1, descending=True, stable=True)
+        valid_first = (
+            valid.gather(1, by_rank.indices).long().sort(dim=1, descending=True, stable=True)
+        )
+        order = by_rank.indices.gather(1, valid_first.indices)
+        return BeamResult(
+            tokens=slots.tokens,
+            length=slots.length,
+            score=slots.score,
+            conditional=self._conditional(slots.cond),
+            sequence_score=rank,
+            finished=slots.eos >= 0,
+            eos=slots.eos,
+            valid=valid,
+        ).gather(order)
 
-        forced = bool(self.forced[r])
 
-        def key(j: int) -> float:
-            if not forced:
-                return -cond[j]  # Alg. 1: the unweighted conditional score
-            # a forced length holds by construction: rank by S, or Alg. 1's C' order
-            return -(sel[j] if self.forced_ranking == "selection" else final[j])
+@dataclass
+class _Choice(TensorRecord):
+    """Alg. 1's selection of each row's K slots, [B, K] each: ``key`` the chosen selection
+    score, ``use`` the slot is filled, ``cont`` it continues a live beam (else a complete slot
+    stays), ``pick`` the candidate's index, ``src`` the slot or beam it comes from, ``token``
+    the candidate's token."""
 
-        ranked = sorted((j for j in range(self.K) if final[j] > NEG / 2), key=key)
-        out = []
-        for j in ranked:
-            end = int(slot_eos[r, j])
-            out.append(
-                Hypothesis(
-                    slot_tok[r, j, : int(slot_len[r, j])].tolist(),
-                    final[j],
-                    end >= 0,
-                    cond[j] if self.clf is not None else None,
-                    end if end >= 0 else None,
-                )
-            )
-        return out
+    key: torch.Tensor
+    use: torch.Tensor
+    cont: torch.Tensor
+    pick: torch.Tensor
+    src: torch.Tensor
+    token: torch.Tensor

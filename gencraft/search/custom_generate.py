@@ -9,28 +9,37 @@ inputs, the generation config, the logits processors and the stopping criteria::
     out = model.generate(**batch, num_beams=4, max_new_tokens=20,
                          custom_generate=conditional_beam_search, classifier=clf, k=10)
 
-Each returns what ``generate`` returns: ``[B * num_return_sequences, L]`` ids (a causal LM's
-rows keep their left padding, then the generated tokens and EOS; an encoder-decoder's start
-with the decoder start id), right-padded as ``generate``'s beam search pads (the pad id, or
-the first EOS id when the pad id is 0); with ``return_dict_in_generate=True`` a
+Each returns what ``generate`` returns: ``[B * num_return_sequences, P + W]`` ids (a causal
+LM's rows keep their left padding, then the generated tokens and EOS; an encoder-decoder's
+start with the decoder start id), right-padded as ``generate``'s beam search pads (the pad id,
+or the first EOS id when the pad id is 0); with ``return_dict_in_generate=True`` a
 ``GenerateBeam*Output`` with ``sequences`` and, with ``output_scores=True``,
-``sequences_scores`` (summed log-probabilities, as ``length_penalty=0`` gives). The method's
-own arguments are keyword arguments of ``generate``.
+``sequences_scores`` (what ranks the outputs: the summed log-probability, or the conditional
+score, over length^``length_penalty``). The method's own arguments are keyword arguments of
+``generate``. The output is built from the search's tensors (:class:`~gencraft.search.beam.
+BeamResult`), never row by row.
+
+``beam_search`` and ``conditional_beam_search`` take ``generate``'s ``length_penalty`` and
+``early_stopping`` (defaults 1.0 and False, or any explicit value), so that
+``custom_generate=beam_search`` gives what ``generate``'s own beam search gives. gencraft's
+own functions default to the thesis's scoring (``length_penalty=0.0, early_stopping=True``);
+to get that from ``generate``, pass those two values.
 
 A batch runs as one search: every input's beams advance in one model call per step (a causal
 LM's left-padded prompts with their attention mask; an encoder-decoder's encoder outputs,
 computed once by ``generate``, with theirs). Logits processors see the batch's ids
 ``[B * num_beams, prompt + t]`` as ``generate`` gives them, so a processor that depends on the
-row (``prefix_allowed_tokens_fn``) acts on each row. Otherwise they apply as in
-:func:`gencraft.search.beam_search`; of the
-stopping criteria, the length and EOS criteria ``generate`` adds are honoured through
-``max_new_tokens`` and the EOS ids, and any other is refused, naming it. The Hub-ready folders
-of ``hub/`` load the same functions through ``custom_generate="path", trust_remote_code=True``.
+row (``prefix_allowed_tokens_fn``) acts on each row. Of the stopping criteria, the length and
+EOS criteria ``generate`` adds are honoured through ``max_new_tokens`` and the EOS ids, and any
+other is refused, naming it; so are ``do_sample=True``, a ``streamer`` and ``synced_gpus``
+(``generate`` itself drops the last two before calling a callable; the Hub folders refuse them
+too). The Hub-ready folders of ``hub/`` load the same functions through
+``custom_generate="path", trust_remote_code=True``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -39,8 +48,8 @@ from torch import nn
 from gencraft.errors import GencraftError
 from gencraft.models.introspect import eos_ids, pad_id
 from gencraft.models.stepping import HFStepper
-from gencraft.search.beam import search_stepper as _beam_search
-from gencraft.search.exact import exact_mode_batch as _exact_mode
+from gencraft.search.beam import BeamResult, beam_search_tensors
+from gencraft.search.exact import ModeResult, exact_mode_batch
 
 #: stopping criteria generate() adds from the generation config, honoured by the searches
 _HONOURED = {"MaxLengthCriteria", "EosTokenCriteria", "MaxNewTokensCriteria"}
@@ -48,12 +57,27 @@ _HONOURED = {"MaxLengthCriteria", "EosTokenCriteria", "MaxNewTokensCriteria"}
 __all__ = ["beam_search", "conditional_beam_search", "exact_mode"]
 
 
-def _check_criteria(stopping_criteria: Sequence[Any] | None, name: str) -> None:
+def _check_call(
+    name: str,
+    stopping_criteria: Sequence[Any] | None,
+    generation_config: Any,
+    synced_gpus: bool,
+    streamer: Any,
+) -> None:
+    """Refuse, in one line, what the search cannot honour."""
     other = [type(c).__name__ for c in stopping_criteria or () if type(c).__name__ not in _HONOURED]
     if other:
         raise GencraftError(
             f"gencraft's {name} from generate() takes no stopping criteria other than the "
             f"length and EOS ones; got {', '.join(other)}"
+        )
+    if streamer is not None:
+        raise GencraftError(f"gencraft's {name} from generate() takes no streamer")
+    if synced_gpus:
+        raise GencraftError(f"gencraft's {name} from generate() does not run with synced_gpus")
+    if getattr(generation_config, "do_sample", False):
+        raise GencraftError(
+            f"gencraft's {name} from generate() does not sample: pass do_sample=False"
         )
 
 
@@ -67,14 +91,13 @@ def _stepper(
     model: nn.Module,
     input_ids: torch.Tensor,
     model_kwargs: dict[str, Any],
-    every: int,
-    pad: int,
-    max_new: int,
+    generation_config: Any,
     hidden: bool,
 ) -> HFStepper:
     """One stepper for the whole batch: a causal LM's left-padded prompts with their mask; an
     encoder-decoder's encoder outputs and mask (its input ids are then not read). generate()
     repeated each input ``every`` times: one copy of each is kept."""
+    every = _expand_size(generation_config)
     mask = model_kwargs.get("attention_mask")
     mask = mask[::every] if mask is not None else None
     enc = None
@@ -84,17 +107,22 @@ def _stepper(
             raise GencraftError("generate() passed no encoder_outputs to the custom decoder")
         enc = out[0] if not hasattr(out, "last_hidden_state") else out.last_hidden_state
         enc = enc[::every]
-        ids = torch.full((enc.shape[0], 1), pad, dtype=torch.long, device=input_ids.device)
+        ids = torch.full((enc.shape[0], 1), _pad(model, generation_config), device=enc.device)
     else:
         ids = input_ids[::every]
     return HFStepper(
         model,
         ids,
         attention_mask=mask,
-        max_new_tokens=max_new + 1,
+        max_new_tokens=_max_new_tokens(generation_config, input_ids) + 1,
         hidden=hidden,
         encoder_hidden=enc,
     )
+
+
+def _pad(model: nn.Module, generation_config: Any) -> int:
+    pad = generation_config.pad_token_id
+    return pad_id(model) if pad is None else int(pad)
 
 
 def _max_new_tokens(generation_config: Any, input_ids: torch.Tensor) -> int:
@@ -106,48 +134,37 @@ def _max_new_tokens(generation_config: Any, input_ids: torch.Tensor) -> int:
     return int(n)
 
 
-def _run(
+def _output(
     name: str,
-    search: Callable[..., list[list[tuple[list[int], bool, int | None, float]]]],
     model: nn.Module,
     input_ids: torch.Tensor,
-    logits_processor: Sequence[Any] | None,
-    stopping_criteria: Sequence[Any] | None,
     generation_config: Any,
-    model_kwargs: dict[str, Any],
-    hidden: bool = False,
+    result: BeamResult,
 ) -> Any:
-    """One search for the whole batch (``search(stepper, eos, max_new, processors)`` returns
-    each input's outputs); the rows assembled as ``generate`` returns them."""
-    _check_criteria(stopping_criteria, name)
-    eos = eos_ids(model, generation_config.eos_token_id)
-    pad = generation_config.pad_token_id
-    pad = pad_id(model) if pad is None else int(pad)
-    max_new = _max_new_tokens(generation_config, input_ids)
+    """``generate``'s output from each row's first ``num_return_sequences`` outputs:
+    ``[B * R, P + W]`` ids (prompt, tokens, EOS when finished, then the fill id), and with
+    ``return_dict_in_generate`` a ``GenerateBeam*Output``."""
     n_return = int(getattr(generation_config, "num_return_sequences", None) or 1)
-    processors = list(logits_processor or [])
-    seqs, scores = [], []
-    every = _expand_size(generation_config)
-    stepper = _stepper(model, input_ids, model_kwargs, every, pad, max_new, hidden)
-    found_rows = search(stepper, eos, max_new, processors)
-    for i, found in enumerate(found_rows):
-        b = i * every
-        if len(found) < n_return:
-            raise GencraftError(
-                f"{name} found {len(found)} outputs for input {i}; num_return_sequences is "
-                f"{n_return}"
-            )
-        for tokens, finished, eos_token, score in found[:n_return]:
-            end = [eos_token if eos_token is not None else eos[0]] if finished else []
-            seqs.append(input_ids[b].tolist() + tokens + end)
-            scores.append(score)
-    width = max(len(s) for s in seqs)
+    short = ~result.valid[:, :n_return].all(1)
+    if result.valid.shape[1] < n_return or bool(short.any()):
+        i = int(short.nonzero()[0]) if bool(short.any()) else 0
+        raise GencraftError(
+            f"{name} found {int(result.valid[i].sum())} outputs for input {i}; "
+            f"num_return_sequences is {n_return}"
+        )
+    out = result.map(lambda x: x[:, :n_return].flatten(0, 1))  # [B * R, ...]
+    pad, eos = _pad(model, generation_config), eos_ids(model, generation_config.eos_token_id)
     fill = pad or eos[0]  # generate's beam search fills with the pad id, or EOS for pad id 0
-    out = torch.full((len(seqs), width), fill, dtype=torch.long, device=input_ids.device)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = torch.tensor(s, device=input_ids.device)
+    width = int((out.length + out.finished.long()).max()) if out.length.numel() else 0
+    at = torch.arange(width, device=out.tokens.device)
+    tokens = torch.nn.functional.pad(out.tokens, (0, max(0, width - out.tokens.shape[1])))
+    generated = torch.where(at < out.length[:, None], tokens[:, :width], fill)
+    is_end = (at == out.length[:, None]) & out.finished[:, None]
+    generated = torch.where(is_end, out.eos[:, None], generated)
+    prompts = input_ids[:: _expand_size(generation_config)].repeat_interleave(n_return, 0)
+    sequences = torch.cat([prompts, generated.to(prompts)], dim=1)
     if not getattr(generation_config, "return_dict_in_generate", False):
-        return out
+        return sequences
     from transformers.generation.utils import (
         GenerateBeamDecoderOnlyOutput,
         GenerateBeamEncoderDecoderOutput,
@@ -158,10 +175,46 @@ def _run(
         if model.config.is_encoder_decoder
         else GenerateBeamDecoderOnlyOutput
     )
-    seq_scores = None  # as generate: only with output_scores=True
-    if getattr(generation_config, "output_scores", False):
-        seq_scores = torch.tensor(scores, device=input_ids.device)
-    return cls(sequences=out, sequences_scores=seq_scores)
+    scores = out.sequence_score if getattr(generation_config, "output_scores", False) else None
+    return cls(sequences=sequences, sequences_scores=scores)
+
+
+def _beam(
+    name: str,
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    logits_processor: Sequence[Any] | None,
+    stopping_criteria: Sequence[Any] | None,
+    generation_config: Any,
+    synced_gpus: bool,
+    streamer: Any,
+    model_kwargs: dict[str, Any],
+    search: dict[str, Any],
+) -> Any:
+    """The one builder of both beam decoders: ``search`` holds the method's own arguments
+    (:func:`~gencraft.search.beam.beam_search_tensors`' keywords); the beams, limits, EOS ids,
+    processors, length penalty and early stopping come from ``generate``."""
+    _check_call(name, stopping_criteria, generation_config, synced_gpus, streamer)
+    stepper = _stepper(
+        model, input_ids, model_kwargs, generation_config, search.get("classifier") is not None
+    )
+    beams = int(generation_config.num_beams or 1)
+    lp = getattr(generation_config, "length_penalty", None)
+    early = getattr(generation_config, "early_stopping", None)
+    if beams == 1:  # generate's greedy path, whatever the two: a row ends at its first EOS
+        lp, early = 0.0, True
+    result = beam_search_tensors(
+        stepper,
+        None,
+        num_beams=beams,
+        max_new_tokens=_max_new_tokens(generation_config, input_ids),
+        eos_token_id=eos_ids(model, generation_config.eos_token_id),
+        logits_processor=list(logits_processor or []),
+        length_penalty=1.0 if lp is None else lp,  # generate's defaults
+        early_stopping=False if early is None else early,
+        **search,
+    )
+    return _output(name, model, input_ids, generation_config, result)
 
 
 def beam_search(
@@ -179,34 +232,25 @@ def beam_search(
     **model_kwargs: Any,
 ) -> Any:
     """gencraft's :func:`~gencraft.search.beam_search` as ``generate(custom_generate=...)``:
-    ``num_beams`` from the generation config; ``finished``, ``forced_eos``,
-    ``force_length`` and ``length_includes_eos`` as there."""
-    beams = int(generation_config.num_beams or 1)
-
-    def search(stepper, eos, max_new, processors):
-        rows = _beam_search(
-            stepper,
-            None,
-            num_beams=beams,
-            max_new_tokens=max_new,
-            eos_token_id=eos,
-            finished=finished,  # type: ignore[arg-type]
-            force_length=force_length,
-            forced_eos=forced_eos,  # type: ignore[arg-type]
-            logits_processor=processors,
-            length_includes_eos=length_includes_eos,
-        )
-        return [[(h.tokens, h.finished, h.eos_token, h.score) for h in hyps] for hyps in rows]
-
-    return _run(
+    ``num_beams``, ``length_penalty`` and ``early_stopping`` from the generation config;
+    ``finished``, ``forced_eos``, ``force_length`` and ``length_includes_eos`` as there."""
+    search = {
+        "finished": finished,
+        "forced_eos": forced_eos,
+        "force_length": force_length,
+        "length_includes_eos": length_includes_eos,
+    }
+    return _beam(
         "beam_search",
-        search,
         model,
         input_ids,
         logits_processor,
         stopping_criteria,
         generation_config,
+        synced_gpus,
+        streamer,
         model_kwargs,
+        search,
     )
 
 
@@ -227,39 +271,21 @@ def conditional_beam_search(
     """Conditional beam search (thesis ch. 7) as ``generate(custom_generate=...)``:
     ``classifier`` an :class:`~gencraft.search.AttributeScorer` (required), ``k`` and
     ``alpha`` as in :func:`~gencraft.search.beam_search`; outputs ranked by their
-    conditional score, which ``sequences_scores`` holds."""
+    conditional score (over length^``length_penalty``), which ``sequences_scores`` holds."""
     if classifier is None:
         raise GencraftError("conditional_beam_search needs classifier=<an AttributeScorer>")
-    beams = int(generation_config.num_beams or 1)
-
-    def search(stepper, eos, max_new, processors):
-        rows = _beam_search(
-            stepper,
-            None,
-            num_beams=beams,
-            max_new_tokens=max_new,
-            eos_token_id=eos,
-            classifier=classifier,
-            k=k,
-            alpha=alpha,
-            finished=finished,  # type: ignore[arg-type]
-            logits_processor=processors,
-        )
-        return [
-            [(h.tokens, h.finished, h.eos_token, h.conditional_score) for h in hyps]
-            for hyps in rows
-        ]
-
-    return _run(
+    search = {"classifier": classifier, "k": k, "alpha": alpha, "finished": finished}
+    return _beam(
         "conditional_beam_search",
-        search,
         model,
         input_ids,
         logits_processor,
         stopping_criteria,
         generation_config,
+        synced_gpus,
+        streamer,
         model_kwargs,
-        hidden=True,
+        search,
     )
 
 
@@ -280,31 +306,50 @@ def exact_mode(
     ...)``: the most probable output of at most ``max_new_tokens`` tokens before EOS (or of
     exactly ``length``); ``max_nodes`` bounds the search. One output per input; an input
     whose search found no complete output gives its prompt alone."""
-
-    def search(stepper, eos, max_new, processors):
-        rows = _exact_mode(
-            stepper,
-            eos_token_id=eos,
-            max_new_tokens=max_new,
-            length=length,
-            max_nodes=max_nodes,
-            logits_processor=processors,
-            length_includes_eos=length_includes_eos,
-        )
-        return [
-            [([], False, None, r.log_prob)]
-            if r.log_prob == float("-inf")
-            else [(r.tokens, True, None, r.log_prob)]
-            for r in rows
-        ]
-
-    return _run(
-        "exact_mode",
-        search,
-        model,
-        input_ids,
-        logits_processor,
-        stopping_criteria,
-        generation_config,
-        model_kwargs,
+    _check_call("exact_mode", stopping_criteria, generation_config, synced_gpus, streamer)
+    eos = eos_ids(model, generation_config.eos_token_id)
+    rows = exact_mode_batch(
+        _stepper(model, input_ids, model_kwargs, generation_config, False),
+        eos_token_id=eos,
+        max_new_tokens=_max_new_tokens(generation_config, input_ids),
+        length=length,
+        max_nodes=max_nodes,
+        logits_processor=list(logits_processor or []),
+        length_includes_eos=length_includes_eos,
     )
+    return _output("exact_mode", model, input_ids, generation_config, _modes(rows, eos[0]))
+
+
+def _modes(rows: list[ModeResult], eos: int) -> BeamResult:
+    """Exact search's modes as a one-output :class:`BeamResult` ([B, 1]); a mode not found
+    (log-prob -inf) is an empty, unfinished output."""
+    found = [r.log_prob != float("-inf") for r in rows]
+    width = max([len(r.tokens) for r, f in zip(rows, found, strict=True) if f] or [0])
+    tokens = [(r.tokens if f else []) + [0] * (width - (len(r.tokens) if f else 0))
+              for r, f in zip(rows, found, strict=True)]  # fmt: skip
+    score = torch.tensor([[r.log_prob] for r in rows])
+    return BeamResult(
+        tokens=torch.tensor(tokens, dtype=torch.long).view(len(rows), 1, width),
+        length=torch.tensor(
+            [[len(r.tokens) if f else 0] for r, f in zip(rows, found, strict=True)]
+        ),
+        score=score,
+        conditional=torch.full_like(score, float("nan")),
+        sequence_score=score,
+        finished=torch.tensor([[f] for f in found]),
+        eos=torch.tensor([[eos if f else -1] for f in found]),
+        valid=torch.ones(len(rows), 1, dtype=torch.bool),
+    )
+
+
+def hub_generate(decoder: Any, model: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """What a ``hub/`` folder's ``generate`` does: ``transformers`` calls it with the raw
+    arguments of ``model.generate``, which go back through ``generate`` with ``decoder``; a
+    ``streamer`` or ``synced_gpus``, which ``generate`` would drop before calling a callable,
+    is refused here."""
+    kwargs.pop("custom_generate", None)
+    kwargs.pop("trust_remote_code", None)
+    for name in ("streamer", "synced_gpus"):
+        if kwargs.get(name):
+            raise GencraftError(f"gencraft's {decoder.__name__} from generate() takes no {name}")
+    return model.generate(*args, custom_generate=decoder, **kwargs)

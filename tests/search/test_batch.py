@@ -119,10 +119,14 @@ def _same(got, want, tol=1e-4):
     force=st.sampled_from([None, 0, 2]),
     clf=st.sampled_from([None, "constant", "token"]),
     k=st.sampled_from([None, 3]),
+    scoring=st.sampled_from(
+        [(0.0, True), (1.0, False), (2.0, "never"), (-1.0, False), (0.5, True)]
+    ),
 )
 def test_each_row_of_a_batch_equals_the_row_alone(
-    kind, seed, prompts, beams, max_new, eos, finished, force, clf, k
+    kind, seed, prompts, beams, max_new, eos, finished, force, clf, k, scoring
 ):
+    """``scoring``: (length_penalty, early_stopping), generate's stopping rules (aside only)."""
     model = _model(kind, seed)
     ed = model.config.is_encoder_decoder
     ids, mask = _batch(prompts, left=not ed)  # seq2seq sources pad on the right
@@ -144,6 +148,8 @@ def test_each_row_of_a_batch_equals_the_row_alone(
         k=k if scorer is not None else None,
         alpha=2.0,
     )
+    if finished == "aside":
+        kw.update(length_penalty=scoring[0], early_stopping=scoring[1])
     batch = beam_search_batch(model, ids, mask, **kw)
     assert len(batch) == len(prompts)
     for r, p in enumerate(prompts):
@@ -236,7 +242,7 @@ def test_each_row_of_batched_exact_search_equals_the_row_alone(
 
 # -- generate(custom_generate=...) against generate's own beam search -----------------------
 def _generate_both(model, ids, mask, **kw):
-    kw = dict(do_sample=False, length_penalty=0.0, early_stopping=True, **kw)
+    kw = dict(do_sample=False, **kw)
     theirs = model.generate(input_ids=ids, attention_mask=mask, **kw)
     ours = model.generate(input_ids=ids, attention_mask=mask, custom_generate=cg.beam_search, **kw)
     return ours, theirs
@@ -265,14 +271,40 @@ class PenaliseEvenRows(LogitsProcessor):
     n_return=st.integers(1, 2),
     processor=st.sampled_from([None, "ngram", "bad_words", "prefix_fn", "custom"]),
     eos=st.sampled_from(["model", "several"]),
+    length_penalty=st.sampled_from([None, 0.0, 0.5, 1.0, 2.0, -1.0]),
+    early_stopping=st.sampled_from([None, True, False, "never"]),
+    pad=st.sampled_from([None, 7]),
 )
 def test_batched_beam_search_from_generate_equals_generate(
-    kind, seed, prompts, beams, length, n_return, processor, eos
+    kind,
+    seed,
+    prompts,
+    beams,
+    length,
+    n_return,
+    processor,
+    eos,
+    length_penalty,
+    early_stopping,
+    pad,
 ):
+    """Under generate's defaults (None: not passed; 1.0 and False) and any explicit
+    length_penalty and early_stopping, and with generate's own pad id."""
     model = _model(kind, seed)
     ed = model.config.is_encoder_decoder
     ids, mask = _batch(prompts, pad=model.generation_config.pad_token_id or 0, left=not ed)
+    if processor == "prefix_fn":
+        # 2 tokens allowed: more beams leave dead ones, which generate lets into its finished
+        # set (gencraft does not: the module doc's one deviation)
+        beams = 2
     kw: dict = dict(num_beams=beams, num_return_sequences=min(n_return, beams))
+    for name, value in [
+        ("length_penalty", length_penalty),
+        ("early_stopping", early_stopping),
+        ("pad_token_id", pad),
+    ]:
+        if value is not None:
+            kw[name] = value
     if length == "new":
         kw["max_new_tokens"] = 5
     else:  # max_length counts the prompt of a causal LM, the decoder's start of a seq2seq

@@ -6,9 +6,8 @@ receives the prepared inputs, generation config, logits processors and stopping 
 """
 
 from gencraft.search.custom_generate import conditional_beam_search as _decoder
+from gencraft.search.custom_generate import hub_generate
 
 
 def generate(model, *args, **kwargs):
-    kwargs.pop("custom_generate", None)
-    kwargs.pop("trust_remote_code", None)
-    return model.generate(*args, custom_generate=_decoder, **kwargs)
+    return hub_generate(_decoder, model, *args, **kwargs)
