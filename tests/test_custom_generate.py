@@ -192,7 +192,7 @@ def test_other_stopping_criteria_are_refused_by_name():
             max_new_tokens=2,
             stopping_criteria=StoppingCriteriaList([Never()]),
             custom_generate=cg.beam_search,
-        **THESIS,
+            **THESIS,
         )
 
 
