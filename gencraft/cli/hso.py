@@ -28,10 +28,14 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.metrics import windowed_nll
     from gencraft.metrics.lm import stream_perplexities
     from gencraft.models import load_model
+    from gencraft.models.introspect import context_size
 
     cfg = dataclass_from_args(HSOConfig, args)
     model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
     model.eval()
+    positions = context_size(model)
+    if "reset_every" not in args.given and positions and cfg.reset_every > positions:
+        cfg.reset_every = positions  # the default fits the model; a given value is checked
     ids, words = subword_stream(
         args.corpus, args.split, tok, data_dir=args.data_dir, max_words=args.max_words
     )
@@ -95,7 +99,15 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         defaults=data,
         helps={"corpus": "LM corpus to score"},
     )
-    add_dataclass_arguments(e, HSOConfig, defaults={"reset_every": 1024})
+    add_dataclass_arguments(
+        e,
+        HSOConfig,
+        defaults={"reset_every": 1024},
+        helps={
+            "reset_every": "tokens per context, the weights reset between them (default 1024, "
+            "or the model's positions when fewer)"
+        },
+    )
     add_dataclass_arguments(e, HSOEvalCommand)
     add_dataclass_arguments(
         e,

@@ -155,7 +155,9 @@ def export_dataset(name: str, split: str, output: str, data_dir: str | None) -> 
         for e in examples:
             refs = references_of(e)
             target = refs if len(refs) > 1 else refs[0]
-            f.write(json.dumps({"source": source_of(e), "target": target}) + "\n")
+            f.write(
+                json.dumps({"source": source_of(e), "target": target}, ensure_ascii=False) + "\n"
+            )
     return len(examples)
 
 
@@ -191,7 +193,12 @@ def cmd_generate(args: argparse.Namespace) -> None:
     if args.prompt_file:
         from gencraft.data import read_lines
 
-        prompts += [p for p in read_lines(args.prompt_file) if p.strip()]
+        read = [p for p in read_lines(args.prompt_file) if p.strip()]
+        if not read:
+            raise GencraftError(
+                f"--prompt-file {args.prompt_file} holds no prompt (it is empty or blank)"
+            )
+        prompts += read
     if not prompts:
         raise GencraftError("give at least one --prompt or a --prompt-file")
     empty = [str(i + 1) for i, p in enumerate(prompts) if not p.strip()]
@@ -199,21 +206,25 @@ def cmd_generate(args: argparse.Namespace) -> None:
         raise GencraftError(f"--prompt number {', '.join(empty)} is empty; give text to continue")
     model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
     chat = {"auto": None, "on": True, "off": False}[settings.chat]
-    outputs = []
+    from gencraft.cli.options import JsonLines
+
     size = args.batch_size
     bar = tqdm(total=len(prompts), desc="generate", disable=len(prompts) < 2)
-    for i in range(0, len(prompts), size):  # one generate call per batch
-        batch = prompts[i : i + size]
-        outputs += generate_text(
-            model, tok, batch, chat=chat, seed=settings.seed + i, **settings.generate_kwargs()
-        )
-        bar.update(len(batch))
+    with JsonLines(args.output) as out:  # each batch's lines written as it finishes
+        for i in range(0, len(prompts), size):  # one generate call per batch
+            batch = prompts[i : i + size]
+            texts = generate_text(
+                model, tok, batch, chat=chat, seed=settings.seed + i, **settings.generate_kwargs()
+            )
+            for j, (prompt, text) in enumerate(zip(batch, texts, strict=True)):
+                out.write({"id": i + j, "prompt": prompt, "output": text})
+            bar.update(len(batch))
     bar.close()
-    for prompt, out in zip(prompts, outputs, strict=True):
-        if args.json:
-            print(json.dumps({"prompt": prompt, "output": out}))
-        else:
-            print(f">>> {prompt}\n{out}\n")
+    if args.output:
+        print(f"{len(out.lines)} outputs -> {args.output}")
+    for line in [] if args.output else out.lines:
+        row = json.loads(line)
+        print(line if args.json else f">>> {row['prompt']}\n{row['output']}\n")
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -278,8 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
             "plus its first prompt's index)"
         },
     )
-    add_dataclass_arguments(p, RunOptions, only=("device", "dtype", "json"))
-    p.set_defaults(func=cmd_generate)
+    add_dataclass_arguments(
+        p,
+        RunOptions,
+        only=("device", "dtype", "json", "output"),
+        helps={"output": "a JSON-lines file of id, prompt and output, written a batch at a time"},
+    )
+    p.set_defaults(func=cmd_generate, output_kind="file")
 
     p = sub.add_parser("eval", help="score predictions against references")
     add_dataclass_arguments(p, EvalCommand)
@@ -342,6 +358,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gencraft: stopped (Ctrl-C)", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed early (`| head`): stop quietly, as `cat` does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush cannot fail
+        return 141  # 128 + SIGPIPE
     except (GencraftError, ValueError) as err:
         print(f"gencraft: error: {err}", file=sys.stderr)
         return 2

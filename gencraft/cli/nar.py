@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gencraft.config import REQUIRED, option
+from gencraft.errors import GencraftError
 
 METHODS = ("auto", "sundae", "mask-predict", "beam")
 
@@ -84,6 +85,9 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from gencraft.nar.evaluate import decode
 
     sampling = dataclass_from_args(SamplingConfig, args)
+    empty = [str(i + 1) for i, s in enumerate(args.sources) if not s.strip()]
+    if empty:  # training refuses empty sources too: nothing to condition on
+        raise GencraftError(f"--sources number {', '.join(empty)} is empty; give an input")
     model, tok = _load(args, "generate")
     _check_flags(model, sampling, args)
     texts, out = decode(

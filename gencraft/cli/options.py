@@ -165,7 +165,7 @@ class JsonLines:
     def write(self, record: dict) -> None:
         import json
 
-        line = json.dumps(record)
+        line = json.dumps(record, ensure_ascii=False)  # text as written, not \u escapes
         self.lines.append(line)
         if self._file is not None:
             self._file.write(line + "\n")

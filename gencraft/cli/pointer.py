@@ -105,11 +105,20 @@ def cmd_train(args: argparse.Namespace) -> None:
             bptt=cfg.bptt,
             progress=not args.quiet,
             desc=split,
+            flag="--final-eval-batch-size",
         )
         result[f"{split}_ppl"] = r["ppl"]
     if world_rank() == 0:  # one writer under accelerate launch
         (out / "results.json").write_text(json.dumps(result, indent=2))
     say(json.dumps(result, indent=2))
+
+
+def unk_share(ids: Any, vocab: Any) -> float:
+    """The share of ``ids`` [N] that are the vocabulary's ``<unk>`` (0 without one)."""
+    from gencraft.data import UNK
+
+    unk = vocab.stoi.get(UNK)
+    return 0.0 if unk is None or ids.numel() == 0 else float((ids == unk).float().mean())
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -136,9 +145,16 @@ def cmd_eval(args: argparse.Namespace) -> None:
         progress=not args.quiet,
         desc=args.split,
     )
-    row = {"corpus": corpus_name, "split": args.split, "ppl": r["ppl"], "tokens": r["tokens"]}
+    row = {
+        "corpus": corpus_name,
+        "split": args.split,
+        "ppl": r["ppl"],
+        "tokens": r["tokens"],
+        # words outside the training vocabulary are scored as <unk>: a high share flatters ppl
+        "unk_share": unk_share(ids, corpus.vocab),
+    }
     if args.json:
-        print(json.dumps(row))
+        print(json.dumps(row, ensure_ascii=False))
     else:
         from gencraft.cli.evaluate import format_table
 

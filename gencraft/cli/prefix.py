@@ -137,12 +137,20 @@ def cmd_generate(args: argparse.Namespace) -> None:
             progress=not args.quiet,
         )
         for s, o in zip(args.source, outs, strict=True):
-            print(json.dumps({"source": s, "output": o}))
+            print(json.dumps({"source": s, "output": o}, ensure_ascii=False))
         return
     from gencraft.cli.options import JsonLines
+    from gencraft.data.tasks import references_of
 
     with JsonLines(args.output) as out:  # each batch's lines written as it finishes
-        _run(args, "generate", lambda i, texts: [out.write({"prediction": t}) for t in texts])
+
+        def on_batch(first: int, texts: list[str], examples: list) -> None:
+            # as focus generate writes: the id, the prediction, the references
+            for j, (text, e) in enumerate(zip(texts, examples, strict=True)):
+                refs = references_of(e)
+                out.write({"id": first + j, "prediction": text, "references": refs})
+
+        _run(args, "generate", on_batch)
     if args.output:
         print(f"{len(out.lines)} outputs -> {args.output}")
     else:

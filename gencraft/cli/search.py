@@ -113,7 +113,9 @@ def cmd_beam(args: argparse.Namespace) -> None:
                     "tokens": len(h.tokens),
                     "finished": h.finished,
                 }
-                print(json.dumps({"input": first + j, **row} if several else row))
+                print(
+                    json.dumps({"input": first + j, **row} if several else row, ensure_ascii=False)
+                )
         bar.update(len(rows))
     bar.close()
 
@@ -144,7 +146,7 @@ def cmd_mode(args: argparse.Namespace) -> None:
                 "nodes": r.nodes,
                 "seconds": round(r.seconds, 2),
             }
-            print(json.dumps({"input": first + j, **row} if several else row))
+            print(json.dumps({"input": first + j, **row} if several else row, ensure_ascii=False))
         bar.update(len(found))
     bar.close()
 

@@ -31,6 +31,13 @@ from gencraft.data.summarization import (
     load_summarization,
     local_split,
 )
+from gencraft.data.tasks import (
+    pick_examples,
+    references_of,
+    source_of,
+    task_examples,
+    training_pairs,
+)
 
 DATASETS = (*LM_CORPORA, *SUMMARIZATION_DATASETS, *DATA_TO_TEXT_DATASETS)
 
@@ -56,8 +63,13 @@ __all__ = [
     "load_summarization",
     "local_split",
     "parse_e2e_mr",
+    "pick_examples",
     "read_jsonl",
     "read_lines",
+    "references_of",
+    "source_of",
     "subword_stream",
+    "task_examples",
+    "training_pairs",
     "wikitext_detokenize",
 ]

@@ -28,7 +28,7 @@ def read_text(path: str | Path) -> str:
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     try:
-        return path.read_bytes().decode("utf-8")
+        return path.read_bytes().decode("utf-8-sig")  # a byte-order mark is not text
     except UnicodeDecodeError as err:
         raise DataError(
             f"{path}: not UTF-8 text (byte {err.start}: {err.reason}); convert it to UTF-8"

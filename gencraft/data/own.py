@@ -184,6 +184,12 @@ def load_task_path(
 def corpus_files(spec: str | os.PathLike, splits: tuple[str, ...]) -> dict[str, Path]:
     """{split: text file} of a corpus given as a file (every split) or a folder."""
     path = Path(spec).expanduser()
+    if path.is_file() and path.suffix.lower() in (*TASK_SUFFIXES, ".json"):
+        # its markup would be scored as words: refuse rather than read it as text
+        raise DataError(
+            f"{spec}: a corpus is plain text (one document or paragraph per line), not "
+            f"{path.suffix}; write the text itself to a .txt file"
+        )
     if path.is_file():
         return {s: path for s in splits}
     if path.is_dir():

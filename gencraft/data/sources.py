@@ -198,4 +198,6 @@ def _from_hf_datasets(hub_id: str, config: str | None, fields: dict[str, str], d
     for split in ds:
         with open(dest / f"{split}.jsonl", "w", encoding="utf-8") as f:
             for row in ds[split]:
-                f.write(json.dumps({k: row[v] for k, v in fields.items()}) + "\n")
+                f.write(
+                    json.dumps({k: row[v] for k, v in fields.items()}, ensure_ascii=False) + "\n"
+                )

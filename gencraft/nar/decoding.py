@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,40 @@ class NAROutput:
     def tokens_per_call(self) -> list[float]:
         """Per input: output tokens per decoder call (an autoregressive decoder's is about 1)."""
         return [len(s) / max(c, 1) for s, c in zip(self.sequences, self.model_calls, strict=True)]
+
+
+@dataclass
+class RowResult:
+    """One input's decoding: ``sequence`` the chosen target ids, ``score`` its reranking
+    score, ``calls`` the decoder calls it took part in, ``steps`` its refinement steps."""
+
+    sequence: list[int]
+    score: float
+    calls: int
+    steps: int
+
+
+def _decode_batches(
+    name: str,
+    rows: int,
+    batch_size: int | None,
+    progress: bool,
+    run: Callable[[slice], list[RowResult]],
+) -> NAROutput:
+    """The one driver of every decoder: ``run`` decodes each chunk of ``batch_size`` rows
+    (default all) and returns one :class:`RowResult` per row; a row's ``seconds`` is its
+    chunk's wall time shared out evenly."""
+    out = NAROutput()
+    bar = tqdm(total=rows, desc=name, disable=not progress)
+    for chunk in _chunks(rows, batch_size):
+        t0 = time.perf_counter()
+        results = run(chunk)
+        share = (time.perf_counter() - t0) / len(results)
+        for r in results:
+            out.add(r.sequence, r.score, r.calls, r.steps, share)
+        bar.update(len(results))
+    bar.close()
+    return out
 
 
 def _check_source(
@@ -174,17 +209,52 @@ def sundae_draw(
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """SUNDAE's draw from ``logits`` [N, L, V]: the updated ``tokens`` [N, L] (see
-    :func:`sundae_step`)."""
+    :func:`sundae_step`). The generator draws the sampling uniforms [N, L] (unless
+    ``argmax``), then the update coins [N, L]."""
+    dev = tokens.device
+    uniforms = None if argmax else torch.rand(tokens.shape, generator=generator, device=dev)
+    coins = torch.rand(tokens.shape, generator=generator, device=dev)
+    return sundae_update(
+        logits, tokens, target_mask, uniforms, coins, temperature=temperature,
+        proportion=proportion, argmax=argmax,
+    )  # fmt: skip
+
+
+def sundae_update(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    target_mask: torch.Tensor,
+    uniforms: torch.Tensor | None,
+    coins: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    proportion: float = 1.0,
+    argmax: bool = False,
+) -> torch.Tensor:
+    """SUNDAE's update of ``tokens`` [N, L] from ``logits`` [N, L, V] and the random numbers
+    drawn for it: each position's new token is the inverse CDF of its distribution at
+    ``temperature`` at ``uniforms`` [N, L] (or the argmax), taken where ``coins`` [N, L] <
+    ``proportion`` and ``target_mask``."""
     if argmax:
         new = logits.argmax(-1)
     else:
-        probs = torch.softmax(logits.float() / temperature, dim=-1)
-        new = torch.multinomial(probs.view(-1, probs.shape[-1]), 1, generator=generator).view_as(
-            tokens
-        )
-    coins = torch.rand(tokens.shape, generator=generator, device=tokens.device)
+        new = inverse_cdf(torch.softmax(logits.float() / temperature, dim=-1), uniforms)
     update = (coins < proportion) & target_mask
     return torch.where(update, new, tokens)
+
+
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Samples [...] from the distributions ``probs`` [..., V] at ``uniforms`` [...] in [0, 1):
+    the first index whose cumulative probability exceeds u·total (a token of probability 0
+    is never drawn)."""
+    cdf = probs.cumsum(-1)
+    at = (uniforms[..., None] * cdf[..., -1:]).contiguous()
+    index = torch.searchsorted(cdf, at, right=True).clamp_max(probs.shape[-1] - 1)
+    zero = probs.gather(-1, index) == 0  # u·total rounded up to the total: past the end
+    if bool(zero.any()):
+        last = (probs > 0).long().cumsum(-1).argmax(-1, keepdim=True)  # the last token p > 0
+        index = torch.where(zero, last, index)
+    return index[..., 0]
 
 
 def row_seed(seed: int, source: list[int]) -> int:
@@ -271,24 +341,117 @@ def sundae_generate(
     attention_mask = _check_source(model, input_ids, attention_mask)
     if not 0 <= cfg.proportion <= 1:
         raise GencraftError(f"proportion must lie in [0, 1], got {cfg.proportion}")
-    if lengths is not None:
-        lengths = torch.as_tensor(lengths).view(input_ids.shape[0], -1)
-        _check_lengths(model, lengths)
+    lengths = _given_lengths(model, input_ids, lengths)
     dev = next(model.parameters()).device
-    out = NAROutput()
-    bar = tqdm(total=input_ids.shape[0], desc="sundae", disable=not progress)
-    for rows in _chunks(input_ids.shape[0], batch_size):
-        t0 = time.perf_counter()
+
+    def run(rows: slice) -> list[RowResult]:
         src, src_mask = input_ids[rows].to(dev), attention_mask[rows].to(dev)
         given = lengths[rows] if lengths is not None else None
         enc, cands, cand_lp = _encode_batch(model, src, src_mask, cfg, given)
-        results = _sundae_batch(model, src, src_mask, enc, cands, cand_lp, cfg, noise.to(dev))
-        share = (time.perf_counter() - t0) / len(results)
-        for seq, score, calls, steps in results:
-            out.add(seq, score, calls, steps, share)
-        bar.update(len(results))
-    bar.close()
-    return out
+        return _sundae_batch(model, src, src_mask, enc, cands, cand_lp, cfg, noise.to(dev))
+
+    return _decode_batches("sundae", input_ids.shape[0], batch_size, progress, run)
+
+
+def _given_lengths(model: NARSeq2Seq, input_ids: torch.Tensor, lengths: Any) -> torch.Tensor | None:
+    """Given target lengths as [B, k] (from [B] or [B, k]), checked against the model."""
+    if lengths is None:
+        return None
+    lengths = torch.as_tensor(lengths).view(input_ids.shape[0], -1)
+    _check_lengths(model, lengths)
+    return lengths
+
+
+@dataclass
+class _Samples:
+    """SUNDAE's N = b·n samples of a batch of b rows (row r's are rows r·n .. r·n + n - 1):
+    ``tokens`` [N, L], ``mask`` [N, L] their valid positions, ``owner`` [N] each one's row,
+    ``widths`` each row's longest sample (its draws span that many positions), ``generators``
+    each row's own, seeded from the seed and its source."""
+
+    tokens: torch.Tensor
+    mask: torch.Tensor
+    owner: torch.Tensor
+    widths: list[int]
+    generators: list[torch.Generator]
+
+    def uniforms(self, index: torch.Tensor) -> torch.Tensor:
+        """[len(index), L] uniforms for the samples ``index`` (ascending), each row's drawn
+        from its own generator over its own width (0 past it)."""
+        owner = self.owner[index]
+        out = torch.zeros(index.shape[0], self.tokens.shape[1], device=self.tokens.device)
+        counts = torch.bincount(owner, minlength=len(self.widths)).tolist()
+        start = 0
+        for r, count in enumerate(counts):  # a row's samples are contiguous in index
+            if count:
+                w = self.widths[r]
+                shape = (count, w)
+                out[start : start + count, :w] = torch.rand(
+                    shape, generator=self.generators[r], device=out.device
+                )
+                start += count
+        return out
+
+
+def _sundae_start(
+    model: NARSeq2Seq, src: torch.Tensor, src_mask: torch.Tensor, lengths: torch.Tensor,
+    seed: int, noise: torch.Tensor,
+) -> _Samples:  # fmt: skip
+    """Random starts: each row's samples of ``lengths`` [b, n] get uniform noise tokens, drawn
+    from the row's generator (its first draw)."""
+    dev, (b, n) = src.device, lengths.shape
+    mask = _padded(lengths.flatten().tolist(), dev)  # [N, L]
+    widths = lengths.max(1).values.tolist()
+    gens = [
+        torch.Generator(device=dev).manual_seed(row_seed(seed, src[r][src_mask[r].bool()].tolist()))
+        for r in range(b)
+    ]
+    pad = model.config.pad_token_id or 0
+    tokens = torch.full(mask.shape, pad, dtype=torch.long, device=dev)
+    for r in range(b):
+        draw = torch.randint(noise.numel(), (n, widths[r]), generator=gens[r], device=dev)
+        tokens[r * n : (r + 1) * n, : widths[r]] = noise[draw]
+    owner = torch.arange(b, device=dev).repeat_interleave(n)
+    return _Samples(tokens.masked_fill(~mask, pad), mask, owner, widths, gens)
+
+
+def _sundae_refine(
+    model: NARSeq2Seq, s: _Samples, enc: torch.Tensor, src_mask: torch.Tensor, cfg: SamplingConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SUNDAE's steps over the samples ``s`` (``enc`` [N, S, H], ``src_mask`` [N, S] per
+    sample): every live sample in one decoder call per step, sampled all at once from each
+    row's uniforms (coins after samples, per step). A sample stops when a step leaves it
+    unchanged. Returns each sample's tokens scored given itself [N, L] and each row's steps
+    and calls [b] (the calls include one that scores the samples still changing)."""
+    b = len(s.widths)
+    tok_lp = torch.zeros(s.mask.shape, device=s.mask.device)
+    done = torch.zeros(s.owner.shape[0], dtype=torch.bool, device=s.mask.device)
+    steps = torch.zeros(b, dtype=torch.long, device=s.mask.device)
+    for _ in range(cfg.steps):
+        live = (~done).nonzero().flatten()
+        if live.numel() == 0:
+            break
+        logits = model.decode_logits(s.tokens[live], enc[live], src_mask[live], s.mask[live].long())
+        uniforms = None if cfg.argmax_unrolled else s.uniforms(live)
+        coins = s.uniforms(live)
+        old = s.tokens[live]
+        new = sundae_update(
+            logits, old, s.mask[live], uniforms, coins, temperature=cfg.temperature,
+            proportion=cfg.proportion, argmax=cfg.argmax_unrolled,
+        )  # fmt: skip
+        steps += torch.bincount(s.owner[live], minlength=b) > 0
+        same = (new == old).all(1)
+        stopped = live[same]
+        tok_lp[stopped] = _token_logp(logits[same], new[same], s.mask[stopped])
+        done[stopped] = True
+        s.tokens[live] = new
+    live = (~done).nonzero().flatten()
+    calls = steps.clone()
+    if live.numel():  # one more call scores the samples still changing
+        logits = model.decode_logits(s.tokens[live], enc[live], src_mask[live], s.mask[live].long())
+        tok_lp[live] = _token_logp(logits, s.tokens[live], s.mask[live])
+        calls += torch.bincount(s.owner[live], minlength=b) > 0
+    return tok_lp, steps, calls
 
 
 def _sundae_batch(
@@ -300,70 +463,20 @@ def _sundae_batch(
     cand_lp: torch.Tensor,
     cfg: SamplingConfig,
     noise: torch.Tensor,
-) -> list[tuple[list[int], float, int, int]]:
-    """One batch of b rows: (sequence, score, calls, steps) per row."""
-    dev = src.device
-    b, n = src.shape[0], cfg.samples
-    pick = torch.arange(n, device=dev) % cands.shape[1]
-    row_len = cands[:, pick]  # [b, n]: each sample's length
-    owner = torch.arange(b, device=dev).repeat_interleave(n)  # [N]: each sample's row
-    mask = _padded(row_len.flatten().tolist(), dev)  # [N, L]
-    widths = row_len.max(1).values.tolist()  # L_r: a row's draws span its own samples only
-    gens = [
-        torch.Generator(device=dev).manual_seed(
-            row_seed(cfg.seed, src[r][src_mask[r].bool()].tolist())
-        )
-        for r in range(b)
-    ]
-    pad = model.config.pad_token_id or 0
-    tokens = torch.full(mask.shape, pad, dtype=torch.long, device=dev)
-    for r in range(b):
-        draw = torch.randint(noise.numel(), (n, widths[r]), generator=gens[r], device=dev)
-        tokens[r * n : (r + 1) * n, : widths[r]] = noise[draw]
-    tokens = tokens.masked_fill(~mask, pad)
-    enc_n, src_mask_n = enc[owner], src_mask[owner]
-    tok_lp = torch.zeros(mask.shape, device=dev)  # each sample's tokens scored given itself
-    done = torch.zeros(owner.shape[0], dtype=torch.bool, device=dev)
-    calls = [0] * b
-    for _ in range(cfg.steps):
-        live = (~done).nonzero().flatten()
-        if live.numel() == 0:
-            break
-        logits = model.decode_logits(tokens[live], enc_n[live], src_mask_n[live], mask[live].long())
-        old = tokens[live]
-        new = old.clone()
-        for r in owner[live].unique().tolist():  # each row's draws from its own generator
-            at = (owner[live] == r).nonzero().flatten()
-            w = widths[r]
-            new[at, :w] = sundae_draw(
-                logits[at, :w],
-                old[at, :w],
-                mask[live[at], :w],
-                temperature=cfg.temperature,
-                proportion=cfg.proportion,
-                argmax=cfg.argmax_unrolled,
-                generator=gens[r],
-            )
-            calls[r] += 1
-        same = (new == old).all(1)
-        stopped = live[same]
-        tok_lp[stopped] = _token_logp(logits[same], new[same], mask[stopped])
-        done[stopped] = True
-        tokens[live] = new
-    steps = list(calls)
-    live = (~done).nonzero().flatten()
-    if live.numel():  # one more call scores the samples still changing
-        logits = model.decode_logits(tokens[live], enc_n[live], src_mask_n[live], mask[live].long())
-        tok_lp[live] = _token_logp(logits, tokens[live], mask[live])
-        for r in owner[live].unique().tolist():
-            calls[r] += 1
+) -> list[RowResult]:
+    """One batch of b rows: ``cfg.samples`` samples spread over each row's length candidates
+    ``cands`` [b, k] (log-probabilities ``cand_lp``), refined, and each row's best."""
+    n = cfg.samples
+    pick = torch.arange(n, device=src.device) % cands.shape[1]
+    s = _sundae_start(model, src, src_mask, cands[:, pick], cfg.seed, noise)
+    tok_lp, steps, calls = _sundae_refine(model, s, enc[s.owner], src_mask[s.owner], cfg)
     results = []
-    for r in range(b):
+    for r in range(len(s.widths)):
         at = slice(r * n, (r + 1) * n)
-        best, scores = rerank(tok_lp[at], mask[at], cand_lp[r, pick], cfg.rerank)
-        length = int(row_len[r, best])
-        seq = tokens[r * n + best, :length].tolist()
-        results.append((seq, float(scores[best]), calls[r], steps[r]))
+        best, scores = rerank(tok_lp[at], s.mask[at], cand_lp[r, pick], cfg.rerank)
+        length = int(s.mask[r * n + best].sum())
+        seq = s.tokens[r * n + best, :length].tolist()
+        results.append(RowResult(seq, float(scores[best]), int(calls[r]), int(steps[r])))
     return results
 
 
@@ -385,24 +498,16 @@ def mask_predict_generate(
     deterministic). ``batch_size``: rows decoded together (default: all)."""
     cfg = config or SamplingConfig()
     attention_mask = _check_source(model, input_ids, attention_mask)
-    if lengths is not None:
-        lengths = torch.as_tensor(lengths).view(input_ids.shape[0], -1)
-        _check_lengths(model, lengths)
+    lengths = _given_lengths(model, input_ids, lengths)
     dev = next(model.parameters()).device
-    out = NAROutput()
-    bar = tqdm(total=input_ids.shape[0], desc="mask-predict", disable=not progress)
-    for rows in _chunks(input_ids.shape[0], batch_size):
-        t0 = time.perf_counter()
+
+    def run(rows: slice) -> list[RowResult]:
         src, src_mask = input_ids[rows].to(dev), attention_mask[rows].to(dev)
         given = lengths[rows] if lengths is not None else None
         enc, cands, _ = _encode_batch(model, src, src_mask, cfg, given)
-        results = _mask_predict_batch(model, src_mask, enc, cands, cfg.steps, mask_id)
-        share = (time.perf_counter() - t0) / len(results)
-        for seq, score, calls in results:
-            out.add(seq, score, calls, calls, share)
-        bar.update(len(results))
-    bar.close()
-    return out
+        return _mask_predict_batch(model, src_mask, enc, cands, cfg.steps, mask_id)
+
+    return _decode_batches("mask-predict", input_ids.shape[0], batch_size, progress, run)
 
 
 def _mask_predict_batch(
@@ -412,8 +517,8 @@ def _mask_predict_batch(
     cands: torch.Tensor,
     big_t: int,
     mask_id: int,
-) -> list[tuple[list[int], float, int]]:
-    """One batch of b rows × k length candidates: (sequence, score, calls) per row."""
+) -> list[RowResult]:
+    """One batch of b rows × k length candidates: each row's best (its steps are its calls)."""
     dev = src_mask.device
     b, k = cands.shape
     owner = torch.arange(b, device=dev).repeat_interleave(k)
@@ -445,7 +550,7 @@ def _mask_predict_batch(
     for r in range(b):
         best = int(scores[r].argmax())
         seq = tokens[r * k + best, : int(row_len[r * k + best])].tolist()
-        results.append((seq, float(scores[r, best]), int(calls[r])))
+        results.append(RowResult(seq, float(scores[r, best]), int(calls[r]), int(calls[r])))
     return results
 
 
@@ -467,11 +572,8 @@ def autoregressive_generate(
     (``nar-speed`` fixes every output's length with it)."""
     attention_mask = _check_source(model, input_ids, attention_mask, bidirectional=False)
     dev = next(model.parameters()).device
-    end, pad = model.generation_config.eos_token_id, model.generation_config.pad_token_id
-    out = NAROutput()
-    bar = tqdm(total=input_ids.shape[0], desc="beam", disable=not progress)
-    for rows in _chunks(input_ids.shape[0], batch_size):
-        t0 = time.perf_counter()
+
+    def run(rows: slice) -> list[RowResult]:
         gen = model.generate(
             input_ids=input_ids[rows].to(dev),
             attention_mask=attention_mask[rows].to(dev),
@@ -483,26 +585,26 @@ def autoregressive_generate(
             output_logits=num_beams == 1,
             return_dict_in_generate=True,
         )
-        steps = len(gen.scores)
-        n = gen.sequences.shape[0]
-        share = (time.perf_counter() - t0) / n
-        for i in range(n):
-            seq = gen.sequences[i, 1:].tolist()
-            seq = (
-                [t for t in seq[: seq.index(end)] if t != pad]
-                if end in seq
-                else [t for t in seq if t != pad]
-            )
-            score = getattr(gen, "sequences_scores", None)
-            if score is None:  # greedy: its tokens' log-probabilities, before any processor
-                step_lp = torch.stack(gen.logits, 1)[i].float().log_softmax(-1)  # [T, V]
-                made = gen.sequences[i, 1:]
-                ends = (made == end).nonzero().flatten()
-                own = int(ends[0]) + 1 if ends.numel() else made.shape[0]  # not the padding
-                score = step_lp[:own].gather(1, made[:own, None]).sum()
-            else:
-                score = score[i]
-            out.add(seq, float(score), steps, steps, share)
-        bar.update(n)
-    bar.close()
-    return out
+        return [_generated_row(model, gen, i) for i in range(gen.sequences.shape[0])]
+
+    return _decode_batches("beam", input_ids.shape[0], batch_size, progress, run)
+
+
+def _generated_row(model: NARSeq2Seq, gen: Any, i: int) -> RowResult:
+    """Row ``i`` of a ``generate`` output: its tokens up to EOS (padding dropped), its score
+    (beam: ``sequences_scores``; greedy: its tokens' log-probabilities before any processor),
+    and the batch's steps as its calls."""
+    end, pad = model.generation_config.eos_token_id, model.generation_config.pad_token_id
+    steps = len(gen.scores)
+    seq = gen.sequences[i, 1:].tolist()
+    seq = [t for t in (seq[: seq.index(end)] if end in seq else seq) if t != pad]
+    score = getattr(gen, "sequences_scores", None)
+    if score is None:
+        step_lp = torch.stack(gen.logits, 1)[i].float().log_softmax(-1)  # [T, V]
+        made = gen.sequences[i, 1:]
+        ends = (made == end).nonzero().flatten()
+        own = int(ends[0]) + 1 if ends.numel() else made.shape[0]  # not the padding
+        score = step_lp[:own].gather(1, made[:own, None]).sum()
+    else:
+        score = score[i]
+    return RowResult(seq, float(score), steps, steps)

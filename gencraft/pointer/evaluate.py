@@ -29,6 +29,7 @@ def evaluate(
     progress: bool = False,
     return_details: bool = False,
     desc: str = "eval",
+    flag: str = "--batch-size",
 ) -> dict[str, Any]:
     """Perplexity of ``ids`` [N] split into ``batch_size`` streams, run in chunks of ``bptt``
     with the window carried across chunks (so the chunk size does not change the result).
@@ -39,7 +40,7 @@ def evaluate(
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    data = batchify(ids, batch_size).to(device)
+    data = batchify(ids, batch_size, f"the {desc} split", flag).to(device)
     n = data.shape[1] - 1
     state = None
     memory = memory_ids = None

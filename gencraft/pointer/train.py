@@ -105,7 +105,7 @@ class PointerTrainer:
         if dtype is not None:  # the LSTM stays float32 (gencraft.pointer.rnn)
             model = model.to(dtype)
         torch.manual_seed(config.seed)
-        streams = batchify(corpus["train"], config.batch_size)
+        streams = batchify(corpus["train"], config.batch_size, "the train split", "--batch-size")
         self.streams = streams[acc.process_index :: acc.num_processes].to(acc.device)
         self.n = self.streams.shape[1] - 1
         if config.optimizer == "sgd":
@@ -204,6 +204,7 @@ class PointerTrainer:
             bptt=self.config.bptt,
             progress=self.progress,
             desc=split,
+            flag="--eval-batch-size",
         )
 
     def _set_lr(self, lr: float) -> None:

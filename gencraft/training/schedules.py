@@ -109,11 +109,15 @@ def tbptt_schedule(n: int, k1: int, k2: int, prefix: int) -> Iterator[Step]:
         t = end
 
 
-def batchify(ids: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """[N] -> [B, N // B]: B contiguous streams (the tail that does not fill a row is dropped)."""
+def batchify(
+    ids: torch.Tensor, batch_size: int, what: str = "the corpus", flag: str = "--batch-size"
+) -> torch.Tensor:
+    """[N] -> [B, N // B]: B contiguous streams (the tail that does not fill a row is dropped).
+    ``what`` and ``flag`` name the split and the flag that set B in the error."""
     n = ids.numel() // batch_size
     if n < 2:
         raise GencraftError(
-            f"{ids.numel()} tokens are too few for {batch_size} streams of at least 2 tokens"
+            f"{what}: {ids.numel()} tokens are too few for {batch_size} streams of at least 2 "
+            f"tokens; lower {flag}"
         )
     return ids[: n * batch_size].view(batch_size, n)
