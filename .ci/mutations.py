@@ -1860,6 +1860,41 @@ M = [
         '    training_pairs,\n)\n',
         'tests/cli/test_new_user_trial.py -k docs_promise',
     ),
+    (
+        'the inverse CDF draws a token of probability 0 at a boundary',
+        'gencraft/nar/decoding.py',
+        'torch.searchsorted(cdf, at, right=True)',
+        'torch.searchsorted(cdf, at, right=False)',
+        'tests/nar/test_nar_batch.py -k interval_holds_u',
+    ),
+    (
+        "SUNDAE rows draw from the first row's generator",
+        'gencraft/nar/decoding.py',
+        'shape, generator=self.generators[r], device=out.device',
+        'shape, generator=self.generators[0], device=out.device',
+        'tests/nar/test_nar_batch.py -k same_in_any_batch',
+    ),
+    (
+        "SUNDAE's scoring call counts for every row",
+        'gencraft/nar/decoding.py',
+        '        calls += torch.bincount(s.owner[live], minlength=b) > 0',
+        '        calls += 1',
+        'tests/nar/test_nar_batch.py -k follow_their_definition',
+    ),
+    (
+        "SUNDAE's steps count every step for every row",
+        'gencraft/nar/decoding.py',
+        '        steps += torch.bincount(s.owner[live], minlength=b) > 0',
+        '        steps += 1',
+        'tests/nar/test_nar_batch.py -k follow_their_definition',
+    ),
+    (
+        'SUNDAE draws the coins before the samples',
+        'gencraft/nar/decoding.py',
+        '        uniforms = None if cfg.argmax_unrolled else s.uniforms(live)\n        coins = s.uniforms(live)',
+        '        coins = s.uniforms(live)\n        uniforms = None if cfg.argmax_unrolled else s.uniforms(live)',
+        'tests/nar/test_nar_batch.py -k golden',
+    ),
 ]
 
 

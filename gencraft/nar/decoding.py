@@ -245,16 +245,13 @@ def sundae_update(
 
 def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """Samples [...] from the distributions ``probs`` [..., V] at ``uniforms`` [...] in [0, 1):
-    the first index whose cumulative probability exceeds u·total (a token of probability 0
-    is never drawn)."""
+    the first index whose cumulative probability exceeds u·total, so a token of probability 0
+    is never drawn. u·total < total always holds in floating point for u < 1 (the product
+    rounds to nearest, and total·(1 - u) is at least half a unit of its last place), so some
+    index exceeds it: no clamp is needed."""
     cdf = probs.cumsum(-1)
     at = (uniforms[..., None] * cdf[..., -1:]).contiguous()
-    index = torch.searchsorted(cdf, at, right=True).clamp_max(probs.shape[-1] - 1)
-    zero = probs.gather(-1, index) == 0  # u·total rounded up to the total: past the end
-    if bool(zero.any()):
-        last = (probs > 0).long().cumsum(-1).argmax(-1, keepdim=True)  # the last token p > 0
-        index = torch.where(zero, last, index)
-    return index[..., 0]
+    return torch.searchsorted(cdf, at, right=True)[..., 0]
 
 
 def row_seed(seed: int, source: list[int]) -> int:

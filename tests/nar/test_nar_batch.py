@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gencraft.nar import SamplingConfig, load_mlm_seq2seq
@@ -182,3 +182,101 @@ def test_sundae_token_scores_are_float32_for_half_precision_logits():
     want = torch.log_softmax(logits.float(), -1).gather(-1, tokens[..., None])[..., 0] * mask
     assert got.dtype == torch.float32
     assert torch.allclose(got, want, atol=1e-6)
+
+
+# -- issue 41: SUNDAE's draws batched across rows -------------------------------------------
+@settings(max_examples=60, **SETTINGS)
+@given(
+    probs=st.lists(
+        st.lists(st.sampled_from([0.0, 0.0, 0.1, 0.5, 1.0, 3.0]), min_size=1, max_size=6).filter(
+            lambda row: sum(row) > 0
+        ),
+        min_size=1,
+        max_size=5,
+    ).filter(lambda rows: len({len(r) for r in rows}) == 1),
+    uniforms=st.lists(st.floats(0.0, 1.0, exclude_max=True), min_size=5, max_size=5),
+)
+@example(probs=[[1.0, 2.0, 0.0]], uniforms=[0.99999994] * 5)  # the largest u below 1
+@example(probs=[[0.0, 1.0]], uniforms=[0.0] * 5)  # u = 0 past a leading zero
+@example(probs=[[1.0, 0.0, 1.0]], uniforms=[0.5] * 5)  # u·total on a boundary
+def test_inverse_cdf_draws_the_token_whose_interval_holds_u(probs, uniforms):
+    """Against the definition: token i such that cdf[i-1] <= u·total < cdf[i]; a token of
+    probability 0 is never drawn (u·total rounded to the total included)."""
+    from gencraft.nar.decoding import inverse_cdf
+
+    p = torch.tensor(probs)
+    u = torch.tensor(uniforms[: p.shape[0]])
+    got = inverse_cdf(p, u).tolist()
+    for row, ui, i in zip(probs, u.tolist(), got, strict=True):
+        total, acc = sum(row), 0.0
+        want = max(j for j, x in enumerate(row) if x > 0)  # u·total past the last boundary
+        for j, x in enumerate(row):
+            acc += x
+            if x > 0 and ui * total < acc:
+                want = j
+                break
+        assert row[i] > 0 and i == want
+
+
+def test_inverse_cdf_sampling_follows_the_distribution():
+    """10,000 seeded draws from one distribution: each token's share within 0.02 of p."""
+    from gencraft.nar.decoding import inverse_cdf
+
+    p = torch.tensor([0.1, 0.0, 0.6, 0.3])
+    u = torch.rand(10_000, generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(inverse_cdf(p.expand(10_000, 4), u), minlength=4) / 10_000
+    assert counts.tolist() == pytest.approx(p.tolist(), abs=0.02)
+
+
+def test_sundae_outputs_are_golden(nar):
+    """Recorded after issue 41 changed the random stream (uniforms and an inverse CDF in place
+    of torch.multinomial): the same sources, seed and settings give these outputs and counts."""
+    model, tok = nar
+    ids, mask = _encode(tok, SOURCES[:3])
+    cfg = SamplingConfig(steps=4, samples=3, length_candidates=2, proportion=0.5, seed=7)
+    out = sundae_generate(model, ids, mask, cfg, noise=noise_ids(tok))
+    assert out.sequences == [
+        [164, 206, 142, 260, 110, 98, 103, 166, 147, 90, 26, 240],
+        [219, 184, 88, 169, 153, 248, 224, 16, 35, 98, 128, 237],
+        [191, 222, 229, 2, 80, 27, 58, 92, 222, 57, 128, 29],
+    ]
+    assert (out.model_calls, out.steps) == ([5, 5, 5], [4, 4, 4])
+    assert out.scores == pytest.approx([-5.6384, -5.2149, -5.1033], abs=1e-3)
+
+
+@settings(max_examples=12, **SETTINGS)
+@given(
+    picks=st.lists(st.integers(0, len(SOURCES) - 1), min_size=1, max_size=4),
+    samples=st.integers(1, 3),
+    budget=st.integers(2, 5),
+    proportion=st.sampled_from([0.3, 1.0]),
+    argmax=st.booleans(),
+)
+@example(picks=[0, 1, 2, 3, 4], samples=1, budget=6, proportion=0.3, argmax=True)  # row 4 stops
+def test_sundae_counts_follow_their_definition(nar, picks, samples, budget, proportion, argmax):
+    """Against the definition, over every step budget t <= T (a budget's run is a prefix of a
+    longer one's: the same random stream): a row stops at step s_r, when its last sample
+    stops changing; with budget t its steps are min(t, s_r) and its calls add one scoring call
+    when a sample was still changing (t < s_r)."""
+    model, tok = nar
+    ids, mask = _encode(tok, [SOURCES[i] for i in picks])
+
+    def counts(t):
+        cfg = SamplingConfig(
+            steps=t, samples=samples, length_candidates=2, proportion=proportion,
+            argmax_unrolled=argmax, seed=3,
+        )  # fmt: skip
+        out = sundae_generate(model, ids, mask, cfg, noise=noise_ids(tok))
+        return out.steps, out.model_calls
+
+    steps_t, calls_t = counts(budget)
+    if picks == [0, 1, 2, 3, 4] and budget == 6:  # the example's rows stop at different steps
+        assert steps_t == [6, 6, 6, 6, 4]
+    for r in range(len(picks)):
+        stop = steps_t[r] if steps_t[r] < budget or calls_t[r] == budget else None
+        for t in range(1, budget + 1):
+            steps, calls = (x[r] for x in counts(t)) if t < budget else (steps_t[r], calls_t[r])
+            if stop is None:  # still changing after the longest budget
+                assert (steps, calls) == (t, t + 1)
+            else:
+                assert (steps, calls) == (min(t, stop), min(t, stop) + (t < stop))
