@@ -36,13 +36,9 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, list[list[int]]]:
 def _batches(model: Any, tok: Any, prompts: list[list[int]], size: int):
     """(first row index, ids [b, P], attention mask [b, P]) per batch of ``size`` prompts,
     left-padded."""
-    from gencraft.models.introspect import pad_id
-    from gencraft.models.prompts import pad_batch
+    from gencraft.models.prompts import left_padded_batches
 
-    pad = pad_id(model, tok)
-    for i in range(0, len(prompts), size):
-        batch = pad_batch([{"input_ids": p} for p in prompts[i : i + size]], pad, left=True)
-        yield i, batch["input_ids"], batch["attention_mask"]
+    yield from left_padded_batches(model, tok, prompts, size)
 
 
 def _classifier(args: argparse.Namespace, model: Any) -> Any:

@@ -177,8 +177,7 @@ def classify_batch(
     left-padded, in one forward (baseline) or one batched HSO prefill and one step (HSO,
     HSO-2). Dynamic evaluation updates the shared weights per prompt, so it runs one prompt
     at a time."""
-    from gencraft.models.introspect import pad_id
-    from gencraft.models.prompts import pad_batch
+    from gencraft.models.prompts import left_padded_batches
     from gencraft.models.stepping import HFStepper
 
     if method not in METHODS:
@@ -187,13 +186,9 @@ def classify_batch(
         raise GencraftError(f"batch_size must be >= 1, got {batch_size}")
     if method == "dynamic eval":
         return [classify(model, p, label_ids, method, hso, de) for p in prompts]
-    pad = pad_id(model)
     labels = torch.tensor(label_ids)
     out: list[int] = []
-    for i in range(0, len(prompts), batch_size):
-        rows = [{"input_ids": p[0].tolist()} for p in prompts[i : i + batch_size]]
-        batch = pad_batch(rows, pad, left=True)
-        ids, mask = batch["input_ids"], batch["attention_mask"]
+    for _, ids, mask in left_padded_batches(model, None, prompts, batch_size):
         stepper = HFStepper(model, ids, attention_mask=mask, max_new_tokens=1)
         if method == "baseline":
             logp = stepper.start().log_probs

@@ -122,99 +122,84 @@ def contexts(n_inputs: int, reset_every: int | None, model: nn.Module) -> list[t
 
 
 # ------------------------------------------------------------------------------ state
+def _layers(flat: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """2L tensors (layer i's key at 2i, its value at 2i + 1) as the cache's per-layer pairs:
+    the one conversion, at the boundary with the model."""
+    return list(zip(flat[0::2], flat[1::2], strict=True))
+
+
+def _flat(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
+    """Per-layer (key, value) pairs as one flat list of 2L tensors."""
+    return [t for pair in pairs for t in pair]
+
+
 class _States:
     """The optimised caches of B aligned rows with their per-state Adam moments and counts.
 
-    ``kv``/``m``/``v``: per layer (key, value) [B, n_kv, S, d], float32 whatever the model's
-    dtype (a bfloat16 state would round small updates away; the model reads a cast copy);
-    ``count`` [B, S] the updates each state has had."""
+    ``kv``/``m``/``v``: 2L tensors [B, n_kv, S, d] each (layer i's key at 2i, its value at
+    2i + 1), float32 whatever the model's dtype (a bfloat16 state would round small updates
+    away; the model reads a cast copy); ``count`` [B, S] the updates each state has had, on
+    the states' device."""
 
-    def __init__(self, num_layers: int, rows: int) -> None:
-        self.num_layers, self.rows = num_layers, rows
-        self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self.m: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self.v: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self.count = torch.zeros(rows, 0, dtype=torch.long)
+    def __init__(self, rows: int, device: torch.device) -> None:
+        self.kv: list[torch.Tensor] = []
+        self.m: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.count = torch.zeros(rows, 0, dtype=torch.long, device=device)
 
     @property
     def length(self) -> int:
-        return 0 if self.kv is None else self.kv[0][0].shape[-2]
+        return self.kv[0].shape[-2] if self.kv else 0
 
-    def leaves(
-        self, upto: int, grad: bool, dtype: torch.dtype
-    ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    def leaves(self, upto: int, grad: bool, dtype: torch.dtype) -> list[torch.Tensor] | None:
         """The first ``upto`` states as fresh leaves in the model's ``dtype`` (requiring grad
         when ``grad``)."""
-        if self.kv is None or upto == 0:
+        if not self.kv or upto == 0:
             return None
-        return [
-            tuple(t[..., :upto, :].detach().to(dtype).requires_grad_(grad) for t in p)
-            for p in self.kv
-        ]
+        return [t[..., :upto, :].detach().to(dtype).requires_grad_(grad) for t in self.kv]
 
-    def grow(self, n: int, like: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def grow(self, n: int, like: list[torch.Tensor]) -> None:
         """Zero moments and counts for ``n`` new (present) positions."""
-
-        def pad(old, new):
-            z = torch.zeros_like(new[..., -n:, :], dtype=torch.float32)
-            return z if old is None else torch.cat([old, z], dim=-2)
-
-        none = [(None, None)] * len(like)
-        self.m = [tuple(map(pad, old, new)) for old, new in zip(self.m or none, like, strict=True)]
-        self.v = [tuple(map(pad, old, new)) for old, new in zip(self.v or none, like, strict=True)]
-        self.count = torch.cat([self.count, torch.zeros(self.rows, n, dtype=torch.long)], dim=1)
+        zeros = [torch.zeros_like(t[..., -n:, :], dtype=torch.float32) for t in like]
+        none = [z[..., :0, :] for z in zeros]  # a context's first window: no moments yet
+        self.m = [torch.cat([m, z], dim=-2) for m, z in zip(self.m or none, zeros, strict=True)]
+        self.v = [torch.cat([v, z], dim=-2) for v, z in zip(self.v or none, zeros, strict=True)]
+        new = torch.zeros(self.count.shape[0], n, dtype=torch.long, device=self.count.device)
+        self.count = torch.cat([self.count, new], dim=1)
 
     def drop(self, keep: int | None) -> None:
         """Keep the newest ``keep`` states (and their moments and counts)."""
         if keep is None or self.length <= keep:
             return
         cut = self.length - keep
-        trim = lambda pairs: [tuple(t[..., cut:, :] for t in p) for p in pairs]  # noqa: E731
-        self.kv, self.m, self.v = trim(self.kv), trim(self.m), trim(self.v)
+        self.kv, self.m, self.v = ([t[..., cut:, :] for t in x] for x in (self.kv, self.m, self.v))
         self.count = self.count[:, cut:]
 
 
 def _update(
-    st: _States,
-    values: list[tuple[torch.Tensor, torch.Tensor]],
-    grads: list[tuple[torch.Tensor, torch.Tensor]],
-    upd: torch.Tensor,
+    st: _States, values: list[torch.Tensor], grads: list[torch.Tensor], upd: torch.Tensor,
     cfg: HSOConfig,
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """One optimiser step on the states where ``upd`` [B, S] (bool): the new values, and the
-    moments/counts of ``st`` advanced. ``values``/``grads``: per layer [B, n_kv, S, d]."""
-    live = upd[:, None, :, None]  # [B, 1, S, 1]
+) -> list[torch.Tensor]:  # fmt: skip
+    """One optimiser step on the states where ``upd`` [B, S] (bool): the new values (2L
+    tensors [B, n_kv, S, d]), and the moments and counts of ``st`` advanced."""
+    on = upd[:, None, :, None]  # [B, 1, S, 1]
+    grads = [g.float() for g in grads]
     if cfg.optimizer == "sgd":
         return [
-            tuple(
-                x - cfg.lr * torch.where(live.to(g.device), g, 0).to(x.dtype)
-                for x, g in zip(pv, pg, strict=True)
-            )
-            for pv, pg in zip(values, grads, strict=True)
+            x - cfg.lr * torch.where(on, g, 0).to(x.dtype)
+            for x, g in zip(values, grads, strict=True)
         ]
     b1, b2 = cfg.betas
-    st.count = st.count + upd.long().cpu()
+    st.count = st.count + upd.long()
     c = st.count.clamp(min=1).double()
     bc1 = (1 - b1**c).float()[:, None, :, None]  # [B, 1, S, 1]: per-state bias corrections
     bc2 = (1 - b2**c).float()[:, None, :, None]
-    out, new_m, new_v = [], [], []
-    for pv, pg, pm, pq in zip(values, grads, st.m, st.v, strict=True):
-        layer, lm, lv = [], [], []
-        for x, g, m, v in zip(pv, pg, pm, pq, strict=True):
-            g = g.float()
-            dev = g.device
-            on = live.to(dev)
-            m = torch.where(on, b1 * m + (1 - b1) * g, m)
-            v = torch.where(on, b2 * v + (1 - b2) * g * g, v)
-            step = cfg.lr * (m / bc1.to(dev)) / ((v / bc2.to(dev)).sqrt() + cfg.eps)
-            layer.append(x - torch.where(on, step, 0).to(x.dtype))
-            lm.append(m)
-            lv.append(v)
-        out.append(tuple(layer))
-        new_m.append(tuple(lm))
-        new_v.append(tuple(lv))
-    st.m, st.v = new_m, new_v
-    return out
+    st.m = [torch.where(on, b1 * m + (1 - b1) * g, m) for m, g in zip(st.m, grads, strict=True)]
+    st.v = [torch.where(on, b2 * v + (1 - b2) * g * g, v) for v, g in zip(st.v, grads, strict=True)]
+    steps = [
+        cfg.lr * (m / bc1) / ((v / bc2).sqrt() + cfg.eps) for m, v in zip(st.m, st.v, strict=True)
+    ]
+    return [x - torch.where(on, d, 0).to(x.dtype) for x, d in zip(values, steps, strict=True)]
 
 
 # ------------------------------------------------------------------------------ run
@@ -227,8 +212,36 @@ def _window_nll(model, x, targets, cache, positions) -> torch.Tensor:
     return nll.view_as(targets)
 
 
-def _pairs(flat) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+@dataclass
+class _Plan:
+    """B rows aligned at their first token: ``ids`` [B, W] (padding after each row's end),
+    ``is_input`` [B, W] (a token with a target), ``windows`` the (context start, window
+    start, window end) of the longest row, ``own_windows`` each row's own count and
+    ``n_inputs`` each row's inputs."""
+
+    ids: torch.Tensor
+    is_input: torch.Tensor
+    windows: list[tuple[int, int, int]]
+    own_windows: list[int]
+    n_inputs: list[int]
+
+
+def _plan(model: nn.Module, rows: list[torch.Tensor], cfg: HSOConfig) -> _Plan:
+    n_inputs = [r.numel() - 1 for r in rows]
+    dev, width = rows[0].device, max(n_inputs) + 1
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device=dev)
+    for i, r in enumerate(rows):
+        ids[i, : r.numel()] = r
+    is_input = (
+        torch.arange(width, device=dev)[None, :] < torch.tensor(n_inputs, device=dev)[:, None]
+    )
+    spans = lambda n: [  # noqa: E731
+        (c0, t, min(t + cfg.window, c1))
+        for c0, c1 in contexts(n, cfg.reset_every, model)
+        for t in range(c0, c1, cfg.window)
+    ]
+    windows = spans(max(n_inputs))
+    return _Plan(ids, is_input, windows, [len(spans(n)) for n in n_inputs], n_inputs)
 
 
 def _run(
@@ -241,102 +254,78 @@ def _run(
     of each of its contexts: the recorded per-target NLL of each row [N_b - 1], the last
     contexts' states (rows aligned at their first token), and each row's number of windows."""
     hf = hf_model(model)
-    layers = model_shape(hf).layers
-    b = len(rows)
-    n_inputs = [r.numel() - 1 for r in rows]
-    dev = rows[0].device
-    width = max(n_inputs) + 1
-    ids = torch.zeros(b, width, dtype=torch.long, device=dev)  # aligned; padding after the end
-    for i, r in enumerate(rows):
-        ids[i, : r.numel()] = r
-    is_input = (
-        torch.arange(width, device=dev)[None, :] < torch.tensor(n_inputs, device=dev)[:, None]
-    )
-    ranges = contexts(max(n_inputs), cfg.reset_every, model)
-    windows = [
-        (c0, t, min(t + cfg.window, c1)) for c0, c1 in ranges for t in range(c0, c1, cfg.window)
-    ]
-    own_windows = [
-        sum(len(range(c0, c1, cfg.window)) for c0, c1 in contexts(n, cfg.reset_every, model))
-        for n in n_inputs
-    ]
-    out = torch.zeros(b, width - 1, dtype=torch.float32)
-    st = _States(layers, b)
-    dtype = next(hf.parameters()).dtype
+    plan = _plan(model, rows, cfg)
+    dev = plan.ids.device
+    out = torch.zeros(len(rows), plan.ids.shape[1] - 1, dtype=torch.float32, device=dev)
+    st = _States(len(rows), dev)
     was_training = hf.training
     hf.eval()
     try:
-        for c0, t, e in tqdm(windows, desc="HSO windows", disable=not progress):
+        for c0, t, e in tqdm(plan.windows, desc="HSO windows", disable=not progress):
             if t == c0:
-                st = _States(layers, b)
-            x, targets = ids[:, t:e], ids[:, t + 1 : e + 1]
-            real = is_input[:, t:e]  # [B, t]: inputs with a target (not padding)
-            active = real.any(1)  # a row whose text has ended takes no update
-            positions = torch.arange(t - c0, e - c0, device=dev).expand(b, -1)
-            cached = st.length
-            grad_cached = not cfg.present_only and cached > 0
-            held = torch.cat([is_input[:, t - cached : t], real], dim=1)  # [B, S]
-            first = cached if cfg.present_only else 0
-            upd = (held & active[:, None]).cpu()
-            upd[:, :first] = False
-            shifts = None
-            for step in range(cfg.steps):
-                with torch.enable_grad():
-                    past = st.leaves(cached, grad_cached, dtype)
-                    cache = KVStates(past, shifts, num_layers=layers)
-                    nll = _window_nll(hf, x, targets, cache, positions)
-                    if step == 0:
-                        out[:, t:e] = nll.detach().float().cpu()  # recorded before any update
-                    loss = (nll * real).sum()
-                    if not torch.isfinite(loss.detach()):
-                        raise GencraftError(
-                            f"HSO: the loss of the window of tokens {t}..{e - 1} is "
-                            f"{loss.item()}; lower lr (now {cfg.lr})"
-                        )
-                    values = [tuple(v.detach().float() for v in p) for p in cache.states()]
-                    if step == 0:
-                        st.grow(e - t, values)
-                    if cfg.lr == 0:
-                        st.kv = values
-                        break
-                    inputs = [v for p in cache.shifts for v in p]
-                    if grad_cached:
-                        inputs += [v for p in past for v in p]
-                    grads = torch.autograd.grad(loss, inputs)
-                g_present = _pairs(grads[: 2 * layers])
-                g_cached = _pairs(grads[2 * layers :]) if grad_cached else None
-                g_full = [
-                    tuple(
-                        torch.cat(
-                            [
-                                g_cached[i][j]
-                                if g_cached
-                                else torch.zeros_like(values[i][j][..., :cached, :]),
-                                g_present[i][j],
-                            ],
-                            dim=-2,
-                        )
-                        for j in range(2)
-                    )
-                    for i in range(layers)
-                ]
-                new = _update(st, values, g_full, upd, cfg)
-                # HSO-2: the next step recomputes the present states from the updated cache
-                # and shifts them by the updates they have had so far
-                shifts = [
-                    tuple(
-                        (
-                            d.detach() + (nw[..., cached:, :] - old[..., cached:, :]).to(d.dtype)
-                        ).requires_grad_(True)
-                        for d, nw, old in zip(cache.shifts[i], new[i], values[i], strict=True)
-                    )
-                    for i in range(layers)
-                ]
-                st.kv = new
+                st = _States(len(rows), dev)
+            out[:, t:e] = _window(hf, st, plan, cfg, c0, t, e)
             st.drop(cfg.max_context)
     finally:
         hf.train(was_training)
-    return [out[i, :n] for i, n in enumerate(n_inputs)], st, own_windows
+    out = out.cpu()
+    return [out[i, :n] for i, n in enumerate(plan.n_inputs)], st, plan.own_windows
+
+
+def _window(
+    hf: nn.Module, st: _States, plan: _Plan, cfg: HSOConfig, c0: int, t: int, e: int
+) -> torch.Tensor:
+    """One window [t, e) of context c0 (§3.3): ``cfg.steps`` forward/backward/update rounds on
+    ``st``; returns the window's NLL [B, e - t] recorded before any update."""
+    layers, dtype = model_shape(hf).layers, next(hf.parameters()).dtype
+    b = plan.ids.shape[0]
+    x, targets = plan.ids[:, t:e], plan.ids[:, t + 1 : e + 1]
+    real = plan.is_input[:, t:e]  # [B, t]: inputs with a target (not padding)
+    positions = torch.arange(t - c0, e - c0, device=x.device).expand(b, -1)
+    cached = st.length
+    grad_cached = not cfg.present_only and cached > 0
+    held = torch.cat([plan.is_input[:, t - cached : t], real], dim=1)  # [B, S]
+    upd = held & real.any(1)[:, None]  # a row whose text has ended takes no update
+    upd[:, : cached if cfg.present_only else 0] = False
+    shifts, recorded = None, None
+    for _ in range(cfg.steps):
+        with torch.enable_grad():
+            past = st.leaves(cached, grad_cached, dtype)
+            cache = KVStates(_layers(past) if past else None, shifts, num_layers=layers)
+            nll = _window_nll(hf, x, targets, cache, positions)
+            recorded = nll.detach().float() if recorded is None else recorded
+            loss = (nll * real).sum()
+            if not torch.isfinite(loss.detach()):
+                raise GencraftError(
+                    f"HSO: the loss of the window of tokens {t}..{e - 1} is {loss.item()}; "
+                    f"lower lr (now {cfg.lr})"
+                )
+            values = [v.detach().float() for v in _flat(cache.states())]
+            if shifts is None:
+                st.grow(e - t, values)
+            if cfg.lr == 0:
+                st.kv = values
+                break
+            present = _flat(cache.shifts)
+            grads = torch.autograd.grad(loss, present + (past if grad_cached else []))
+        g_present, g_past = grads[: len(present)], grads[len(present) :] or None
+        full = [  # every state's gradient: the cached ones' (zero when not optimised), then
+            # the present ones'
+            torch.cat([g_past[j] if g_past else torch.zeros_like(v[..., :cached, :]), g], -2)
+            for j, (v, g) in enumerate(zip(values, g_present, strict=True))
+        ]
+        new = _update(st, values, full, upd, cfg)
+        # HSO-2: the next step recomputes the present states from the updated cache and
+        # shifts them by the updates they have had so far
+        moved = [(nw - old)[..., cached:, :] for nw, old in zip(new, values, strict=True)]
+        shifts = _layers(
+            [
+                (d.detach() + m.to(d.dtype)).requires_grad_(True)
+                for d, m in zip(present, moved, strict=True)
+            ]
+        )
+        st.kv = new
+    return recorded
 
 
 def hso_nll(
@@ -423,7 +412,7 @@ def hso_prefill(
     dtype = next(hf_model(model).parameters()).dtype
     width = prompt_ids.shape[1] - 1
     layers = []
-    for pair in st.kv:  # aligned at the first token -> left-padded as the prompts are
+    for pair in _layers(st.kv):  # aligned at the first token -> left-padded as the prompts are
         placed = []
         for t in pair:
             out = t.new_zeros(t.shape[0], t.shape[1], width, t.shape[3])

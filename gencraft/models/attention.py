@@ -39,7 +39,7 @@ import contextvars
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -181,25 +181,51 @@ def select_sites(
 
 
 # ------------------------------------------------------------------------------ context
-_CONTEXT: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+@dataclass(frozen=True)
+class AttentionContext:
+    """What an attention plug-in may receive during a model call, one field per source:
+
+    * ``prefix``: the running :class:`~gencraft.prefix.attention.PrefixCall` (its prefix keys
+      and values, blocking tables and attention record); set by ``PrefixModel``'s forward and
+      generate;
+    * ``row_state``: the per-row tensors of a ``RowStateCache`` (reordered with the cache);
+      set by :func:`gencraft.models.stepping.carrying_row_state`;
+    * ``memory``: recurrence's previous-window state [B, H] per slot, keyed by the slot's
+      ``id``; set by ``RecurrentLM`` around each window;
+    * ``extra``: a user's own plug-in's values (e.g. ``segment_ids``), by name.
+    """
+
+    prefix: Any = None
+    row_state: dict[Any, torch.Tensor] | None = None
+    memory: dict[int, torch.Tensor] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+_FIELDS = ("prefix", "row_state", "memory")
+_EMPTY = AttentionContext()
+_CONTEXT: contextvars.ContextVar[AttentionContext | None] = contextvars.ContextVar(
     "gencraft_attention_context", default=None
 )
 
 
 @contextmanager
-def attention_context(**values: Any) -> Iterator[dict[str, Any]]:
-    """Per-call state for plug-ins (e.g. ``segment_ids``), visible inside the block through
-    :func:`current_context`; nested blocks add to (and override) the outer ones."""
-    token = _CONTEXT.set({**(_CONTEXT.get() or {}), **values})
+def attention_context(**values: Any) -> Iterator[AttentionContext]:
+    """Per-call state for plug-ins, visible inside the block through :func:`current_context`:
+    ``prefix``, ``row_state`` and ``memory`` set those fields; any other name goes to
+    ``extra``. Nested blocks add to (and override) the outer ones."""
+    outer = _CONTEXT.get() or _EMPTY
+    known = {k: v for k, v in values.items() if k in _FIELDS}
+    extra = {**outer.extra, **{k: v for k, v in values.items() if k not in _FIELDS}}
+    token = _CONTEXT.set(replace(outer, **known, extra=extra))
     try:
         yield _CONTEXT.get()
     finally:
         _CONTEXT.reset(token)
 
 
-def current_context() -> dict[str, Any]:
-    """The values of the enclosing :func:`attention_context` blocks ({} outside any)."""
-    return _CONTEXT.get() or {}
+def current_context() -> AttentionContext:
+    """The enclosing :func:`attention_context` blocks' values (all empty outside any)."""
+    return _CONTEXT.get() or _EMPTY
 
 
 # ------------------------------------------------------------------------------ plug-ins

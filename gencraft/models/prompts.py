@@ -3,6 +3,8 @@
 * :func:`encode_user_turn`: a text as one user turn with the assistant turn opened, through the
   tokenizer's chat template when it has one (instruction models such as SmolLM2-Instruct), else
   the tokenizer's plain encoding with its special tokens;
+* :func:`left_padded_batches`: prompts (id lists or [1, P] tensors) in left-padded batches of
+  a given size, with the model's pad id: what every batched decoder takes;
 * :func:`pad_batch`: rows of token-id lists -> padded tensors and ``attention_mask``. The pad
   rule: **left** padding for inputs a causal LM continues (generation), **right** padding for
   everything else (encoder inputs, teacher-forced training rows); ``labels`` are padded with
@@ -12,12 +14,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
 from gencraft.errors import GencraftError
+from gencraft.models.introspect import pad_id
 
 FILL = {"labels": -100}
 
@@ -73,3 +76,21 @@ def pad_batch(
         ]
     )
     return out
+
+
+def left_padded_batches(
+    model: Any, tokenizer: Any, prompts: Sequence[Sequence[int] | torch.Tensor], size: int
+) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """(first prompt's index, ids [b, P], attention mask [b, P]) for each batch of ``size``
+    prompts in order, left-padded with the pad id of ``tokenizer`` (else the model's, else
+    EOS). A prompt is a list of ids or a tensor [P] or [1, P]."""
+    if size < 1:
+        raise GencraftError(f"batch size must be >= 1, got {size}")
+    pad = pad_id(model, tokenizer)
+    rows = [
+        {"input_ids": p.flatten().tolist() if isinstance(p, torch.Tensor) else list(p)}
+        for p in prompts
+    ]
+    for first in range(0, len(rows), size):
+        batch = pad_batch(rows[first : first + size], pad, left=True)
+        yield first, batch["input_ids"], batch["attention_mask"]

@@ -594,10 +594,6 @@ class KVStates(DynamicCache):
         return [(layer.keys, layer.values) for layer in self.layers]
 
 
-#: the attention-context key under which plug-ins find the current RowStateCache's store
-ROW_STATE = "gencraft_row_state"
-
-
 class RowStateCache(DynamicCache):
     """A ``DynamicCache`` that also carries per-row tensors (dim 0: the cache's rows) for
     attention plug-ins whose rows depend on earlier queries' attention (e.g. causal TruncSA's
@@ -643,10 +639,10 @@ def carrying_row_state(cache: Cache) -> Iterator[dict[Any, torch.Tensor]]:
     rows = getattr(cache, "self_attention_cache", cache)
     if not isinstance(rows, RowStateCache):
         raise GencraftError(f"expected a RowStateCache, got {type(rows).__name__}")
-    with attention_context(**{ROW_STATE: rows.row_state}):
+    with attention_context(row_state=rows.row_state):
         yield rows.row_state
 
 
 def current_row_state() -> dict[Any, torch.Tensor] | None:
     """The row store of the enclosing :func:`carrying_row_state` (None outside one)."""
-    return current_context().get(ROW_STATE)
+    return current_context().row_state

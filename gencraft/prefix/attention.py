@@ -10,7 +10,7 @@
 
 In both cases the prefix columns are the first P key columns of the attention call. The
 per-call state (the prefix tensors, the block tables, a record store) travels in
-:func:`~gencraft.models.attention.attention_context` under :data:`CONTEXT_KEY`, so the
+:func:`~gencraft.models.attention.attention_context` as its ``prefix`` field, so the
 plug-ins are inert outside a ``PrefixModel`` call and the base model is unchanged.
 """
 
@@ -32,8 +32,6 @@ from gencraft.models.stepping import current_row_state
 from gencraft.prefix.config import require_entmax
 from gencraft.prefix.functional import column_mass, nucleus_rows, soft_sparse_attention
 
-CONTEXT_KEY = "gencraft_prefix"
-
 
 @dataclass
 class PrefixCall:
@@ -53,7 +51,7 @@ class PrefixCall:
 
 
 def _state(owner: int) -> PrefixCall | None:
-    state = current_context().get(CONTEXT_KEY)
+    state = current_context().prefix
     return state if state is not None and state.owner == owner else None
 
 

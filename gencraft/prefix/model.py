@@ -47,7 +47,7 @@ from gencraft.models.compat import (
 from gencraft.models.introspect import decoder_start_id, hf_model, is_encoder_decoder, pad_id
 from gencraft.models.method import MethodModel
 from gencraft.models.stepping import RowStateCache, carrying_row_state, row_state_cache
-from gencraft.prefix.attention import CONTEXT_KEY, PrefixAttention, PrefixCall, PrefixKeyValues
+from gencraft.prefix.attention import PrefixAttention, PrefixCall, PrefixKeyValues
 from gencraft.prefix.config import PrefixConfig, resolve_layers
 from gencraft.prefix.functional import prefix_block_mask
 from gencraft.prefix.segment import check_segment_ids, output_segment, segment
@@ -150,6 +150,7 @@ class PrefixModel(MethodModel):
 
     def __init__(self, base: nn.Module, config: PrefixConfig, *, tokenizer: Any = None) -> None:
         super().__init__()
+        self._record: dict | None = None  # the store of an open recording() block
         if not isinstance(config, PrefixConfig):
             raise ConfigError(f"config must be a PrefixConfig, got {type(config).__name__}")
         hf = hf_model(base)
@@ -301,8 +302,9 @@ class PrefixModel(MethodModel):
         """The plug-ins' state for one base call over ``cache`` (prefixes, block tables,
         the record store, and the cache's row store for causal TruncSA)."""
         kv = {g: self._kv(GROUPS[g], 1) for g in self.groups if g != ("decoder", "self")}
+        record = record if record is not None else self._record  # recording() sets it
         call = PrefixCall(owner=id(self), kv=kv, tables=tables, record=record)
-        with attention_context(**{CONTEXT_KEY: call}), carrying_row_state(cache):
+        with attention_context(prefix=call), carrying_row_state(cache):
             yield
 
     # ------------------------------------------------------------------ segments
@@ -557,17 +559,11 @@ class PrefixModel(MethodModel):
         """Inside the block, every forward keeps the attention probabilities of every layer
         (including the prefix columns) in the yielded dict, keyed ``(stack, kind, layer)``."""
         store: dict = {}
-        original = self.forward
-
-        def forward(*args: Any, **kw: Any) -> Any:
-            kw.setdefault("record", store)
-            return original(*args, **kw)
-
-        self.forward = forward  # type: ignore[method-assign]
+        self._record = store  # read by forward when it is given no record of its own
         try:
             yield store
         finally:
-            del self.forward
+            self._record = None
 
     # ------------------------------------------------------------------ persistence
     def trainable_parameters(self) -> list[nn.Parameter]:

@@ -47,7 +47,6 @@ from gencraft.models.introspect import hf_model, is_causal_lm, model_shape
 from gencraft.models.method import MethodModel
 from gencraft.recurrence.config import RecurrenceConfig
 
-_CONTEXT_KEY = "gencraft_recurrence"
 _ACT = {"gelu": nn.GELU, "relu": nn.ReLU, "tanh": nn.Tanh}
 
 
@@ -58,10 +57,10 @@ class _HPrevSlot(AttentionPlugin):
         self.norm = norm
 
     def active(self, call: AttentionCall) -> bool:
-        return current_context().get(_CONTEXT_KEY, {}).get(id(self)) is not None
+        return (current_context().memory or {}).get(id(self)) is not None
 
     def extend(self, call: AttentionCall) -> ExtraKeyValues:
-        h = current_context()[_CONTEXT_KEY][id(self)]  # [B, H]
+        h = current_context().memory[id(self)]  # [B, H]
         x = h[:, None, :].to(call.query.dtype)
         if self.norm is not None:
             x = self.norm(x)
@@ -147,7 +146,7 @@ class RecurrentLM(MethodModel):
         """One window: inputs ``x`` [B, t] after ``h_prev`` [B, H] (None: the first) ->
         (summed NLL of ``targets`` [B, s] predicted by positions offset.., h_next [B, H],
         and ``want``: "logits" those positions' logits [B, s, V], "nll" their NLL [B, s])."""
-        with attention_context(**{_CONTEXT_KEY: {id(self.slot): h_prev}}):
+        with attention_context(memory={id(self.slot): h_prev}):
             out = self.base(input_ids=x, output_hidden_states=True, use_cache=False)
         n_pool = (
             x.shape[1]

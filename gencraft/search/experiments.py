@@ -49,16 +49,9 @@ class SpeedSettings:
 
 def _batched(model, tok, prompts: list[torch.Tensor], size: int):
     """Left-padded batches (ids [b, P], attention mask [b, P]) of ``size`` prompts [1, P]."""
-    from gencraft.models.introspect import pad_id
-    from gencraft.models.prompts import pad_batch
+    from gencraft.models.prompts import left_padded_batches
 
-    pad = pad_id(model, tok)
-    out = []
-    for i in range(0, len(prompts), size):
-        rows = [{"input_ids": p[0].tolist()} for p in prompts[i : i + size]]
-        batch = pad_batch(rows, pad, left=True)
-        out.append((batch["input_ids"], batch["attention_mask"]))
-    return out
+    return [(ids, mask) for _, ids, mask in left_padded_batches(model, tok, prompts, size)]
 
 
 def _prompts(tok, n: int, data_dir: str | None, xsum_words: int = 60) -> list[torch.Tensor]:

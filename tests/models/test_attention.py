@@ -191,7 +191,7 @@ def test_attention_context_nests_and_plugins_read_it():
 
     class Reader(A.AttentionPlugin):
         def active(self, call):
-            seen.append(dict(A.current_context()))
+            seen.append(dict(A.current_context().extra))
             return False
 
     model = _model("tiny-gpt2", "sdpa")
