@@ -1895,6 +1895,20 @@ M = [
         'pad_batch(rows[first : first + size], pad, left=False)',
         'tests/models/test_left_padded_batches.py',
     ),
+    (
+        'the throughput benchmark takes any device unchecked',
+        'gencraft/throughput.py',
+        '    device, dtype = check_placement(s.device, s.dtype)',
+        '    device, dtype = torch.device(s.device or "cpu"), getattr(torch, s.dtype)',
+        'tests/test_throughput.py -k checks_its_device',
+    ),
+    (
+        'own_task accepts any name',
+        'gencraft/data/own.py',
+        '    if not is_path_spec(task, names):\n        raise ConfigError(',
+        '    if False:\n        raise ConfigError(',
+        'tests/data/test_own_data.py -k own_task',
+    ),
 ]
 
 

@@ -55,27 +55,6 @@ def field_options() -> tuple[Any, Any]:
     )
 
 
-def own_task(task: str, names: tuple[str, ...], what: str = "task") -> str:
-    """``task`` (or a ``corpus``: ``what``) checked for a training config: one of ``names``, or
-    a path to the user's own data, which the run records absolute (so it evaluates from any
-    working directory)."""
-    from gencraft.data.own import canonical_spec, is_path_spec
-
-    if task in names:
-        return task
-    kinds = (
-        "a text file or a folder"
-        if what == "corpus"
-        else "a .jsonl, .csv or .tsv file, or a folder"
-    )
-    check(
-        is_path_spec(task, names),
-        f"{what} must be one of {', '.join(names)} or a path to your own data ({kinds}), "
-        f"got {task!r}",
-    )
-    return canonical_spec(task, names)
-
-
 def positive(obj: Any, *names: str, allow_none: bool = False) -> None:
     """Each named integer field of ``obj`` is >= 1 (or None when ``allow_none``)."""
     for name in names:

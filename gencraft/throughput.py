@@ -289,11 +289,12 @@ def _context(s: ThroughputSettings) -> dict[str, Any]:
     from gencraft.data.tasks import pick_examples, source_of, task_examples
     from gencraft.models import load_model
     from gencraft.models.introspect import eos_ids, model_shape, pad_id
+    from gencraft.models.placement import check_placement
     from gencraft.models.prompts import pad_batch
     from gencraft.search.prompts import encode_prompt, instruction_texts
 
-    device = torch.device(s.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    dtype = getattr(torch, s.dtype)
+    device, dtype = check_placement(s.device, s.dtype)  # one line for a bad device or dtype
+    dtype = dtype or torch.float32
     top = max(s.batch_sizes)
     ctx: dict[str, Any] = {"device": device}
     lm_used = any(d in s.decoders for d in ("beam", "conditional", "exact", "hso"))

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+import torch
+
 from gencraft.cli.main import main
 from gencraft.throughput import ZeroScorer, peak_memory_bytes
 
@@ -34,3 +37,15 @@ def test_zero_scorer_and_peak_memory():
     assert scores.shape == (2, 5) and not scores.any()
     peak = peak_memory_bytes(lambda: torch.ones(2**22), torch.device("cpu"))
     assert peak is None or peak > 2**22  # the resident peak holds the 16 MiB tensor
+
+
+def test_the_benchmark_checks_its_device_and_dtype_as_every_command(monkeypatch):
+    """Issue 41: through models.placement, before any model loads: one line naming the flag."""
+    from gencraft.errors import ConfigError
+    from gencraft.throughput import ThroughputSettings, _context
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ConfigError, match="--device cuda"):
+        _context(ThroughputSettings(decoders=("sundae",), device="cuda"))
+    with pytest.raises(ConfigError, match="--dtype float16 on the CPU"):
+        _context(ThroughputSettings(decoders=("sundae",), device="cpu", dtype="float16"))

@@ -37,7 +37,7 @@ def _examples(args: argparse.Namespace, split: str, limit: int | None, pairs: bo
 def cmd_train(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.cli.options import batch_note, default_output, say, task_fields
-    from gencraft.config import own_task
+    from gencraft.data.own import own_task
     from gencraft.data.summarization import SUMMARIZATION_DATASETS as SUMMARIZATION
     from gencraft.focus.train import FocusTrainConfig, FocusTrainer
     from gencraft.models import load_model

@@ -25,7 +25,7 @@ class PointerTrainCommand:
     )
 
     def __post_init__(self) -> None:
-        from gencraft.config import own_task
+        from gencraft.data.own import own_task
 
         self.corpus = own_task(self.corpus, CORPORA, "corpus")
 

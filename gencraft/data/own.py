@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gencraft.data.io import normalize_split, read_jsonl_numbered, read_text
-from gencraft.errors import DataError
+from gencraft.errors import ConfigError, DataError
 
 TASK_SUFFIXES = (".jsonl", ".csv", ".tsv")
 _SPLIT_STEMS = {"train": ("train",), "validation": ("valid", "validation", "dev", "val")}
@@ -198,3 +198,22 @@ def corpus_files(spec: str | os.PathLike, splits: tuple[str, ...]) -> dict[str, 
         f"{spec}: no such corpus file or folder (a text file, or a folder with train.txt, "
         "valid.txt and test.txt)"
     )
+
+
+def own_task(task: str, names: tuple[str, ...], what: str = "task") -> str:
+    """``task`` (or a ``corpus``: ``what``) checked for a training config: one of ``names``, or
+    a path to the user's own data, which the run records absolute (so it evaluates from any
+    working directory). Raises a ``ConfigError`` naming both kinds otherwise."""
+    if task in names:
+        return task
+    kinds = (
+        "a text file or a folder"
+        if what == "corpus"
+        else "a .jsonl, .csv or .tsv file, or a folder"
+    )
+    if not is_path_spec(task, names):
+        raise ConfigError(
+            f"{what} must be one of {', '.join(names)} or a path to your own data ({kinds}), "
+            f"got {task!r}"
+        )
+    return canonical_spec(task, names)

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from gencraft.config import check, field_options, option, own_task, positive
+from gencraft.config import check, field_options, option, positive
 from gencraft.training.config import FitConfig, fit_options
 
 OBJECTIVES = ("sundae", "mask-predict", "autoregressive")
@@ -144,6 +144,8 @@ class NARTrainConfig:
     fit: FitConfig = fit_options(batch_size=32, warmup=0.05)
 
     def __post_init__(self) -> None:
+        from gencraft.data.own import own_task  # on use: the CLI's startup loads no data
+
         self.task = own_task(self.task, NAR_TASKS)
         check(self.preset in ("auto", *PRESETS), f"unknown preset {self.preset!r}")
         check(self.lr is None or self.lr > 0, f"lr must be > 0, got {self.lr}")

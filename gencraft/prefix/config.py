@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gencraft.config import check, field_options, option, own_task, positive
+from gencraft.config import check, field_options, option, positive
 from gencraft.errors import ConfigError
 from gencraft.extras import require
 from gencraft.training.config import FitConfig, fit_options
@@ -268,6 +268,8 @@ class PrefixTrainConfig:
     fit: FitConfig = fit_options(epochs=10, batch_size=16)
 
     def __post_init__(self) -> None:
+        from gencraft.data.own import own_task  # on use: the CLI's startup loads no data
+
         self.task = own_task(self.task, TASKS)
         check(
             self.method in ("prefix", "peft", "finetune"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gencraft.config import check, option, own_task, positive
+from gencraft.config import check, option, positive
 from gencraft.training.config import FitConfig, fit_options
 
 ACTIVATIONS = ("gelu", "relu", "tanh")
@@ -96,6 +96,7 @@ class RecurrenceTrainConfig:
 
     def __post_init__(self) -> None:
         from gencraft.data.lm import LM_CORPORA
+        from gencraft.data.own import own_task  # on use: the CLI's startup loads no data
 
         self.corpus = own_task(self.corpus, LM_CORPORA, "corpus")
         check(self.lr > 0, f"lr must be > 0, got {self.lr}")

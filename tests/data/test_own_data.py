@@ -291,3 +291,19 @@ def test_default_fields_empty_files_and_flag_names_in_messages(tmp_path):
         load_task_path(str(folder), "validation")
     with pytest.raises(DataError, match=r"no test file for a corpus \(looked for test\.txt"):
         corpus_files(str(folder), ("test",))
+
+
+def test_own_task_takes_a_name_or_a_path_and_refuses_anything_else(tmp_path, monkeypatch):
+    """Issue 41 moved it to gencraft.data.own: a known name stays, a path to own data is
+    recorded absolute, anything else is one line naming both kinds."""
+    from gencraft.data.own import own_task
+    from gencraft.errors import ConfigError
+
+    assert own_task("e2e", ("e2e", "dart")) == "e2e"
+    (tmp_path / "mine.jsonl").write_text('{"source": "a", "target": "b"}\n')
+    monkeypatch.chdir(tmp_path)
+    assert own_task("mine.jsonl", ("e2e",)) == str(tmp_path / "mine.jsonl")
+    with pytest.raises(ConfigError, match=r"task must be one of e2e, dart or a path .* got 'e3e'"):
+        own_task("e3e", ("e2e", "dart"))
+    with pytest.raises(ConfigError, match=r"corpus must be one of ptb or a path .*a text file"):
+        own_task("wiki", ("ptb",), "corpus")
