@@ -1821,7 +1821,7 @@ M = [
     (
         "hso eval's default contexts exceed the model",
         'gencraft/cli/hso.py',
-        '        cfg.reset_every = positions  # the default fits the model',
+        '        cfg.reset_every = positions\n',
         '        pass',
         'tests/cli/test_new_user_trial.py -k hso_eval_default',
     ),
@@ -1908,6 +1908,20 @@ M = [
         '    if not is_path_spec(task, names):\n        raise ConfigError(',
         '    if False:\n        raise ConfigError(',
         'tests/data/test_own_data.py -k own_task',
+    ),
+    (
+        'plain progress lines keep cursor moves',
+        'gencraft/progress.py',
+        '        line = _ESCAPE.sub("", text).replace("\\r", "").rstrip()',
+        '        line = text.replace("\\r", "").rstrip()',
+        'tests/test_progress.py -k nested',
+    ),
+    (
+        'focus train writes no summary',
+        'gencraft/focus/train.py',
+        '        return result.write_summary(\n',
+        '        return (lambda *a, **k: {})(\n',
+        'tests/cli/test_new_user_trial.py -k focus_train',
     ),
 ]
 

@@ -13,6 +13,7 @@ transformers' own bars (loading and writing weights) are off inside gencraft's l
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,14 +50,18 @@ def hf_bars_off() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # a terminal control sequence (cursor up...)
+
+
 class _Lines:
-    """A stream wrapper that turns tqdm's carriage-return redraws into whole lines."""
+    """A stream wrapper that turns tqdm's carriage-return redraws into whole lines, without
+    the cursor moves a nested bar makes (a log file would keep them as bytes)."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
 
     def write(self, text: str) -> int:
-        line = text.replace("\r", "").rstrip()
+        line = _ESCAPE.sub("", text).replace("\r", "").rstrip()
         if line:  # a redraw; clearing a bar (spaces) and the closing newline print nothing
             self.stream.write(line + "\n")
         return len(text)

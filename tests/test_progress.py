@@ -87,3 +87,20 @@ def test_a_negative_or_unreadable_period_falls_back_to_the_default(monkeypatch):
     for value in ("-5", "soon"):
         monkeypatch.setenv("GENCRAFT_PROGRESS_SECONDS", value)
         assert tqdm(total=1, file=io.StringIO()).mininterval == 30.0
+
+
+def test_a_nested_bar_writes_no_cursor_moves_to_a_log(capsys, monkeypatch):
+    """Issue 41: the pointer trainer's validation bar inside its epoch bar moved the cursor
+    up (ESC [ A) in a log file; plain lines carry no control sequence."""
+    monkeypatch.setenv("GENCRAFT_PROGRESS_SECONDS", "0")
+    outer = tqdm(total=2, desc="epoch 1")
+    for _ in range(2):
+        inner = tqdm(total=3, desc="valid")
+        for _ in range(3):
+            inner.update(1)
+        inner.close()
+        outer.update(1)
+    outer.close()
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\r" not in err
+    assert "valid" in err and "epoch 1" in err

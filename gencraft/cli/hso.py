@@ -19,6 +19,16 @@ class HSOEvalCommand:
     de_lr: float = option(1e-4, "dynamic evaluation's SGD learning rate")
 
 
+def _fit_default_contexts(cfg: Any, model: Any, args: argparse.Namespace) -> None:
+    """The default ``--reset-every`` (1024) lowered to the model's positions when it has fewer;
+    a value the user gave is checked against them instead."""
+    from gencraft.models.introspect import context_size
+
+    positions = context_size(model)
+    if "reset_every" not in args.given and positions and cfg.reset_every > positions:
+        cfg.reset_every = positions
+
+
 def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.evaluate import format_table
     from gencraft.cli.flags import dataclass_from_args
@@ -28,14 +38,11 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.metrics import windowed_nll
     from gencraft.metrics.lm import stream_perplexities
     from gencraft.models import load_model
-    from gencraft.models.introspect import context_size
 
     cfg = dataclass_from_args(HSOConfig, args)
     model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
     model.eval()
-    positions = context_size(model)
-    if "reset_every" not in args.given and positions and cfg.reset_every > positions:
-        cfg.reset_every = positions  # the default fits the model; a given value is checked
+    _fit_default_contexts(cfg, model, args)
     ids, words = subword_stream(
         args.corpus, args.split, tok, data_dir=args.data_dir, max_words=args.max_words
     )

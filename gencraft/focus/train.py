@@ -17,6 +17,7 @@ continues or says why not).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -159,8 +160,9 @@ class FocusTrainer:
     def train(self, *, resume: bool = True, restart: bool = False) -> dict[str, Any]:
         """Train through :func:`gencraft.training.fit` (resumable: a re-run continues from
         ``output_dir/checkpoint``; Ctrl-C saves and raises
-        :class:`~gencraft.training.Interrupted`)."""
-        cfg = self.cfg
+        :class:`~gencraft.training.Interrupted`). Writes ``train_summary.json`` (with the
+        processes and the global batch, as every trainer) and returns it."""
+        cfg, started = self.cfg, time.time()
         if cfg.precompute:
             train_feats, residual = self._features(self.train_rows, "base states (train)")
             valid_feats = (
@@ -206,13 +208,12 @@ class FocusTrainer:
         self.history = result.history
         self.step, self.train_time = result.steps, result.train_time
         self.trained_examples = result.trained_examples
-        return {
-            "steps": result.steps,
-            "train_time": result.train_time,
-            "trained_examples": result.trained_examples,
-            "best_valid_loss": result.best,
-            "stopped": result.stopped,
-        }
+        return result.write_summary(
+            self.out,
+            started,
+            train_time=result.train_time,
+            trained_examples=result.trained_examples,
+        )
 
     def _validate(self, model: nn.Module, loader: Any) -> dict[str, float]:
         """The validation loss, plus ROUGE-L (F, %) of beam-searched summaries of the first

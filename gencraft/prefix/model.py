@@ -182,6 +182,15 @@ class PrefixModel(MethodModel):
             if config.cross_prefix:
                 groups.append(("decoder", "cross"))
         self.groups = groups
+        self._build_prefixes(hf, config, groups, layers)
+        self._init_prefixes()
+        self._handles = self._attach()
+
+    def _build_prefixes(
+        self, hf: nn.Module, config: PrefixConfig, groups: list, layers: dict
+    ) -> None:
+        """One ``PrefixEncoder`` per (stack, kind) group, shaped as a probe forward finds that
+        group's keys ([n_kv, d], one shape per stack)."""
         device = next(hf.parameters()).device
         seen = _probe(hf, torch.zeros(1, 1, dtype=torch.long, device=device))
         self.prefix = nn.ModuleDict()
@@ -208,8 +217,6 @@ class PrefixModel(MethodModel):
                 projection=config.prefix_projection,
                 hidden=config.encoder_hidden_size,
             ).to(device)
-        self._init_prefixes()
-        self._handles = self._attach()
 
     # ------------------------------------------------------------------ construction
     def _init_prefixes(self) -> None:

@@ -159,16 +159,7 @@ def exact_mode_batch(
         initial: one seed output per row (or None for a row), as :func:`exact_mode`'s.
         the rest: as :func:`exact_mode`.
     """
-    if length is not None and length_includes_eos:
-        if length < 1:
-            raise GencraftError(f"length={length} with length_includes_eos: the EOS alone is 1")
-        length -= 1
-    if max_new_tokens < 0:
-        raise GencraftError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    if length is not None and not 0 <= length <= max_new_tokens:
-        raise GencraftError(f"length must be in [0, max_new_tokens={max_new_tokens}], got {length}")
-    if max_nodes is not None and max_nodes < 1:
-        raise GencraftError(f"max_nodes must be >= 1, got {max_nodes}")
+    length = _checked_length(max_new_tokens, length, max_nodes, length_includes_eos)
     stepper, eos = resolve(
         model,
         input_ids,
@@ -179,23 +170,7 @@ def exact_mode_batch(
     b = batch_size(stepper)
     if max_new_tokens + 50 > sys.getrecursionlimit():
         sys.setrecursionlimit(max_new_tokens + 1000)
-    seeds: list[list[int] | None] = [None] * b
-    if initial is not None:
-        if len(initial) != b:
-            raise GencraftError(
-                f"initial must give one seed (or None) per row: {b}, got {len(initial)}"
-            )
-        for r, seed in enumerate(initial):
-            if seed is None:
-                continue
-            seed = [int(t) for t in seed]
-            bad = [t for t in seed if t in eos or not 0 <= t < stepper.vocab_size]
-            if bad or len(seed) > max_new_tokens or (length is not None and len(seed) != length):
-                raise GencraftError(
-                    f"initial must be at most max_new_tokens={max_new_tokens} tokens (exactly "
-                    f"length={length} with length), inside the vocabulary and without EOS"
-                )
-            seeds[r] = seed
+    seeds = _seeds(initial, b, eos, stepper.vocab_size, max_new_tokens, length)
     if b > 1 and not _ragged(stepper):  # a wrapper whose state follows rows in blocks (FAME)
         return [
             exact_mode_batch(
@@ -211,6 +186,59 @@ def exact_mode_batch(
             )[0]
             for r in range(b)
         ]
+    return _search_rows(stepper, eos, max_new_tokens, length, max_nodes, seeds, logits_processor)
+
+
+def _checked_length(
+    max_new_tokens: int, length: int | None, max_nodes: int | None, includes_eos: bool
+) -> int | None:
+    """The arguments checked; the forced length in tokens before EOS (or None)."""
+    if length is not None and includes_eos:
+        if length < 1:
+            raise GencraftError(f"length={length} with length_includes_eos: the EOS alone is 1")
+        length -= 1
+    if max_new_tokens < 0:
+        raise GencraftError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    if length is not None and not 0 <= length <= max_new_tokens:
+        raise GencraftError(f"length must be in [0, max_new_tokens={max_new_tokens}], got {length}")
+    if max_nodes is not None and max_nodes < 1:
+        raise GencraftError(f"max_nodes must be >= 1, got {max_nodes}")
+    return length
+
+
+def _seeds(
+    initial: Sequence[Sequence[int] | None] | None, b: int, eos: list[int], vocab: int,
+    max_new_tokens: int, length: int | None,
+) -> list[list[int] | None]:  # fmt: skip
+    """One checked seed output (or None) per row."""
+    seeds: list[list[int] | None] = [None] * b
+    if initial is None:
+        return seeds
+    if len(initial) != b:
+        raise GencraftError(
+            f"initial must give one seed (or None) per row: {b}, got {len(initial)}"
+        )
+    for r, seed in enumerate(initial):
+        if seed is None:
+            continue
+        seed = [int(t) for t in seed]
+        bad = [t for t in seed if t in eos or not 0 <= t < vocab]
+        if bad or len(seed) > max_new_tokens or (length is not None and len(seed) != length):
+            raise GencraftError(
+                f"initial must be at most max_new_tokens={max_new_tokens} tokens (exactly "
+                f"length={length} with length), inside the vocabulary and without EOS"
+            )
+        seeds[r] = seed
+    return seeds
+
+
+def _search_rows(
+    stepper: Any, eos: list[int], max_new_tokens: int, length: int | None,
+    max_nodes: int | None, seeds: list[list[int] | None], logits_processor: Any,
+) -> list[ModeResult]:  # fmt: skip
+    """Every row's DFS advanced together: each model call expands the next node of every
+    unfinished row (one ragged call)."""
+    b = batch_size(stepper)
     process = ProcessorChain(stepper, logits_processor)
     t0 = time.perf_counter()
     out = stepper.start()

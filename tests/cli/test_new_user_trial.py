@@ -150,3 +150,16 @@ def test_prefix_generate_output_writes_ids_and_references(own, tmp_path, capsys)
 
 def test_the_data_names_the_docs_promise_import():
     from gencraft.data import references_of, source_of, task_examples  # noqa: F401
+
+
+def test_focus_train_writes_its_summary_with_processes_and_global_batch(own, tmp_path, capsys):  # noqa: F811
+    """As every trainer on fit: train_summary.json with the steps, the processes and the
+    global batch (per-process batch x accumulation x processes)."""
+    task = own / "my task" / "train.jsonl"
+    run = tmp_path / "fame"
+    argv = ["focus", "train", "--model", "tiny-bart", "--task", str(task), *FIELDS]
+    argv += ["--max-steps", "2", "--batch-size", "2", "--grad-accum", "2", "--frequent-size", "4"]
+    assert main([*argv, "--output", str(run), "--quiet"]) == 0
+    summary = json.loads((run / "train_summary.json").read_text())
+    assert (summary["steps"], summary["processes"], summary["global_batch"]) == (2, 1, 4)
+    assert summary["trained_examples"] == 8 and summary["history"]
