@@ -1923,6 +1923,20 @@ M = [
         '        return (lambda *a, **k: {})(\n',
         'tests/cli/test_new_user_trial.py -k focus_train',
     ),
+    (
+        'nar generate draws a progress bar under --quiet',
+        'gencraft/cli/nar.py',
+        '        batch_size=args.batch_size,\n        progress=not args.quiet,\n    )\n    rows = [',
+        '        batch_size=args.batch_size,\n        progress=True,\n    )\n    rows = [',
+        'tests/cli/test_new_user_trial.py -k nar_generate_decodes',
+    ),
+    (
+        'nar generate ignores --limit',
+        'gencraft/cli/nar.py',
+        '    return [source_of(e) for e in pick_examples(examples, args.limit)]',
+        '    return [source_of(e) for e in examples]',
+        'tests/cli/test_new_user_trial.py -k nar_generate_decodes',
+    ),
 ]
 
 

@@ -29,7 +29,11 @@ class NARDecodeCommand:
 
 @dataclass
 class NARGenerateCommand:
-    sources: list[str] = option(REQUIRED, "source texts (linearised inputs)")
+    sources: list[str] | None = option(
+        None,
+        "source texts (linearised inputs); without them, the inputs of --task's --split "
+        "(the first --limit)",
+    )
 
 
 def _load(args: argparse.Namespace, command: str, seed: int = 0) -> tuple[Any, Any]:
@@ -85,9 +89,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from gencraft.nar.evaluate import decode
 
     sampling = dataclass_from_args(SamplingConfig, args)
-    empty = [str(i + 1) for i, s in enumerate(args.sources) if not s.strip()]
-    if empty:  # training refuses empty sources too: nothing to condition on
-        raise GencraftError(f"--sources number {', '.join(empty)} is empty; give an input")
+    args.sources = _sources(args)
     model, tok = _load(args, "generate")
     _check_flags(model, sampling, args)
     texts, out = decode(
@@ -98,7 +100,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         method=args.method,
         num_beams=args.num_beams,
         batch_size=args.batch_size,
-        progress=False,
+        progress=not args.quiet,
     )
     rows = [
         {"source": s, "output": t, "score": sc, "model_calls": c, "seconds": sec}
@@ -114,6 +116,26 @@ def cmd_generate(args: argparse.Namespace) -> None:
             f"{r['source']}\n  -> {r['output']}  ({r['model_calls']} model calls, "
             f"{r['seconds']:.2f} s)"
         )
+
+
+def _sources(args: argparse.Namespace) -> list[str]:
+    """The sources to decode: ``--sources`` (none empty), else the inputs of the task's split
+    (the run's own task unless ``--task`` says; the first ``--limit``)."""
+    if args.sources is not None:
+        empty = [str(i + 1) for i, s in enumerate(args.sources) if not s.strip()]
+        if empty:  # training refuses empty sources too: nothing to condition on
+            raise GencraftError(f"--sources number {', '.join(empty)} is empty; give an input")
+        return list(args.sources)
+    from gencraft.cli.options import use_run_task
+    from gencraft.data.tasks import pick_examples, source_of, task_examples
+
+    use_run_task(args, args.model, "e2e")
+    fields = {
+        "source_field": args.source_field or "source",
+        "target_field": args.target_field or "target",
+    }
+    examples = task_examples(args.task, args.split, args.data_dir, **fields)
+    return [source_of(e) for e in pick_examples(examples, args.limit)]
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -184,11 +206,15 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
             },
         )
         add_dataclass_arguments(q, SamplingConfig)
-        add_dataclass_arguments(q, RunOptions, only=("json", "device", "dtype"))
+        add_dataclass_arguments(q, RunOptions, only=("json", "device", "dtype", "quiet"))
 
-    g = psub.add_parser("generate", help="decode the given sources")
+    g = psub.add_parser("generate", help="decode the given sources, or a task's split")
     decoding_flags(g)
     add_dataclass_arguments(g, NARGenerateCommand)
+    add_dataclass_arguments(
+        g, DataOptions, only=("task", "source_field", "target_field", "split", "limit")
+    )
+    add_data_dir(g)
     g.set_defaults(func=cmd_generate)
 
     e = psub.add_parser("eval", help="BLEU, ROUGE-L, seconds and model calls per output")
@@ -198,6 +224,6 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         DataOptions,
         only=("task", "source_field", "target_field", "split", "limit", "lowercase"),
     )
-    add_dataclass_arguments(e, RunOptions, only=("output", "quiet"))
+    add_dataclass_arguments(e, RunOptions, only=("output",))
     add_data_dir(e)
     e.set_defaults(func=cmd_eval, output_kind="file")

@@ -163,3 +163,26 @@ def test_focus_train_writes_its_summary_with_processes_and_global_batch(own, tmp
     summary = json.loads((run / "train_summary.json").read_text())
     assert (summary["steps"], summary["processes"], summary["global_batch"]) == (2, 1, 4)
     assert summary["trained_examples"] == 8 and summary["history"]
+
+
+def test_nar_generate_decodes_a_task_split_with_limit_and_quiet(own, tmp_path, capsys):  # noqa: F811
+    """Without --sources: the run's own task (its fields), --split's first --limit inputs."""
+    task = own / "my task"
+    nar = tmp_path / "nar"
+    argv = ["nar", "train", "--model", "tiny-bert", "--task", str(task), *FIELDS]
+    assert main([*argv, "--max-steps", "1", "--output", str(nar), "--quiet"]) == 0
+    capsys.readouterr()
+    argv = ["nar", "generate", str(nar / "best"), "--split", "test", "--limit", "2", "--quiet"]
+    assert main([*argv, "--json", "--steps", "2", "--samples", "2"]) == 0
+    out = capsys.readouterr()
+    rows = json.loads(out.out)
+    assert [r["source"] for r in rows] == [
+        "name[Place 0], food[Thai]",
+        "name[Place 1], food[Greek]",
+    ]
+    assert "sundae" not in out.err  # --quiet: no progress bar
+    argv = ["nar", "generate", str(nar / "best"), "--split", "valid", "--limit", "1", "--json"]
+    assert main([*argv, "--steps", "1", "--samples", "1"]) == 0
+    assert [r["source"] for r in json.loads(capsys.readouterr().out)] == [
+        "name[Place 0], food[Thai]"
+    ]
