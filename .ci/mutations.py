@@ -761,8 +761,8 @@ M = [
     (
         "the schedule counts batches, not optimizer steps",
         "gencraft/training/fit.py",
-        "steps_per_epoch = max(1, math.ceil(len(self.loader) / cfg.grad_accum))",
-        "steps_per_epoch = max(1, len(self.loader))",
+        "steps_per_epoch = max(1, math.ceil(self.n_batches / cfg.grad_accum))",
+        "steps_per_epoch = max(1, self.n_batches)",
         "tests/training/test_training.py -k schedule_ends",
     ),
     (
@@ -773,16 +773,16 @@ M = [
         "tests/training/test_training.py -k plateau",
     ),
     (
-        "the pointer trainer writes no last/",
+        "the pointer trainer writes no best/ or last/",
         "gencraft/pointer/train.py",
-        '            save_directory(self.raw_model.save_pretrained, self.output_dir / "last")',
-        "            pass",
+        "            save_fn=lambda model, d: model.save_pretrained(d),",
+        "            save_fn=None,",
         "tests/pointer/test_pointer_model.py -k run_format",
     ),
     (
-        "the pointer trainer's wall time forgets the earlier invocation",
+        "the pointer trainer writes no train_summary.json",
         "gencraft/pointer/train.py",
-        "        self.earlier_wall = self.wall_time\n",
+        "        self.result.write_summary(self.output_dir, started)\n",
         "",
         "tests/pointer/test_pointer_model.py -k run_format",
     ),
@@ -1422,7 +1422,7 @@ M = [
     (
         'history rows count whole epochs',
         'gencraft/training/fit.py',
-        '            "epoch": round(st.epoch + st.batch_in_epoch / max(1, len(self.loader)), 4),',
+        '            "epoch": round(st.epoch + st.batch_in_epoch / max(1, self.n_batches), 4),',
         '            "epoch": st.epoch,',
         'tests/test_unlisted_behaviours.py -k fractional_epochs',
     ),
@@ -1936,6 +1936,41 @@ M = [
         '    return [source_of(e) for e in pick_examples(examples, args.limit)]',
         '    return [source_of(e) for e in examples]',
         'tests/cli/test_new_user_trial.py -k nar_generate_decodes',
+    ),
+    (
+        "the pointer's carried state is not gathered from every process",
+        'gencraft/pointer/train.py',
+        '        if acc.num_processes > 1:\n            t = acc.gather',
+        '        if False:\n            t = acc.gather',
+        'tests/pointer/test_pointer_processes.py -k 2-then-1',
+    ),
+    (
+        'pointer dropout masks follow the process, not the stream',
+        'gencraft/pointer/train.py',
+        'return None if t is None else t[self.rows]',
+        'return None if t is None else t[: self.streams.shape[0]]',
+        'tests/pointer/test_pointer_processes.py -k 2-then-1',
+    ),
+    (
+        "fit ignores a Steps plug-in's stop",
+        'gencraft/training/fit.py',
+        'st.early_stop = self.steps.after_validation(event) or st.early_stop',
+        'self.steps.after_validation(event)',
+        'tests/pointer/test_pointer_model.py -k plateau_rule',
+    ),
+    (
+        "fit does not restore a Steps plug-in's state",
+        'gencraft/training/fit.py',
+        '            self.steps.load_state_dict(payload["steps"])',
+        '            pass',
+        'tests/pointer/test_pointer_model.py -k resumed_training_equals',
+    ),
+    (
+        "fit schedules a plug-in's own learning rate",
+        'gencraft/training/fit.py',
+        'if self.steps is None or not self.steps.owns_learning_rate:',
+        'if True:',
+        'tests/pointer/test_pointer_model.py -k lr_halves',
     ),
 ]
 

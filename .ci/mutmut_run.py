@@ -26,8 +26,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: package -> (files to mutate, tests that guard them), the held-out list's gaps first
 PACKAGES: dict[str, tuple[list[str], list[str]]] = {
-    "plotting": (["gencraft/plotting.py"], ["tests/test_plots.py", "tests/test_islands_and_scales.py"]),
-    "progress": (["gencraft/progress.py"], ["tests/test_progress.py", "tests/test_islands_and_scales.py"]),
+    "plotting": (
+        ["gencraft/plotting.py"],
+        ["tests/test_plots.py", "tests/test_islands_and_scales.py"],
+    ),
+    "progress": (
+        ["gencraft/progress.py"],
+        ["tests/test_progress.py", "tests/test_islands_and_scales.py"],
+    ),
     "metrics/lm": (
         ["gencraft/metrics/lm.py"],
         ["tests/metrics", "tests/test_unlisted_behaviours.py"],
@@ -36,11 +42,30 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
         ["gencraft/search/custom_generate.py"],
         ["tests/test_custom_generate.py", "tests/search/test_batch.py"],
     ),
-    "models/introspect": (["gencraft/models/introspect.py"], ["tests/models", "tests/test_methods.py"]),
+    "models/introspect": (
+        ["gencraft/models/introspect.py"],
+        ["tests/models", "tests/test_methods.py"],
+    ),
     "models/placement": (["gencraft/models/placement.py"], ["tests/models/test_placement.py"]),
     "data/own": (["gencraft/data/own.py"], ["tests/data/test_own_data.py"]),
     "training/checkpoint": (["gencraft/training/checkpoint.py"], ["tests/training"]),
     "nar/decoding": (["gencraft/nar/decoding.py"], ["tests/nar"]),
+    "search/beam": (
+        ["gencraft/search/beam.py"],
+        ["tests/search", "tests/test_custom_generate.py"],
+    ),
+    "search/exact": (
+        ["gencraft/search/exact.py"],
+        ["tests/search", "tests/test_custom_generate.py"],
+    ),
+    "models/stepping": (
+        ["gencraft/models/stepping.py"],
+        ["tests/search", "tests/models", "tests/test_custom_generate.py"],
+    ),
+    "hso/functional": (
+        ["gencraft/hso/functional.py"],
+        ["tests/hso/test_hso.py", "tests/hso/test_hso_batch.py"],
+    ),
 }
 
 

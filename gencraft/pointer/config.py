@@ -151,6 +151,28 @@ class TrainConfig:
     def k2(self) -> int:
         return self.bptt
 
+    def fit_config(self) -> Any:
+        """These settings as :func:`~gencraft.training.fit` reads them (a ``FitConfig``): the
+        budgets, validation interval, clipping and precision under the recipe's own flag names;
+        no warm-up or decay (the plateau rule sets the learning rate)."""
+        from gencraft.training.config import FitConfig
+
+        return FitConfig(
+            epochs=self.max_epochs,
+            max_steps=self.max_steps,
+            max_time=self.max_time,
+            batch_size=self.batch_size,
+            eval_batch_size=self.eval_batch_size,
+            clip=self.clip or None,
+            eval_every=self.eval_every,
+            save_every=self.save_every,
+            seed=self.seed,
+            mixed_precision=self.mixed_precision,
+            device=self.device,
+            dtype=self.dtype,
+            decay="constant",
+        )
+
     @property
     def step_tokens(self) -> int:
         return self.k1 or self.bptt

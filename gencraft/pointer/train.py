@@ -10,12 +10,17 @@ from the carried LSTM state. Cost per step: that prefix (forward only) plus k2 p
 step's outputs: no extra cost, one update out of date. The carried LSTM state itself is, as
 in every truncated BPTT, from the previous step.
 
-Multi-device: the B streams are split across processes by ``accelerate``; nothing else changes.
+Training runs on :func:`gencraft.training.fit` through its steps protocol: ``fit`` keeps the
+loop, budgets, checkpoints and resumption; :class:`PointerTrainer` makes each step's loss from
+the carried state, keeps that state (gathered from every process at each checkpoint) and, after
+each validation, applies the plateau rule (halve the learning rate, revert to the best weights
+on request, stop). Several processes (``accelerate launch``) each take a contiguous share of
+the B streams; dropout masks are drawn for all B streams and sliced, so a run's steps do not
+depend on the process count and a run resumes on another one.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -28,23 +33,18 @@ from gencraft.errors import GencraftError
 from gencraft.pointer.config import TrainConfig
 from gencraft.pointer.evaluate import detach_state, evaluate
 from gencraft.pointer.lstm import PointerSentinelLSTM
-from gencraft.progress import tqdm
 from gencraft.training import (
-    Interrupted,
-    InterruptGuard,
+    FitResult,
     PlateauSchedule,
-    RunCheckpoint,
     Step,
+    Steps,
+    Validated,
     batchify,
+    fit,
     make_accelerator,
-    resume_command,
-    rng_state,
-    save_directory,
-    set_rng_state,
     tbptt_schedule,
     write_json,
 )
-from gencraft.training.checkpoint import CHECKPOINT_DIR, budget_reason
 
 MEDIUM_K1 = 1
 """k1 for ``--preset medium`` when none is given: the paper's schedule (k1 = 1, k2 = 100)."""
@@ -56,22 +56,15 @@ def preset_k1(preset: str, k1: int | None) -> int | None:
     return MEDIUM_K1 if k1 is None and preset == "medium" else k1
 
 
-BUDGET_KEYS = (
-    "max_steps",
-    "max_time",
-    "max_epochs",
-    "eval_every",
-    "save_every",
-    "device",
-)
-
-
-class PointerTrainer:
-    """Trains a :class:`PointerSentinelLSTM` on ``corpus`` and writes to ``output_dir``:
+class PointerTrainer(Steps):
+    """Trains a :class:`PointerSentinelLSTM` on ``corpus`` and writes to ``output_dir``
     the one run format of :mod:`gencraft.training.run`: ``checkpoint/`` (resumable),
     ``best/`` (best validation model) and ``last/`` (the final one), both
     ``from_pretrained``-able, ``history.json``, ``train_summary.json`` and
-    ``train_config.json``."""
+    ``train_config.json``. It is :func:`fit`'s plug-in (:class:`~gencraft.training.Steps`)."""
+
+    owns_learning_rate = True
+    epochs_flag = "--max-epochs"
 
     def __init__(
         self,
@@ -83,14 +76,7 @@ class PointerTrainer:
         progress: bool = True,
         accelerator: Any = None,
     ) -> None:
-        if len(corpus.vocab) != model.config.vocab_size:
-            raise GencraftError(
-                f"vocabulary mismatch: the model has {model.config.vocab_size} words, corpus "
-                f"{corpus.name!r} has {len(corpus.vocab)}"
-            )
-        for split in ("train", "valid"):
-            if split not in corpus.splits:
-                raise GencraftError(f"corpus {corpus.name!r} has no {split!r} split loaded")
+        self._check(model, corpus)
         self.config, self.corpus, self.progress = config, corpus, progress
         self.output_dir = Path(output_dir)
         self.accelerator = accelerator or make_accelerator(config.mixed_precision, config.device)
@@ -106,31 +92,37 @@ class PointerTrainer:
             model = model.to(dtype)
         torch.manual_seed(config.seed)
         streams = batchify(corpus["train"], config.batch_size, "the train split", "--batch-size")
-        self.streams = streams[acc.process_index :: acc.num_processes].to(acc.device)
+        share = config.batch_size // acc.num_processes  # a contiguous share of the streams
+        self.rows = slice(acc.process_index * share, (acc.process_index + 1) * share)
+        self.streams = streams[self.rows].to(acc.device)  # [B / processes, N]
+        self.global_batch = config.batch_size
         self.n = self.streams.shape[1] - 1
-        if config.optimizer == "sgd":
-            opt = torch.optim.SGD(
-                model.parameters(), lr=config.lr, weight_decay=config.weight_decay
-            )
-        else:
-            opt = torch.optim.Adam(
-                model.parameters(), lr=config.lr, weight_decay=config.weight_decay
-            )
-        self.model, self.optimizer = acc.prepare(model, opt)
+        optimizer = torch.optim.SGD if config.optimizer == "sgd" else torch.optim.Adam
+        self.model = model.to(acc.device)
+        self.optimizer = optimizer(
+            model.parameters(), lr=config.lr, weight_decay=config.weight_decay
+        )
         if acc.device.type == "cpu":
             # the softmax gradient is full of denormals, which make CPU matmuls up to 20x slower
             torch.set_flush_denormal(True)
         self.last_nll: torch.Tensor | None = None
         self.schedule = PlateauSchedule(decay=config.lr_decay, patience=config.patience)
-        self.epoch, self.step_in_epoch, self.global_step = 0, 0, 0
-        self.train_time, self.eval_time, self.trained_tokens = 0.0, 0.0, 0
-        self.carry: Any = None  # LSTM state at the next step's start
-        self.memory: Any = None  # (outputs, ids) for window_refresh="stale"
-        self.history: list[dict[str, Any]] = []
-        self.early_stopped = False
-        self.last_eval_step = -1
-        self.wall_time = 0.0  # wall seconds of every invocation up to the last checkpoint
-        self.started, self.earlier_wall = time.perf_counter(), 0.0
+        self.trained_tokens = 0
+        self.carry: Any = None  # LSTM state at the next step's start, (h, c) [layers, B, H]
+        self.memory: Any = None  # (outputs [B, L-1, H], ids [B, L-1]) for window_refresh="stale"
+        self.result: FitResult | None = None
+        self._schedule_steps = self.steps()
+
+    @staticmethod
+    def _check(model: PointerSentinelLSTM, corpus: LMCorpus) -> None:
+        if len(corpus.vocab) != model.config.vocab_size:
+            raise GencraftError(
+                f"vocabulary mismatch: the model has {model.config.vocab_size} words, corpus "
+                f"{corpus.name!r} has {len(corpus.vocab)}"
+            )
+        for split in ("train", "valid"):
+            if split not in corpus.splits:
+                raise GencraftError(f"corpus {corpus.name!r} has no {split!r} split loaded")
 
     @property
     def raw_model(self) -> PointerSentinelLSTM:
@@ -145,14 +137,74 @@ class PointerTrainer:
     def steps(self) -> list[Step]:
         return list(tbptt_schedule(self.n, self.config.step_tokens, self.config.k2, self._prefix()))
 
+    # -- the steps protocol ----------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._schedule_steps)
+
+    def loss(self, model: torch.nn.Module, index: int) -> torch.Tensor:
+        """The loss of the epoch's ``index``-th truncated-BPTT step (``fit`` backpropagates)."""
+        return self.step_loss(model, self._schedule_steps[index])
+
+    def end_epoch(self) -> None:
+        self.carry = self.memory = None  # each epoch starts the streams afresh
+
+    def state_dict(self) -> dict[str, Any]:
+        """The carried state of every process's streams (gathered: [.., B, ..]), the plateau
+        rule and the token count."""
+        return {
+            "carry": _gather_rows(self.accelerator, self.carry, dim=1),
+            "memory": _gather_rows(self.accelerator, self.memory, dim=0),
+            "schedule": self.schedule.state_dict(),
+            "trained_tokens": self.trained_tokens,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        dev = self.accelerator.device
+        self.carry = _rows(state["carry"], self.rows, dim=1, device=dev)
+        self.memory = _rows(state["memory"], self.rows, dim=0, device=dev)
+        self.schedule.load_state_dict(state["schedule"])
+        self.trained_tokens = state["trained_tokens"]
+
+    def after_validation(self, event: Validated) -> bool:
+        """The plateau rule: halve the learning rate on a worse validation (optionally
+        reverting to the best weights); True (stop) after ``patience`` without a new best.
+        The row records the learning rate that led to it."""
+        improved, decay, stop = self.schedule.step(event.value)
+        event.row["lr"] = lr = float(event.optimizer.param_groups[0]["lr"])
+        event.row["train_tokens_per_s"] = self.trained_tokens / max(event.row["train_time"], 1e-9)
+        if decay:
+            for group in event.optimizer.param_groups:
+                group["lr"] = lr * self.config.lr_decay
+            if self.config.revert_on_worse and not improved:
+                self._revert_to_best(event)
+        return stop
+
+    def _revert_to_best(self, event: Validated) -> None:
+        """Continue from the best weights so far, with the (already lowered) learning rate, a
+        fresh optimizer state and fresh recurrent state: a diverged update is undone."""
+        best = PointerSentinelLSTM.from_pretrained(self.output_dir / "best")
+        event.model.load_state_dict(best.state_dict())
+        getattr(event.optimizer, "optimizer", event.optimizer).state.clear()
+        self.carry = self.memory = None
+        event.row["reverted_to_best"] = True
+
     # -- one step -------------------------------------------------------------------------
-    def train_step(self, st: Step) -> float:
+    def _masks(self, m: PointerSentinelLSTM) -> dict[str, Any]:
+        """Locked-dropout masks of this process's streams: drawn for all B, then sliced, so
+        that a stream's masks do not depend on the process count."""
+        masks = m.sample_masks(self.global_batch, self.streams.device)
+
+        def mine(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[self.rows]
+
+        return {"layers": [mine(t) for t in masks["layers"]], "output": mine(masks["output"])}
+
+    def step_loss(self, model: torch.nn.Module, st: Step) -> torch.Tensor:
+        """Forward one step with the carried state and window, update that state, and return
+        the loss (cross-entropy [+ the pointer loss]) to backpropagate."""
         cfg, m, data = self.config, self.raw_model, self.streams
-        self.model.train()
-        masks = m.sample_masks(data.shape[0], data.device)
-        state = self.carry
-        memory = memory_ids = None
-        kept = None
+        masks = self._masks(m)
+        state, memory, memory_ids, kept = self.carry, None, None, None
         if st.grad_start > st.start:  # regenerate the window with the current parameters
             with torch.no_grad():
                 keep = st.keep if st.keep <= st.grad_start - st.start else None
@@ -165,37 +217,46 @@ class PointerTrainer:
         x = data[:, st.grad_start : st.end]
         y = data[:, st.loss_start + 1 : st.end + 1]
         keep_in_grad = st.keep - (st.grad_start - st.start) if kept is None else None
-        with self.accelerator.autocast():  # a no-op without mixed precision
-            out = self.model(
-                x,
-                y,
-                state,
-                memory=memory,
-                memory_ids=memory_ids,
-                masks=masks,
-                keep_state_at=keep_in_grad,
-            )
-            self.last_nll = out.nll.detach()  # [B, k1], for inspection
+        out = model(
+            x,
+            y,
+            state,
+            memory=memory,
+            memory_ids=memory_ids,
+            masks=masks,
+            keep_state_at=keep_in_grad,
+        )
+        self.last_nll = out.nll.detach()  # [B, k1], for inspection
         loss = out.nll.mean()
         if out.pointer_nll is not None and cfg.pointer_loss_weight:
             loss = loss + cfg.pointer_loss_weight * out.pointer_nll.mean()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.accelerator.backward(loss)
-        if cfg.clip:
-            self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.clip)
-        self.optimizer.step()
         self.carry = detach_state(kept if kept is not None else out.kept_state)
         if cfg.window_refresh == "stale" and m.config.pointer and m.config.window > 1:
-            keep = m.config.window - 1
-            outs, ids = out.outputs.detach(), x
-            if self.memory is not None:
-                outs = torch.cat([self.memory[0], outs], 1)
-                ids = torch.cat([self.memory[1], ids], 1)
-            self.memory = (outs[:, -keep:], ids[:, -keep:])
+            self._keep_stale(out.outputs.detach(), x, m.config.window - 1)
         self.trained_tokens += y.numel() * self.accelerator.num_processes
-        return float(out.nll.detach().mean())
+        return loss
 
-    # -- evaluation, checkpoints ----------------------------------------------------------
+    def _keep_stale(self, outs: torch.Tensor, ids: torch.Tensor, keep: int) -> None:
+        """The last ``keep`` outputs [B, keep, H] and ids, the next step's stale window."""
+        if self.memory is not None:
+            outs = torch.cat([self.memory[0], outs], 1)
+            ids = torch.cat([self.memory[1], ids], 1)
+        self.memory = (outs[:, -keep:], ids[:, -keep:])
+
+    def train_step(self, st: Step) -> float:
+        """One step outside :func:`fit` (the throughput benchmark, tests): ``step_loss``,
+        backward, clipping, the optimizer step. Returns the mean cross-entropy."""
+        self.model.train()
+        with self.accelerator.autocast():  # a no-op without mixed precision
+            loss = self.step_loss(self.model, st)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.config.clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.clip)
+        self.optimizer.step()
+        return float(self.last_nll.mean())
+
+    # -- the run --------------------------------------------------------------------------
     def validate(self, split: str = "valid") -> dict[str, Any]:
         return evaluate(
             self.raw_model,
@@ -207,238 +268,71 @@ class PointerTrainer:
             flag="--eval-batch-size",
         )
 
-    def _set_lr(self, lr: float) -> None:
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-
-    @property
-    def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
-
-    def _checkpoint(self) -> RunCheckpoint:
-        settings = {"model_config": self.raw_model.config.to_dict(), **asdict(self.config)}
-        return RunCheckpoint(self.output_dir, settings, budget_keys=BUDGET_KEYS)
-
-    def save_checkpoint(self) -> None:
-        """Write ``output_dir/checkpoint/state.pt`` (atomically) with everything a resumed run
-        needs: weights, optimizer, schedule, position, carried state, history, RNG."""
-        if not self.accelerator.is_main_process:
-            return
-        self._checkpoint().save(
-            {
-                "model": self.raw_model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "schedule": self.schedule.state_dict(),
-                "epoch": self.epoch,
-                "step_in_epoch": self.step_in_epoch,
-                "global_step": self.global_step,
-                "train_time": self.train_time,
-                "eval_time": self.eval_time,
-                "trained_tokens": self.trained_tokens,
-                "carry": self.carry,
-                "memory": self.memory,
-                "history": self.history,
-                "early_stopped": self.early_stopped,
-                "last_eval_step": self.last_eval_step,
-                "wall_time": self.earlier_wall + time.perf_counter() - self.started,
-                "rng": rng_state(),
-            }
-        )
-
-    def load_checkpoint(self, directory: str | Path | None = None) -> bool:
-        """Resume from the run in ``directory`` (default ``output_dir``); False if it has no
-        checkpoint. Raises, naming the file or the differing settings, when it cannot."""
-        ckpt = self._checkpoint()
-        if directory is not None:
-            d = Path(directory)
-            ckpt = RunCheckpoint(
-                d.parent if d.name == CHECKPOINT_DIR else d, ckpt.settings, budget_keys=BUDGET_KEYS
-            )
-        if not ckpt.exists():
-            return False
-        st = ckpt.load()
-        self.raw_model.load_state_dict(st["model"])
-        self.optimizer.load_state_dict(st["optimizer"])
-        self.schedule.load_state_dict(st["schedule"])
-        for k in (
-            "epoch",
-            "step_in_epoch",
-            "global_step",
-            "train_time",
-            "eval_time",
-            "trained_tokens",
-            "history",
-            "early_stopped",
-            "last_eval_step",
-        ):
-            setattr(self, k, st[k])
-        dev = self.accelerator.device
-        self.carry = None if st["carry"] is None else tuple(t.to(dev) for t in st["carry"])
-        self.memory = None if st["memory"] is None else tuple(t.to(dev) for t in st["memory"])
-        self.wall_time = st.get("wall_time", 0.0)  # absent from older checkpoints
-        set_rng_state(st["rng"])
-        return True
-
-    def _evaluate_and_schedule(self) -> bool:
-        """Validate, save best, halve the LR / stop as the recipe says. True = stop."""
+    def _valid_metrics(self, model: torch.nn.Module, loader: Any) -> dict[str, float]:
         res = self.validate("valid")
-        improved, decay, stop = self.schedule.step(res["nll"] / res["tokens"])
-        row = {
-            "epoch": self.epoch,
-            "step": self.global_step,
-            "valid_ppl": res["ppl"],
-            "lr": self.lr,
-            "train_time": self.train_time,
-            "eval_time": self.eval_time,
-            "train_tokens_per_s": self.trained_tokens / max(self.train_time, 1e-9),
-        }
-        self.history.append(row)
-        self.last_eval_step = self.global_step
-        if improved and self.accelerator.is_main_process:
-            save_directory(self.raw_model.save_pretrained, self.output_dir / "best")
-        if decay:
-            self._set_lr(self.lr * self.config.lr_decay)
-            if self.config.revert_on_worse and not improved:
-                self._revert_to_best()
-        if self.accelerator.is_main_process:
-            write_json(self.output_dir / "history.json", self.history)
-            tqdm.write(
-                f"epoch {self.epoch} step {self.global_step}: valid ppl {res['ppl']:.2f}"
-                f"{' (best)' if improved else ''}, lr {self.lr:g}"
-            )
-        return stop
-
-    def _revert_to_best(self) -> None:
-        """Continue from the best weights so far, with the (already lowered) learning rate, a
-        fresh optimizer state and fresh recurrent state: a diverged update is undone."""
-        best = PointerSentinelLSTM.from_pretrained(self.output_dir / "best")
-        self.raw_model.load_state_dict(best.state_dict())
-        getattr(self.optimizer, "optimizer", self.optimizer).state.clear()
-        self.carry = self.memory = None
-        row = self.history[-1]
-        row["reverted_to_best"] = True
-
-    # -- the loop -------------------------------------------------------------------------
-    def budget_left(self) -> str | None:
-        """Which budget has run out (``max_steps``, ``max_time``, ``max_epochs``, or
-        ``early_stop`` by the plateau rule), or None."""
-        cfg = self.config
-        if self.early_stopped:
-            return "early_stop"
-        return budget_reason(
-            step=self.global_step,
-            seconds=self.train_time + self.eval_time,
-            epoch=self.epoch,
-            max_steps=cfg.max_steps,
-            max_time=cfg.max_time,
-            max_epochs=cfg.max_epochs,
-            epochs_name="max_epochs",
-        )
+        return {"loss": res["nll"] / res["tokens"], "ppl": res["ppl"]}
 
     def train(self, resume: bool = True, restart: bool = False) -> list[dict[str, Any]]:
         """Train until a budget runs out or validation stops improving; returns the history.
         A re-run resumes (``resume=False`` or ``restart=True`` starts over); Ctrl-C saves a
         checkpoint and raises :class:`~gencraft.training.Interrupted`."""
-        cfg = self.config
-        ckpt = self._checkpoint()
+        started = time.time()
         if self.accelerator.is_main_process:
-            if restart or not resume:
-                ckpt.clear()
-            elif not ckpt.exists():
-                ckpt.check_fresh_output()
-            write_json(self.output_dir / "train_config.json", asdict(cfg))
-        self.accelerator.wait_for_everyone()
-        self.started = time.perf_counter()
-        resumed = resume and not restart and self.load_checkpoint()
-        self.earlier_wall = self.wall_time
-        if not resumed:
-            torch.manual_seed(cfg.seed)
-        stopped = self.budget_left()
-        if resumed and stopped is not None:
-            if self.accelerator.is_main_process:
-                print(
-                    f"{self.output_dir} already finished ({stopped} at step {self.global_step}, "
-                    f"{self.train_time + self.eval_time:.0f} s); "
-                    + (
-                        "validation stopped improving; pass --restart to train again"
-                        if stopped == "early_stop"
-                        else "raise --max-steps/--max-time/--max-epochs to continue, or pass "
-                        "--restart"
-                    )
-                )
-            self._write_summary(stopped)
-            return self.history
-        steps = self.steps()
-        eval_every = cfg.eval_every or len(steps)
-        last_save = time.perf_counter()
-        with InterruptGuard() as guard:
-            while self.budget_left() is None:
-                bar = tqdm(
-                    total=len(steps),
-                    initial=self.step_in_epoch,
-                    desc=f"epoch {self.epoch + 1}",
-                    disable=not self.progress,
-                    unit="step",
-                )
-                while self.step_in_epoch < len(steps) and self.budget_left() is None:
-                    t0 = time.perf_counter()
-                    loss = self.train_step(steps[self.step_in_epoch])
-                    if not math.isfinite(loss):
-                        raise GencraftError(
-                            f"training loss became {loss} at step {self.global_step}; lower the "
-                            "learning rate or the clipping threshold"
-                        )
-                    self.train_time += time.perf_counter() - t0
-                    self.step_in_epoch += 1
-                    self.global_step += 1
-                    bar.update(1)
-                    bar.set_postfix(ppl=f"{math.exp(min(loss, 50)):.1f}", lr=f"{self.lr:g}")
-                    if self.step_in_epoch == len(steps):
-                        self.epoch += 1
-                        self.step_in_epoch = 0
-                        self.carry = self.memory = None
-                    at_eval = self.global_step % eval_every == 0 or self.step_in_epoch == 0
-                    if at_eval or self.budget_left() is not None:
-                        self._timed_eval()
-                        self.save_checkpoint()
-                        last_save = time.perf_counter()
-                    elif time.perf_counter() - last_save > cfg.save_every:
-                        self.save_checkpoint()
-                        last_save = time.perf_counter()
-                    if guard.requested:
-                        bar.close()
-                        self.save_checkpoint()
-                        raise Interrupted(self.output_dir / CHECKPOINT_DIR, resume_command())
-                    if self.step_in_epoch == 0:
-                        break
-                bar.close()
-        if self.last_eval_step != self.global_step:  # best/ always exists at the end
-            self._timed_eval()
-        self.save_checkpoint()
-        if self.accelerator.is_main_process:
-            save_directory(self.raw_model.save_pretrained, self.output_dir / "last")
-        self._write_summary(self.budget_left() or "max_epochs")
-        return self.history
-
-    def _write_summary(self, stopped: str) -> None:
-        """``train_summary.json``, with the keys every trainer writes (the loss: nats/token)."""
-        if not self.accelerator.is_main_process:
-            return
-        ppls = [r["valid_ppl"] for r in self.history]
-        write_json(
-            self.output_dir / "train_summary.json",
-            {
-                "steps": self.global_step,
-                "epochs_done": self.epoch,
-                "best_valid_loss": math.log(min(ppls)) if ppls else None,
-                "stopped": stopped,
-                "wall_seconds": self.earlier_wall + time.perf_counter() - self.started,
-                "train_seconds": self.train_time,
-                "history": self.history,
-            },
+            write_json(self.output_dir / "train_config.json", asdict(self.config))
+        settings = {"model_config": self.raw_model.config.to_dict(), **asdict(self.config)}
+        self.result = fit(
+            self.model,
+            self.optimizer,
+            self,
+            config=self.config.fit_config(),
+            output_dir=self.output_dir,
+            evaluate_fn=self._valid_metrics,
+            save_fn=lambda model, d: model.save_pretrained(d),
+            settings=settings,
+            accelerator=self.accelerator,
+            resume=resume,
+            restart=restart,
+            progress=self.progress,
         )
+        self.result.write_summary(self.output_dir, started)
+        return self.result.history
 
-    def _timed_eval(self) -> None:
-        t1 = time.perf_counter()
-        self.early_stopped = self._evaluate_and_schedule() or self.early_stopped
-        self.eval_time += time.perf_counter() - t1
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return self.result.history if self.result is not None else []
+
+    @property
+    def global_step(self) -> int:
+        return self.result.steps if self.result is not None else 0
+
+    @property
+    def epoch(self) -> int:
+        return int(self.result.epochs_done) if self.result is not None else 0
+
+    @property
+    def train_time(self) -> float:
+        return self.result.train_time if self.result is not None else 0.0
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+
+def _gather_rows(acc: Any, tensors: tuple[torch.Tensor, ...] | None, dim: int) -> Any:
+    """Every process's rows of ``tensors`` (batch on ``dim``) in stream order, on the CPU."""
+    if tensors is None:
+        return None
+    out = []
+    for t in tensors:
+        if acc.num_processes > 1:
+            t = acc.gather(t.movedim(dim, 0).contiguous()).movedim(0, dim)
+        out.append(t.cpu())
+    return tuple(out)
+
+
+def _rows(tensors: Any, rows: slice, dim: int, device: torch.device) -> Any:
+    """This process's ``rows`` of saved, gathered tensors."""
+    if tensors is None:
+        return None
+    index = (slice(None),) * dim + (rows,)
+    return tuple(t[index].to(device) for t in tensors)

@@ -19,6 +19,8 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "gencraft.training.fit": (
             "EpochSampler",
             "FitResult",
+            "Steps",
+            "Validated",
             "fit",
             "make_accelerator",
             "mean_loss",

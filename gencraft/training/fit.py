@@ -15,6 +15,11 @@ does the rest the same way for every method:
 * checkpoints and resumption by the rule of :mod:`gencraft.training.checkpoint`: Ctrl-C
   saves, a re-run resumes or says why not, and the resumed run ends with the same weights
   as an uninterrupted one.
+
+A trainer whose batches are not items of a dataset (the pointer's truncated BPTT over
+carried state) passes a :class:`Steps` plug-in in place of the dataset: ``fit`` keeps the
+loop, the budgets, validation, checkpoints and resumption; the plug-in makes each step's loss,
+keeps its own state and may act after each validation.
 """
 
 from __future__ import annotations
@@ -142,6 +147,54 @@ class EpochSampler(Sampler[int]):
 
 
 @dataclass
+class Validated:
+    """What :meth:`Steps.after_validation` receives: the unwrapped model, the prepared
+    optimizer, the validation ``value`` of the metric (None without validation), whether it is
+    a new best (``best/`` is already written) and the history ``row``, which it may extend."""
+
+    model: nn.Module
+    optimizer: Any
+    value: float | None
+    better: bool
+    row: dict[str, Any]
+
+
+class Steps:
+    """The steps protocol: a trainer's own batches, for :func:`fit` in place of a dataset.
+
+    ``len(steps)``: optimizer steps per epoch (one batch each: no accumulation). ``fit`` calls
+    ``loss(model, index)`` for the epoch's ``index``-th step on this process (``model`` is the
+    prepared one), ``end_epoch()`` after an epoch's last step, ``state_dict()`` on every
+    process at each checkpoint (only the main process's is written; gather what other
+    processes hold) and ``load_state_dict(state)`` on resuming, and ``after_validation`` after
+    each validation (True stops the run: ``early_stop``). ``global_batch``: examples per step
+    over every process. ``owns_learning_rate``: ``fit`` leaves the learning rate to the plug-in
+    (no warm-up or decay schedule). ``epochs_flag``: the trainer's flag for the epochs budget."""
+
+    global_batch: int = 1
+    owns_learning_rate: bool = False
+    epochs_flag: str = "--epochs"  # the flag of the epochs budget, in messages
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def loss(self, model: nn.Module, index: int) -> Any:
+        raise NotImplementedError
+
+    def end_epoch(self) -> None:
+        """After an epoch's last step."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved."""
+
+    def after_validation(self, event: Validated) -> bool:
+        return False
+
+
+@dataclass
 class _State:
     step: int = 0
     epoch: int = 0
@@ -157,6 +210,7 @@ class _State:
     running_n: int = 0  # the batches in that sum
     wall_time: float = 0.0  # wall seconds of every invocation up to the last save
     processes: int = 1  # how many processes trained (a resume may change it)
+    early_stop: bool = False  # a Steps plug-in stopped the run after a validation
 
 
 LossFn = Callable[[nn.Module, Any], "torch.Tensor | tuple[torch.Tensor, dict[str, float]]"]
@@ -184,9 +238,9 @@ def _batch_size(batch: Any) -> int:
 def fit(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    train: Sequence[Any],
+    train: Sequence[Any] | Steps,
     *,
-    loss_fn: LossFn,
+    loss_fn: LossFn | None = None,
     config: FitConfig,
     output_dir: str | Path | None = None,
     valid: Sequence[Any] | None = None,
@@ -201,7 +255,8 @@ def fit(
     on_step: Callable[[int, Any], None] | None = None,
 ) -> FitResult:
     """Train ``model`` on ``train`` with ``loss_fn(model, batch) -> loss`` (or ``(loss,
-    {name: float})``), batches made by ``collate_fn`` from lists of ``train`` items.
+    {name: float})``), batches made by ``collate_fn`` from lists of ``train`` items; or on a
+    :class:`Steps` plug-in's own steps (``train=steps``, no ``loss_fn``).
 
     Args:
         valid: validation items; evaluated with ``evaluate_fn(model, loader) -> {name: value}``
@@ -216,6 +271,10 @@ def fit(
     """
     if len(train) == 0:
         raise GencraftError("no training examples")
+    if isinstance(train, Steps):
+        loss_fn = train.loss
+    elif loss_fn is None:
+        raise GencraftError("fit needs a loss_fn for a dataset (or a Steps plug-in as train)")
     loop = _Loop(model, optimizer, loss_fn, config, accelerator, output_dir, progress)
     loop.evaluate_fn, loop.save_fn, loop.on_step = evaluate_fn, save_fn, on_step
     loop.open_run(settings, resume=resume, restart=restart)
@@ -269,11 +328,33 @@ class _Loop:
                     self.ckpt.check_fresh_output()
         self.acc.wait_for_everyone()
 
-    def prepare(self, train: Sequence[Any], valid: Sequence[Any] | None, collate_fn: Any) -> None:
+    def prepare(
+        self, train: Sequence[Any] | Steps, valid: Sequence[Any] | None, collate_fn: Any
+    ) -> None:
         """Loaders (the shuffle depends only on the seed and the epoch), ``accelerate.prepare``
         and the learning-rate schedule over the whole run."""
         cfg, acc = self.cfg, self.acc
         torch.manual_seed(cfg.seed)
+        self.steps = train if isinstance(train, Steps) else None
+        self.valid_loader = None
+        if self.steps is not None:
+            self.model, self.optimizer = acc.prepare(self.model, self.optimizer)
+            self.n_batches = len(self.steps)
+            self.validates = self.evaluate_fn is not None
+        else:
+            self.prepare_loaders(train, valid, collate_fn)
+        steps_per_epoch = max(1, math.ceil(self.n_batches / cfg.grad_accum))
+        self.total = cfg.max_steps or steps_per_epoch * cfg.epochs
+        # stepped by hand once per optimizer step (accelerate would step it once per process)
+        self.scheduler = None
+        if self.steps is None or not self.steps.owns_learning_rate:
+            self.scheduler = warmup_schedule(self.optimizer, self.total, cfg.warmup, cfg.decay)
+        self.raw = self.acc.unwrap_model(self.model)
+
+    def prepare_loaders(self, train: Sequence[Any], valid: Any, collate_fn: Any) -> None:
+        """The training loader (its shuffle from the seed and the epoch only), the validation
+        loader, both through ``accelerate.prepare`` with the model and optimizer."""
+        cfg, acc = self.cfg, self.acc
         self.sampler = EpochSampler(len(train), cfg.seed)
         # the loader's own generator: iterating it never draws from torch's global RNG
         loader = DataLoader(
@@ -283,18 +364,14 @@ class _Loop:
             collate_fn=collate_fn,
             generator=torch.Generator().manual_seed(cfg.seed),
         )
-        self.valid_loader = None
         if valid:
             batch = cfg.eval_batch_size or cfg.batch_size
             self.valid_loader = DataLoader(valid, batch_size=batch, collate_fn=collate_fn)
         self.model, self.optimizer, self.loader = acc.prepare(self.model, self.optimizer, loader)
         if self.valid_loader is not None:
             self.valid_loader = acc.prepare(self.valid_loader)
-        steps_per_epoch = max(1, math.ceil(len(self.loader) / cfg.grad_accum))
-        self.total = cfg.max_steps or steps_per_epoch * cfg.epochs
-        # stepped by hand once per optimizer step (accelerate would step it once per process)
-        self.scheduler = warmup_schedule(self.optimizer, self.total, cfg.warmup, cfg.decay)
-        self.raw = self.acc.unwrap_model(self.model)
+        self.n_batches = len(self.loader)
+        self.validates = self.valid_loader is not None
 
     def restore(self) -> None:
         """Continue from the run's checkpoint, if it has one."""
@@ -303,7 +380,10 @@ class _Loop:
         payload = self.ckpt.load()
         load_trainable_state(self.raw, payload["model"], self.ckpt.path)
         self.optimizer.load_state_dict(payload["optimizer"])
-        self.scheduler.load_state_dict(payload["scheduler"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(payload["scheduler"])
+        if self.steps is not None:
+            self.steps.load_state_dict(payload["steps"])
         self.st = _State(**payload["state"])
         self.earlier_wall = self.st.wall_time
         self.pending_rng = payload["rng"]
@@ -312,7 +392,10 @@ class _Loop:
 
     @property
     def global_batch(self) -> int:
-        """Examples per optimizer step over every process (``--batch-size`` is per process)."""
+        """Examples per optimizer step over every process (``--batch-size`` is per process;
+        a :class:`Steps` plug-in says its own)."""
+        if self.steps is not None:
+            return self.steps.global_batch
         return self.cfg.batch_size * self.cfg.grad_accum * self.acc.num_processes
 
     def rescale_to_processes(self) -> None:
@@ -321,6 +404,9 @@ class _Loop:
         processes and global batch of each evaluation)."""
         st, now = self.st, self.acc.num_processes
         if st.processes == now:
+            return
+        if self.steps is not None:  # its steps hold every process's streams: nothing moves
+            st.processes = now
             return
         seen = st.batch_in_epoch * self.cfg.batch_size * st.processes
         was = self.cfg.batch_size * self.cfg.grad_accum * st.processes
@@ -338,6 +424,8 @@ class _Loop:
         cfg, st = self.cfg, self.st
         if cfg.patience is not None and st.bad_evals >= cfg.patience:
             return "patience"
+        if st.early_stop:
+            return "early_stop"
         return budget_reason(
             step=st.step,
             seconds=st.train_time + st.eval_time,
@@ -350,12 +438,15 @@ class _Loop:
     def save_checkpoint(self) -> None:
         self.st.wall_time = self.earlier_wall + time.perf_counter() - self.started
         if self.ckpt is not None:
+            # on every process: a plug-in gathers what the other processes hold
+            steps = self.steps.state_dict() if self.steps is not None else None
             if self.acc.is_main_process:
                 self.ckpt.save(
                     {
                         "model": trainable_state(self.raw),
                         "optimizer": self.optimizer.state_dict(),
-                        "scheduler": self.scheduler.state_dict(),
+                        "scheduler": self.scheduler and self.scheduler.state_dict(),
+                        "steps": steps,
                         "state": asdict(self.st),
                         "rng": rng_state(),
                     }
@@ -376,7 +467,7 @@ class _Loop:
         st, cfg = self.st, self.cfg
         row: dict[str, Any] = {
             "step": st.step,
-            "epoch": round(st.epoch + st.batch_in_epoch / max(1, len(self.loader)), 4),
+            "epoch": round(st.epoch + st.batch_in_epoch / max(1, self.n_batches), 4),
             "train_time": round(st.train_time, 3),
             "processes": self.acc.num_processes,
             "global_batch": self.global_batch,
@@ -385,7 +476,7 @@ class _Loop:
             row["train_loss"] = st.running / st.running_n
         st.running, st.running_n = 0.0, 0
         value = None
-        if self.valid_loader is not None:
+        if self.validates:
             metrics = self.validation_metrics()
             row.update({f"valid_{k}": v for k, v in metrics.items()})
             value = float(metrics[cfg.metric])
@@ -399,6 +490,9 @@ class _Loop:
             self.save_model("best")
         st.bad_evals = 0 if better else st.bad_evals + 1
         row["best"] = better
+        if self.steps is not None:
+            event = Validated(self.raw, self.optimizer, value, better, row)
+            st.early_stop = self.steps.after_validation(event) or st.early_stop
         st.history.append(row)
         st.last_eval_step = st.step
         if self.out is not None and self.acc.is_main_process:
@@ -439,7 +533,10 @@ class _Loop:
             self.optimizer.step()
             self.optimizer.zero_grad()
         st.batch_in_epoch += 1
-        st.trained_examples += _batch_size(batch) * acc.num_processes
+        if self.steps is not None:
+            st.trained_examples += self.steps.global_batch
+        else:
+            st.trained_examples += _batch_size(batch) * acc.num_processes
         st.running += float(loss.detach())
         st.running_n += 1
         st.train_time += time.perf_counter() - t0
@@ -448,7 +545,8 @@ class _Loop:
     def after_step(self, loss: torch.Tensor, parts: dict[str, float], batch: Any) -> None:
         """The bookkeeping of one optimizer step: schedule, counters, progress, validation
         every ``eval_every`` steps."""
-        self.scheduler.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
         self.st.step += 1
         if not math.isfinite(float(loss.detach())):
             raise GencraftError(
@@ -466,14 +564,8 @@ class _Loop:
 
     def run_epoch(self, guard: InterruptGuard) -> tuple[str | None, bool]:
         """The rest of the current epoch: (the budget that stopped it, interrupted)."""
-        st, loader = self.st, self.loader
-        batches = (
-            self.acc.skip_first_batches(loader, st.batch_in_epoch) if st.batch_in_epoch else loader
-        )
-        # accelerate's loaders set the sampler's epoch from their own counter when iterated
-        if hasattr(batches, "set_epoch"):
-            batches.set_epoch(st.epoch)
-        self.sampler.set_epoch(st.epoch)
+        st = self.st
+        batches = self.epoch_batches()
         stopped = None
         for batch in batches:
             loss, parts = self.train_batch(batch)
@@ -484,7 +576,7 @@ class _Loop:
             interrupt, save_now = _agree(
                 self.acc, [guard.requested, since_save > self.cfg.save_every]
             )
-            stopped = self.budget_left() if st.batch_in_epoch < len(loader) else None
+            stopped = self.budget_left() if st.batch_in_epoch < self.n_batches else None
             if interrupt:
                 return stopped, True
             if stopped is not None:
@@ -493,11 +585,28 @@ class _Loop:
                 self.save_checkpoint()
         return self.end_epoch(), False
 
+    def epoch_batches(self) -> Any:
+        """The rest of the current epoch's batches (a plug-in's: its step indices)."""
+        st = self.st
+        if self.steps is not None:
+            return range(st.batch_in_epoch, self.n_batches)
+        loader = self.loader
+        batches = (
+            self.acc.skip_first_batches(loader, st.batch_in_epoch) if st.batch_in_epoch else loader
+        )
+        # accelerate's loaders set the sampler's epoch from their own counter when iterated
+        if hasattr(batches, "set_epoch"):
+            batches.set_epoch(st.epoch)
+        self.sampler.set_epoch(st.epoch)
+        return batches
+
     def end_epoch(self) -> str | None:
         """Count a completed epoch (validating at its end unless ``eval_every`` is set)."""
         st = self.st
-        if st.batch_in_epoch < len(self.loader):
+        if st.batch_in_epoch < self.n_batches:
             return None
+        if self.steps is not None:
+            self.steps.end_epoch()
         st.epoch += 1
         st.batch_in_epoch = 0
         if not self.cfg.eval_every:
@@ -530,7 +639,8 @@ class _Loop:
                 print(
                     f"{self.out} already finished ({stopped}: step {st.step}, "
                     f"{st.train_time:.0f} s, epoch {st.epoch}); raise --max-steps/--max-time/"
-                    "--epochs to continue, or pass --restart"
+                    f"{self.steps.epochs_flag if self.steps else '--epochs'} to continue, or pass "
+                    "--restart"
                 )
             return self.result(stopped, st.epoch)
         self.model.train()
@@ -556,7 +666,7 @@ class _Loop:
             self.validate()
         self.save_model("last")
         self.save_checkpoint()
-        return self.result(stopped, st.epoch + st.batch_in_epoch / max(1, len(self.loader)))
+        return self.result(stopped, st.epoch + st.batch_in_epoch / max(1, self.n_batches))
 
 
 def _agree(acc: Any, flags: list[bool]) -> list[bool]:

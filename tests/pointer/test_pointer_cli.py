@@ -201,7 +201,8 @@ def test_max_steps_below_an_epoch_still_saves_best_and_reruns_say_so(
     assert (out / "best" / "method_model.safetensors").is_file()
     capsys.readouterr()
     assert _train(synthetic_lm_dir, out, "--max-steps", "2") == 0
-    assert "already finished (max_steps at step 2" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "already finished (max_steps: step 2" in said and "--max-epochs to continue" in said
     assert _train(synthetic_lm_dir, out, "--max-steps", "4") == 0  # a larger budget continues
     assert json.loads((out / "results.json").read_text())["steps"] == 4
     assert _train(synthetic_lm_dir, out, "--max-steps", "4", "--bptt", "5") == 2
@@ -219,22 +220,22 @@ def test_ctrl_c_saves_and_the_resumed_run_ends_with_the_uninterrupted_weights(
     from gencraft.pointer import PointerSentinelLSTM, PointerTrainer
 
     assert _train(synthetic_lm_dir, tmp_path / "ref", "--max-steps", "8", "--eval-every", "3") == 0
-    step = PointerTrainer.train_step
+    step = PointerTrainer.step_loss
     calls = []
 
-    def interrupted_step(self, st):
+    def interrupted_step(self, model, st):
         calls.append(1)
         if len(calls) == 5:
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C in the middle of step 5
-        return step(self, st)
+        return step(self, model, st)
 
-    monkeypatch.setattr(PointerTrainer, "train_step", interrupted_step)
+    monkeypatch.setattr(PointerTrainer, "step_loss", interrupted_step)
     run = tmp_path / "run"
     assert _train(synthetic_lm_dir, run, "--max-steps", "8", "--eval-every", "3") == 130
     err = capsys.readouterr().err
     assert f"gencraft: interrupted: saved {run / 'checkpoint'}" in err
     assert "Traceback" not in err
-    monkeypatch.setattr(PointerTrainer, "train_step", step)
+    monkeypatch.setattr(PointerTrainer, "step_loss", step)
     assert _train(synthetic_lm_dir, run, "--max-steps", "8", "--eval-every", "3") == 0
     a = PointerSentinelLSTM.from_pretrained(tmp_path / "ref" / "best").state_dict()
     b = PointerSentinelLSTM.from_pretrained(run / "best").state_dict()

@@ -21,6 +21,7 @@ from gencraft.pointer import (
     pointer_sentinel_log_probs,
     tbptt_schedule,
 )
+from gencraft.training import Validated
 
 
 @pytest.fixture(scope="module")
@@ -408,8 +409,31 @@ def test_revert_on_worse_restores_the_best_weights(corpus, tmp_path):
     with torch.no_grad():  # a diverged update
         for p in m.parameters():
             p.add_(torch.randn_like(p) * 3)
-    tr._evaluate_and_schedule()
-    assert tr.history[-1]["reverted_to_best"] and tr.lr == 5e-3
+    assert tr.optimizer.state  # Adam's moments
+    # fit's call after a validation worse than the last one (best/ is not rewritten)
+    event = Validated(m, tr.optimizer, float("inf"), False, {"train_time": 1.0})
+    assert tr.after_validation(event) is False
+    assert event.row["reverted_to_best"] and event.row["lr"] == 1e-2 and tr.lr == 5e-3
     for k, v in m.state_dict().items():
         assert torch.equal(v, best[k]), k
-    assert not tr.optimizer.optimizer.state  # fresh Adam moments
+    assert not tr.optimizer.state  # fresh Adam moments
+    assert tr.carry is None and tr.memory is None
+
+
+def test_the_plateau_rule_stops_the_run_and_a_rerun_says_so(corpus, tmp_path, capsys):
+    """patience = 1: the run stops at its first validation without a new best (``early_stop``,
+    before the step budget), and a re-run resumes only to say it has finished."""
+    import json
+
+    cfg = TrainConfig(batch_size=4, bptt=10, lr=50.0, clip=5.0, eval_every=1, max_steps=200)
+    cfg.patience = 1
+    hist = PointerTrainer(tiny(len(corpus.vocab)), corpus, cfg, tmp_path, progress=False).train()
+    ppls = [h["valid_ppl"] for h in hist]
+    summary = json.loads((tmp_path / "train_summary.json").read_text())
+    assert summary["stopped"] == "early_stop" and summary["steps"] == len(ppls) < 200
+    assert all(ppls[i] < min(ppls[:i]) for i in range(1, len(ppls) - 1))  # new bests until
+    assert ppls[-1] >= min(ppls[:-1])  # the first validation without one
+    capsys.readouterr()
+    again = PointerTrainer(tiny(len(corpus.vocab)), corpus, cfg, tmp_path, progress=False)
+    assert again.train() == hist
+    assert "already finished (early_stop" in capsys.readouterr().out
