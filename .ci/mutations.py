@@ -1226,8 +1226,8 @@ M = [
     (
         "--base is ignored",
         "gencraft/prefix/model.py",
-        "            name = base or recorded\n",
-        "            name = recorded\n",
+        "    name = base or recorded\n",
+        "    name = recorded\n",
         "tests/cli/test_your_data_and_machines.py -k any_folder",
     ),
     (

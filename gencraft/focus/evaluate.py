@@ -44,6 +44,33 @@ def _generate_kwargs(decoding: str, num_beams: int, top_k: int, top_p: float) ->
 
 
 @torch.no_grad()
+def _check_decoding(model: Any, decoding: str, samples: int) -> bool:
+    """Refuse an unknown decoding, a focus decoding without a FAME model, or no samples; True
+    for a focus decoding."""
+    if decoding not in DECODINGS:
+        raise GencraftError(f"unknown decoding {decoding!r}; choose one of {', '.join(DECODINGS)}")
+    focus = decoding.startswith("focus")
+    if focus and not isinstance(model, FocusForConditionalGeneration):
+        raise GencraftError(f"{decoding} needs a FAME model (T_X); this is a plain model")
+    if samples < 1:
+        raise GencraftError(f"samples must be >= 1, got {samples}")
+    return focus
+
+
+def _focus_kwargs(
+    model: Any, decoding: str, focus_k: int | None, renormalize: bool
+) -> dict[str, Any]:
+    """The focus decodings' arguments: |V_k| (the paper's 10,000 of a 30k vocabulary, or all
+    of a smaller one; a value outside [1, |V|] is refused), the mode and the renormalisation."""
+    v = model.embedding_weight.shape[0]
+    if focus_k is None:
+        focus_k = min(10_000, v)
+    elif not 1 <= focus_k <= v:
+        raise GencraftError(f"focus_k must lie in [1, |V| = {v}], got {focus_k}")
+    mode = "top" if decoding == "focus_top" else "sample"
+    return {"focus_k": focus_k, "focus_mode": mode, "focus_renormalize": renormalize}
+
+
 def summarize(
     model: Any,
     tokenizer: Any,
@@ -71,15 +98,8 @@ def summarize(
 
     ``model`` is a :class:`FocusForConditionalGeneration` or a plain HF model (then only the
     non-focus decodings are available)."""
-    if decoding not in DECODINGS:
-        raise GencraftError(f"unknown decoding {decoding!r}; choose one of {', '.join(DECODINGS)}")
-    focus = decoding.startswith("focus")
-    is_fame = isinstance(model, FocusForConditionalGeneration)
-    if focus and not is_fame:
-        raise GencraftError(f"{decoding} needs a FAME model (T_X); this is a plain model")
-    if samples < 1:
-        raise GencraftError(f"samples must be >= 1, got {samples}")
-    base = model.base if is_fame else model
+    focus = _check_decoding(model, decoding, samples)
+    base = model.base if isinstance(model, FocusForConditionalGeneration) else model
     is_ed = bool(base.config.is_encoder_decoder)
     enc = SummaryEncoder(tokenizer, is_ed, max_source=max_source)
     from gencraft.models.introspect import check_token_budget
@@ -90,31 +110,21 @@ def summarize(
     kw = _generate_kwargs(decoding, num_beams, top_k, top_p)
     kw.update(max_new_tokens=max_new_tokens, pad_token_id=pad)
     if focus:
-        v = model.embedding_weight.shape[0]
-        if focus_k is None:  # the paper's 10,000 (of a 30k vocabulary), or all of a smaller one
-            focus_k = min(10_000, v)
-        elif not 1 <= focus_k <= v:
-            raise GencraftError(f"focus_k must lie in [1, |V| = {v}], got {focus_k}")
-        kw.update(
-            focus_k=focus_k,
-            focus_mode="top" if decoding == "focus_top" else "sample",
-            focus_renormalize=focus_renormalize,
-        )
+        kw.update(_focus_kwargs(model, decoding, focus_k, focus_renormalize))
     dev = next(base.parameters()).device
     out: list[list[str]] = [[] for _ in documents]
-    chunks = range(0, len(documents), batch_size)
     bar = tqdm(total=len(documents) * samples, desc=f"summarize ({decoding})", disable=not progress)
-    for j in chunks:
+    for j in range(0, len(documents), batch_size):
         docs = documents[j : j + batch_size]
         batch = collate([enc.encode(d) for d in docs], pad, left=not is_ed)
         batch = {k: v.to(dev) for k, v in batch.items()}
         for s in range(samples):
-            torch.manual_seed(seed + 1000 * s + j)
-            extra = {"focus_seed": seed + 1000 * s + j} if focus and "focus_k" in kw else {}
+            seed_s = seed + 1000 * s + j  # one seed per (sample, batch)
+            torch.manual_seed(seed_s)
+            extra = {"focus_seed": seed_s} if focus else {}
             ids = model.generate(**batch, **kw, **extra)
             new = ids if is_ed else ids[:, batch["input_ids"].shape[1] :]
-            texts = tokenizer.batch_decode(new, skip_special_tokens=True)
-            for i, t in enumerate(texts):
+            for i, t in enumerate(tokenizer.batch_decode(new, skip_special_tokens=True)):
                 out[j + i].append(t.strip())
             bar.update(len(docs))
         if on_batch is not None:

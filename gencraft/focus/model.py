@@ -440,19 +440,8 @@ class FocusForConditionalGeneration(MethodModel):
         if focus_vocabularies is not None and focus_k is not None:
             raise GencraftError("give focus_k or focus_vocabularies, not both")
         if focus_vocabularies is not None:
-            if len(focus_vocabularies) != input_ids.shape[0]:
-                raise GencraftError(
-                    f"focus_vocabularies has {len(focus_vocabularies)} sets for "
-                    f"{input_ids.shape[0]} documents"
-                )
-            sets = [
-                torch.unique(torch.cat([v.cpu().long(), self.frequent_ids.cpu()]))
-                for v in focus_vocabularies
-            ]
             processors.append(
-                FocusLogitsProcessor(
-                    sets, always_allowed=self.special_ids(), renormalize=focus_renormalize
-                )
+                self._given_vocabularies(focus_vocabularies, input_ids.shape[0], focus_renormalize)
             )
         elif focus_k is not None:
             v = self.embedding_weight.shape[0]
@@ -476,6 +465,22 @@ class FocusForConditionalGeneration(MethodModel):
             )
         finally:
             self.state.source_len = self.state.n_docs = None
+
+    def _given_vocabularies(
+        self, vocabularies: list[torch.Tensor], documents: int, renormalize: bool
+    ) -> FocusLogitsProcessor:
+        """The processor of explicit allowed ids per document (each set with the frequent
+        ids F added), refused when the sets do not match the documents."""
+        if len(vocabularies) != documents:
+            raise GencraftError(
+                f"focus_vocabularies has {len(vocabularies)} sets for {documents} documents"
+            )
+        sets = [
+            torch.unique(torch.cat([v.cpu().long(), self.frequent_ids.cpu()])) for v in vocabularies
+        ]
+        return FocusLogitsProcessor(
+            sets, always_allowed=self.special_ids(), renormalize=renormalize
+        )
 
     # ---------------------------------------------------------------- persistence
     @property

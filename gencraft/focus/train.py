@@ -109,27 +109,30 @@ class FocusTrainer:
         self.train_rows = [self.encoder.encode(e.document, e.summary) for e in train]
         self.valid_rows = [self.encoder.encode(e.document, e.summary) for e in valid]
         self.valid_examples = list(valid)
-        if config.focus:
-            special = set(tokenizer.all_special_ids)
-            corpus = [r["input_ids"] for r in self.train_rows] + [
-                [t for t in r["labels"] if t >= 0] for r in self.train_rows
-            ]
-            freq = frequent_token_ids(corpus, config.frequent_size, exclude=special)
-            fcfg = FocusConfig(
-                mle_weight=config.mle_weight,
-                frequent=config.frequent,
-                freeze_base=config.freeze_base,
-                base_name_or_path=base_name_or_path,
-            )
-            self.model: nn.Module = FocusForConditionalGeneration(base, fcfg, frequent_ids=freq)
-        else:
-            self.model = base
+        self.model: nn.Module = self._fame(base) if config.focus else base
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
         self.history: list[dict[str, Any]] = []
         self.train_time = 0.0
         self.step = 0
         self.trained_examples = 0
+
+    def _fame(self, base: nn.Module) -> FocusForConditionalGeneration:
+        """FAME on ``base``, its frequent set F from the training documents and summaries
+        (special tokens excluded)."""
+        config = self.cfg
+        corpus = [r["input_ids"] for r in self.train_rows] + [
+            [t for t in r["labels"] if t >= 0] for r in self.train_rows
+        ]
+        special = set(self.tok.all_special_ids)
+        freq = frequent_token_ids(corpus, config.frequent_size, exclude=special)
+        fcfg = FocusConfig(
+            mle_weight=config.mle_weight,
+            frequent=config.frequent,
+            freeze_base=config.freeze_base,
+            base_name_or_path=self.base_name_or_path,
+        )
+        return FocusForConditionalGeneration(base, fcfg, frequent_ids=freq)
 
     # ------------------------------------------------------------------ batches
     def _features(self, rows: list, desc: str) -> tuple[list[HeadFeatures], torch.Tensor]:

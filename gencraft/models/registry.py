@@ -8,7 +8,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from transformers import (
@@ -292,48 +292,45 @@ def load_model(
         device = checked if device is not None else None
     if name_or_path in TINY_BUILDERS:
         want = MODELS[name_or_path].task
-        if task not in (None, want):
-            raise ModelLoadError(
-                f"{name_or_path} is a {want} model; task={task!r} is not available"
-            )
-        return _finish(
-            name_or_path,
-            build_tiny_model(name_or_path, seed),
-            build_tiny_tokenizer(),
-            want,
-            dtype,
-            device,
-        )
+        _only_task(name_or_path, want, task)
+        model, tok = build_tiny_model(name_or_path, seed), build_tiny_tokenizer()
+        return _finish(name_or_path, model, tok, want, dtype, device)
     if name_or_path == "smollm2-135m":
-        if task not in (None, "causal-lm"):
-            raise ModelLoadError(
-                f"smollm2-135m is a causal-lm model; task={task!r} is not available"
-            )
+        _only_task(name_or_path, "causal-lm", task)
         model, tok, task = _load_hf(str(pretrained.smollm2_dir()), "causal-lm", dtype)
         return _finish(name_or_path, model, tok, task, None, device)
     if name_or_path == "minilm-l6":
-        task = task or "encoder"
-        if task not in ("encoder", "masked-lm"):
-            raise ModelLoadError(
-                f"minilm-l6 is a BERT encoder; task={task!r} is not available "
-                "(use 'encoder', or 'masked-lm' for a randomly initialised head)"
-            )
-        if task == "masked-lm":
-            warnings.warn(
-                "minilm-l6 ships without its MLM head: the output layer is tied to the word "
-                "embeddings, the head's transform is randomly initialised and must be trained",
-                stacklevel=2,
-            )
-        with torch.random.fork_rng(devices=[]), pretrained.quiet_load_report():
-            torch.manual_seed(seed)  # the new head's initialisation
-            model, tok, task = _load_hf(str(pretrained.minilm_dir()), task, dtype)
+        model, tok, task = _load_minilm(task, dtype, seed)
         return _finish(name_or_path, model, tok, task, None, device)
     if name_or_path == "minilm-l6-bert2bert":
-        if task not in (None, "seq2seq-lm"):
-            raise ModelLoadError(
-                f"minilm-l6-bert2bert is a seq2seq-lm model; task={task!r} is not available"
-            )
+        _only_task(name_or_path, "seq2seq-lm", task)
         model, tok = pretrained.minilm_bert2bert()
         return _finish(name_or_path, model, tok, "seq2seq-lm", dtype, device)
     model, tok, task = _load_hf(name_or_path, task, dtype, **from_pretrained_kw)
     return _finish(name_or_path, model, tok, task, None, device)
+
+
+def _only_task(name: str, want: str, task: str | None) -> None:
+    """A registered model of one task refuses any other in one line."""
+    if task not in (None, want):
+        raise ModelLoadError(f"{name} is a {want} model; task={task!r} is not available")
+
+
+def _load_minilm(task: str | None, dtype: Any, seed: int) -> tuple[Any, Any, str]:
+    """minilm-l6 as an encoder, or with a masked-LM head (tied output layer; its transform
+    drawn from ``seed``, with a warning that it must be trained)."""
+    task = task or "encoder"
+    if task not in ("encoder", "masked-lm"):
+        raise ModelLoadError(
+            f"minilm-l6 is a BERT encoder; task={task!r} is not available "
+            "(use 'encoder', or 'masked-lm' for a randomly initialised head)"
+        )
+    if task == "masked-lm":
+        warnings.warn(
+            "minilm-l6 ships without its MLM head: the output layer is tied to the word "
+            "embeddings, the head's transform is randomly initialised and must be trained",
+            stacklevel=3,
+        )
+    with torch.random.fork_rng(devices=[]), pretrained.quiet_load_report():
+        torch.manual_seed(seed)  # the new head's initialisation
+        return _load_hf(str(pretrained.minilm_dir()), task, dtype)

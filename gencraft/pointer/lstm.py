@@ -64,6 +64,17 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def _check_targets(targets: torch.Tensor | None, b: int, t: int) -> None:
+    """Targets [B, T'] score the last T' of T inputs: refuse any other shape."""
+    if targets is not None and (
+        targets.dim() != 2 or targets.shape[0] != b or not 0 < targets.shape[1] <= t
+    ):
+        raise ValueError(
+            f"targets must be [B, T'] with B = {b} and 0 < T' <= T = {t} (they score the last "
+            f"T' inputs), got {tuple(targets.shape)}"
+        )
+
+
 @dataclass
 class PointerOutput:
     """Result of :meth:`PointerSentinelLSTM.forward`.
@@ -196,42 +207,22 @@ class PointerSentinelLSTM(MethodModel):
         out, state, kept = self.encode(input_ids, state, masks=masks, keep_state_at=keep_state_at)
         c = self.config
         b, t = input_ids.shape
-        if targets is not None and (
-            targets.dim() != 2 or targets.shape[0] != b or not 0 < targets.shape[1] <= t
-        ):
-            raise ValueError(
-                f"targets must be [B, T'] with B = {b} and 0 < T' <= T = {t} (they score the last "
-                f"T' inputs), got {tuple(targets.shape)}"
-            )
+        _check_targets(targets, b, t)
         n_scored = targets.shape[1] if targets is not None else t
         scored = out[:, t - n_scored :]
         logits = self.decoder(scored)
         nll = pointer_nll = gate = log_attn = None
         if c.pointer and not force_gate and self.enabled:  # disabled: the softmax alone
-            states, ids, valid = out, input_ids, None
-            if memory is not None:
-                if memory_ids is None or memory_ids.shape != memory.shape[:2]:
-                    raise ValueError("memory_ids must be given, [B, M] matching memory")
-                m = min(memory.shape[1], c.window - 1)
-                cut = memory.shape[1] - m
-                memory, memory_ids = memory[:, cut:], memory_ids[:, cut:]
-                if memory_mask is not None:
-                    memory_mask = memory_mask[:, cut:]
-                states = torch.cat([memory.to(out.dtype), out], dim=1)
-                ids = torch.cat([memory_ids, input_ids], dim=1)
-                if memory_mask is not None:
-                    ones = torch.ones_like(input_ids, dtype=torch.bool)
-                    valid = torch.cat([memory_mask, ones], dim=1)
-            query = torch.tanh(self.query(scored))
+            window = self._window(out, input_ids, memory, memory_ids, memory_mask)
             log_attn, log_gate = sequence_pointer_attention(
-                query, states, self.sentinel, c.window, valid
+                torch.tanh(self.query(scored)), window[0], self.sentinel, c.window, window[2]
             )
             gate = log_gate.exp()
             if targets is not None:
                 log_vocab = torch.log_softmax(logits.float(), dim=-1)
                 lv_t = log_vocab.gather(2, targets.unsqueeze(2)).squeeze(2)
-                nll = -pointer_target_log_probs(lv_t, log_attn, log_gate, ids, targets)
-                pointer_nll = pointer_loss(log_attn, log_gate, ids, targets)
+                nll = -pointer_target_log_probs(lv_t, log_attn, log_gate, window[1], targets)
+                pointer_nll = pointer_loss(log_attn, log_gate, window[1], targets)
             if not return_attention:
                 log_attn = None
         elif targets is not None:
@@ -241,6 +232,29 @@ class PointerSentinelLSTM(MethodModel):
         return PointerOutput(
             nll, pointer_nll, gate, log_attn, out, state, kept, logits if return_logits else None
         )
+
+    def _window(
+        self,
+        out: torch.Tensor,
+        input_ids: torch.Tensor,
+        memory: torch.Tensor | None,
+        memory_ids: torch.Tensor | None,
+        memory_mask: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """What the pointer can reach: (states [B, M' + T, H], their ids [B, M' + T], valid
+        [B, M' + T] bool or None), the last ``window - 1`` memory positions (M') before the
+        outputs ``out`` [B, T, H] of ``input_ids``."""
+        if memory is None:
+            return out, input_ids, None
+        if memory_ids is None or memory_ids.shape != memory.shape[:2]:
+            raise ValueError("memory_ids must be given, [B, M] matching memory")
+        cut = memory.shape[1] - min(memory.shape[1], self.config.window - 1)
+        states = torch.cat([memory[:, cut:].to(out.dtype), out], dim=1)
+        ids = torch.cat([memory_ids[:, cut:], input_ids], dim=1)
+        if memory_mask is None:
+            return states, ids, None
+        ones = torch.ones_like(input_ids, dtype=torch.bool)
+        return states, ids, torch.cat([memory_mask[:, cut:], ones], dim=1)
 
     def full_log_probs(
         self,

@@ -133,6 +133,28 @@ def _probe(base: nn.Module, ids: torch.Tensor) -> dict[tuple[str, str, int], Any
     return probe.seen
 
 
+def _load_base(
+    directory: str | Path, base: str | None, recorded: str, placement: dict[str, Any]
+) -> tuple[nn.Module, Any]:
+    """(model, tokenizer) of the base named ``base``, else of the ``recorded`` name, saying how
+    to name another when the recorded one does not load here."""
+    from gencraft.errors import ModelLoadError
+    from gencraft.models import load_model
+
+    name = base or recorded
+    if not name:
+        raise GencraftError(f"{directory} records no base model; pass base=")
+    try:
+        return load_model(name, **placement)
+    except ModelLoadError as err:
+        if base:
+            raise
+        raise ModelLoadError(
+            f"the base these prefixes were trained on, {name!r}, does not load from "
+            f"here ({err}); name it with --base PATH (Python: base=)"
+        ) from None
+
+
 class PrefixModel(MethodModel):
     """Prefix-tuning with DASP's structure on a frozen Hugging Face model.
 
@@ -405,45 +427,76 @@ class PrefixModel(MethodModel):
             return self.base(
                 input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs
             )
-        b = input_ids.shape[0]
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        if not self.is_encoder_decoder:
+            return self._forward_decoder_only(
+                input_ids, mask, segment_ids, labels, output_mask, record, kwargs
+            )
+        decoder = (decoder_input_ids, decoder_attention_mask, decoder_segment_ids)
+        return self._forward_encoder_decoder(
+            input_ids, mask, segment_ids, labels, decoder, record, kwargs
+        )
+
+    def _forward_decoder_only(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        segment_ids: torch.Tensor | None,
+        labels: torch.Tensor | None,
+        output_mask: torch.Tensor | None,
+        record: dict | None,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """A causal LM's forward: the prefix as a cache of P positions before ``input_ids``
+        [B, T], the mask [B, P + T]; the segment table over prompt and output tokens."""
+        b, p = input_ids.shape[0], self.config.num_virtual_tokens
+        tables: dict[str, torch.Tensor | None] = {}
+        if self._needs_tables() or segment_ids is not None:
+            if output_mask is None:  # the output tokens: the labelled ones (none without labels)
+                output_mask = (
+                    labels != -100
+                    if labels is not None
+                    else torch.zeros_like(input_ids, dtype=torch.bool)
+                )
+            tables["decoder"] = self._decoder_only_table(
+                input_ids, mask, segment_ids, output_mask.bool()
+            )
+        full_mask = torch.cat([mask.new_ones(b, p), mask], dim=1)
+        cache = self._cache(b)
+        with self._context(tables, cache, record):
+            return self.base(
+                input_ids=input_ids,
+                attention_mask=full_mask,
+                **cache_kwargs(cache),
+                labels=labels,
+                **kwargs,
+            )
+
+    def _forward_encoder_decoder(
+        self,
+        input_ids: torch.Tensor,
+        mask: torch.Tensor,
+        segment_ids: torch.Tensor | None,
+        labels: torch.Tensor | None,
+        decoder: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
+        record: dict | None,
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """An encoder-decoder's forward: the encoder reads ``input_ids`` [B, T]; ``decoder`` is
+        (decoder_input_ids, decoder_attention_mask [B, T_dec], decoder_segment_ids); the
+        decoder's mask grows by the P prefix positions of its cache."""
+        decoder_input_ids, decoder_attention_mask, decoder_segment_ids = decoder
         p = self.config.num_virtual_tokens
         tables: dict[str, torch.Tensor | None] = {}
-        if not self.is_encoder_decoder:
-            if self._needs_tables() or segment_ids is not None:
-                if output_mask is None:
-                    output_mask = (
-                        labels != -100
-                        if labels is not None
-                        else torch.zeros_like(input_ids, dtype=torch.bool)
-                    )
-                tables["decoder"] = self._decoder_only_table(
-                    input_ids, mask, segment_ids, output_mask.bool()
-                )
-            full_mask = torch.cat([mask.new_ones(b, p), mask], dim=1)
-            cache = self._cache(b)
-            with self._context(tables, cache, record):
-                return self.base(
-                    input_ids=input_ids,
-                    attention_mask=full_mask,
-                    **cache_kwargs(cache),
-                    labels=labels,
-                    **kwargs,
-                )
         if self._needs_tables() or segment_ids is not None or decoder_segment_ids is not None:
             tables["encoder"] = self._input_blocks(input_ids, mask, segment_ids)
             tables["decoder"] = self._decoder_table(
                 decoder_input_ids, decoder_attention_mask, labels, decoder_segment_ids
             )
         if decoder_attention_mask is not None:
-            decoder_attention_mask = torch.cat(
-                [
-                    decoder_attention_mask.new_ones(decoder_attention_mask.shape[0], p),
-                    decoder_attention_mask,
-                ],
-                dim=1,
-            )
-        cache = self._cache(b)
+            ones = decoder_attention_mask.new_ones(decoder_attention_mask.shape[0], p)
+            decoder_attention_mask = torch.cat([ones, decoder_attention_mask], dim=1)
+        cache = self._cache(input_ids.shape[0])
         with self._context(tables, cache, record):
             return self.base(
                 input_ids=input_ids,
@@ -502,15 +555,10 @@ class PrefixModel(MethodModel):
             return self.base.generate(
                 input_ids=input_ids, attention_mask=attention_mask, **generate_kw
             )
-        b = input_ids.shape[0]
-        p = self.config.num_virtual_tokens
         gen_cfg = self.base.generation_config
         beams = int(generate_kw.get("num_beams") or gen_cfg.num_beams or 1)
-        copies = (
-            beams
-            if beams > 1
-            else int(generate_kw.get("num_return_sequences") or gen_cfg.num_return_sequences or 1)
-        )
+        returns = generate_kw.get("num_return_sequences") or gen_cfg.num_return_sequences
+        copies = beams if beams > 1 else int(returns or 1)  # rows per input in the cache
         max_new = int(generate_kw.get("max_new_tokens") or gen_cfg.max_new_tokens or 20)
         generate_kw.setdefault("max_new_tokens", max_new)
         generate_kw.setdefault("pad_token_id", pad_id(self.base))
@@ -519,46 +567,59 @@ class PrefixModel(MethodModel):
         length = self.config.output_length or max_new
         out_idx = torch.arange(max_new + 1, device=input_ids.device)
         out_blocks = self._blocks(
-            output_segment(out_idx, s_out, length)[None].expand(b, -1), s_out
+            output_segment(out_idx, s_out, length)[None].expand(input_ids.shape[0], -1), s_out
         )  # [B, max_new + 1, P]
         tables: dict[str, torch.Tensor | None] = {}
-        if not self.is_encoder_decoder:
-            dummies = torch.full_like(input_ids[:, :1], pad_id(self.base)).expand(b, p)
-            if self._needs_tables() or segment_ids is not None:
-                prompt = self._input_blocks(input_ids, mask, segment_ids)
-                tables["decoder"] = torch.cat([prompt, out_blocks], dim=1)
-            # the P dummies are covered by the prefix cache, so generate starts at position P
-            cache = self._cache(b * copies)
-            with self._context(tables, cache):
-                out = self.base.generate(
-                    input_ids=torch.cat([dummies, input_ids], dim=1),
-                    attention_mask=torch.cat([mask.new_ones(b, p), mask], dim=1),
-                    **cache_kwargs(cache),
-                    **generate_kw,
-                )
-            if hasattr(out, "sequences"):  # return_dict_in_generate=True
-                out.sequences = out.sequences[:, p:]
-                return out
-            return out[:, p:]
         if self._needs_tables() or segment_ids is not None:
-            tables["encoder"] = self._input_blocks(input_ids, mask, segment_ids)
-            # decoder input 0 is the start token (segment 0), input j the (j-1)-th output token
-            tables["decoder"] = torch.cat([out_blocks[:, :1], out_blocks[:, :-1]], dim=1)
-        start = torch.full(
-            (b, 1), decoder_start_id(self.base), dtype=input_ids.dtype, device=input_ids.device
-        )
-        cache = self._cache(b * copies)
+            prompt = self._input_blocks(input_ids, mask, segment_ids)
+            if self.is_encoder_decoder:
+                tables["encoder"] = prompt
+                # decoder input 0 is the start token (segment 0), input j the (j-1)-th output
+                tables["decoder"] = torch.cat([out_blocks[:, :1], out_blocks[:, :-1]], dim=1)
+            else:
+                tables["decoder"] = torch.cat([prompt, out_blocks], dim=1)
+        cache = self._cache(input_ids.shape[0] * copies)
         with self._context(tables, cache):
-            out = self.base.generate(
-                input_ids=input_ids,
-                attention_mask=mask,
-                # an encoder-decoder's generate feeds all decoder inputs at the first step,
-                # after the P cached prefix positions
-                decoder_input_ids=start,
-                **cache_kwargs(cache),
-                **generate_kw,
-            )
-        return out
+            if self.is_encoder_decoder:
+                return self._generate_encoder_decoder(input_ids, mask, cache, generate_kw)
+            return self._generate_decoder_only(input_ids, mask, cache, generate_kw)
+
+    def _generate_decoder_only(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, cache: Any, generate_kw: dict
+    ) -> Any:
+        """``generate`` on P dummy tokens (covered by the prefix cache, so generation starts
+        at position P) and the prompt [B, T]; the dummies are cut from the output."""
+        b, p = input_ids.shape[0], self.config.num_virtual_tokens
+        dummies = torch.full_like(input_ids[:, :1], pad_id(self.base)).expand(b, p)
+        out = self.base.generate(
+            input_ids=torch.cat([dummies, input_ids], dim=1),
+            attention_mask=torch.cat([mask.new_ones(b, p), mask], dim=1),
+            **cache_kwargs(cache),
+            **generate_kw,
+        )
+        if hasattr(out, "sequences"):  # return_dict_in_generate=True
+            out.sequences = out.sequences[:, p:]
+            return out
+        return out[:, p:]
+
+    def _generate_encoder_decoder(
+        self, input_ids: torch.Tensor, mask: torch.Tensor, cache: Any, generate_kw: dict
+    ) -> Any:
+        """``generate`` from the start token: an encoder-decoder's generate feeds every
+        decoder input at its first step, after the P cached prefix positions."""
+        start = torch.full(
+            (input_ids.shape[0], 1),
+            decoder_start_id(self.base),
+            dtype=input_ids.dtype,
+            device=input_ids.device,
+        )
+        return self.base.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            decoder_input_ids=start,
+            **cache_kwargs(cache),
+            **generate_kw,
+        )
 
     # ------------------------------------------------------------------ analysis
     @contextmanager
@@ -633,21 +694,7 @@ class PrefixModel(MethodModel):
             raise GencraftError(f"{directory}: the saved prefix settings: {err}") from None
         recorded = saved.get("base_name_or_path") or ""
         if base is None or isinstance(base, str):
-            from gencraft.errors import ModelLoadError
-            from gencraft.models import load_model
-
-            name = base or recorded
-            if not name:
-                raise GencraftError(f"{directory} records no base model; pass base=")
-            try:
-                base, tok = load_model(name, **placement)
-            except ModelLoadError as err:
-                if base:
-                    raise
-                raise ModelLoadError(
-                    f"the base these prefixes were trained on, {name!r}, does not load from "
-                    f"here ({err}); name it with --base PATH (Python: base=)"
-                ) from None
+            base, tok = _load_base(directory, base, recorded, placement)
             tokenizer = tokenizer or tok
         model = cls(base, config, tokenizer=tokenizer)
         mine, theirs = model._signature(), saved.get("base", {})

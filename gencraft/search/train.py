@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,97 @@ from gencraft.search.classifier import (
 )
 from gencraft.search.config import ClassifierTrainConfig
 from gencraft.training import write_json
+
+
+@dataclass
+class _Sampler:
+    """What labelling one sample needs: the model, its EOS set and pad id, the attribute and
+    its labeler."""
+
+    model: nn.Module
+    tokenizer: Any
+    attribute: str
+    labeler: Callable[[str, str, bool], bool]
+    censored: bool
+    prompt_texts: Sequence[str] | None
+    eos: set[int] = field(init=False)
+    pad: int = field(init=False)
+    encoder_decoder: bool = field(init=False)
+    device: torch.device = field(init=False)
+
+    def __post_init__(self) -> None:
+        model = self.model
+        self.encoder_decoder = bool(model.config.is_encoder_decoder)
+        self.eos = set(eos_ids(model, None))
+        pad = model.generation_config.pad_token_id
+        self.pad = pad if pad is not None else next(iter(self.eos))
+        self.device = next(model.parameters()).device
+
+    @torch.no_grad()
+    def ancestral(self, ids: torch.Tensor, n: int, max_new_tokens: int) -> torch.Tensor:
+        """``n`` plain ancestral samples of prompt ``ids`` [1, P]: no logits processors beyond
+        the model's own forced ids. Returns [n, P + T] (decoder-only) or [n, 1 + T]."""
+        return self.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            top_k=0,
+            top_p=1.0,
+            temperature=1.0,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            min_length=0,
+            num_return_sequences=n,
+            max_new_tokens=max_new_tokens,
+            pad_token_id=self.pad,
+        )
+
+    @torch.no_grad()
+    def hidden(self, ids: torch.Tensor, full: torch.Tensor, p: int) -> torch.Tensor:
+        """The decoder's hidden states at every layer from the last input position before the
+        first sampled token on: [T, M + 1, H] in float16 on the CPU."""
+        if self.encoder_decoder:
+            hs = self.model(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                decoder_input_ids=full[None],
+                output_hidden_states=True,
+            ).decoder_hidden_states
+        else:
+            hs = self.model(full[None], output_hidden_states=True).hidden_states
+        return torch.stack([h[0, p - 1 :] for h in hs], dim=1).half().cpu()
+
+    def labels(self, index: int, ids: torch.Tensor, gen: list[int], finished: bool) -> list[int]:
+        """One label per sampled token: remaining-length buckets, or the sample's one label."""
+        if self.attribute == "length":
+            return length_labels(len(gen), finished, censored=self.censored)
+        text = self.tokenizer.decode(
+            [t for t in gen if t not in self.eos], skip_special_tokens=True
+        )
+        texts = self.prompt_texts
+        ptext = texts[index] if texts is not None else self.tokenizer.decode(ids[0])
+        return [int(self.labeler(text, ptext, finished))] * len(gen)
+
+    def row(self, index: int, ids: torch.Tensor, seq: torch.Tensor) -> dict[str, Any] | None:
+        """One sample ``seq`` of prompt ``index`` as a training row (None when it is empty)."""
+        p = 1 if self.encoder_decoder else ids.shape[1]  # the decoder input before the sample
+        gen = seq[p:].tolist()
+        ends = [j for j, t in enumerate(gen) if t in self.eos]
+        finished = bool(ends)
+        gen = gen[: ends[0] + 1] if finished else gen
+        if not gen:
+            return None
+        prefix = torch.tensor(gen[:-1], device=self.device, dtype=torch.long)
+        full = torch.cat([seq[:p], prefix])
+        cut = self.attribute == "length" and self.censored and not finished
+        return {
+            "hidden": self.hidden(ids, full, p),
+            "tokens": torch.tensor(gen),
+            "labels": torch.tensor(self.labels(index, ids, gen, finished)),
+            "prompt_index": torch.tensor(index),
+            "finished": torch.tensor(finished),
+            "censored": torch.tensor(cut),
+        }
 
 
 def sample_training_data(
@@ -65,68 +156,15 @@ def sample_training_data(
     if not prompts:
         raise GencraftError("no prompts to sample from")
     check_generator(model, "a classifier's training data")
-    ed = bool(model.config.is_encoder_decoder)
-    eos = set(eos_ids(model, None))
-    pad = model.generation_config.pad_token_id
-    pad = pad if pad is not None else next(iter(eos))
-    dev = next(model.parameters()).device
+    sampler = _Sampler(model, tokenizer, attribute, labeler, censored, prompt_texts)
     torch.manual_seed(seed)
     rows: list[dict[str, torch.Tensor]] = []
     for i, ids in enumerate(tqdm(prompts, desc="sampling", disable=not progress)):
-        ids = ids.to(dev)
-        with torch.no_grad():
-            # plain ancestral sampling: no logits processors beyond the model's own forced ids
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=True,
-                top_k=0,
-                top_p=1.0,
-                temperature=1.0,
-                repetition_penalty=1.0,
-                no_repeat_ngram_size=0,
-                min_length=0,
-                num_return_sequences=samples_per_prompt,
-                max_new_tokens=max_new_tokens,
-                pad_token_id=pad,
-            )
-        # the decoder input before the first sampled token: the prompt, or the start token
-        p = 1 if ed else ids.shape[1]
-        for seq in out:
-            gen = seq[p:].tolist()
-            ends = [j for j, t in enumerate(gen) if t in eos]
-            finished = bool(ends)
-            gen = gen[: ends[0] + 1] if finished else gen
-            if not gen:
-                continue
-            full = torch.cat([seq[:p], torch.tensor(gen[:-1], device=dev, dtype=torch.long)])
-            with torch.no_grad():
-                if ed:
-                    hs = model(
-                        input_ids=ids,
-                        attention_mask=torch.ones_like(ids),
-                        decoder_input_ids=full[None],
-                        output_hidden_states=True,
-                    ).decoder_hidden_states
-                else:
-                    hs = model(full[None], output_hidden_states=True).hidden_states
-            states = torch.stack([h[0, p - 1 :] for h in hs], dim=1).half().cpu()  # [T, M+1, H]
-            if attribute == "length":
-                labels = length_labels(len(gen), finished, censored=censored)
-            else:
-                text = tokenizer.decode([t for t in gen if t not in eos], skip_special_tokens=True)
-                ptext = prompt_texts[i] if prompt_texts is not None else tokenizer.decode(ids[0])
-                labels = [int(labeler(text, ptext, finished))] * len(gen)
-            rows.append(
-                {
-                    "hidden": states,
-                    "tokens": torch.tensor(gen),
-                    "labels": torch.tensor(labels),
-                    "prompt_index": torch.tensor(i),
-                    "finished": torch.tensor(finished),
-                    "censored": torch.tensor(attribute == "length" and censored and not finished),
-                }
-            )
+        ids = ids.to(sampler.device)
+        for seq in sampler.ancestral(ids, samples_per_prompt, max_new_tokens):
+            row = sampler.row(i, ids, seq)
+            if row is not None:
+                rows.append(row)
     return rows
 
 
@@ -210,6 +248,24 @@ def _valid_loss(clf: nn.Module, loader: Any) -> dict[str, float]:
     return {"loss": total / max(count, 1)}
 
 
+def _split_rows(
+    rows: list[dict[str, torch.Tensor]], config: ClassifierTrainConfig
+) -> tuple[list[dict[str, torch.Tensor]], list[dict[str, torch.Tensor]]]:
+    """(train, valid): a seeded shuffle, ``valid_fraction`` of the rows (at least one) for
+    validation; refuses too few rows or rows without a labelled position."""
+    if len(rows) < 2:
+        raise GencraftError(f"need at least 2 training sequences, got {len(rows)}")
+    if all(bool((r["labels"] == -100).all()) for r in rows):
+        raise GencraftError(
+            "no labelled position: no sample ended within max_new_tokens, so no final length "
+            "is known; sample with a larger max_new_tokens"
+        )
+    order = list(range(len(rows)))
+    random.Random(config.fit.seed).shuffle(order)
+    n_valid = max(1, int(len(rows) * config.valid_fraction))
+    return [rows[i] for i in order[n_valid:]], [rows[i] for i in order[:n_valid]]
+
+
 def train_classifier(
     clf: AttributeClassifier,
     rows: list[dict[str, torch.Tensor]],
@@ -228,19 +284,8 @@ def train_classifier(
 
     from gencraft.training import fit, settings_of
 
-    if len(rows) < 2:
-        raise GencraftError(f"need at least 2 training sequences, got {len(rows)}")
-    if all(bool((r["labels"] == -100).all()) for r in rows):
-        raise GencraftError(
-            "no labelled position: no sample ended within max_new_tokens, so no final length "
-            "is known; sample with a larger max_new_tokens"
-        )
-    rng = random.Random(config.fit.seed)
-    order = list(range(len(rows)))
-    rng.shuffle(order)
-    n_valid = max(1, int(len(rows) * config.valid_fraction))
-    valid = [rows[i] for i in order[:n_valid]]
-    train = [rows[i] for i in order[n_valid:]]
+    train, valid = _split_rows(rows, config)
+    n_valid = len(valid)
     torch.manual_seed(config.fit.seed)
     clf.eval()
     with torch.no_grad():
@@ -272,20 +317,11 @@ def train_classifier(
         clf.load_state_dict(best.state_dict())
     clf.eval()
     history = [{"epoch": 0, "valid_loss": initial["loss"]}] + [
-        {
-            "epoch": int(h["epoch"]),
-            "train_loss": h.get("train_loss"),
-            "valid_loss": h["valid_loss"],
-        }
+        {"epoch": int(h["epoch"]), "train_loss": h.get("train_loss"), "valid_loss": h["valid_loss"]}
         for h in fitted.history
     ]
-    result = {
-        "config": asdict(config),
-        "train_sequences": len(train),
-        "valid_sequences": len(valid),
-        "best_valid_loss": fitted.best,
-        "history": history,
-    }
+    sizes = {"train_sequences": len(train), "valid_sequences": len(valid)}
+    result = {"config": asdict(config), **sizes, "best_valid_loss": fitted.best, "history": history}
     if output_dir is not None:
         write_json(Path(output_dir) / "result.json", result)
     return result
