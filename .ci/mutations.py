@@ -1972,6 +1972,55 @@ M = [
         'if True:',
         'tests/pointer/test_pointer_model.py -k lr_halves',
     ),
+    (
+        "batched exact search's processors read row 0's prompt",
+        'gencraft/search/exact.py',
+        '        prefix = self.chain.prefix[self.r : self.r + 1].to(generated.device)',
+        '        prefix = self.chain.prefix[:1].to(generated.device)',
+        'tests/search/test_batch.py -k own_processor_rows',
+    ),
+    (
+        'windowed NLL drops a chunk of windows',
+        'gencraft/metrics/lm.py',
+        'for i in range(0, len(schedule), batch_size)]',
+        'for i in range(0, len(schedule) - 1, batch_size)]',
+        'tests/metrics/test_windowed_nll.py -k drawn_schedule',
+    ),
+    (
+        "rouge-score's unread outputs go unnamed",
+        'gencraft/metrics/tasks.py',
+        '        return bool(text.strip()) and not tokenize.tokenize(text, None)',
+        '        return False',
+        'tests/metrics/test_score_task.py -k side_by_side',
+    ),
+    (
+        'on-beam search steps on after every row is done',
+        'gencraft/search/beam.py',
+        '            done = slots.done.all(1)\n            if bool(done.all()):',
+        '            done = slots.done.all(1)\n            if False:',
+        'tests/search/test_batch.py -k longest_row',
+    ),
+    (
+        'beam search with a finished set steps on after every row is done',
+        'gencraft/search/beam.py',
+        '            done = done | full | ends.all(1) | ~alive | ~improvable\n            if bool(done.all()):',
+        '            done = done | full | ends.all(1) | ~alive | ~improvable\n            if False:',
+        'tests/search/test_batch.py -k longest_row',
+    ),
+    (
+        "on-beam processors see a slot's tokens shifted by one",
+        'gencraft/search/beam.py',
+        '        ids = slots.tokens.gather(2, at.clamp_min(0)).masked_fill(at < 0, 0)',
+        '        ids = slots.tokens.gather(2, at.clamp_min(1)).masked_fill(at < 0, 0)',
+        'tests/search/test_batch.py -k own_tokens_in_both',
+    ),
+    (
+        'on-beam processors see no generated token',
+        'gencraft/search/beam.py',
+        '        if not self.process:\n            return slots.tokens[:, :, :0]',
+        '        if True:\n            return slots.tokens[:, :, :0]',
+        'tests/search/test_batch.py -k own_tokens_in_both',
+    ),
 ]
 
 

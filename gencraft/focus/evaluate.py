@@ -43,7 +43,6 @@ def _generate_kwargs(decoding: str, num_beams: int, top_k: int, top_p: float) ->
     return {"do_sample": False, "num_beams": num_beams}
 
 
-@torch.no_grad()
 def _check_decoding(model: Any, decoding: str, samples: int) -> bool:
     """Refuse an unknown decoding, a focus decoding without a FAME model, or no samples; True
     for a focus decoding."""
@@ -71,6 +70,7 @@ def _focus_kwargs(
     return {"focus_k": focus_k, "focus_mode": mode, "focus_renormalize": renormalize}
 
 
+@torch.no_grad()
 def summarize(
     model: Any,
     tokenizer: Any,

@@ -215,6 +215,22 @@ def _test_examples(task, n: int, tok, max_tokens: int | None) -> list[tuple[str,
     return out[:n]
 
 
+def _fewshot_rows(s: FewShotSettings, run: ExperimentRun) -> list[dict]:
+    """One row per n: mean prompt tokens, each method's accuracy (mean ± s.d. over seeds) and
+    seconds per example."""
+    rows = []
+    for n in s.shots:
+        units = [run.units[f"n={n} seed={seed}"] for seed in s.seeds]
+        row = {"n": n, "prompt tokens": statistics.mean(u["mean prompt tokens"] for u in units)}
+        for m in METHODS:
+            accs = [u["accuracy"][m] for u in units]
+            sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
+            row[m] = f"{statistics.mean(accs):.1f} ± {sd:.1f}"
+            row[f"s/ex {m}"] = statistics.mean(u["seconds per example"][m] for u in units)
+        rows.append(row)
+    return rows
+
+
 @register(
     "hso-fewshot",
     title="few-shot classification: baseline, dynamic evaluation, HSO, HSO-2 (Table 3.4)",
@@ -274,16 +290,7 @@ def hso_fewshot(s: FewShotSettings, run: ExperimentRun) -> None:
                 }
 
             run.unit(f"n={n} seed={seed}", one)
-    rows = []
-    for n in s.shots:
-        units = [run.units[f"n={n} seed={seed}"] for seed in s.seeds]
-        row = {"n": n, "prompt tokens": statistics.mean(u["mean prompt tokens"] for u in units)}
-        for m in METHODS:
-            accs = [u["accuracy"][m] for u in units]
-            sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
-            row[m] = f"{statistics.mean(accs):.1f} ± {sd:.1f}"
-            row[f"s/ex {m}"] = statistics.mean(u["seconds per example"][m] for u in units)
-        rows.append(row)
+    rows = _fewshot_rows(s, run)
     run.text(
         f"{s.model}, task {s.task} ({len(task.labels)} classes: {', '.join(task.labels)}); "
         f"{len(tests)} class-balanced test examples (dynamic evaluation on the first "

@@ -46,8 +46,10 @@ class TaskConvention:
         if self.family == "own":
             case = " lower-cased (asked for by the caller)" if lowercase else ""
             return (
-                f"own data{case}: BLEU (sacrebleu, 13a) and ROUGE-L (pycocoevalcap) as for E2E; "
-                "rouge1/2/L F1 (rouge-score, Porter stemming)"
+                f"own data{case}: BLEU (sacrebleu, 13a) as for E2E; two ROUGE-Ls side by side: "
+                "ROUGE-L = pycocoevalcap's (E2E's scripts: LCS, beta 1.2, every character), "
+                "rougeL = rouge-score's F1 (Porter stemming; it reads only a-z and 0-9), with "
+                "rouge1/2 from rouge-score"
             )
         if self.family == "summarization":
             return "ROUGE F1 (rouge-score, Porter stemming, lower-cased by its tokenizer)"
@@ -69,7 +71,10 @@ CONVENTIONS: dict[str, TaskConvention] = {
     "cnndm": _SUMM,
 }
 #: a task given as a path (a researcher's own data): both families' main metrics
-OWN_CONVENTION = TaskConvention("own", ("BLEU", "ROUGE-L", *SUMMARY_METRICS), "coco", True)
+#: (the two ROUGE-Ls next to each other: pycocoevalcap's, then rouge-score's)
+OWN_CONVENTION = TaskConvention(
+    "own", ("BLEU", "ROUGE-L", "rougeL", "rouge1", "rouge2"), "coco", True
+)
 
 
 def convention_of(task: str) -> TaskConvention:
@@ -144,7 +149,29 @@ def score_task(
     else:
         scores = _data_to_text(preds, refs, wanted)
     scores["convention"] = conv.describe(lowercase)
+    if any(m in SUMMARY_METRICS for m in wanted):
+        scores["convention"] += _unread_by_rouge_score(preds, refs, conv.family == "own")
     return scores
+
+
+def _unread_by_rouge_score(preds: list[str], refs: list[list[str]], own: bool) -> str:
+    """A note when rouge-score's tokenizer (a-z and 0-9 only) finds no word in outputs or
+    references that have text (a non-Latin script): its scores count those as 0."""
+    from rouge_score import tokenize
+
+    def unread(text: str) -> bool:
+        return bool(text.strip()) and not tokenize.tokenize(text, None)
+
+    outs = sum(unread(p) for p in preds)
+    ref_rows = sum(any(unread(r) for r in rs) for rs in refs)
+    if not outs and not ref_rows:
+        return ""
+    return (
+        f"; WARNING: rouge-score read no word in {outs} of {len(preds)} outputs and in the "
+        f"references of {ref_rows} (text outside a-z and 0-9, e.g. a non-Latin script): its "
+        "rouge1/2/L score those as 0"
+        + ("; ROUGE-L (pycocoevalcap) reads every character" if own else "")
+    )
 
 
 def _data_to_text(

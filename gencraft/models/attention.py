@@ -665,29 +665,11 @@ def gencraft_attention(
     normalizers = [p for p in live if p.normalizes]
     if not extras and not normalizers:
         return _original_fn(module)(module, query, key, value, attention_mask, **kwargs)
-    for e in extras:
-        want = (key.shape[0], key.shape[1], key.shape[3])
-        for name, t in (("key", e.key), ("value", e.value)):
-            if t.dim() != 4 or (t.shape[0], t.shape[1], t.shape[3]) != want:
-                raise GencraftError(
-                    f"extra {name} columns at {call.site.name} must be [B, n_kv, P, d] = "
-                    f"[{want[0]}, {want[1]}, P, {want[2]}], got {list(t.shape)}"
-                )
+    _check_extras(extras, key, call)
     n_extra = sum(e.key.shape[-2] for e in extras)
     extra_allowed = None
     if extras:
-        t = query.shape[2]
-        parts = []
-        for e in extras:
-            a = e.allowed
-            if a is None:
-                a = torch.ones(1, t, e.key.shape[-2], dtype=torch.bool, device=query.device)
-            parts.append(a[:, None] if a.dim() == 3 else a)
-        if len(parts) > 1:
-            b = max(p.shape[0] for p in parts)
-            n = max(p.shape[1] for p in parts)
-            parts = [p.expand(b, n, *p.shape[2:]) for p in parts]
-        extra_allowed = torch.cat(parts, dim=-1)
+        extra_allowed = _extra_allowed(extras, query)
         key = torch.cat([*(e.key for e in extras), key], dim=-2)
         value = torch.cat([*(e.value for e in extras), value], dim=-2)
     probs = _probs(
@@ -702,6 +684,35 @@ def gencraft_attention(
         n_extra,
     )
     return _weighted(module, probs, value, kwargs), probs
+
+
+def _check_extras(extras: list[Any], key: torch.Tensor, call: AttentionCall) -> None:
+    """Extra key/value columns must be [B, n_kv, P, d] with the site's B, n_kv and d."""
+    want = (key.shape[0], key.shape[1], key.shape[3])
+    for e in extras:
+        for name, t in (("key", e.key), ("value", e.value)):
+            if t.dim() != 4 or (t.shape[0], t.shape[1], t.shape[3]) != want:
+                raise GencraftError(
+                    f"extra {name} columns at {call.site.name} must be [B, n_kv, P, d] = "
+                    f"[{want[0]}, {want[1]}, P, {want[2]}], got {list(t.shape)}"
+                )
+
+
+def _extra_allowed(extras: list[Any], query: torch.Tensor) -> torch.Tensor:
+    """Which query may attend to which extra column: [B or 1, heads or 1, T, sum P] bool,
+    each plug-in's ``allowed`` (all, when it gives none) broadcast to one shape."""
+    t = query.shape[2]
+    parts = []
+    for e in extras:
+        a = e.allowed
+        if a is None:
+            a = torch.ones(1, t, e.key.shape[-2], dtype=torch.bool, device=query.device)
+        parts.append(a[:, None] if a.dim() == 3 else a)
+    if len(parts) > 1:
+        b = max(p.shape[0] for p in parts)
+        n = max(p.shape[1] for p in parts)
+        parts = [p.expand(b, n, *p.shape[2:]) for p in parts]
+    return torch.cat(parts, dim=-1)
 
 
 def _mask(*args: Any, config: Any = None, **kwargs: Any) -> Any:

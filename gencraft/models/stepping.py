@@ -69,6 +69,21 @@ class Stepper(Protocol):
     def reorder(self, cache: Any, index: torch.Tensor) -> Any: ...
 
 
+def _searchable(model: nn.Module) -> nn.Module:
+    """The Hugging Face model inside ``model``, refused in one line when it is not a causal LM
+    or an encoder-decoder with an output layer."""
+    try:
+        hf = hf_model(model)
+    except GencraftError:
+        hf = None
+    if hf is None or not hasattr(hf, "get_output_embeddings"):
+        raise GencraftError(
+            f"search needs a Hugging Face causal LM or encoder-decoder (or a gencraft "
+            f"wrapper of one), got {type(model).__name__}"
+        )
+    return hf
+
+
 class HFStepper:
     """A ``Stepper`` over a Hugging Face causal LM or encoder-decoder, for a batch of B inputs.
 
@@ -101,15 +116,7 @@ class HFStepper:
         grad: bool = False,
         encoder_hidden: torch.Tensor | None = None,
     ) -> None:
-        try:
-            hf = hf_model(model)
-        except GencraftError:
-            hf = None
-        if hf is None or not hasattr(hf, "get_output_embeddings"):
-            raise GencraftError(
-                f"search needs a Hugging Face causal LM or encoder-decoder (or a gencraft "
-                f"wrapper of one), got {type(model).__name__}"
-            )
+        hf = _searchable(model)
         config = hf.config
         if not isinstance(input_ids, torch.Tensor) or input_ids.dtype != torch.long:
             raise GencraftError("input_ids must be a LongTensor of shape [B, P]")

@@ -59,6 +59,32 @@ def encode_pairs(
     return pairs, dropped
 
 
+def _pairs(
+    cfg: NARTrainConfig, tok: Any, max_target: int, data_dir: str | None
+) -> tuple[list, list, int]:
+    """(train pairs, validation pairs, training targets dropped as too long) of the task,
+    encoded for a decoder of ``max_target`` positions; refuses a task with no training pair."""
+    enc = dict(max_source=cfg.max_source_tokens, max_target=max_target, data_dir=data_dir)
+    enc.update(source_field=cfg.source_field, target_field=cfg.target_field)
+    train_pairs, dropped = encode_pairs(cfg.task, "train", tok, limit=cfg.train_examples, **enc)
+    valid_pairs, _ = encode_pairs(cfg.task, "validation", tok, limit=cfg.valid_examples, **enc)
+    check(bool(train_pairs), "no training pairs")
+    return train_pairs, valid_pairs, dropped
+
+
+def _validation(objective: ObjectiveConfig, tok: Any, acc: Any) -> Any:
+    """The validation loss: the objective's mean loss with the same random draws (masks,
+    noise) at every validation."""
+
+    def evaluate_fn(m: NARSeq2Seq, loader: Any) -> dict[str, float]:
+        from gencraft.training import mean_loss
+
+        gen = torch.Generator(device=acc.device).manual_seed(1234)
+        return mean_loss(make_loss(objective, tok, gen), acc)(m, loader)
+
+    return evaluate_fn
+
+
 def train(
     cfg: NARTrainConfig,
     convert: ConvertConfig,
@@ -82,38 +108,14 @@ def train(
     model, tok = load_mlm_seq2seq(
         cfg.model, seed=cfg.fit.seed, dtype=cfg.fit.dtype, **asdict(convert)
     )
-    top = model.max_target_length
-    enc = dict(max_source=cfg.max_source_tokens, max_target=top, data_dir=data_dir)
-    enc.update(source_field=cfg.source_field, target_field=cfg.target_field)
-    train_pairs, dropped = encode_pairs(cfg.task, "train", tok, limit=cfg.train_examples, **enc)
-    valid_pairs, _ = encode_pairs(cfg.task, "validation", tok, limit=cfg.valid_examples, **enc)
-    check(bool(train_pairs), "no training pairs")
+    train_pairs, valid_pairs, dropped = _pairs(cfg, tok, model.max_target_length, data_dir)
     acc = make_accelerator(
         cfg.fit.mixed_precision, cfg.fit.device, gradient_accumulation_steps=cfg.fit.grad_accum
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd)
-    settings = {
-        "train": settings_of(cfg),
-        "convert": asdict(convert),
-        "objective": asdict(objective),
-        "lr": lr,
-        "weight_decay": wd,
-        "pairs": len(train_pairs),
-    }
+    settings = {"train": settings_of(cfg), "convert": asdict(convert)}
+    settings.update(objective=asdict(objective), lr=lr, weight_decay=wd, pairs=len(train_pairs))
     pad = target_token_ids(tok)["pad"]
-
-    def collate_fn(rows: list) -> dict[str, torch.Tensor]:
-        return collate(rows, pad)
-
-    def evaluate_fn(m: NARSeq2Seq, loader: Any) -> dict[str, float]:
-        from gencraft.training import mean_loss
-
-        gen = torch.Generator(device=acc.device).manual_seed(1234)  # the same draws each time
-        return mean_loss(make_loss(objective, tok, gen), acc)(m, loader)
-
-    def save_fn(m: NARSeq2Seq, d: Path) -> None:
-        save_run(d, m, tok, settings)
-
     model.train()
     t0 = time.time()
     result = fit(
@@ -124,9 +126,9 @@ def train(
         config=cfg.fit,
         output_dir=out,
         valid=valid_pairs or None,
-        collate_fn=collate_fn,
-        evaluate_fn=evaluate_fn,
-        save_fn=save_fn,
+        collate_fn=lambda rows: collate(rows, pad),
+        evaluate_fn=_validation(objective, tok, acc),
+        save_fn=lambda m, d: save_run(d, m, tok, settings),
         settings=settings,
         accelerator=acc,
         progress=progress,

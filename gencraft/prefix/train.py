@@ -23,6 +23,17 @@ from gencraft.prefix.variants import build_model, save_trained
 from gencraft.training import fit, settings_of
 
 
+def _shuffled(pairs: list, seed: int, limit: int | None) -> list:
+    """``pairs`` in a seeded order, the first ``limit`` of them when a limit is set."""
+    order = torch.randperm(len(pairs), generator=torch.Generator().manual_seed(seed))
+    pairs = [pairs[i] for i in order.tolist()]
+    return pairs[:limit] if limit else pairs
+
+
+def _loss(m: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return m(**batch).loss
+
+
 def train(
     cfg: PrefixTrainConfig,
     prefix: PrefixConfig,
@@ -46,10 +57,7 @@ def train(
     fitting = check_token_budget(base, *budget, reserve=reserve)
     cfg = replace(cfg, max_source_tokens=fitting)  # the run records the budget it used
     torch.manual_seed(cfg.fit.seed)
-    order = torch.randperm(len(train_pairs), generator=torch.Generator().manual_seed(cfg.fit.seed))
-    train_pairs = [train_pairs[i] for i in order.tolist()]
-    if cfg.train_examples:
-        train_pairs = train_pairs[: cfg.train_examples]
+    train_pairs = _shuffled(train_pairs, cfg.fit.seed, cfg.train_examples)
     valid_pairs = training_pairs(cfg.task, "validation", data_dir, **fields)[: cfg.valid_examples]
     if prefix.decoder_segments > 1 and prefix.output_length is None:
         lengths = [len(tok(p.target)["input_ids"]) for p in train_pairs[:2000]]
@@ -62,24 +70,18 @@ def train(
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
 
-    def loss_fn(m: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return m(**batch).loss
-
-    def save_fn(m: nn.Module, directory: Path) -> None:
-        save_trained(m, directory, cfg, prefix, tok)
-
     settings = {"train": settings_of(cfg), "prefix": prefix.to_dict(), "pairs": len(train_rows)}
     start = time.time()
     result = fit(
         model,
         optimizer,
         train_rows,
-        loss_fn=loss_fn,
+        loss_fn=_loss,
         config=cfg.fit,
         output_dir=out,
         valid=valid_rows or None,
         collate_fn=lambda items: collate_rows(items, pad),
-        save_fn=save_fn,
+        save_fn=lambda m, directory: save_trained(m, directory, cfg, prefix, tok),
         settings=settings,
         progress=progress,
         restart=restart,

@@ -126,3 +126,23 @@ def test_nist_keeps_order_5_when_only_some_outputs_are_shorter():
         [[tokens(r) for r in rs] for rs in short_refs], [tokens(p) for p in short], n=2
     )
     assert nist(short, short_refs) == pytest.approx(want)
+
+
+def test_own_data_reports_its_two_rouge_ls_side_by_side_and_names_unread_text():
+    """Own data: pycocoevalcap's ROUGE-L next to rouge-score's rougeL, each named in the
+    convention; outputs or references rouge-score cannot read (outside a-z0-9) are counted
+    in a warning, as they score 0 there while ROUGE-L reads them."""
+    outs = ["Привет мир", "the cat sat", "der Hund"]
+    refs = ["Привет мир", "the cat sat down", "der Hund bellt"]
+    r = score_task("my/task", outs, refs)
+    assert list(r)[:3] == ["BLEU", "ROUGE-L", "rougeL"]
+    conv = r["convention"]
+    assert "ROUGE-L = pycocoevalcap's" in conv and "rougeL = rouge-score's" in conv
+    assert "read no word in 1 of 3 outputs and in the references of 1" in conv
+    assert "ROUGE-L (pycocoevalcap) reads every character" in conv
+    assert r["ROUGE-L"] > r["rougeL"]  # the Cyrillic output's perfect match counts only there
+    latin = score_task("my/task", outs[1:], refs[1:])
+    assert "WARNING" not in latin["convention"]
+    summ = score_task("xsum", outs, refs)
+    assert "read no word in 1 of 3 outputs" in summ["convention"]
+    assert "pycocoevalcap" not in summ["convention"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gencraft.errors import ConfigError
 from gencraft.metrics import window_schedule, windowed_nll
@@ -131,3 +133,36 @@ def test_defaults_are_disjoint_windows_and_the_smallest_legal_values_pass():
     one = stream_perplexities(torch.tensor([math.log(2.0)]), words=1, seconds=0.5)
     assert one["tokens"] == 1 and one["words"] == 1 and one["token ppl"] == pytest.approx(2.0)
     assert one["seconds"] == 0.5 and one["ms/token"] == pytest.approx(500.0)
+
+
+# -- drawn schedules and batches (issue 41) ----------------------------------------------------
+_LLAMA: dict = {}
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(
+    n=st.integers(2, 24),
+    window=st.integers(1, 9),
+    overlap_share=st.floats(0, 1, allow_subnormal=False),
+    batch_size=st.integers(1, 9),
+    seed=st.integers(0, 5),
+)
+def test_each_target_of_a_drawn_schedule_and_batch_is_scored_by_its_own_window(
+    n, window, overlap_share, batch_size, seed
+):
+    """Every target j gets -log p(ids[j] | its window's inputs before j), whatever the length,
+    window, overlap and number of windows per forward (windows of two lengths in one chunk
+    included); checked against one forward per target."""
+    if "m" not in _LLAMA:
+        _LLAMA["m"] = load_model("tiny-llama", seed=0)[0].eval()
+    model = _LLAMA["m"]
+    overlap = min(window - 1, int(overlap_share * window))
+    ids = torch.randint(3, 200, (1, n), generator=torch.Generator().manual_seed(seed))
+    got = windowed_nll(model, ids, window=window, overlap=overlap, batch_size=batch_size)
+    want = torch.empty(n - 1)
+    for w in window_schedule(n, window, overlap):
+        for j in range(w.first, w.end + 1):
+            with torch.no_grad():
+                logits = model(input_ids=ids[:, w.start : j]).logits[0, -1]
+            want[j - 1] = -torch.log_softmax(logits.float(), -1)[ids[0, j]]
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

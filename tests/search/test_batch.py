@@ -240,6 +240,89 @@ def test_each_row_of_batched_exact_search_equals_the_row_alone(
         assert got.peak_kv_bytes == alone.peak_kv_bytes  # memory: the row's own, linear
 
 
+class BanByRow(LogitsProcessor):
+    """Reads the row's place in the batch: input i of b (its hypotheses are the i-th block of
+    rows) cannot emit ``banned[i]``."""
+
+    def __init__(self, banned: list[int]) -> None:
+        self.banned = banned
+
+    def __call__(self, input_ids, scores):
+        n = scores.shape[0]
+        rows = torch.arange(n) // (n // len(self.banned))
+        scores = scores.clone()
+        scores[torch.arange(n), torch.tensor(self.banned)[rows]] = float("-inf")
+        return scores
+
+
+class NoEndAfterEven(LogitsProcessor):
+    """Reads the row's content: after an even id, no EOS (2 or 5) may come, so whether a
+    row's mode can be empty follows from its own prompt."""
+
+    def __call__(self, input_ids, scores):
+        even = (input_ids[:, -1] % 2 == 0)[:, None]
+        eos = torch.zeros_like(scores, dtype=torch.bool)
+        eos[:, [2, 5]] = True
+        return scores.masked_fill(even & eos, float("-inf"))
+
+
+@settings(max_examples=50, **SETTINGS)
+@given(
+    kind=st.sampled_from(["peaked-llama", "gpt2", "bart"]),
+    seed=st.integers(0, 2),
+    rows=st.lists(
+        st.tuples(
+            st.lists(st.integers(3, V - 1), min_size=1, max_size=5),  # the prompt
+            st.integers(6, V - 1),  # the token this row may not emit (BanByRow)
+            st.one_of(st.none(), st.lists(st.integers(6, V - 1), max_size=3)),  # its seed
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+    processors=st.sampled_from(["none", "by row", "successor", "both"]),
+    max_new=st.integers(1, 3),
+    length=st.sampled_from([None, 1, 2]),
+    max_nodes=st.sampled_from([None, 12]),
+    eos=st.sampled_from([[2], [2, 5]]),
+)
+def test_each_row_of_exact_search_keeps_its_own_processor_rows_and_seed(
+    kind, seed, rows, processors, max_new, length, max_nodes, eos
+):
+    """Rows that differ in prompt, padding, seed output and what a row-reading processor
+    allows: each row's mode, nodes and exactness equal that row searched alone with the
+    processor as it acts on that row."""
+    model = _model(kind, seed)
+    length = length if length is not None and length <= max_new else None
+    prompts = [p for p, _, _ in rows]
+    banned = [b for _, b, _ in rows]
+    # a seed output within the limit (the empty output included), of the forced length if any
+    initial = [s if s is None or length is None else (s + [6] * length)[:length] for *_, s in rows]
+    initial = [s if s is None else s[:max_new] for s in initial]
+
+    def chain(ban: list[int]) -> list:
+        by_row = [BanByRow(ban)] if processors in ("by row", "both") else []
+        return by_row + ([NoEndAfterEven()] if processors in ("successor", "both") else [])
+
+    ids, mask = _batch(prompts, left=not model.config.is_encoder_decoder)
+    kw = dict(eos_token_id=eos, max_new_tokens=max_new, length=length, max_nodes=max_nodes)
+    batch = exact_mode_batch(
+        model, ids, mask, initial=initial, logits_processor=chain(banned), **kw
+    )
+    for r, p in enumerate(prompts):
+        alone = exact_mode(
+            model,
+            torch.tensor([p]),
+            initial=initial[r],
+            logits_processor=chain([banned[r]]),
+            **kw,
+        )
+        got = batch[r]
+        assert (got.tokens, got.exact, got.nodes) == (alone.tokens, alone.exact, alone.nodes)
+        assert got.log_prob == pytest.approx(alone.log_prob, abs=1e-4)
+        if processors in ("by row", "both"):
+            assert banned[r] not in got.tokens
+
+
 # -- generate(custom_generate=...) against generate's own beam search -----------------------
 def _generate_both(model, ids, mask, **kw):
     kw = dict(do_sample=False, **kw)
@@ -403,3 +486,80 @@ def test_each_row_keeps_its_own_length_limit_and_forced_length(kind, seed, rows,
         assert all(len(h.tokens) <= limits[r] for h in batch[r])
         if forces[r] is not None:
             assert all(len(h.tokens) == forces[r] for h in batch[r])
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(
+    kind=st.sampled_from(["peaked-llama", "gpt2", "bart"]),
+    seed=st.integers(0, 2),
+    rows=st.lists(
+        st.tuples(st.lists(st.integers(3, V - 1), min_size=1, max_size=5), st.integers(1, 6)),
+        min_size=1,
+        max_size=4,
+    ),
+    beams=st.integers(1, 3),
+    finished=st.sampled_from(["aside", "on_beam"]),
+    early_stopping=st.sampled_from([True, False, "never"]),
+)
+def test_a_batch_makes_as_many_model_calls_as_its_longest_row(
+    kind, seed, rows, beams, finished, early_stopping
+):
+    """Counts are outputs: a row alone makes one call per step until its last kept hypothesis
+    completes (``early_stopping=True``), and a batch steps until its last row is done, in one
+    model call per step, so its calls are the most that any of its rows makes alone."""
+    model = _model(kind, seed)
+    if finished == "on_beam":
+        early_stopping = True
+    calls = []
+    handle = model.register_forward_hook(lambda *_: calls.append(1))
+    prompts = [p for p, _ in rows]
+    limits = [n for _, n in rows]
+    kw = dict(num_beams=beams, eos_token_id=[2], finished=finished, early_stopping=early_stopping)
+    try:
+        ids, mask = _batch(prompts, left=not model.config.is_encoder_decoder)
+        beam_search_batch(model, ids, mask, max_new_tokens=limits, **kw)
+        batch_calls, alone = len(calls), []
+        for p, n in rows:
+            calls.clear()
+            hyps = beam_search(model, torch.tensor([p]), max_new_tokens=n, **kw)
+            alone.append(len(calls))
+            if early_stopping is True:  # a call per step until the last kept one completes
+                assert alone[-1] == max(len(h.tokens) + 1 if h.finished else n for h in hyps)
+    finally:
+        handle.remove()
+    assert batch_calls == max(alone)
+    assert all(1 <= c <= n + 1 for c, n in zip(alone, limits, strict=True))
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(
+    kind=st.sampled_from(["peaked-llama", "gpt2", "bart"]),
+    seed=st.integers(0, 2),
+    prompts=prompts_st,
+    beams=st.integers(1, 3),
+    finished=st.sampled_from(["aside", "on_beam"]),
+    max_new=st.integers(1, 6),
+)
+def test_a_processor_sees_each_hypothesis_s_own_tokens_in_both_beam_modes(
+    kind, seed, prompts, beams, finished, max_new
+):
+    """An invariant in place of a reference: under ``NoRepeatNGramLogitsProcessor(2)`` no
+    generated token of any returned hypothesis completes a bigram its own ids (prompt and
+    tokens before it, as ``generate`` lays them out) already hold."""
+    from transformers import NoRepeatNGramLogitsProcessor
+
+    model = _model(kind, seed)
+    ed = model.config.is_encoder_decoder
+    ids, mask = _batch(prompts, left=not ed)
+    kw = dict(num_beams=beams, max_new_tokens=max_new, eos_token_id=[2], finished=finished)
+    batch = beam_search_batch(
+        model, ids, mask, logits_processor=[NoRepeatNGramLogitsProcessor(2)], **kw
+    )
+    start = [model.generation_config.decoder_start_token_id] if ed else None
+    for p, hyps in zip(prompts, batch, strict=True):
+        for h in hyps:
+            seq = (start or p) + h.tokens + ([h.eos_token] if h.finished else [])
+            first = len(start or p)
+            for i in range(max(first, 1), len(seq)):
+                earlier = set(itertools.pairwise(seq[:i]))
+                assert (seq[i - 1], seq[i]) not in earlier, (seq, i)
