@@ -33,11 +33,13 @@ _MODELS: dict = {}
 def _model(kind: str, seed: int):
     """Tiny random models with peaked distributions (search differs from greedy, ties are
     rare), cached per (kind, seed)."""
-    key = (kind, seed)
+    key = (kind, 0 if kind.startswith("copy-") else seed)  # one copy model of each kind
     if key not in _MODELS and kind == "peaked-llama":
         # large weights everywhere: attention (and so positions and masks) matters
         _MODELS[key] = small_llama(seed, vocab=V)
         _MODELS[key].generation_config.eos_token_id = 2
+    if key not in _MODELS and kind.startswith("copy-"):
+        _MODELS[key] = _copy_model(kind.removeprefix("copy-"), 0)
     if key not in _MODELS:
         torch.manual_seed(seed)
         model = tiny_architecture(kind, vocab_size=V, seed=seed)
@@ -45,6 +47,46 @@ def _model(kind: str, seed: int):
             model.get_output_embeddings().weight.mul_(8.0)
         _MODELS[key] = model.eval()
     return _MODELS[key]
+
+
+def _copy_model(kind: str, seed: int, steps: int = 600):
+    """A tiny model trained to copy (models that use their inputs, issue 41): a BART that
+    writes its source then EOS (2), or a Llama that repeats its prompt then EOS, so a row given
+    another row's states or positions shows in its output. About 10 s each on 2 cores."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = tiny_architecture(kind, vocab_size=V, seed=seed).train()
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        for _ in range(steps):
+            n = int(torch.randint(1, 6, (1,), generator=g))
+            src = torch.randint(3, V, (32, n), generator=g)
+            eos = torch.full((32, 1), 2)
+            if model.config.is_encoder_decoder:
+                loss = model(input_ids=src, labels=torch.cat([src, eos], 1)).loss
+            else:
+                ids = torch.cat([src, src, eos], 1)
+                loss = model(input_ids=ids, labels=ids).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    model.generation_config.eos_token_id = 2
+    return model.eval()
+
+
+def test_the_copy_models_copy():
+    """They read their inputs: greedy decoding copies most drawn sources and prompts."""
+    g = torch.Generator().manual_seed(9)
+    src = torch.randint(3, V, (32, 4), generator=g)
+    bart = _model("copy-bart", 0)
+    out = bart.generate(src, max_new_tokens=6, do_sample=False, num_beams=1, pad_token_id=0)
+    assert sum(o[1:5].tolist() == s.tolist() for o, s in zip(out, src, strict=True)) >= 24
+    llama = _model("copy-llama", 0)
+    mask = torch.ones_like(src)
+    out = llama.generate(
+        src, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0
+    )
+    assert sum(o[4:8].tolist() == s.tolist() for o, s in zip(out, src, strict=True)) >= 24
 
 
 def _batch(prompts: list[list[int]], pad: int = 0, left: bool = True):
@@ -109,7 +151,7 @@ def _same(got, want, tol=1e-4):
 
 @settings(max_examples=120, **SETTINGS)
 @given(
-    kind=st.sampled_from(["llama", "peaked-llama", "gpt2", "bart"]),
+    kind=st.sampled_from(["llama", "peaked-llama", "gpt2", "bart", "copy-bart", "copy-llama"]),
     seed=st.integers(0, 2),
     prompts=prompts_st,
     beams=st.integers(1, 4),
@@ -214,7 +256,7 @@ def test_batched_exact_search_equals_brute_force(seed, prompts, length):
 
 @settings(max_examples=60, **SETTINGS)
 @given(
-    kind=st.sampled_from(["llama", "peaked-llama", "gpt2", "bart"]),
+    kind=st.sampled_from(["llama", "peaked-llama", "gpt2", "bart", "copy-bart", "copy-llama"]),
     seed=st.integers(0, 2),
     prompts=prompts_st,
     max_new=st.integers(0, 4),
@@ -268,7 +310,7 @@ class NoEndAfterEven(LogitsProcessor):
 
 @settings(max_examples=50, **SETTINGS)
 @given(
-    kind=st.sampled_from(["peaked-llama", "gpt2", "bart"]),
+    kind=st.sampled_from(["peaked-llama", "gpt2", "bart", "copy-bart", "copy-llama"]),
     seed=st.integers(0, 2),
     rows=st.lists(
         st.tuples(
@@ -448,7 +490,7 @@ def test_sequences_scores_only_with_output_scores_as_generate():
 
 @settings(max_examples=60, **SETTINGS)
 @given(
-    kind=st.sampled_from(["peaked-llama", "gpt2", "bart"]),
+    kind=st.sampled_from(["peaked-llama", "gpt2", "bart", "copy-bart", "copy-llama"]),
     seed=st.integers(0, 2),
     rows=st.lists(
         st.tuples(
