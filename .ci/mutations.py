@@ -2021,6 +2021,27 @@ M = [
         '        if True:\n            return slots.tokens[:, :, :0]',
         'tests/search/test_batch.py -k own_tokens_in_both',
     ),
+    (
+        'dead on-beam slots keep their scores',
+        'gencraft/search/beam.py',
+        '            score=new.score.masked_fill(dead, NEG),',
+        '            score=new.score,',
+        'tests/search/test_batch.py -k every_hypothesis_is_real',
+    ),
+    (
+        'an EOS id of 0 is reported as none',
+        'gencraft/search/beam.py',
+        'eos[r][j] if eos[r][j] >= 0 else None',
+        'eos[r][j] if eos[r][j] > 0 else None',
+        'tests/search/test_batch.py -k several_inputs',
+    ),
+    (
+        'beam_search takes a Stepper of several inputs',
+        'gencraft/search/beam.py',
+        '    if not isinstance(model, nn.Module) and batch_size(model) != 1:',
+        '    if isinstance(model, nn.Module) and batch_size(model) != 1:',
+        'tests/search/test_batch.py -k several_inputs',
+    ),
 ]
 
 

@@ -605,3 +605,71 @@ def test_a_processor_sees_each_hypothesis_s_own_tokens_in_both_beam_modes(
             for i in range(max(first, 1), len(seq)):
                 earlier = set(itertools.pairwise(seq[:i]))
                 assert (seq[i - 1], seq[i]) not in earlier, (seq, i)
+
+
+def test_beam_search_refuses_a_stepper_of_several_inputs_and_reports_eos_id_0():
+    """A Stepper of two inputs is a batch: beam_search names beam_search_batch. An EOS id of 0
+    is an id like any other: the hypotheses it ends report it."""
+    from gencraft.search import HFStepper
+
+    model = _model("llama", 0)
+    stepper = HFStepper(model, torch.tensor([[3, 4], [5, 6]]), max_new_tokens=3)
+    with pytest.raises(GencraftError, match="Stepper of one input; use beam_search_batch"):
+        beam_search(stepper, num_beams=2, max_new_tokens=3)
+    llama = small_llama(0, vocab=6)  # EOS 0
+    hyps = beam_search(llama, torch.tensor([[1, 2]]), num_beams=3, max_new_tokens=4)
+    assert any(h.finished for h in hyps)
+    assert all((h.eos_token == 0) == h.finished for h in hyps)
+    assert all(h.eos_token is None for h in hyps if not h.finished)
+
+
+def test_conditional_search_weighs_the_classifier_once_by_default():
+    """alpha's default is 1 (log P(y) + log P_clf, the thesis's score)."""
+    model = _model("peaked-llama", 0)
+    clf = TokenScorer(model.config.num_hidden_layers + 1, model.config.hidden_size)
+    kw = dict(num_beams=3, max_new_tokens=4, eos_token_id=[2], classifier=clf)
+    for prompt in ([3, 4, 5], [6], [9, 10]):
+        default = beam_search(model, torch.tensor([prompt]), **kw)
+        _same(default, beam_search(model, torch.tensor([prompt]), alpha=1.0, **kw))
+
+
+class AllowFew(LogitsProcessor):
+    """Fewer continuations than beams: only ids 3, 4 and EOS (2) may come next."""
+
+    def __call__(self, input_ids, scores):
+        keep = torch.zeros_like(scores, dtype=torch.bool)
+        keep[:, [2, 3, 4]] = True
+        return scores.masked_fill(~keep, float("-inf"))
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(
+    kind=st.sampled_from(["peaked-llama", "gpt2", "copy-llama"]),
+    seed=st.integers(0, 2),
+    prompts=prompts_st,
+    beams=st.integers(2, 5),
+    finished=st.sampled_from(["aside", "on_beam"]),
+    max_new=st.integers(1, 4),
+)
+def test_with_fewer_continuations_than_beams_every_hypothesis_is_real(
+    kind, seed, prompts, beams, finished, max_new
+):
+    """Dead slots (no continuation left for them) never come back as hypotheses: every
+    returned output is distinct, uses only allowed ids, and its score is its log-probability
+    (recomputed with one forward over the prompt and output; on the beam, a hypothesis cut at
+    the limit ends with Alg. 1's forced EOS, whose log-probability its score includes)."""
+    model = _model(kind, seed)
+    ids, mask = _batch(prompts)
+    kw = dict(num_beams=beams, max_new_tokens=max_new, eos_token_id=[2], finished=finished)
+    batch = beam_search_batch(model, ids, mask, logits_processor=[AllowFew()], **kw)
+    for p, hyps in zip(prompts, batch, strict=True):
+        outputs = [(tuple(h.tokens), h.finished) for h in hyps]
+        assert hyps and len(set(outputs)) == len(outputs)
+        for h in hyps:
+            assert set(h.tokens) <= {3, 4}
+            ends = h.finished or finished == "on_beam"
+            seq = torch.tensor([p + h.tokens + ([2] if ends else [])])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(seq).logits[0].double(), -1)
+            want = sum(float(logp[len(p) - 1 + i, t]) for i, t in enumerate(seq[0, len(p) :]))
+            assert h.score == pytest.approx(want, abs=1e-4)
