@@ -2042,6 +2042,13 @@ M = [
         '    if isinstance(model, nn.Module) and batch_size(model) != 1:',
         'tests/search/test_batch.py -k several_inputs',
     ),
+    (
+        'on the beam, an EOS id of 0 does not finish',
+        'gencraft/search/beam.py',
+        '            finished=slots.eos >= 0,',
+        '            finished=slots.eos > 0,',
+        'tests/search/test_batch.py -k several_inputs',
+    ),
 ]
 
 

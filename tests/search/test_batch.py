@@ -17,7 +17,13 @@ from transformers import LogitsProcessor
 
 from gencraft.errors import GencraftError
 from gencraft.models.architectures import tiny_architecture
-from gencraft.search import beam_search, beam_search_batch, exact_mode, exact_mode_batch
+from gencraft.search import (
+    beam_search,
+    beam_search_batch,
+    beam_search_tensors,
+    exact_mode,
+    exact_mode_batch,
+)
 from gencraft.search import custom_generate as cg
 
 V = 12
@@ -617,10 +623,17 @@ def test_beam_search_refuses_a_stepper_of_several_inputs_and_reports_eos_id_0():
     with pytest.raises(GencraftError, match="Stepper of one input; use beam_search_batch"):
         beam_search(stepper, num_beams=2, max_new_tokens=3)
     llama = small_llama(0, vocab=6)  # EOS 0
-    hyps = beam_search(llama, torch.tensor([[1, 2]]), num_beams=3, max_new_tokens=4)
-    assert any(h.finished for h in hyps)
-    assert all((h.eos_token == 0) == h.finished for h in hyps)
-    assert all(h.eos_token is None for h in hyps if not h.finished)
+    for finished in ("aside", "on_beam"):
+        hyps = beam_search(
+            llama, torch.tensor([[1, 2]]), num_beams=3, max_new_tokens=4, finished=finished
+        )
+        assert any(h.finished for h in hyps)
+        assert all((h.eos_token == 0) == h.finished for h in hyps)
+        assert all(h.eos_token is None for h in hyps if not h.finished)
+        res = beam_search_tensors(
+            llama, torch.tensor([[1, 2]]), num_beams=3, max_new_tokens=4, finished=finished
+        )
+        assert res.finished[0, : len(hyps)].tolist() == [h.finished for h in hyps]
 
 
 def test_conditional_search_weighs_the_classifier_once_by_default():
