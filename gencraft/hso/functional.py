@@ -216,14 +216,16 @@ def _window_nll(model, x, targets, cache, positions) -> torch.Tensor:
 class _Plan:
     """B rows aligned at their first token: ``ids`` [B, W] (padding after each row's end),
     ``is_input`` [B, W] (a token with a target), ``windows`` the (context start, window
-    start, window end) of the longest row, ``own_windows`` each row's own count and
-    ``n_inputs`` each row's inputs."""
+    start, window end) of the longest row, ``own_windows`` each row's own count,
+    ``n_inputs`` each row's inputs; the model's ``layers`` and weights' ``dtype`` (read once)."""
 
     ids: torch.Tensor
     is_input: torch.Tensor
     windows: list[tuple[int, int, int]]
     own_windows: list[int]
     n_inputs: list[int]
+    layers: int
+    dtype: torch.dtype
 
 
 def _plan(model: nn.Module, rows: list[torch.Tensor], cfg: HSOConfig) -> _Plan:
@@ -241,7 +243,11 @@ def _plan(model: nn.Module, rows: list[torch.Tensor], cfg: HSOConfig) -> _Plan:
         for t in range(c0, c1, cfg.window)
     ]
     windows = spans(max(n_inputs))
-    return _Plan(ids, is_input, windows, [len(spans(n)) for n in n_inputs], n_inputs)
+    hf = hf_model(model)
+    own = [len(spans(n)) for n in n_inputs]
+    return _Plan(
+        ids, is_input, windows, own, n_inputs, model_shape(hf).layers, next(hf.parameters()).dtype
+    )
 
 
 def _run(
@@ -277,7 +283,7 @@ def _window(
 ) -> torch.Tensor:
     """One window [t, e) of context c0 (§3.3): ``cfg.steps`` forward/backward/update rounds on
     ``st``; returns the window's NLL [B, e - t] recorded before any update."""
-    layers, dtype = model_shape(hf).layers, next(hf.parameters()).dtype
+    layers, dtype = plan.layers, plan.dtype
     b = plan.ids.shape[0]
     x, targets = plan.ids[:, t:e], plan.ids[:, t + 1 : e + 1]
     real = plan.is_input[:, t:e]  # [B, t]: inputs with a target (not padding)
