@@ -1744,7 +1744,7 @@ M = [
     (
         'the finished key is not length-penalised',
         'gencraft/search/beam.py',
-        '        key = rank / float((t + 1) ** self.cfg.length_penalty)',
+        '        key = rank / torch.tensor(t + 1.0, dtype=torch.float64).pow(self.cfg.length_penalty).item()',
         '        key = rank',
         'tests/search/test_beam_core.py -k penalised',
     ),
@@ -2048,6 +2048,27 @@ M = [
         '            finished=slots.eos >= 0,',
         '            finished=slots.eos > 0,',
         'tests/search/test_batch.py -k several_inputs',
+    ),
+    (
+        'a bad beam setting names another argument',
+        'gencraft/search/beam.py',
+        '        _choice("forced_ranking", self.forced_ranking, ("score", "selection"))',
+        '        _choice("ranking", self.forced_ranking, ("score", "selection"))',
+        'tests/search/test_beam_core.py -k bad_setting',
+    ),
+    (
+        'the length-penalty range admits its bounds',
+        'gencraft/search/beam.py',
+        '        if not -1e4 < float(self.length_penalty) < 1e4:',
+        '        if not -1e4 <= float(self.length_penalty) <= 1e4:',
+        'tests/search/test_beam_core.py -k bad_setting',
+    ),
+    (
+        'a disabled classifier still steers beam search',
+        'gencraft/search/beam.py',
+        '        if clf is not None and not getattr(clf, "enabled", True):',
+        '        if False:',
+        'tests/search/test_beam_core.py -k edge_settings',
     ),
 ]
 

@@ -220,7 +220,7 @@ class BeamSettings:
             raise GencraftError(f"alpha must be >= 0, got {self.alpha}")
         if not -1e4 < float(self.length_penalty) < 1e4:
             raise GencraftError(
-                f"length_penalty must be a finite number, got {self.length_penalty}"
+                f"length_penalty must be a finite number in (-1e4, 1e4), got {self.length_penalty}"
             )
         if self.finished == "on_beam" and (
             self.length_penalty != 0 or self.early_stopping is not True
@@ -680,7 +680,8 @@ class _BeamSearch:
         first = top.map(lambda x: x[:, :kb])
         is_eos = torch.isin(first.token, self.eos)
         rank = torch.where(self.forced[:, None], first.score, first.cond)
-        key = rank / float((t + 1) ** self.cfg.length_penalty)
+        # float64 pow: a large penalty gives inf (keys -0.0, ties kept in order), not an error
+        key = rank / torch.tensor(t + 1.0, dtype=torch.float64).pow(self.cfg.length_penalty).item()
         # only possible hypotheses (generate also admits a dead beam's, scored about -1e9)
         new = ends[:, :kb] & (first.sel > NEG / 2) & (open & ~full)[:, None]
         if not bool(new.any()):
@@ -714,8 +715,8 @@ class _BeamSearch:
         key, index = keep.topk(self.K, dim=1)
         chosen = top.gather(index)
         nxt = live.gather(chosen.beam)
+        # a live beam holds t + 1 tokens: its length is the step's (arrivals count their own)
         nxt.tokens[:, :, t] = chosen.token
-        nxt.length = nxt.length + 1
         nxt.score = chosen.score.masked_fill(key == float("-inf"), NEG)
         return nxt, chosen.beam, alive
 
@@ -728,7 +729,9 @@ class _BeamSearch:
         if self.cfg.early_stopping == "never" and lp > 0:
             best = live.score.max(1).values / self.limit.double().pow(lp).float()
         else:
-            best = live.score.max(1).values / float((t + 1) ** lp)
+            best = (
+                live.score.max(1).values / torch.tensor(t + 1.0, dtype=torch.float64).pow(lp).item()
+            )
         return ~finished.done.all(1) | (best > finished.key.min(1).values)
 
     def _finished_result(self, finished: Beams) -> BeamResult:

@@ -5,6 +5,7 @@ policies; settings that cannot be honoured are refused in one line, before any w
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from test_batch import SETTINGS, TokenScorer, V, _batch, _model, prompts_st
 
 from gencraft.errors import GencraftError
+from gencraft.models import load_model
 from gencraft.search import beam_search, beam_search_batch
 from gencraft.search import custom_generate as cg
 from gencraft.search.beam import beam_search_tensors
@@ -152,3 +154,54 @@ def test_custom_generate_refuses_a_streamer_synced_gpus_and_sampling(name, what)
                 **{what: value},
                 **extra,
             )
+
+
+# -- mutmut's survivors in gencraft/search/beam.py (docs/core.md, "The automatic tool") ------
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (dict(finished="all"), "finished must be one of 'aside', 'on_beam', got 'all'"),
+        (dict(forced_eos="none"), "forced_eos must be one of 'model', 'free', got 'none'"),
+        (dict(forced_ranking="x"), "forced_ranking must be one of 'score', 'selection'"),
+        (dict(early_stopping=1), "early_stopping must be one of True, False, 'never', got 1"),
+        (dict(max_new_tokens=[3, 4, 5]), "max_new_tokens gives 3 values for 2 rows"),
+        (dict(force_length=[1]), "force_length gives 1 values for 2 rows"),
+        (dict(length_penalty=1e4), "length_penalty must be a finite number in"),
+        (dict(length_penalty=-1e4), "length_penalty must be a finite number in"),
+        (dict(length_penalty=float("nan")), "length_penalty must be a finite number in"),
+    ],
+    ids=str,
+)
+def test_a_bad_setting_is_named_with_its_value(setting, message):
+    model, _ = load_model("tiny-llama", seed=0)
+    kw = {"num_beams": 2, "max_new_tokens": 3, **setting}
+    ids, mask = torch.tensor([[3, 4], [0, 5]]), torch.tensor([[1, 1], [0, 1]])
+    with pytest.raises(GencraftError, match=re.escape(message)):
+        beam_search_batch(model, ids, mask, **kw)
+
+
+def test_edge_settings_that_are_allowed_change_nothing_they_should_not():
+    """length_penalty just inside the range runs (its power overflows to inf, not to an
+    error); ``k`` without a classifier keeps the K best
+    continuations of each beam, which is all beam search needs (k = K equals no k); a
+    disabled classifier is plain search; a classifier of another shape is named with both."""
+    model, _ = load_model("tiny-llama", seed=0)
+    ids = torch.tensor([[3, 4, 5]])
+    kw = dict(num_beams=3, max_new_tokens=4, eos_token_id=[2])
+    plain = beam_search(model, ids, **kw)
+    assert beam_search(model, ids, length_penalty=9999.0, **kw)
+    assert _tokens(beam_search(model, ids, k=3, **kw)) == _tokens(plain)
+    layers = model.config.num_hidden_layers
+    off = _scorer(model)
+    off.enabled = False
+    assert _tokens(beam_search(model, ids, classifier=off, **kw)) == _tokens(plain)
+    assert all(h.conditional_score is None for h in beam_search(model, ids, classifier=off, **kw))
+    wrong = TokenScorer(layers, model.config.hidden_size)
+    with pytest.raises(GencraftError, match=f"reads {layers} layers x "):
+        beam_search(model, ids, classifier=wrong, **kw)
+    with pytest.raises(GencraftError, match=f"model gives {layers + 1} x "):
+        beam_search(model, ids, classifier=wrong, **kw)
+
+
+def _tokens(hyps):
+    return [(h.tokens, h.finished) for h in hyps]
