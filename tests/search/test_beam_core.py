@@ -205,3 +205,32 @@ def test_edge_settings_that_are_allowed_change_nothing_they_should_not():
 
 def _tokens(hyps):
     return [(h.tokens, h.finished) for h in hyps]
+
+
+def test_the_three_entries_share_their_defaults_and_settings_compare_by_value():
+    """beam_search, beam_search_batch and beam_search_tensors take the same defaults; a
+    setting equal to an allowed value but built at run time is accepted; force_length=1
+    counting the EOS is the EOS alone; a processor with several beams warns of nothing."""
+    import inspect
+    import warnings
+
+    from transformers import NoRepeatNGramLogitsProcessor
+
+    params = [
+        inspect.signature(f).parameters
+        for f in (beam_search, beam_search_batch, beam_search_tensors)
+    ]
+    for name in ("alpha", "early_stopping", "length_includes_eos", "length_penalty", "k"):
+        assert len({p[name].default for p in params}) == 1, name
+    model, _ = load_model("tiny-llama", seed=0)
+    ids = torch.tensor([[3, 4, 5]])
+    kw = dict(num_beams=2, max_new_tokens=3, eos_token_id=[2])
+    aside = "".join(["as", "ide"])  # equal to "aside", not the same object
+    assert _tokens(beam_search(model, ids, finished=aside, **kw)) == _tokens(
+        beam_search(model, ids, **kw)
+    )
+    alone = beam_search(model, ids, force_length=1, length_includes_eos=True, **kw)
+    assert alone and all(h.tokens == [] and h.finished for h in alone)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        beam_search(model, ids, logits_processor=[NoRepeatNGramLogitsProcessor(2)], **kw)
