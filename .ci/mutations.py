@@ -2070,6 +2070,27 @@ M = [
         '        if False:',
         'tests/search/test_beam_core.py -k edge_settings',
     ),
+    (
+        'a beam setting must be the allowed object itself',
+        'gencraft/search/beam.py',
+        '    if not any(value is a or (type(value) is type(a) and value == a) for a in allowed):',
+        '    if not any(value is a for a in allowed):',
+        'tests/search/test_beam_core.py -k share_their_defaults',
+    ),
+    (
+        'force_length=1 counting the EOS is refused',
+        'gencraft/search/beam.py',
+        '        if force < 1:',
+        '        if force <= 1:',
+        'tests/search/test_beam_core.py -k share_their_defaults',
+    ),
+    (
+        'several beams with a processor warn as one beam does',
+        'gencraft/search/beam.py',
+        '    if num_beams == 1 and settings.logits_processor:',
+        '    if num_beams == 1 or settings.logits_processor:',
+        'tests/search/test_beam_core.py -k share_their_defaults',
+    ),
 ]
 
 

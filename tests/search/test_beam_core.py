@@ -214,7 +214,7 @@ def test_the_three_entries_share_their_defaults_and_settings_compare_by_value():
     import inspect
     import warnings
 
-    from transformers import NoRepeatNGramLogitsProcessor
+    from transformers import NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor
 
     params = [
         inspect.signature(f).parameters
@@ -231,6 +231,9 @@ def test_the_three_entries_share_their_defaults_and_settings_compare_by_value():
     )
     alone = beam_search(model, ids, force_length=1, length_includes_eos=True, **kw)
     assert alone and all(h.tokens == [] and h.finished for h in alone)
+    odd = [RepetitionPenaltyLogitsProcessor(1.5)]  # not shift-invariant: one beam warns
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        beam_search(model, ids, logits_processor=[NoRepeatNGramLogitsProcessor(2)], **kw)
+        beam_search(model, ids, logits_processor=[NoRepeatNGramLogitsProcessor(2), *odd], **kw)
+    with pytest.warns(UserWarning, match="RepetitionPenaltyLogitsProcessor"):
+        beam_search(model, ids, logits_processor=odd, **{**kw, "num_beams": 1})
