@@ -12,32 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_pointer_cli import TRAIN as CLI_TRAIN
 
 from gencraft.cli.main import main
 
-TRAIN = [
-    "pointer",
-    "train",
-    "--corpus",
-    "ptb",
-    "--preset",
-    "tiny",
-    "--zoneout",
-    "0",  # zoneout draws per row inside the LSTM: its draws depend on the rows a process holds
-    "--batch-size",
-    "4",
-    "--bptt",
-    "10",
-    "--eval-batch-size",
-    "2",
-    "--final-eval-batch-size",
-    "2",
-    "--eval-every",
-    "3",
-    "--lr",
-    "1",
-    "--quiet",
-]
+# the CLI tests' tiny run, with zoneout off: zoneout draws per row inside the LSTM, so its draws
+# depend on the rows a process holds
+TRAIN = ["pointer", "train", *CLI_TRAIN, "--zoneout", "0", "--eval-every", "3", "--lr", "1"]
 
 
 def _launch(args: list[str]) -> subprocess.CompletedProcess:
