@@ -2091,6 +2091,8 @@ M = [
         '    if num_beams == 1 or settings.logits_processor:',
         'tests/search/test_beam_core.py -k share_their_defaults',
     ),
+    ('hso-fewshot loads on the CPU', 'gencraft/hso/experiments.py', '    """Accuracy and seconds per example of each method, per n, mean over seeds."""\n    model, tok = load_model(s.model, device=default_device())', '    """Accuracy and seconds per example of each method, per n, mean over seeds."""\n    model, tok = load_model(s.model)', 'tests/test_experiment_devices.py'),
+    ('search-empty loads on the CPU', 'gencraft/search/experiments.py', '    """How often the best output exact search finds is empty."""\n    model, tok = load_model(s.model, device=default_device())', '    """How often the best output exact search finds is empty."""\n    model, tok = load_model(s.model)', 'tests/test_experiment_devices.py'),
 ]
 
 

@@ -34,6 +34,7 @@ from gencraft.hso.functional import hso_nll
 from gencraft.metrics import windowed_nll
 from gencraft.metrics.lm import stream_perplexities
 from gencraft.models import load_model
+from gencraft.utils import default_device
 
 #: Table 3.3's rows (thesis values: GPT-2 345M, PG-19 validation), as HSOConfig overrides
 VARIANTS: dict[str, dict] = {
@@ -95,7 +96,7 @@ def hso_lm(s: HSOLMSettings, run: ExperimentRun) -> None:
     bad = [a for a in s.ablations if a not in VARIANTS]
     if bad:
         raise GencraftError(f"unknown HSO variants {bad}; choose from {', '.join(VARIANTS)}")
-    model, tok = load_model(s.model)
+    model, tok = load_model(s.model, device=default_device())
     model.eval()
     rows = []
     for i, split in enumerate(s.splits):
@@ -252,7 +253,7 @@ def _fewshot_rows(s: FewShotSettings, run: ExperimentRun) -> list[dict]:
 )
 def hso_fewshot(s: FewShotSettings, run: ExperimentRun) -> None:
     """Accuracy and seconds per example of each method, per n, mean over seeds."""
-    model, tok = load_model(s.model)
+    model, tok = load_model(s.model, device=default_device())
     model.eval()
     task = build_task(s.task, s.data_dir)
     shared, label_ids = label_token_ids(tok, task.labels)

@@ -184,17 +184,19 @@ def classify_batch(
         raise GencraftError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
     if batch_size < 1:
         raise GencraftError(f"batch_size must be >= 1, got {batch_size}")
+    dev = next(model.parameters()).device  # prompts are drawn on the CPU
     if method == "dynamic eval":
-        return [classify(model, p, label_ids, method, hso, de) for p in prompts]
+        return [classify(model, p.to(dev), label_ids, method, hso, de) for p in prompts]
     labels = torch.tensor(label_ids)
     out: list[int] = []
     for _, ids, mask in left_padded_batches(model, None, prompts, batch_size):
+        ids, mask = ids.to(dev), mask.to(dev)
         stepper = HFStepper(model, ids, attention_mask=mask, max_new_tokens=1)
         if method == "baseline":
             logp = stepper.start().log_probs
         else:
             cfg = HSOConfig(**{**hso.__dict__, "steps": 2 if method == "hso2" else 1})
-            cache = hso_prefill(model, ids.to(stepper.device), cfg, attention_mask=mask)
+            cache = hso_prefill(model, ids, cfg, attention_mask=mask)
             logp = stepper.step(ids[:, -1], cache).log_probs  # the last token on the states
         out += logp[:, labels.to(logp.device)].argmax(-1).tolist()
     return out

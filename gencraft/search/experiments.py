@@ -32,6 +32,7 @@ from gencraft.progress import tqdm
 from gencraft.search.beam import beam_search_batch
 from gencraft.search.exact import exact_mode, exact_mode_batch
 from gencraft.search.prompts import encode_prompt, instruction_texts
+from gencraft.utils import default_device
 
 TINY = {"model": "tiny-llama"}
 
@@ -70,7 +71,7 @@ def _prompts(tok, n: int, data_dir: str | None, xsum_words: int = 60) -> list[to
 )
 def speed(s: SpeedSettings, run: ExperimentRun) -> None:
     """gencraft's beam_search_batch vs generate on the same left-padded batches."""
-    model, tok = load_model(s.model)
+    model, tok = load_model(s.model, device=default_device())
     prompts = _prompts(tok, s.prompts, s.data_dir)
     batches = _batched(model, tok, prompts, s.batch_size)
     eos = model.generation_config.eos_token_id
@@ -158,7 +159,7 @@ class MemorySettings:
 )
 def memory(s: MemorySettings, run: ExperimentRun) -> None:
     """Peak key/value bytes of exact search against a full cache per node."""
-    model, tok = load_model(s.model)
+    model, tok = load_model(s.model, device=default_device())
     prompt = encode_prompt(tok, instruction_texts("e2e", 1, s.data_dir)[0])
     cfg = model.config
     heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
@@ -217,7 +218,7 @@ class EmptySettings:
 )
 def empty(s: EmptySettings, run: ExperimentRun) -> None:
     """How often the best output exact search finds is empty."""
-    model, tok = load_model(s.model)
+    model, tok = load_model(s.model, device=default_device())
     sets = {
         f"xsum, {w} words": instruction_texts("xsum", s.prompts, s.data_dir, max_source_words=w)
         for w in s.words
@@ -375,7 +376,7 @@ def conditional_study(args) -> dict:
         train_classifier,
     )
 
-    model, tok = load_model(args.model)
+    model, tok = load_model(args.model, device=default_device())
     eos = eos_ids(model, None)
     out_dir = Path(args.work_dir)
     if args.classifiers:  # reuse trained classifiers: skip sampling and training
