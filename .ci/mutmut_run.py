@@ -64,7 +64,7 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "hso/functional": (
         ["gencraft/hso/functional.py"],
-        ["tests/hso/test_hso.py", "tests/hso/test_hso_batch.py"],
+        ["tests/hso/test_hso.py", "tests/hso/test_hso_batch.py", "tests/hso/test_hso_checks.py"],
     ),
 }
 

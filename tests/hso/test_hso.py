@@ -103,8 +103,10 @@ def reference_hso(
         dict(max_context=14),
         dict(present_only=True),
         dict(optimizer="sgd", lr=0.5),
+        dict(optimizer="sgd", lr=1.0),  # lr = 1 is an update like any other
+        dict(window=1, max_context=3),  # one cached state before the second window
     ],
-    ids=["adam", "max_context", "present_only", "sgd"],
+    ids=["adam", "max_context", "present_only", "sgd", "sgd_lr1", "window1"],
 )
 def test_hso_equals_a_per_block_adam_reference(llama, kw):
     """In float64: Adam divides tiny gradients by their own size, so a float32 model's
@@ -112,21 +114,22 @@ def test_hso_equals_a_per_block_adam_reference(llama, kw):
     both sides agree to the float32 rounding of HSO's master states, at any thread count."""
     llama = copy.deepcopy(llama).double()
     ids = _ids(40)
-    cfg = HSOConfig(window=7, lr=kw.pop("lr", 0.05), betas=(0.65, 0.9), **kw)
+    k = kw.pop("window", 7)
+    cfg = HSOConfig(window=k, lr=kw.pop("lr", 0.05), betas=(0.65, 0.9), **kw)
     want, want_kv = reference_hso(
         llama,
         ids,
-        k=7,
+        k=k,
         lr=cfg.lr,
         betas=cfg.betas,
-        max_blocks=None if cfg.max_context is None else cfg.max_context // 7,
+        max_blocks=None if cfg.max_context is None else cfg.max_context // k,
         present_only=cfg.present_only,
         sgd=cfg.optimizer == "sgd",
     )
     got = hso_nll(llama, ids, cfg).token_nll
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
     plain = windowed_nll(llama, ids, window=40)
-    assert (got[7:] - plain[7:]).abs().max() > 1e-3  # the updates changed later predictions
+    assert (got[k:] - plain[k:]).abs().max() > 1e-3  # the updates changed later predictions
     cache = hso_prefill(llama, ids, cfg) if cfg.max_context is None else None
     if cache is not None:  # the prefill keeps the same optimised states
         for layer, (wk, wv) in zip(cache.layers, want_kv, strict=True):

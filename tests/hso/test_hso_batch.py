@@ -89,12 +89,13 @@ def test_the_rows_are_optimised_apart(llama):
     assert torch.allclose(with_b.token_nll, with_c.token_nll, atol=1e-5, rtol=0)
 
 
-def test_batched_prefill_places_each_prompts_states_as_alone(llama):
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_batched_prefill_places_each_prompts_states_as_alone(llama, optimizer):
     g = torch.Generator().manual_seed(2)
     # 5 tokens: its last window holds one input and two paddings (which must not score)
     prompts = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (7, 5, 9)]
     ids, mask = _padded(prompts, [True] * 3)
-    cfg = HSOConfig(window=3, lr=0.05)
+    cfg = HSOConfig(window=3, lr=0.05, optimizer=optimizer)
     cache = hso_prefill(llama, ids, cfg, attention_mask=mask)
     width = ids.shape[1] - 1
     for i, p in enumerate(prompts):
