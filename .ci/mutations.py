@@ -2196,6 +2196,20 @@ M = [
         "window of tokens {t}..{e} is",
         "tests/hso/test_hso_checks.py::test_a_diverging_window_is_named_by_its_tokens",
     ),
+    (
+        "HSO's no-cache message loses its model",
+        "gencraft/hso/functional.py",
+        'raise GencraftError(f"{what} needs a KV cache; {name} takes none ({CACHE_ARG})")',
+        'raise GencraftError(f"{what} needs a KV cache")',
+        "tests/hso/test_hso_checks.py::test_a_causal_lm_without_a_cache_argument_is_named",
+    ),
+    (
+        "HSO feeds float32 states to a half model",
+        "gencraft/hso/functional.py",
+        "model_shape(hf).layers, next(hf.parameters()).dtype",
+        "model_shape(hf).layers, torch.float32",
+        "tests/hso/test_hso_checks.py::test_a_bfloat16_model_gets_states_in_its_dtype_and_scores_near_float32",
+    ),
 ]
 
 

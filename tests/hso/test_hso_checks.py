@@ -4,6 +4,7 @@ sides, against the rule the docstrings state."""
 
 from __future__ import annotations
 
+import copy
 import re
 import time
 
@@ -170,3 +171,32 @@ def test_settings_at_their_edges_still_move_the_states(llama, cfg):
     got = hso_nll(llama, _ids(12), cfg).token_nll
     assert torch.equal(got[: cfg.window], plain[: cfg.window])
     assert (got[cfg.window :] - plain[cfg.window :]).abs().max() > 1e-4
+
+
+def test_a_causal_lm_without_a_cache_argument_is_named(llama):
+    from transformers import LlamaForCausalLM
+
+    from gencraft.models.compat import CACHE_ARG
+
+    class NoCacheLM(LlamaForCausalLM):
+        def forward(self, input_ids=None, attention_mask=None):
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask)
+
+    config = copy.deepcopy(llama.config)
+    config.is_decoder = True  # a causal LM by its config, as a custom class would be
+    with pytest.raises(GencraftError) as e:
+        hso_nll(NoCacheLM(config), _ids(5))
+    assert str(e.value) == f"HSO needs a KV cache; NoCacheLM takes none ({CACHE_ARG})"
+
+
+def test_a_bfloat16_model_gets_states_in_its_dtype_and_scores_near_float32(llama):
+    """The states stay float32 inside HSO but reach the model in its own dtype: a bfloat16
+    model runs, and its NLL stays near the float32 model's."""
+    ids, cfg = _ids(16), HSOConfig(window=4, lr=0.05)
+    half = copy.deepcopy(llama).to(torch.bfloat16)
+    got = hso_nll(half, ids, cfg).token_nll
+    want = hso_nll(llama, ids, cfg).token_nll
+    assert got.dtype == torch.float32
+    assert (got - want).abs().max() < 0.1 * want.abs().max()
+    cache = hso_prefill(half, ids, cfg)
+    assert all(layer.keys.dtype == torch.bfloat16 for layer in cache.layers)
