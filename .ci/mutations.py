@@ -2210,6 +2210,48 @@ M = [
         "model_shape(hf).layers, torch.float32",
         "tests/hso/test_hso_checks.py::test_a_bfloat16_model_gets_states_in_its_dtype_and_scores_near_float32",
     ),
+    (
+        "exact search's seed steps are not counted as nodes",
+        "gencraft/search/exact.py",
+        "            out = yield (t, cache)\n            self.nodes += 1",
+        "            out = yield (t, cache)",
+        "tests/search/test_exact_counts.py::test_nodes_are_the_model_calls_seed_steps_included",
+    ),
+    (
+        "exact search's seed is processed one token ahead",
+        "gencraft/search/exact.py",
+        "initial[: i + 1]), out.cache",
+        "initial[: i + 2]), out.cache",
+        "tests/search/test_exact_counts.py::test_a_seed_is_scored_with_the_processors_seeing_the_tokens_before_each_step",
+    ),
+    (
+        "exact_mode lets a batch through",
+        "gencraft/search/exact.py",
+        "input_ids.dim() == 2 and input_ids.shape[0] != 1",
+        "input_ids.dim() == 3 and input_ids.shape[0] != 1",
+        "tests/search/test_exact_counts.py::test_a_batch_given_to_exact_mode_is_named_word_for_word",
+    ),
+    (
+        "exact search refuses a seed with token 0",
+        "gencraft/search/exact.py",
+        "not 0 <= t < vocab",
+        "not 0 < t < vocab",
+        "tests/search/test_exact_counts.py::test_seeds_are_checked_at_their_bounds",
+    ),
+    (
+        "exact search takes a too-long seed without length",
+        "gencraft/search/exact.py",
+        "len(seed) > max_new_tokens or (length",
+        "len(seed) > max_new_tokens and (length",
+        "tests/search/test_exact_counts.py::test_seeds_are_checked_at_their_bounds",
+    ),
+    (
+        "exact search's KV bytes divide by the element size",
+        "gencraft/search/exact.py",
+        "k.numel() * k.element_size()",
+        "k.numel() / k.element_size()",
+        "tests/search/test_exact_counts.py::test_peak_kv_bytes_holds_at_least_the_prompts_cache",
+    ),
 ]
 
 
