@@ -130,3 +130,31 @@ def test_peak_kv_bytes_holds_at_least_the_prompts_cache(counted):
         assert per_position * n_prompt <= got.peak_kv_bytes
         assert got.peak_kv_bytes <= per_position * (n_prompt + new) * (got.nodes + 1)
         assert got.peak_kv_bytes % (cfg.num_key_value_heads * cfg.head_dim * 4) == 0
+
+
+class _SetMax:
+    """Sets token 4's score to ``value``: a processor whose output is not a log-probability
+    once ``value`` > 0."""
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        scores[:, 4] = self.value
+        return scores
+
+
+def test_processed_scores_above_zero_are_refused_past_a_rounding_margin(counted):
+    model, _ = counted
+    ids = torch.tensor([[5, 9, 13]])
+    for value in (0.0, 1e-6):  # a renormalised score may round a hair above 0
+        exact_mode(
+            model, ids, eos_token_id=EOS, max_new_tokens=1, logits_processor=[_SetMax(value)]
+        )
+    with pytest.raises(GencraftError) as e:
+        exact_mode(model, ids, eos_token_id=EOS, max_new_tokens=1, logits_processor=[_SetMax(0.5)])
+    assert str(e.value) == (
+        "exact search needs processed scores <= 0 (log-probabilities, masked or renormalised) "
+        "for its pruning; a logits processor returned 0.5"
+    )
