@@ -25,12 +25,6 @@ from gencraft.metrics import windowed_nll
 from gencraft.models import load_model
 
 
-@pytest.fixture(scope="module")
-def llama():
-    model, _ = load_model("tiny-llama", seed=0)
-    return model.eval()
-
-
 def _ids(n: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(3, 200, (1, n), generator=torch.Generator().manual_seed(seed))
 

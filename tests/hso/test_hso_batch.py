@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from gencraft.errors import GencraftError
 from gencraft.hso import HSOConfig, hso_nll, hso_nll_batch, hso_prefill
-from gencraft.models import load_model
 
 SETTINGS = dict(
     deadline=None,
@@ -19,12 +18,6 @@ SETTINGS = dict(
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-
-
-@pytest.fixture(scope="module")
-def llama():
-    model, _ = load_model("tiny-llama", seed=0)
-    return model.eval()
 
 
 def _padded(rows: list[list[int]], left: list[bool]):

@@ -10,21 +10,11 @@ import time
 
 import pytest
 import torch
+from test_hso import _ids
 
 from gencraft.errors import GencraftError
 from gencraft.hso import HSOConfig, hso_nll, hso_nll_batch, hso_prefill
-from gencraft.models import load_model
 from gencraft.models.introspect import context_size, model_shape
-
-
-@pytest.fixture(scope="module")
-def llama():
-    model, _ = load_model("tiny-llama", seed=0)
-    return model.eval()
-
-
-def _ids(n: int, seed: int = 0) -> torch.Tensor:
-    return torch.randint(3, 200, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
 def test_the_vocabulary_bounds_are_zero_and_vocab_minus_one(llama):
