@@ -109,7 +109,9 @@ def run(package: str, children: int) -> dict:
         shutil.rmtree(work / name, ignore_errors=True)
         shutil.copytree(ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
     (work / "pyproject.toml").write_text(_config(files, tests))
+    # the mutants profile: the suite's cases without shrinking a failure (tests/conftest.py)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env.setdefault("HYPOTHESIS_PROFILE", "mutants")
     env.setdefault("GENCRAFT_DATA_DIR", str(ROOT.parent / "shared" / "data"))
     cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(children)]
     subprocess.run(cmd, cwd=work, env=env, stdout=subprocess.DEVNULL)

@@ -14,10 +14,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 # hypothesis draws the same cases on every run, so CI's verdict is the developer's; set
 # HYPOTHESIS_PROFILE=explore to draw new ones (docs/core.md, "Tests")
+from hypothesis import Phase as _Phase  # noqa: E402
 from hypothesis import settings as _hypothesis_settings  # noqa: E402
 
 _hypothesis_settings.register_profile("gencraft", derandomize=True, print_blob=True)
 _hypothesis_settings.register_profile("explore", derandomize=False, max_examples=500)
+# mutation runs need only the verdict: the same cases, no shrinking of a failure
+_hypothesis_settings.register_profile(
+    "mutants",
+    derandomize=True,
+    phases=[_Phase.explicit, _Phase.reuse, _Phase.generate],
+    database=None,
+)
 _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "gencraft"))
 
 # a mutation run (.ci/mutations.py) must test the mutated copy, not the checkout

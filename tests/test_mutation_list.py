@@ -28,3 +28,10 @@ def test_every_mutation_pattern_occurs_once_in_its_file():
         if count != 1 or pattern == replacement:
             stale.append(f"{name!r} ({path}): the pattern occurs {count} times")
     assert not stale, "stale mutations:\n" + "\n".join(stale)
+
+
+@pytest.mark.skipif(not LIST.is_file(), reason="no .ci/mutations.py (an installed package)")
+def test_every_mutation_has_its_own_name():
+    """CI reports and reruns mutations by name: two entries with one name hide each other."""
+    names = [m[0] for m in _mutations()]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

@@ -75,7 +75,7 @@ def _check_call(
         raise GencraftError(f"gencraft's {name} from generate() takes no streamer")
     if synced_gpus:
         raise GencraftError(f"gencraft's {name} from generate() does not run with synced_gpus")
-    if getattr(generation_config, "do_sample", False):
+    if generation_config.do_sample:
         raise GencraftError(
             f"gencraft's {name} from generate() does not sample: pass do_sample=False"
         )
@@ -83,8 +83,8 @@ def _check_call(
 
 def _expand_size(generation_config: Any) -> int:
     """How many copies of each input generate() made before calling the decoder."""
-    beams = int(getattr(generation_config, "num_beams", None) or 1)
-    return max(beams, int(getattr(generation_config, "num_return_sequences", None) or 1))
+    beams = int(generation_config.num_beams or 1)
+    return max(beams, int(generation_config.num_return_sequences or 1))
 
 
 def _stepper(
@@ -107,14 +107,15 @@ def _stepper(
             raise GencraftError("generate() passed no encoder_outputs to the custom decoder")
         enc = out[0] if not hasattr(out, "last_hidden_state") else out.last_hidden_state
         enc = enc[::every]
-        ids = torch.full((enc.shape[0], 1), _pad(model, generation_config), device=enc.device)
+        # placeholder ids, never read: the encoder's output is given
+        ids = torch.zeros((enc.shape[0], 1), dtype=torch.long, device=enc.device)
     else:
         ids = input_ids[::every]
     return HFStepper(
         model,
         ids,
         attention_mask=mask,
-        max_new_tokens=_max_new_tokens(generation_config, input_ids) + 1,
+        max_new_tokens=_max_new_tokens(generation_config, input_ids),
         hidden=hidden,
         encoder_hidden=enc,
     )
@@ -126,7 +127,7 @@ def _pad(model: nn.Module, generation_config: Any) -> int:
 
 
 def _max_new_tokens(generation_config: Any, input_ids: torch.Tensor) -> int:
-    n = getattr(generation_config, "max_new_tokens", None)
+    n = generation_config.max_new_tokens
     if n is None:
         n = int(generation_config.max_length) - input_ids.shape[1]
     if n < 1:
@@ -140,11 +141,13 @@ def _output(
     input_ids: torch.Tensor,
     generation_config: Any,
     result: BeamResult,
+    greedy: bool = False,
 ) -> Any:
     """``generate``'s output from each row's first ``num_return_sequences`` outputs:
-    ``[B * R, P + W]`` ids (prompt, tokens, EOS when finished, then the fill id), and with
+    ``[B * R, P + W]`` ids (prompt, tokens, EOS when finished, then the fill id: the pad id
+    after ``greedy`` decoding, as ``generate``'s greedy pads), and with
     ``return_dict_in_generate`` a ``GenerateBeam*Output``."""
-    n_return = int(getattr(generation_config, "num_return_sequences", None) or 1)
+    n_return = int(generation_config.num_return_sequences or 1)
     short = ~result.valid[:, :n_return].all(1)
     if result.valid.shape[1] < n_return or bool(short.any()):
         i = int(short.nonzero()[0]) if bool(short.any()) else 0
@@ -154,8 +157,9 @@ def _output(
         )
     out = result.map(lambda x: x[:, :n_return].flatten(0, 1))  # [B * R, ...]
     pad, eos = _pad(model, generation_config), eos_ids(model, generation_config.eos_token_id)
-    fill = pad or eos[0]  # generate's beam search fills with the pad id, or EOS for pad id 0
-    width = int((out.length + out.finished.long()).max()) if out.length.numel() else 0
+    # generate's beam search fills with the pad id, or EOS for pad id 0; its greedy, the pad id
+    fill = pad if greedy else pad or eos[0]
+    width = int((out.length + out.finished.long()).max())  # B >= 1
     at = torch.arange(width, device=out.tokens.device)
     tokens = torch.nn.functional.pad(out.tokens, (0, max(0, width - out.tokens.shape[1])))
     generated = torch.where(at < out.length[:, None], tokens[:, :width], fill)
@@ -163,7 +167,7 @@ def _output(
     generated = torch.where(is_end, out.eos[:, None], generated)
     prompts = input_ids[:: _expand_size(generation_config)].repeat_interleave(n_return, 0)
     sequences = torch.cat([prompts, generated.to(prompts)], dim=1)
-    if not getattr(generation_config, "return_dict_in_generate", False):
+    if not generation_config.return_dict_in_generate:
         return sequences
     from transformers.generation.utils import (
         GenerateBeamDecoderOnlyOutput,
@@ -175,7 +179,7 @@ def _output(
         if model.config.is_encoder_decoder
         else GenerateBeamDecoderOnlyOutput
     )
-    scores = out.sequence_score if getattr(generation_config, "output_scores", False) else None
+    scores = out.sequence_score if generation_config.output_scores else None
     return cls(sequences=sequences, sequences_scores=scores)
 
 
@@ -199,13 +203,11 @@ def _beam(
         model, input_ids, model_kwargs, generation_config, search.get("classifier") is not None
     )
     beams = int(generation_config.num_beams or 1)
-    lp = getattr(generation_config, "length_penalty", None)
-    early = getattr(generation_config, "early_stopping", None)
+    lp, early = generation_config.length_penalty, generation_config.early_stopping
     if beams == 1:  # generate's greedy path, whatever the two: a row ends at its first EOS
         lp, early = 0.0, True
     result = beam_search_tensors(
         stepper,
-        None,
         num_beams=beams,
         max_new_tokens=_max_new_tokens(generation_config, input_ids),
         eos_token_id=eos_ids(model, generation_config.eos_token_id),
@@ -214,7 +216,7 @@ def _beam(
         early_stopping=False if early is None else early,
         **search,
     )
-    return _output(name, model, input_ids, generation_config, result)
+    return _output(name, model, input_ids, generation_config, result, greedy=beams == 1)
 
 
 def beam_search(
@@ -322,22 +324,18 @@ def exact_mode(
 
 def _modes(rows: list[ModeResult], eos: int) -> BeamResult:
     """Exact search's modes as a one-output :class:`BeamResult` ([B, 1]); a mode not found
-    (log-prob -inf) is an empty, unfinished output."""
-    found = [r.log_prob != float("-inf") for r in rows]
-    width = max([len(r.tokens) for r, f in zip(rows, found, strict=True) if f] or [0])
-    tokens = [(r.tokens if f else []) + [0] * (width - (len(r.tokens) if f else 0))
-              for r, f in zip(rows, found, strict=True)]  # fmt: skip
+    (log-prob -inf: no seed, so its tokens are empty) is an empty, unfinished output."""
+    width = max(len(r.tokens) for r in rows)
+    tokens = [r.tokens + [0] * (width - len(r.tokens)) for r in rows]
     score = torch.tensor([[r.log_prob] for r in rows])
     return BeamResult(
         tokens=torch.tensor(tokens, dtype=torch.long).view(len(rows), 1, width),
-        length=torch.tensor(
-            [[len(r.tokens) if f else 0] for r, f in zip(rows, found, strict=True)]
-        ),
+        length=torch.tensor([[len(r.tokens)] for r in rows]),
         score=score,
         conditional=torch.full_like(score, float("nan")),
         sequence_score=score,
-        finished=torch.tensor([[f] for f in found]),
-        eos=torch.tensor([[eos if f else -1] for f in found]),
+        finished=torch.isfinite(score),
+        eos=torch.full((len(rows), 1), eos),
         valid=torch.ones(len(rows), 1, dtype=torch.bool),
     )
 

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
-from gencraft.models.stepping import ProcessorChain, Stepper, batch_size, resolve
+from gencraft.models.stepping import HFStepper, ProcessorChain, Stepper, batch_size, resolve
 
 
 @dataclass
@@ -164,29 +164,32 @@ def exact_mode_batch(
         model,
         input_ids,
         eos_token_id,
-        max_new_tokens=max_new_tokens + 1,
+        max_new_tokens=max(1, max_new_tokens),  # the deepest node's forward fills P + max_new
         attention_mask=attention_mask,
     )
     b = batch_size(stepper)
-    if max_new_tokens + 50 > sys.getrecursionlimit():
-        sys.setrecursionlimit(max_new_tokens + 1000)
     seeds = _seeds(initial, b, eos, stepper.vocab_size, max_new_tokens, length)
     if b > 1 and not _ragged(stepper):  # a wrapper whose state follows rows in blocks (FAME)
+        if not isinstance(model, nn.Module):
+            raise GencraftError(
+                f"exact_mode_batch needs step_ragged on a Stepper of {b} inputs (each row's "
+                "hypotheses stepped with caches of their own); give it one input at a time"
+            )
+        kw = dict(eos_token_id=eos, max_new_tokens=max_new_tokens, length=length)
+        kw.update(max_nodes=max_nodes, logits_processor=logits_processor)
+        masks = [None] * b if attention_mask is None else attention_mask.split(1)
         return [
-            exact_mode_batch(
-                model,
-                input_ids[r : r + 1],
-                None if attention_mask is None else attention_mask[r : r + 1],
-                eos_token_id=eos,
-                max_new_tokens=max_new_tokens,
-                length=length,
-                max_nodes=max_nodes,
-                initial=[seeds[r]],
-                logits_processor=logits_processor,
-            )[0]
-            for r in range(b)
+            exact_mode_batch(model, ids, mask, initial=[seed], **kw)[0]
+            for ids, mask, seed in zip(input_ids.split(1), masks, seeds, strict=True)
         ]
-    return _search_rows(stepper, eos, max_new_tokens, length, max_nodes, seeds, logits_processor)
+    limit = sys.getrecursionlimit()  # each level of the DFS is a generator frame
+    sys.setrecursionlimit(max(limit, max_new_tokens + 1000))
+    try:
+        return _search_rows(
+            stepper, eos, max_new_tokens, length, max_nodes, seeds, logits_processor
+        )
+    finally:
+        sys.setrecursionlimit(limit)
 
 
 def _checked_length(
@@ -269,10 +272,11 @@ def _search_rows(
 def _ragged(stepper: Any) -> bool:
     """Whether the stepper's hypotheses can be stepped with caches of their own: a plain
     model, or a wrapper that steps itself (the pointer head); not a wrapper whose state
-    follows the rows in blocks (FAME's source)."""
-    if not callable(getattr(stepper, "step_ragged", None)):
-        return False
-    return getattr(stepper, "custom", None) is not None or stepper.model is stepper.hf
+    follows the rows in blocks (FAME's source). A hand-written Stepper: whether it has
+    ``step_ragged``."""
+    if not isinstance(stepper, HFStepper):
+        return callable(getattr(stepper, "step_ragged", None))
+    return stepper.custom is not None or stepper.model is stepper.hf
 
 
 def _advance(gen: Any, r: int, value: Any, pending: dict, results: list) -> None:
@@ -399,7 +403,7 @@ class _DFS:
             self.best, self.best_tokens = score + eos_lp, list(prefix)
         if depth == (self.max_new if self.length is None else self.length):
             return
-        kept, expanded = None, 0
+        kept = None
         for w in torch.argsort(logp, descending=True).tolist():
             if w in self.eos_set:
                 continue
@@ -408,7 +412,7 @@ class _DFS:
                 break  # children come in order of probability: every later one scores lower
             if self.max_nodes is not None and self.nodes >= self.max_nodes:
                 raise _Budget
-            if expanded == 0:
+            if cache is not None:
                 given, cache = cache, None  # the first child takes this full cache over
             else:
                 if kept is None:  # second child: rebuild once from the slices, keep it
@@ -419,7 +423,6 @@ class _DFS:
             child_lp, child_cache = out.log_probs[0].double(), out.cache
             del given, out
             self.nodes += 1
-            expanded += 1
             kv = _slice_last(child_cache)
             yield from self._visit(
                 [*prefix, w],
@@ -435,4 +438,4 @@ class _DFS:
 
 
 def _kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(ly.keys, ly.values) for ly in _layers(cache)] if cache is not None else []
+    return [(ly.keys, ly.values) for ly in _layers(cache)]
