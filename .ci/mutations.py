@@ -2486,7 +2486,7 @@ M = [
     (
         "cg-encoder-tuple-unread",
         "gencraft/search/custom_generate.py",
-        '        enc = out[0] if not hasattr(out, "last_hidden_state") else out.last_hidden_state',
+        "        enc = out[0]  # a BaseModelOutput's first field, or a tuple's",
         "        enc = out.last_hidden_state",
         "tests/test_custom_generate_calls.py",
     ),
@@ -2523,6 +2523,34 @@ M = [
         "gencraft/search/custom_generate.py",
         "    fill = pad if greedy else pad or eos[0]",
         "    fill = pad or eos[0]",
+        "tests/test_custom_generate_calls.py",
+    ),
+    (
+        "cg-alpha-defaults-to-two",
+        "gencraft/search/custom_generate.py",
+        "    alpha: float = 1.0,\n",
+        "    alpha: float = 2.0,\n",
+        "tests/test_custom_generate_calls.py",
+    ),
+    (
+        "cg-pad-never-from-the-model",
+        "gencraft/search/custom_generate.py",
+        "    return pad_id(model) if pad is None else int(pad)",
+        "    return int(pad)",
+        "tests/test_custom_generate_calls.py",
+    ),
+    (
+        "cg-eos-never-from-the-model",
+        "gencraft/search/custom_generate.py",
+        "    eos = eos_ids(model, generation_config.eos_token_id)\n    rows",
+        "    eos = list(generation_config.eos_token_id)\n    rows",
+        "tests/test_custom_generate_calls.py",
+    ),
+    (
+        "cg-no-new-tokens-unnamed",
+        "gencraft/search/custom_generate.py",
+        '        raise GencraftError(f"max_new_tokens must be >= 1, got {n}")',
+        '        raise GencraftError("bad max_new_tokens")',
         "tests/test_custom_generate_calls.py",
     ),
 ]

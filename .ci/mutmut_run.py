@@ -40,7 +40,11 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "search/custom_generate": (
         ["gencraft/search/custom_generate.py"],
-        ["tests/test_custom_generate.py", "tests/search/test_batch.py"],
+        [
+            "tests/test_custom_generate.py",
+            "tests/test_custom_generate_calls.py",
+            "tests/search/test_batch.py",
+        ],
     ),
     "models/introspect": (
         ["gencraft/models/introspect.py"],
@@ -60,7 +64,14 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "models/stepping": (
         ["gencraft/models/stepping.py"],
-        ["tests/search", "tests/models", "tests/test_custom_generate.py"],
+        [
+            "tests/search",
+            "tests/models",
+            "tests/test_custom_generate.py",
+            "tests/test_custom_generate_calls.py",
+            "tests/hso/test_hso.py",  # KVStates
+            "tests/prefix/test_prefix_model.py",  # RowStateCache
+        ],
     ),
     "hso/functional": (
         ["gencraft/hso/functional.py"],

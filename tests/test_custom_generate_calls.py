@@ -86,6 +86,30 @@ def test_each_decoder_names_every_other_stopping_criterion(name, model, clf):
     )
 
 
+class _ByResidue:
+    """log P_clf = -(token id mod 3): a classifier whose weight changes the kept beams."""
+
+    num_layers, hidden_size = 3, 32  # _causal()'s
+
+    def init(self, n):
+        return None
+
+    def score(self, state, hidden, candidates):
+        return -(candidates % 3).float(), state
+
+    def reorder(self, state, index):
+        return state
+
+
+def test_conditional_beam_searchs_alpha_defaults_to_one(model):
+    ids, mask = _left_padded(PROMPTS)
+    kw = dict(input_ids=ids, attention_mask=mask, num_beams=2, max_new_tokens=4,
+              custom_generate=cg.conditional_beam_search, classifier=_ByResidue())  # fmt: skip
+    default, one, two = (model.generate(**kw, **a) for a in ({}, {"alpha": 1.0}, {"alpha": 2.0}))
+    assert torch.equal(default, one)
+    assert default.shape != two.shape or not torch.equal(default, two)  # alpha matters here
+
+
 def test_conditional_beam_search_without_a_classifier_is_named(model):
     ids, mask = _left_padded(PROMPTS)
     got = _message(
@@ -111,6 +135,27 @@ def test_a_config_whose_fields_are_unset_means_generates_defaults(beams, model):
         do_sample=False, eos_token_id=4, pad_token_id=0,
     )  # fmt: skip
     assert got.tolist() == want.tolist()
+
+
+def test_a_direct_call_without_pad_or_eos_ids_uses_the_models(model):
+    """A bare config (no pad, no EOS id): the model's own, as ``generate`` fills them in; with
+    ``return_dict_in_generate`` the output class of a causal LM."""
+    from transformers.generation.utils import GenerateBeamDecoderOnlyOutput
+
+    ids, mask = _left_padded(PROMPTS)
+    for name in ("beam_search", "exact_mode"):
+        kw = dict(attention_mask=mask, max_new_tokens=3, custom_generate=getattr(cg, name))
+        want = model.generate(input_ids=ids, **kw)
+        config = GenerationConfig(max_new_tokens=3, return_dict_in_generate=True)
+        got = getattr(cg, name)(model, ids, generation_config=config, attention_mask=mask)
+        assert type(got) is GenerateBeamDecoderOnlyOutput and torch.equal(got.sequences, want)
+
+
+def test_a_config_that_leaves_no_new_tokens_is_named(model):
+    ids, mask = _left_padded(PROMPTS)
+    config = GenerationConfig(max_length=ids.shape[1], eos_token_id=2, pad_token_id=0)
+    got = _message(lambda: cg.exact_mode(model, ids, generation_config=config, attention_mask=mask))
+    assert got == "max_new_tokens must be >= 1, got 0"
 
 
 def test_a_direct_call_with_max_length_alone(model):

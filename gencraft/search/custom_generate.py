@@ -105,7 +105,7 @@ def _stepper(
         out = model_kwargs.get("encoder_outputs")
         if out is None:
             raise GencraftError("generate() passed no encoder_outputs to the custom decoder")
-        enc = out[0] if not hasattr(out, "last_hidden_state") else out.last_hidden_state
+        enc = out[0]  # a BaseModelOutput's first field, or a tuple's
         enc = enc[::every]
         # placeholder ids, never read: the encoder's output is given
         ids = torch.zeros((enc.shape[0], 1), dtype=torch.long, device=enc.device)
