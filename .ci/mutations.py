@@ -2553,6 +2553,48 @@ M = [
         '        raise GencraftError("bad max_new_tokens")',
         "tests/test_custom_generate_calls.py",
     ),
+    (
+        "stepping-row-state-not-reordered",
+        "gencraft/models/stepping.py",
+        "            self.row_state[k] = v.index_select(0, beam_idx.to(v.device))",
+        "            self.row_state[k] = v",
+        "tests/models/test_cache_records.py",
+    ),
+    (
+        "stepping-row-state-not-repeated",
+        "gencraft/models/stepping.py",
+        "            self.row_state[k] = v.repeat_interleave(repeats, dim=0)",
+        "            self.row_state[k] = v",
+        "tests/models/test_cache_records.py",
+    ),
+    (
+        "stepping-row-state-not-selected",
+        "gencraft/models/stepping.py",
+        "            self.row_state[k] = v[indices]",
+        "            self.row_state[k] = v",
+        "tests/models/test_cache_records.py",
+    ),
+    (
+        "stepping-encoder-decoder-row-state-plain",
+        "gencraft/models/stepping.py",
+        "        return EncoderDecoderCache(RowStateCache(), DynamicCache())",
+        "        return EncoderDecoderCache(DynamicCache(), DynamicCache())",
+        "tests/models/test_cache_records.py",
+    ),
+    (
+        "stepping-kv-states-message",
+        "gencraft/models/stepping.py",
+        '            raise GencraftError("KVStates needs states or num_layers")',
+        '            raise GencraftError("no states")',
+        "tests/models/test_cache_records.py",
+    ),
+    (
+        "stepping-custom-step-without-masks",
+        "gencraft/models/stepping.py",
+        "        return self.custom(tokens, cache, start=start, hidden=self.hidden, **extra)",
+        "        return self.custom(tokens, cache, start=start, hidden=self.hidden)",
+        "tests/search/test_exact_paths.py -k one_call",
+    ),
 ]
 
 

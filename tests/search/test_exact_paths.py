@@ -197,6 +197,10 @@ def test_a_batch_steps_every_unfinished_row_in_one_call_unless_rows_must_go_alon
     nodes = [r.nodes for r in got]
     assert len(set(nodes)) > 1  # rows that finish at different calls
     assert calls == (sum(nodes) if wrapper == "fame" else max(nodes))
+    for p, r in zip(prompts, got, strict=True):  # and each row is its own search
+        alone = exact_mode(model, torch.tensor([p]), eos_token_id=0, max_new_tokens=3, length=2)
+        assert (r.tokens, r.nodes) == (alone.tokens, alone.nodes)
+        assert r.log_prob == pytest.approx(alone.log_prob, rel=1e-6, abs=1e-5)
 
 
 _WITH_EOS = "length_includes_eos: the EOS alone is 1"

@@ -1,0 +1,98 @@
+"""The caches of models/stepping.py that carry more than keys and values (mutmut's survivors
+and untested mutants, issue 41): a RowStateCache moves its per-row tensors with its rows under
+every operation ``generate`` applies, ``row_state_cache`` builds the right shape for each kind
+of model, and KVStates starts from given, empty or no states."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gencraft.models import load_model
+from gencraft.models.stepping import KVStates, RowStateCache, row_state_cache
+
+
+def _layers(b: int, s: int, n_layers: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator().manual_seed(b * 100 + s)
+    return [
+        (torch.randn(b, 1, s, 4, generator=g), torch.randn(b, 1, s, 4, generator=g))
+        for _ in range(n_layers)
+    ]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    b=st.integers(1, 4),
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("reorder"), st.lists(st.integers(0, 3), min_size=1, max_size=6)),
+            st.tuples(st.just("repeat"), st.integers(1, 3)),
+            st.tuples(st.just("select"), st.lists(st.integers(0, 3), min_size=1, max_size=4)),
+        ),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_row_state_moves_with_the_rows_under_every_cache_operation(b, ops):
+    """Per-row tensors (any shape after dim 0, any key) follow the keys and values: each row's
+    state stays beside that row's keys after reorders, repeats and selections."""
+    cache = RowStateCache(_layers(b, 3))
+    rows = torch.arange(b, dtype=torch.float32)
+    cache.row_state["mass"] = rows[:, None].repeat(1, 5)
+    cache.row_state[("layer", 1)] = rows[:, None, None].repeat(1, 2, 2)
+    keys = cache.layers[0].keys
+    for op, arg in ops:
+        n = cache.row_state["mass"].shape[0]
+        if op == "reorder":
+            idx = torch.tensor([i % n for i in arg])
+            cache.reorder_cache(idx)
+            keys = keys[idx]
+        elif op == "repeat":
+            cache.batch_repeat_interleave(arg)
+            keys = keys.repeat_interleave(arg, dim=0)
+        else:
+            idx = torch.tensor(sorted({i % n for i in arg}))
+            cache.batch_select_indices(idx)
+            keys = keys[idx]
+    assert torch.equal(cache.layers[0].keys, keys)
+    # each row's state is still the row it came from, which its keys tell
+    origin = [next(r for r in range(b) if torch.equal(k, _layers(b, 3)[0][0][r])) for k in keys]
+    want = torch.tensor(origin, dtype=torch.float32)
+    assert torch.equal(cache.row_state["mass"], want[:, None].repeat(1, 5))
+    assert torch.equal(cache.row_state[("layer", 1)], want[:, None, None].repeat(1, 2, 2))
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-bart"])
+def test_row_state_cache_fits_the_kind_of_model(name):
+    from gencraft.models.compat import DynamicCache, EncoderDecoderCache
+
+    model, _ = load_model(name, seed=0)
+    cache = row_state_cache(model)
+    if name == "tiny-bart":
+        assert isinstance(cache, EncoderDecoderCache)
+        assert isinstance(cache.self_attention_cache, RowStateCache)
+        assert type(cache.cross_attention_cache) is DynamicCache
+    else:
+        assert isinstance(cache, RowStateCache) and cache.row_state == {}
+
+
+def test_kv_states_need_states_or_a_layer_count():
+    with pytest.raises(Exception) as e:
+        KVStates()
+    assert str(e.value) == "KVStates needs states or num_layers"
+
+
+@pytest.mark.parametrize("start", [0, 3])
+def test_kv_states_start_from_given_or_empty_states(start):
+    """Empty states (S = 0) give an empty cache; the next forward's states are appended after
+    the given ones, with the shift added."""
+    states = _layers(2, start)
+    cache = KVStates(states)
+    assert cache.get_seq_length() == start
+    new = _layers(2, 2)
+    k, _ = cache.layers[0].update(*new[0])
+    assert torch.equal(k[:, :, start:], new[0][0])  # zero shift: the new states as given
+    assert torch.equal(k[:, :, :start], states[0][0])
+    assert cache.shifts[0][0].requires_grad and cache.get_seq_length() == start + 2
