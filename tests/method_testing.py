@@ -60,6 +60,20 @@ def small_llama(seed: int, vocab: int = 6, context: int = 64) -> LlamaForCausalL
     return LlamaForCausalLM(cfg).eval()
 
 
+def small_fame(seed: int, vocab: int = 6) -> nn.Module:
+    """FAME over :func:`small_llama` (F = {1}) with a random, peaky focus head: its output
+    differs from the base's, so a search that loses the source state shows."""
+    from gencraft.focus import FocusConfig, FocusForConditionalGeneration
+
+    base = small_llama(seed, vocab=vocab)
+    torch.manual_seed(seed)
+    fame = FocusForConditionalGeneration(base, FocusConfig(), frequent_ids=torch.tensor([1]))
+    with torch.no_grad():
+        for p in fame.head.parameters():
+            p.normal_(0, 1.0)
+    return fame.eval()
+
+
 class MethodCase:
     """How to build and drive one method (override in subclasses)."""
 

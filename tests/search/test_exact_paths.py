@@ -13,7 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from method_testing import small_llama
+from method_testing import small_fame, small_llama
 
 from gencraft.search import exact_mode, exact_mode_batch
 
@@ -29,15 +29,7 @@ class _NoRepeat:
 
 @pytest.fixture(scope="module")
 def fame():
-    from gencraft.focus import FocusConfig, FocusForConditionalGeneration
-
-    base = small_llama(3, vocab=7)
-    torch.manual_seed(3)
-    model = FocusForConditionalGeneration(base, FocusConfig(), frequent_ids=torch.tensor([1]))
-    with torch.no_grad():
-        for p in model.head.parameters():
-            p.normal_(0, 1.0)
-    return model.eval()
+    return small_fame(3, vocab=7)
 
 
 @settings(max_examples=6, deadline=None)

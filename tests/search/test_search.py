@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import pytest
 import torch
-from method_testing import small_llama
+from method_testing import small_fame, small_llama
 from transformers import BartConfig, BartForConditionalGeneration
 
 from gencraft.errors import GencraftError
@@ -851,15 +851,9 @@ def test_exact_mode_under_a_focus_vocabulary_equals_brute_force(renormalize):
     """FAME composes with exact search: the mode of a FAME model restricted to V_k ∪ F (focus
     decoding's processor, masked only or re-normalised over the set) equals the best sequence
     over those tokens by enumeration."""
-    from gencraft.focus import FocusConfig, FocusForConditionalGeneration, FocusLogitsProcessor
+    from gencraft.focus import FocusLogitsProcessor
 
-    base = small_llama(3, vocab=6)
-    torch.manual_seed(3)
-    fame = FocusForConditionalGeneration(base, FocusConfig(), frequent_ids=torch.tensor([1]))
-    with torch.no_grad():
-        for p in fame.head.parameters():
-            p.normal_(0, 1.0)
-    fame.eval()
+    fame = small_fame(3, vocab=6)
     allowed = torch.tensor([2, 3])  # V_k; F = {1}; EOS = 0 always allowed
     proc = FocusLogitsProcessor(
         [torch.tensor([1, 2, 3])], always_allowed={0}, renormalize=renormalize
