@@ -2595,6 +2595,20 @@ M = [
         "        return self.custom(tokens, cache, start=start, hidden=self.hidden)",
         "tests/search/test_exact_paths.py -k one_call",
     ),
+    (
+        "hso-fewshot reads an old whole unit as missing",
+        "gencraft/hso/experiments.py",
+        "            if key in run.units:  # a whole unit",
+        "            if False:  # a whole unit",
+        "tests/hso/test_hso_cli.py",
+    ),
+    (
+        "hso-fewshot pairs against the wrong method",
+        "gencraft/hso/experiments.py",
+        'pairs = zip(u["correct"][m], u["correct"]["baseline"], strict=True)',
+        'pairs = zip(u["correct"][m], u["correct"]["hso2"], strict=True)',
+        "tests/hso/test_hso_cli.py",
+    ),
 ]
 
 

@@ -33,6 +33,7 @@ from gencraft.hso.fewshot import (
 from gencraft.hso.functional import hso_nll
 from gencraft.metrics import windowed_nll
 from gencraft.metrics.lm import stream_perplexities
+from gencraft.metrics.text import bootstrap_mean
 from gencraft.models import load_model
 from gencraft.utils import default_device
 
@@ -216,20 +217,52 @@ def _test_examples(task, n: int, tok, max_tokens: int | None) -> list[tuple[str,
     return out[:n]
 
 
-def _fewshot_rows(s: FewShotSettings, run: ExperimentRun) -> list[dict]:
+def _fewshot_rows(s: FewShotSettings, units: dict[tuple[int, int], dict]) -> list[dict]:
     """One row per n: mean prompt tokens, each method's accuracy (mean ± s.d. over seeds) and
     seconds per example."""
     rows = []
     for n in s.shots:
-        units = [run.units[f"n={n} seed={seed}"] for seed in s.seeds]
-        row = {"n": n, "prompt tokens": statistics.mean(u["mean prompt tokens"] for u in units)}
+        per_seed = [units[n, seed] for seed in s.seeds]
+        row = {"n": n, "prompt tokens": statistics.mean(u["mean prompt tokens"] for u in per_seed)}
         for m in METHODS:
-            accs = [u["accuracy"][m] for u in units]
+            accs = [u["accuracy"][m] for u in per_seed]
             sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
             row[m] = f"{statistics.mean(accs):.1f} ± {sd:.1f}"
-            row[f"s/ex {m}"] = statistics.mean(u["seconds per example"][m] for u in units)
+            row[f"s/ex {m}"] = statistics.mean(u["seconds per example"][m] for u in per_seed)
         rows.append(row)
     return rows
+
+
+def _paired_rows(s: FewShotSettings, units: dict[tuple[int, int], dict]) -> list[dict]:
+    """One row per (n, seed): HSO and HSO-2 minus the plain model, in points, with the 95 %
+    paired bootstrap interval over the test examples (units saved before per-example results
+    were kept give the difference alone)."""
+    rows = []
+    for (n, seed), u in units.items():
+        row = {"n": n, "seed": seed, "examples": u["examples"]["baseline"]}
+        for m in ("hso", "hso2"):
+            diff = u["accuracy"][m] - u["accuracy"]["baseline"]
+            row[f"{m} - baseline"] = f"{diff:+.2f} (unpaired)"
+            if "correct" in u:
+                pairs = zip(u["correct"][m], u["correct"]["baseline"], strict=True)
+                d = [100.0 * (a - b) for a, b in pairs]
+                mean, half = bootstrap_mean(d)
+                row[f"{m} - baseline"] = f"{mean:+.2f} ± {half:.2f}"
+        rows.append(row)
+    return rows
+
+
+def _combine(parts: dict[str, dict]) -> dict:
+    """The (n, seed) unit from its per-method units."""
+    return {
+        "accuracy": {m: 100 * sum(p["correct"]) / len(p["correct"]) for m, p in parts.items()},
+        "examples": {m: len(p["correct"]) for m, p in parts.items()},
+        "seconds per example": {
+            m: p["seconds"] / max(1, len(p["correct"])) for m, p in parts.items()
+        },
+        "mean prompt tokens": parts["baseline"]["mean prompt tokens"],
+        "correct": {m: p["correct"] for m, p in parts.items()},
+    }
 
 
 @register(
@@ -260,38 +293,35 @@ def hso_fewshot(s: FewShotSettings, run: ExperimentRun) -> None:
     tests = _test_examples(task, s.examples, tok, s.max_test_tokens)
     hso = HSOConfig(window=s.hso_window, lr=s.hso_lr, betas=tuple(s.hso_betas))
     de = DynamicEvalConfig(window=s.hso_window, lr=s.de_lr)
+    units = {}
     for n in s.shots:
         for seed in s.seeds:
+            key = f"n={n} seed={seed}"
+            if key in run.units:  # a whole unit saved before units were kept per method
+                units[n, seed] = run.units[key]
+                continue
 
-            def one(n=n, seed=seed):
+            def one(m, n=n, seed=seed):
                 rng = random.Random(seed * 7919 + n)
-                correct = {m: [] for m in METHODS}
-                seconds = {m: 0.0 for m in METHODS}
                 prompts = [
                     draw_prompt(task, tok, n, text, rng, s.max_example_tokens, shared)
                     for text, _ in tests
                 ]
-                tokens = [p.shape[1] for p in prompts]
-                gold = [y for _, y in tests]
-                for m in METHODS:
-                    k = s.de_examples if m == "dynamic eval" else len(prompts)
-                    t0 = time.perf_counter()
-                    found = classify_batch(
-                        model, prompts[:k], label_ids, m, hso, de, batch_size=s.batch_size
-                    )
-                    seconds[m] += time.perf_counter() - t0
-                    correct[m] = [p == y for p, y in zip(found, gold[:k], strict=True)]
+                k = s.de_examples if m == "dynamic eval" else len(prompts)
+                t0 = time.perf_counter()
+                found = classify_batch(
+                    model, prompts[:k], label_ids, m, hso, de, batch_size=s.batch_size
+                )
                 return {
-                    "accuracy": {m: 100 * sum(c) / len(c) for m, c in correct.items()},
-                    "examples": {m: len(c) for m, c in correct.items()},
-                    "seconds per example": {
-                        m: seconds[m] / max(1, len(correct[m])) for m in METHODS
-                    },
-                    "mean prompt tokens": statistics.mean(tokens),
+                    "correct": [int(p == y) for p, (_, y) in zip(found, tests[:k], strict=True)],
+                    "seconds": time.perf_counter() - t0,
+                    "mean prompt tokens": statistics.mean(p.shape[1] for p in prompts),
                 }
 
-            run.unit(f"n={n} seed={seed}", one)
-    rows = _fewshot_rows(s, run)
+            # one unit per method, so a run stopped inside (n, seed) keeps the methods done
+            parts = {m: run.unit(f"{key} {m}", lambda m=m, one=one: one(m)) for m in METHODS}
+            units[n, seed] = _combine(parts)
+    rows = _fewshot_rows(s, units)
     run.text(
         f"{s.model}, task {s.task} ({len(task.labels)} classes: {', '.join(task.labels)}); "
         f"{len(tests)} class-balanced test examples (dynamic evaluation on the first "
@@ -304,3 +334,8 @@ def hso_fewshot(s: FewShotSettings, run: ExperimentRun) -> None:
         "time, as it updates the shared weights)."
     )
     run.table(rows)
+    run.text(
+        "Per prompt seed, each HSO variant minus the plain model over the same test examples "
+        "(points; ± the 95 % paired bootstrap interval, 1,000 resamples):"
+    )
+    run.table(_paired_rows(s, units))
