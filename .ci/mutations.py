@@ -2609,6 +2609,48 @@ M = [
         'pairs = zip(u["correct"][m], u["correct"]["hso2"], strict=True)',
         "tests/hso/test_hso_cli.py",
     ),
+    (
+        "beam_search drops early_stopping",
+        "gencraft/search/beam.py",
+        "        length_penalty=length_penalty, early_stopping=early_stopping,\n    )[0]  # fmt: skip",
+        "        length_penalty=length_penalty,\n    )[0]  # fmt: skip",
+        "tests/search/test_beam_settings.py",
+    ),
+    (
+        "one-beam warning points into beam.py",
+        "gencraft/search/beam.py",
+        "            stacklevel=3,",
+        "            stacklevel=2,",
+        "tests/search/test_beam_settings.py",
+    ),
+    (
+        "a disabled classifier keeps scoring",
+        "gencraft/search/beam.py",
+        "        settings.update(classifier=None, k=None)  # a disabled",
+        "        settings.update(k=None)  # a disabled",
+        "tests/search/test_beam_settings.py",
+    ),
+    (
+        "a setting must be the interned literal",
+        "gencraft/search/beam.py",
+        "    if not any(value is a or (type(value)",
+        "    if not any(value is a and (type(value)",
+        "tests/search/test_beam_settings.py",
+    ),
+    (
+        "force_length=1 with its EOS refused",
+        "gencraft/search/beam.py",
+        '        if force < 1:\n            raise GencraftError(\n                f"force_length={force} with',
+        '        if force < 2:\n            raise GencraftError(\n                f"force_length={force} with',
+        "tests/search/test_beam_settings.py",
+    ),
+    (
+        "classifier mismatch names the wrong width",
+        "gencraft/search/beam.py",
+        'f"model gives {got[0]} x {got[1]}',
+        'f"model gives {got[1]} x {got[1]}',
+        "tests/search/test_beam_settings.py",
+    ),
 ]
 
 

@@ -1,0 +1,212 @@
+"""search/beam.py's settings and refusals word for word, and what each entry point passes on:
+the paths mutmut found that no output-comparing test reads (issue 41)."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import pytest
+import torch
+from method_testing import small_llama
+from test_search import EosPenalty, TableStepper
+from transformers import LogitsProcessor, TemperatureLogitsWarper
+
+from gencraft.errors import GencraftError
+from gencraft.search import StepOutput, beam_search, beam_search_batch, beam_search_tensors
+from gencraft.search.beam import BeamSettings
+
+
+def _build(rows=2, max_new_tokens=4, force_length=None, includes_eos=False, **kw):
+    kw.setdefault("num_beams", 2)
+    return BeamSettings.build(rows, max_new_tokens, force_length, includes_eos, **kw)
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (dict(max_new_tokens=[3, 4, 5]), "max_new_tokens gives 3 values for 2 rows"),
+        (dict(force_length=[1]), "force_length gives 1 values for 2 rows"),
+        (dict(finished="last"), "finished must be one of 'aside', 'on_beam', got 'last'"),
+        (dict(forced_eos="paid"), "forced_eos must be one of 'model', 'free', got 'paid'"),
+        (
+            dict(forced_ranking="clf"),
+            "forced_ranking must be one of 'score', 'selection', got 'clf'",
+        ),
+        (
+            dict(early_stopping=1),
+            "early_stopping must be one of True, False, 'never', got 1",
+        ),
+        (dict(num_beams=0), "num_beams must be >= 1, got 0"),
+        (dict(alpha=-0.5), "alpha must be >= 0, got -0.5"),
+        (
+            dict(length_penalty=float("inf")),
+            "length_penalty must be a finite number in (-1e4, 1e4), got inf",
+        ),
+        (
+            dict(force_length=0, includes_eos=True),
+            "force_length=0 with length_includes_eos: the EOS alone is 1",
+        ),
+        (
+            dict(force_length=4),
+            "force_length=4 needs 0 <= force_length < max_new_tokens (4): the EOS after the n "
+            "tokens counts as a new token",
+        ),
+        (
+            dict(finished="on_beam", length_penalty=1.0),
+            "finished='on_beam' (the thesis's Alg. 1) ranks by the summed score and stops when "
+            "every slot is complete: it takes length_penalty=0.0 and early_stopping=True, got "
+            "1.0 and True",
+        ),
+    ],
+)
+def test_bad_settings_are_refused_in_one_line_naming_the_value(call, message):
+    with pytest.raises(GencraftError) as err:
+        _build(**call)
+    assert str(err.value) == message
+
+
+def test_allowed_values_are_compared_by_value_and_type_and_counted_as_documented():
+    """A setting built at run time (not the interned literal) is accepted; a forced length of 1
+    counted with its EOS is 0 tokens before it; one value stands for every row."""
+    built = _build(
+        finished="".join(["on_", "beam"]),
+        forced_eos="".join(["fr", "ee"]),
+        forced_ranking="".join(["sel", "ection"]),
+        force_length=1,
+        includes_eos=True,
+    )
+    assert (built.finished, built.forced_eos, built.forced_ranking) == (
+        "on_beam",
+        "free",
+        "selection",
+    )
+    assert built.force_length == (0, 0)
+    assert _build(early_stopping="".join(["nev", "er"])).early_stopping == "never"
+    assert _build(force_length=[2, None], max_new_tokens=[3, 5]).force_length == (2, None)
+    assert _build(rows=3, max_new_tokens=6).max_new_tokens == (6, 6, 6)
+    with pytest.raises(GencraftError, match="got False"):
+        _build(finished=False)
+
+
+class _Disabled(EosPenalty):
+    enabled = False
+
+
+def test_a_disabled_classifier_is_plain_search_and_k_follows_the_classifier():
+    """A classifier that says ``enabled = False`` is dropped with its k, so the search is the
+    plain one; without a classifier k stays None (all V), with one it becomes V."""
+    off = _build(classifier=_Disabled(), k=2)
+    assert off.classifier is None and off.k is None
+    assert off.for_vocabulary(3).k is None
+    on = _build(classifier=EosPenalty())
+    assert on.classifier is not None and on.for_vocabulary(3).k == 3
+    assert _build(classifier=EosPenalty(), k=2).for_vocabulary(3).k == 2
+    kw = dict(num_beams=2, max_new_tokens=3, eos_token_id=0)
+    plain = beam_search(TableStepper(), **kw)
+    disabled = beam_search(TableStepper(), classifier=_Disabled(), k=1, **kw)
+    assert [(h.tokens, h.score) for h in disabled] == [(h.tokens, h.score) for h in plain]
+
+
+def test_every_entry_point_has_the_settings_defaults():
+    """beam_search, beam_search_batch and beam_search_tensors default each setting to
+    BeamSettings' default (one source for the three signatures)."""
+    fields = {
+        name: f.default
+        for name, f in BeamSettings.__dataclass_fields__.items()
+        if not isinstance(f.default, type(BeamSettings.__dataclass_fields__["num_beams"].default))
+    }
+    fields.pop("logits_processor", None)
+    for fn in (beam_search, beam_search_batch, beam_search_tensors):
+        params = inspect.signature(fn).parameters
+        for name, default in fields.items():
+            assert params[name].default == default, (fn.__name__, name)
+            assert type(params[name].default) is type(default), (fn.__name__, name)
+        assert params["length_includes_eos"].default is False
+        assert params["force_length"].default is None
+
+
+class _Unknown(LogitsProcessor):
+    def __call__(self, input_ids, scores):
+        return scores
+
+
+class _Declared(_Unknown):
+    shift_invariant = True
+
+
+def _warned(processors, num_beams):
+    model = small_llama(0, vocab=6)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        beam_search_tensors(
+            model,
+            torch.tensor([[1, 2]]),
+            num_beams=num_beams,
+            max_new_tokens=2,
+            logits_processor=processors,
+        )
+    return [w for w in caught if "num_beams=1" in str(w.message)]
+
+
+def test_one_beam_warns_for_a_processor_that_may_depend_on_the_offset():
+    """Greedy (one beam) with a processor whose choice may change when a constant is added
+    warns once, naming it, at the caller's line; a processor that declares
+    ``shift_invariant = True`` or is known to be, or several beams, does not."""
+    [w] = _warned([_Unknown(), _Declared(), TemperatureLogitsWarper(0.5)], 1)
+    assert str(w.message) == (
+        "beam_search with num_beams=1 applies _Unknown, TemperatureLogitsWarper to "
+        "log-probabilities, as generate's beam search does; generate's greedy path applies it "
+        "to raw logits, so the two can choose differently"
+    )
+    assert w.filename == __file__
+    assert _warned([_Declared()], 1) == []
+    assert _warned([_Unknown()], 2) == []
+
+
+class _WrongRows(TableStepper):
+    def start(self):
+        return StepOutput(self._lp([(), ()]), [(), ()])
+
+
+class _WideHidden(TableStepper):
+    def start(self):
+        return StepOutput(self._lp([()]), [()], torch.zeros(1, 4, 5))
+
+
+class _Reads(EosPenalty):
+    num_layers, hidden_size = 2, 3
+
+
+@pytest.mark.parametrize(
+    ("stepper", "clf", "message"),
+    [
+        (_WrongRows(), None, "the stepper holds 1 inputs but started 2 rows"),
+        (TableStepper(), _Reads(), "this model gives no hidden states for the classifier"),
+        (
+            _WideHidden(),
+            _Reads(),
+            "the classifier reads 2 layers x 3 hidden states, but this model gives 4 x 5: it "
+            "was trained for another model",
+        ),
+    ],
+)
+def test_a_stepper_that_does_not_fit_is_refused_at_the_start(stepper, clf, message):
+    with pytest.raises(GencraftError) as err:
+        beam_search(stepper, num_beams=2, max_new_tokens=3, eos_token_id=0, classifier=clf)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("early_stopping", [False, "never"])
+def test_beam_search_passes_early_stopping_and_refuses_a_1d_prompt(early_stopping):
+    """beam_search is the batch of one of beam_search_batch under a non-default stopping
+    rule; a 1-D prompt is refused, naming its shape."""
+    model = small_llama(3, vocab=8)
+    kw = dict(num_beams=3, max_new_tokens=5, length_penalty=1.5, early_stopping=early_stopping)
+    for prompt in ([1, 2, 3], [4], [5, 6]):
+        one = beam_search(model, torch.tensor([prompt]), **kw)
+        [batch] = beam_search_batch(model, torch.tensor([prompt]), **kw)
+        assert [(h.tokens, h.score) for h in one] == [(h.tokens, h.score) for h in batch]
+    with pytest.raises(GencraftError) as err:
+        beam_search_tensors(model, torch.tensor([1, 2, 3]), **kw)
+    assert str(err.value) == "input_ids must have shape [B, P] with B, P >= 1, got [3]"
