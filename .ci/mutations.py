@@ -2651,6 +2651,20 @@ M = [
         'f"model gives {got[1]} x {got[1]}',
         "tests/search/test_beam_settings.py",
     ),
+    (
+        "never stops at the current length",
+        "gencraft/search/beam.py",
+        'if self.cfg.early_stopping == "never" and lp > 0:',
+        'if self.cfg.early_stopping == "NEVER" and lp > 0:',
+        "tests/search/test_beam_counts.py",
+    ),
+    (
+        "a full finished set does not stop its row",
+        "gencraft/search/beam.py",
+        "done = done | full | ends.all(1) | ~alive | ~improvable",
+        "done = done & full | ends.all(1) | ~alive | ~improvable",
+        "tests/search/test_beam_counts.py",
+    ),
 ]
 
 
