@@ -233,7 +233,7 @@ def _fewshot_rows(s: FewShotSettings, units: dict[tuple[int, int], dict]) -> lis
     return rows
 
 
-def _paired_rows(s: FewShotSettings, units: dict[tuple[int, int], dict]) -> list[dict]:
+def _paired_rows(units: dict[tuple[int, int], dict]) -> list[dict]:
     """One row per (n, seed): HSO and HSO-2 minus the plain model, in points, with the 95 %
     paired bootstrap interval over the test examples (units saved before per-example results
     were kept give the difference alone)."""
@@ -338,4 +338,4 @@ def hso_fewshot(s: FewShotSettings, run: ExperimentRun) -> None:
         "Per prompt seed, each HSO variant minus the plain model over the same test examples "
         "(points; ± the 95 % paired bootstrap interval, 1,000 resamples):"
     )
-    run.table(_paired_rows(s, units))
+    run.table(_paired_rows(units))

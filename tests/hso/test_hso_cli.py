@@ -83,7 +83,7 @@ def test_few_shot_units_per_method_resume_and_pair(tmp_path, shared_data):
 def test_few_shot_paired_rows_against_the_per_example_differences():
     """The paired table's difference is the mean of the per-example differences against the
     plain model, with bootstrap_mean's interval over them."""
-    from gencraft.hso.experiments import FewShotSettings, _combine, _paired_rows
+    from gencraft.hso.experiments import _combine, _paired_rows
     from gencraft.metrics.text import bootstrap_mean
 
     base, hso, hso2 = [1, 0, 0, 1, 0, 0], [1, 1, 0, 1, 1, 0], [0, 0, 1, 1, 1, 0]
@@ -94,7 +94,7 @@ def test_few_shot_paired_rows_against_the_per_example_differences():
     unit = _combine(parts)
     assert unit["accuracy"]["hso2"] == 50.0 and unit["examples"]["dynamic eval"] == 2
     assert unit["seconds per example"]["dynamic eval"] == 0.6
-    [row] = _paired_rows(FewShotSettings(), {(4, 3): unit})
+    [row] = _paired_rows({(4, 3): unit})
     for m, c in (("hso", hso), ("hso2", hso2)):
         mean, half = bootstrap_mean([100.0 * (a - b) for a, b in zip(c, base, strict=True)])
         assert row[f"{m} - baseline"] == f"{mean:+.2f} ± {half:.2f}"
