@@ -28,7 +28,7 @@ from gencraft.search import beam_search_tensors
 def test_beam_search_makes_generate_s_model_calls_and_outputs(
     kind, seed, prompts, beams, max_new, early_stopping, length_penalty
 ):
-    """The model calls of ``beam_search_batch`` equal those of ``generate(num_beams=K)`` on the
+    """The model calls of ``beam_search_tensors`` equal those of ``generate(num_beams=K)`` on the
     same batch (the stopping rule decides them: a full finished set with ``True``, the best
     live score against the worst finished one with ``False``, and the limit's length with
     ``"never"``), and so do the best outputs and their scores."""
