@@ -339,7 +339,9 @@ class HFStepper:
                 have = torch.tensor([lengths[i] for i in members], device=self.device)
                 cols = torch.arange(width + 1, device=self.device)
                 mask = (cols[None, :] >= (width - have)[:, None]).long()
-                masks = {"attention_mask": mask, "position_ids": have[:, None]}
+                masks = {"attention_mask": mask}
+                if self.positions or self.custom is not None:  # only to a forward that takes them
+                    masks["position_ids"] = have[:, None]
             merged = _cache(kv, cross)
             sub_tok, sub_rows = tokens.index_select(0, idx), rows.index_select(0, idx)
             if self.custom is not None:

@@ -159,7 +159,8 @@ def test_one_beam_warns_for_a_processor_that_may_depend_on_the_offset():
         "log-probabilities, as generate's beam search does; generate's greedy path applies it "
         "to raw logits, so the two can choose differently"
     )
-    assert w.filename == __file__
+    # (under mutmut, its trampoline adds a frame between the caller and the search)
+    assert w.filename == __file__ or w.filename.endswith("mutmut/mutation/trampoline.py")
     assert _warned([_Declared()], 1) == []
     assert _warned([_Unknown()], 2) == []
 
