@@ -2798,6 +2798,27 @@ M = [
         "torch.zeros(b, 1, dtype=torch.long)",
         "tests/models/test_stepper_contract.py::test_a_processor_sees_the_generated_ids_after_the_prefix",
     ),
+    (
+        "beam-tensors-early-stopping-default",
+        "gencraft/search/beam.py",
+        "    early_stopping: EarlyStopping = True,\n) -> BeamResult:",
+        "    early_stopping: EarlyStopping = False,\n) -> BeamResult:",
+        "tests/search/test_beam_defaults.py::test_an_omitted_setting_is_its_documented_default",
+    ),
+    (
+        "beam-slot-cut-eos",
+        "gencraft/search/beam.py",
+        "eos=torch.where(ended, choice.token, -1),",
+        "eos=torch.where(ended, choice.token, -2),",
+        "tests/search/test_beam_defaults.py::test_the_result_marks_cut_outputs_with_eos_minus_one",
+    ),
+    (
+        "beam-alg1-row-limit",
+        "gencraft/search/beam.py",
+        "last = (t + 1 == self.limit) & ~self.forced",
+        "last = (t + 1 == self.limit.max()) & ~self.forced",
+        "tests/search/test_beam_defaults.py::test_alg_1_stops_each_row_at_its_own_limit",
+    ),
 ]
 
 
