@@ -2819,6 +2819,13 @@ M = [
         "last = (t + 1 == self.limit.max()) & ~self.forced",
         "tests/search/test_beam_defaults.py::test_alg_1_stops_each_row_at_its_own_limit",
     ),
+    (
+        "beam-rows-1d-prompt",
+        "gencraft/search/beam.py",
+        "            if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2\n            else 1",
+        "            if isinstance(input_ids, torch.Tensor)\n            else 1",
+        "tests/search/test_beam_defaults.py::test_the_row_count_comes_from_a_2d_prompt_only",
+    ),
 ]
 
 

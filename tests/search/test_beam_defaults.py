@@ -9,6 +9,7 @@ import torch
 from method_testing import small_llama
 from test_batch import TokenScorer
 
+from gencraft.errors import GencraftError
 from gencraft.search import beam_search, beam_search_batch, beam_search_tensors
 
 V = 12
@@ -72,3 +73,21 @@ def test_alg_1_stops_each_row_at_its_own_limit():
             (h.tokens, round(h.score, 4), h.finished) for h in alone
         ]
         assert max(len(h.tokens) for h in batch[row]) <= limit
+
+
+def test_the_row_count_comes_from_a_2d_prompt_only():
+    """A 1-D prompt is one row for the per-row settings, so the stepper names the prompt's shape
+    (not a per-row count); a prompt of two rows to ``beam_search``, or a Stepper of two
+    inputs, is refused word for word."""
+    with pytest.raises(GencraftError) as err:
+        beam_search_tensors(MODEL, PROMPT[0], num_beams=2, max_new_tokens=[3])
+    assert str(err.value) == "input_ids must have shape [B, P] with B, P >= 1, got [3]"
+    with pytest.raises(GencraftError) as err:
+        beam_search(MODEL, PROMPT.repeat(2, 1), num_beams=2, max_new_tokens=3)
+    assert str(err.value) == (
+        "beam_search takes one input [1, P], got [2, 3]; use beam_search_batch for a batch"
+    )
+    two = type("Two", (), {"vocab_size": V, "batch_size": 2})()
+    with pytest.raises(GencraftError) as err:
+        beam_search(two, num_beams=2, max_new_tokens=3, eos_token_id=0)
+    assert str(err.value) == "beam_search takes a Stepper of one input; use beam_search_batch"
