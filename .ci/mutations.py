@@ -1021,8 +1021,8 @@ M = [
     (
         "ragged exact steps take the padded position",
         "gencraft/models/stepping.py",
-        '                masks = {"attention_mask": mask, "position_ids": have[:, None]}',
-        '                masks = {"attention_mask": mask, "position_ids": have[:, None] * 0 + width}',
+        '                    masks["position_ids"] = have[:, None]',
+        '                    masks["position_ids"] = have[:, None] * 0 + width',
         "tests/search/test_batch.py -k exact_search_equals_the_row",
     ),
     (
