@@ -2724,8 +2724,8 @@ M = [
     (
         "step-ragged-positions-always",
         "gencraft/models/stepping.py",
-        "if self.positions or self.custom is not None:  # only to a forward that takes them",
-        "if True:",
+        "self.send_positions = takes or self.custom is not None",
+        "self.send_positions = True",
         "tests/models/test_stepper_contract.py::test_a_forward_without_position_ids_never_gets_them",
     ),
     (

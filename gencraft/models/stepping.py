@@ -150,7 +150,9 @@ class HFStepper:
         self.input_ids = input_ids.to(self.device)
         # None: no row is padded (the model's own positions and causal mask apply)
         self.mask = mask.to(self.device) if mask is not None else None
-        self.positions = _accepts(hf.forward, "position_ids") and not self.is_ed
+        # padded causal rows send position_ids only where the step takes them
+        takes = _accepts(hf.forward, "position_ids") and not self.is_ed
+        self.send_positions = takes or self.custom is not None
         padded_custom = self.custom is not None and self.mask is not None and not self.is_ed
         if padded_custom and not _accepts(self.custom, "attention_mask"):
             raise GencraftError(
@@ -181,7 +183,7 @@ class HFStepper:
         ones = prompt.new_ones(prompt.shape[0], past + t - prompt.shape[1])
         mask = torch.cat([prompt, ones], dim=1)
         kw = {"attention_mask": mask}
-        if self.positions or self.custom is not None:
+        if self.send_positions:
             pos = (mask.cumsum(1) - 1).clamp_min(0)
             kw["position_ids"] = pos[:, -t:]
         return kw
@@ -340,7 +342,7 @@ class HFStepper:
                 cols = torch.arange(width + 1, device=self.device)
                 mask = (cols[None, :] >= (width - have)[:, None]).long()
                 masks = {"attention_mask": mask}
-                if self.positions or self.custom is not None:  # only to a forward that takes them
+                if self.send_positions:
                     masks["position_ids"] = have[:, None]
             merged = _cache(kv, cross)
             sub_tok, sub_rows = tokens.index_select(0, idx), rows.index_select(0, idx)
