@@ -8,6 +8,7 @@ pruning and O(depth) key/value memory on greedy paths. ``beam_search_batch`` and
 ``exact_mode_batch`` take a padded batch ``[B, P]`` with its attention mask and search every
 row together (one model call per step); the single-input functions are their batch of one.
 ``beam_search_tensors`` returns the batched search's tensors (``BeamResult``).
+``search_errors`` compares greedy and beam outputs with the proven mode of each prompt.
 """
 
 from gencraft.lazy import lazy_exports
@@ -28,6 +29,12 @@ __getattr__, __dir__, __all__ = lazy_exports(
             "beam_search",
             "beam_search_batch",
             "beam_search_tensors",
+        ),
+        "gencraft.search.errors": (
+            "SearchErrorRow",
+            "SearchOutcome",
+            "error_table",
+            "search_errors",
         ),
         "gencraft.search.exact": (
             "ModeResult",

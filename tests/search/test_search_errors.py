@@ -1,0 +1,227 @@
+"""Search errors against model errors (issue 42): ``search_errors`` against brute force on tiny
+vocabularies, where every mode is provable; its verdicts, bounds and tables; the count tests
+it reports with."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from method_testing import small_llama
+
+from gencraft.errors import GencraftError
+from gencraft.metrics.stats import sign_test, wilson_interval
+from gencraft.search import beam_search, exact_mode, search_errors
+from gencraft.search.errors import (
+    SearchErrorRow,
+    SearchOutcome,
+    classify,
+    error_table,
+    length_table,
+)
+
+SETTINGS = dict(
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+_MODELS: dict = {}
+
+
+def _model(seed: int):
+    if seed not in _MODELS:
+        _MODELS[seed] = small_llama(seed, vocab=4)
+    return _MODELS[seed]
+
+
+def _batch(prompts: list[list[int]]):
+    width = max(map(len, prompts))
+    ids = [[0] * (width - len(p)) + p for p in prompts]
+    mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
+    return torch.tensor(ids), torch.tensor(mask)
+
+
+def _brute_mode(model, prompt: list[int], n: int) -> tuple[list[int], float]:
+    """The best output (EOS 0 excluded) of at most n tokens, by scoring every one."""
+    best, arg = -math.inf, None
+    for size in range(n + 1):
+        for seq in itertools.product([1, 2, 3], repeat=size):
+            ids = torch.tensor([prompt + list(seq) + [0]])
+            with torch.no_grad():
+                lp = torch.log_softmax(model(ids).logits[0].double(), -1)
+            p = len(prompt)
+            s = sum(lp[p - 1 + i, t].item() for i, t in enumerate([*seq, 0]))
+            if s > best:
+                best, arg = s, list(seq)
+    return arg, best
+
+
+def _expected(hyp, proven: bool, mode_lp: float) -> str:
+    if not hyp.finished:
+        return "cut"
+    if not proven:
+        return "unknown"
+    return "equal" if abs(hyp.score - mode_lp) <= 1e-4 else "below"
+
+
+prompts_st = st.lists(st.lists(st.integers(1, 3), min_size=1, max_size=4), min_size=1, max_size=3)
+
+
+@settings(max_examples=20, **SETTINGS)
+@given(
+    seed=st.integers(0, 5),
+    prompts=prompts_st,
+    max_new=st.integers(0, 3),
+    beams=st.sampled_from([(1,), (1, 2), (3, 1), (2, 4)]),
+)
+def test_search_errors_equal_brute_force_when_every_mode_is_provable(seed, prompts, max_new, beams):
+    model = _model(seed)
+    ids, mask = _batch(prompts)
+    rows = search_errors(
+        model, ids, mask, beams=beams, max_nodes=None, max_new_tokens=max_new, eos_token_id=0
+    )
+    assert len(rows) == len(prompts)
+    for row, p in zip(rows, prompts, strict=True):
+        tokens, lp = _brute_mode(model, p, max_new)
+        assert row.proven and row["proven"] is True
+        assert row.mode_tokens == tokens
+        assert row.mode_logprob == pytest.approx(lp, abs=1e-4)
+        assert row.mode_empty == (tokens == []) and row.best_empty == (tokens == [])
+        assert sorted(row.searches) == sorted(beams)
+        for k in beams:
+            top = beam_search(
+                model, torch.tensor([p]), num_beams=k, max_new_tokens=max_new + 1, eos_token_id=0
+            )[0]
+            got = row.searches[k]
+            assert got.tokens == top.tokens and got.finished == top.finished
+            assert got.logprob == pytest.approx(top.score, abs=1e-5)
+            assert got.error == _expected(top, True, lp)
+            assert got["error"] == got.error
+
+
+@settings(max_examples=15, **SETTINGS)
+@given(seed=st.integers(0, 5), prompts=prompts_st, max_nodes=st.integers(1, 12))
+def test_a_node_budget_leaves_rows_unproven_as_exact_mode_does_alone(seed, prompts, max_nodes):
+    model = _model(seed)
+    ids, mask = _batch(prompts)
+    rows = search_errors(
+        model, ids, mask, beams=(1, 2), max_nodes=max_nodes, max_new_tokens=3, eos_token_id=0
+    )
+    for row, p in zip(rows, prompts, strict=True):
+        alone = exact_mode(
+            model, torch.tensor([p]), eos_token_id=0, max_new_tokens=3, max_nodes=max_nodes
+        )
+        assert row.proven == alone.exact and row.nodes == alone.nodes
+        assert row.mode_tokens == alone.tokens
+        assert row.mode_empty == (alone.exact and not alone.tokens)
+        for k in (1, 2):
+            top = beam_search(
+                model, torch.tensor([p]), num_beams=k, max_new_tokens=4, eos_token_id=0
+            )[0]
+            assert row.searches[k].error == _expected(top, alone.exact, alone.log_prob)
+
+
+def test_the_drawn_models_make_search_errors_and_ties():
+    """The brute-force check above means something only if both verdicts occur."""
+    kinds = set()
+    for seed in range(6):
+        ids, mask = _batch([[1], [2, 3], [3, 1, 2]])
+        for row in search_errors(
+            _model(seed), ids, mask, beams=(1, 2), max_nodes=None, max_new_tokens=3, eos_token_id=0
+        ):
+            kinds |= {o.error for o in row.searches.values()}
+    assert {"below", "equal"} <= kinds
+
+
+def test_classify_names_each_verdict_and_refuses_an_output_above_a_proven_mode():
+    assert classify(-3.0, False, True, -1.0) == "cut"
+    assert classify(-3.0, True, False, -1.0) == "unknown"
+    assert classify(-1.00005, True, True, -1.0) == "equal"
+    assert classify(-1.0002, True, True, -1.0) == "below"
+    assert classify(-1.0002, True, True, -1.0, tol=1e-3) == "equal"
+    with pytest.raises(GencraftError, match="above the proven mode"):
+        classify(-0.9, True, True, -1.0)
+
+
+def test_search_errors_refuses_bad_widths_and_limits():
+    model = _model(0)
+    ids = torch.tensor([[1, 2]])
+    for beams in [(), (0,), (2, 2)]:
+        with pytest.raises(GencraftError, match="beams must be distinct widths >= 1"):
+            search_errors(model, ids, beams=beams, max_nodes=5, max_new_tokens=2)
+    with pytest.raises(GencraftError, match="max_new_tokens must be >= 0"):
+        search_errors(model, ids, max_nodes=5, max_new_tokens=-1)
+
+
+def _row(proven, mode_lp, mode_tokens, outs):
+    searches = {
+        k: SearchOutcome(toks, lp, fin, classify(lp, fin, proven, mode_lp))
+        for k, (toks, lp, fin) in outs.items()
+    }
+    return SearchErrorRow(
+        proven, proven and not mode_tokens, mode_lp, mode_tokens, not mode_tokens, 5, 0.1, searches
+    )
+
+
+def test_error_table_counts_errors_over_proven_rows_and_bounds_over_all():
+    rows = [
+        _row(True, -1.0, [], {1: ([2], -2.0, True), 4: ([], -1.0, True)}),  # greedy below
+        _row(True, -1.5, [3], {1: ([3], -1.5, True), 4: ([3], -1.5, True)}),  # both equal
+        _row(False, -1.0, [], {1: ([2], -3.0, True), 4: ([2, 2], -9.0, False)}),  # known/cut
+        _row(False, -4.0, [1], {1: ([2], -3.0, True), 4: ([], -2.0, True)}),  # unjudged
+    ]
+    table = {r["search"]: r for r in error_table(rows, {"greedy": 20.0, "exact": 1.0})}
+    lo, hi = wilson_interval(1, 2)
+    assert table["greedy"]["search errors %"] == f"50.0 [{100 * lo:.1f}, {100 * hi:.1f}]"
+    # greedy: 1 below a proven mode + 1 below the best found, 1 not judged: 2 to 3 of 4
+    assert table["greedy"]["search errors % (bounds, all)"] == "50.0 to 75.0"
+    assert table["beam 4"]["search errors % (bounds, all)"] == "0.0 to 50.0"
+    assert table["beam 4"]["empty %"] == "50.0" and table["beam 4"]["cut %"] == "25.0"
+    assert table["greedy"]["task score"] == 20.0 and table["exact"]["task score"] == 1.0
+    assert table["exact"]["proven %"] == "50.0" and table["exact"]["n"] == 4
+    assert table["exact"]["empty % (bounds, all)"] == "25.0 to 75.0"
+    assert table["exact"]["empty %"].startswith("50.0 [")
+    bins = length_table(rows, [3, 10, 11, 30], [0, 8, 16, 64])
+    assert [b["n"] for b in bins] == [1, 2, 1]
+    assert bins[1]["proven %"] == "50.0" and bins[1]["empty mode %"].startswith("0.0 [")
+    assert bins[0]["greedy errors %"].startswith("100.0 [")
+    assert bins[2]["empty mode %"] == "-"
+
+
+def test_rows_survive_json():
+    row = _row(True, -1.0, [2], {1: ([2], -1.0, True), 3: ([1, 2], -2.5, False)})
+    back = SearchErrorRow.from_json(row.to_json())
+    assert back == row and set(back.keys()) >= {"proven", "mode_empty", "searches"}
+    with pytest.raises(KeyError):
+        row["nope"]
+
+
+@given(st.integers(0, 12).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))))
+@settings(max_examples=40, **SETTINGS)
+def test_sign_test_equals_counting_every_sequence(counts):
+    wins, n = counts
+    losses = n - wins
+    low = min(wins, losses)
+    extreme = sum(min(sum(s), n - sum(s)) <= low for s in itertools.product([0, 1], repeat=n))
+    assert sign_test(wins, losses) == pytest.approx(min(1.0, extreme / 2**n) if n else 1.0)
+
+
+def test_wilson_interval_matches_published_values_and_stays_inside():
+    # Newcombe (1998), Table I: 0/10 -> 0 to 0.2775, 1/29 -> 0.0061 to 0.1718
+    assert wilson_interval(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson_interval(1, 29) == pytest.approx((0.0061, 0.1718), abs=1e-4)
+    assert wilson_interval(81, 263) == pytest.approx((0.2553, 0.3662), abs=1e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    for n in range(1, 30):
+        for k in range(n + 1):
+            lo, hi = wilson_interval(k, n)
+            assert 0 <= lo <= k / n <= hi <= 1
+    with pytest.raises(GencraftError, match="0 <= k <= n"):
+        wilson_interval(5, 3)
+    with pytest.raises(GencraftError, match="counts >= 0"):
+        sign_test(-1, 3)
