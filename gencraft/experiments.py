@@ -173,7 +173,8 @@ class ExperimentRun:
         if not rows:
             self.blocks.append("(no rows)")
             return
-        cols = list(columns or rows[0].keys())
+        # every row's columns, in order of first appearance (rows may differ)
+        cols = list(columns or dict.fromkeys(k for r in rows for k in r))
 
         def fmt(v: Any) -> str:
             if isinstance(v, float):

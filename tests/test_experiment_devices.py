@@ -15,6 +15,7 @@ LOADS_ITS_MODEL = {
     "search-speed": "gencraft.search.experiments",
     "search-memory": "gencraft.search.experiments",
     "search-empty": "gencraft.search.experiments",
+    "search-errors": "gencraft.search.experiments",
     "search-conditional": "gencraft.search.experiments",
 }
 

@@ -1,5 +1,6 @@
-"""``gencraft search beam|mode``: gencraft's beam search and exact mode search on prompts, in
-batches of ``--batch-size`` (left-padded, one model call per step for the batch)."""
+"""``gencraft search beam|mode|errors``: gencraft's beam search, exact mode search, and search
+errors (each beam width's output against the proven mode) on prompts, in batches of
+``--batch-size`` (left-padded, one model call per step for the batch)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ class PromptInput:
     prompt: list[str] = option(
         REQUIRED, "the instructions (one user turn each for chat models)", positional=True
     )
+
+
+@dataclass
+class ErrorOptions:
+    beams: tuple[int, ...] = option((1, 4), "beam widths (1: greedy)")
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any, list[list[int]]]:
@@ -147,6 +153,40 @@ def cmd_mode(args: argparse.Namespace) -> None:
     bar.close()
 
 
+def cmd_errors(args: argparse.Namespace) -> None:
+    """One JSON line per prompt: whether its mode was proven, the mode, and each width's
+    output with its verdict (cut, unknown, equal, below); then the summary table."""
+    from gencraft.progress import tqdm
+    from gencraft.search.errors import check_beams, error_table, search_errors
+
+    check_beams(args.beams)  # checked before the model loads
+    model, tok, prompts = _load(args)
+    rows = []
+    bar = tqdm(total=len(prompts), desc="search errors", disable=len(prompts) < 2)
+    for first, ids, mask in _batches(model, tok, prompts, args.batch_size):
+        found = search_errors(
+            model, ids, mask, beams=args.beams, max_nodes=args.max_nodes,
+            max_new_tokens=args.max_new_tokens,
+        )  # fmt: skip
+        for j, r in enumerate(found):
+            line = {
+                "input": first + j, "proven": r.proven, "mode": tok.decode(r.mode_tokens),
+                "mode_logprob": round(r.mode_logprob, 4), "mode_empty": r.mode_empty,
+                "nodes": r.nodes,
+                "searches": {
+                    k: {"text": tok.decode(o.tokens), "logprob": round(o.logprob, 4),
+                        "error": o.error}
+                    for k, o in r.searches.items()
+                },
+            }  # fmt: skip
+            print(json.dumps(line, ensure_ascii=False))
+        rows += found
+        bar.update(len(found))
+    bar.close()
+    for line in error_table(rows):
+        print(json.dumps({"summary": True, **line}, ensure_ascii=False))
+
+
 def cmd_train_classifier(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.cli.options import default_output
@@ -222,6 +262,17 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
             add_dataclass_arguments(g, SearchDecodeConfig, only=mode)
         add_dataclass_arguments(g, RunOptions, only=("device", "dtype"))
         g.set_defaults(func=func)
+
+    e = ssub.add_parser("errors", help="search errors: greedy and beam outputs vs the exact mode")
+    add_dataclass_arguments(e, PromptInput)
+    add_dataclass_arguments(e, ModelInput, defaults={"model": "smollm2-135m"})
+    add_dataclass_arguments(e, ErrorOptions)
+    add_dataclass_arguments(
+        e, DecodeOptions, only=("max_new_tokens", "batch_size"), defaults={"max_new_tokens": 32}
+    )
+    add_dataclass_arguments(e, SearchDecodeConfig, only={"raw", "max_nodes"})
+    add_dataclass_arguments(e, RunOptions, only=("device", "dtype"))
+    e.set_defaults(func=cmd_errors)
 
     t = ssub.add_parser(
         "train-classifier", help="train an attribute classifier on the model's own samples"

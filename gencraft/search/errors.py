@@ -102,7 +102,7 @@ def classify(
     return "equal" if abs(logprob - mode_logprob) <= tol else "below"
 
 
-def _widths(beams: Sequence[int]) -> list[int]:
+def check_beams(beams: Sequence[int]) -> list[int]:
     widths = [int(k) for k in beams]
     if not widths or any(k < 1 for k in widths) or len(set(widths)) != len(widths):
         raise GencraftError(f"beams must be distinct widths >= 1 (1: greedy), got {list(beams)}")
@@ -136,7 +136,7 @@ def search_errors(
         tol: log-probabilities within ``tol`` of the mode's count as equal.
     Returns one :class:`SearchErrorRow` per prompt.
     """
-    widths = _widths(beams)
+    widths = check_beams(beams)
     if max_new_tokens < 0:
         raise GencraftError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     kw = dict(eos_token_id=eos_token_id)

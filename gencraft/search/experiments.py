@@ -10,6 +10,11 @@
   found is empty, by prompt length (thesis §6.5 analogue). One unit per prompt: a stopped run
   goes on where it stopped.
 
+* ``search-errors``: greedy, beam search at several widths and exact search on each prompt
+  (XSum at four document lengths and E2E): how often each search's output scores below the
+  proven mode (a search error), how often the mode is empty, and each output's task score
+  (Stahlberg & Byrne 2019's table; thesis ch. 6).
+
 * ``search-conditional``: attribute classifiers trained on the model's own samples (§7.4.3),
   then beam vs conditional beam search: (a) the rate of degenerate outputs, (b) length control:
   both searches forced to n tokens, which finds the higher log-likelihood.
@@ -294,6 +299,110 @@ def _plot_empty(summary: list[dict], path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+@dataclass
+class ErrorSettings:
+    model: str = settings_field("smollm2-135m", "model name or path")
+    prompts: int = settings_field(40, "XSum prompts per document length")
+    words: tuple[int, ...] = settings_field((25, 50, 100, 200), "XSum document cut (words)")
+    e2e_prompts: int = settings_field(40, "E2E prompts (0: none)")
+    beams: tuple[int, ...] = settings_field((1, 4, 10), "beam widths (1: greedy)")
+    max_nodes: int = settings_field(200, "exact search's node budget per prompt")
+    max_new_tokens: int = settings_field(48, "longest output (tokens before EOS)")
+    length_bins: tuple[int, ...] = settings_field(
+        (0, 80, 120, 200, 320, 100000), "prompt-token bin edges of the length table"
+    )
+    batch_size: int = settings_field(8, "prompts searched together")
+    data_dir: str | None = settings_field(None, "datasets directory")
+
+
+@register(
+    "search-errors",
+    title="search errors against model errors (Stahlberg & Byrne 2019's table)",
+    settings=ErrorSettings,
+    scales={
+        "tiny": {
+            **TINY,
+            "prompts": 2,
+            "words": (10, 20),
+            "e2e_prompts": 2,
+            "beams": (1, 2),
+            "max_nodes": 20,
+            "max_new_tokens": 6,
+        },
+        "cpu": {},
+        "gpu": {"prompts": 100, "e2e_prompts": 100, "max_nodes": 2000},
+    },
+    cpu_minutes=150,
+)
+def search_error_study(s: ErrorSettings, run: ExperimentRun) -> None:
+    """Greedy, beam and exact search per prompt: search errors, empty and bad modes."""
+    from gencraft.metrics.tasks import score_task
+    from gencraft.search.errors import SearchErrorRow, error_table, length_table
+    from gencraft.search.prompts import instruction_references
+
+    model, tok = load_model(s.model, device=default_device())
+    sets = {f"xsum, {w} words": ("xsum", s.prompts, w) for w in s.words}
+    if s.e2e_prompts:
+        sets["e2e MR"] = ("e2e", s.e2e_prompts, 0)
+    every, lengths, task_rows = [], [], {"xsum": [], "e2e": []}
+    for name, (kind, n, words) in sets.items():
+        texts = instruction_texts(kind, n, s.data_dir, max_source_words=words or 200)
+        refs = instruction_references(kind, n, s.data_dir, every=True)
+        for i in tqdm(range(0, len(texts), s.batch_size), desc=name):
+            last = min(i + s.batch_size, len(texts)) - 1
+            batch = texts[i : last + 1]
+            found = run.unit(f"{name} #{i}-{last}", lambda b=batch: _error_unit(model, tok, b, s))
+            for j, entry in enumerate(found):
+                every.append(SearchErrorRow.from_json(entry["row"]))
+                lengths.append(entry["prompt_tokens"])
+                task_rows[kind].append((entry, refs[i + j]))
+    run.text(
+        f"{s.model}: beam widths {list(s.beams)} (1: greedy; length penalty 0, early stopping), "
+        f"exact search with at most {s.max_nodes} nodes per prompt, outputs up to "
+        f"{s.max_new_tokens} tokens before EOS. Search errors % is over the proven prompts "
+        "(95% Wilson interval); the bounds columns are over all prompts."
+    )
+    for kind, pairs in task_rows.items():
+        if not pairs:
+            continue
+        metric = "rougeL" if kind == "xsum" else "BLEU"
+        refs = [r for _, r in pairs]
+        scores = {
+            name: score_task(kind, [e["outputs"][name] for e, _ in pairs], refs, metrics=[metric])[
+                metric
+            ]
+            for name in pairs[0][0]["outputs"]
+        }
+        rows = [SearchErrorRow.from_json(e["row"]) for e, _ in pairs]
+        per = sum(map(len, refs)) / len(refs)
+        run.text(
+            f"**{kind}** ({len(rows)} prompts, {per:.1f} references each; task score: {metric})"
+        )
+        run.table(error_table(rows, scores))
+    run.text("By prompt length (all prompts):")
+    run.table(length_table(every, lengths, list(s.length_bins)))
+
+
+def _error_unit(model, tok, texts: list[str], s: ErrorSettings) -> list[dict]:
+    """``search_errors`` on one batch of prompts, with each search's output decoded."""
+    from gencraft.search.errors import search_errors
+
+    prompts = [encode_prompt(tok, t) for t in texts]
+    ((ids, mask),) = _batched(model, tok, prompts, len(prompts))
+    rows = search_errors(
+        model, ids, mask, beams=s.beams, max_nodes=s.max_nodes, max_new_tokens=s.max_new_tokens
+    )
+    out = []
+    for p, row in zip(prompts, rows, strict=True):
+        outputs = {
+            ("greedy" if k == 1 else f"beam {k}"): tok.decode(o.tokens, skip_special_tokens=True)
+            for k, o in row.searches.items()
+        }
+        outputs["exact"] = tok.decode(row.mode_tokens, skip_special_tokens=True)
+        out.append({"row": row.to_json(), "prompt_tokens": p.shape[1], "outputs": outputs})
+    return out
 
 
 @dataclass

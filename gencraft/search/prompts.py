@@ -44,17 +44,25 @@ def instruction_texts(
 
 
 def instruction_references(
-    kind: str, n: int, data_dir: str | os.PathLike | None = None, *, split: str = "test"
-) -> list[str]:
-    """The first reference output of each of the first ``n`` examples (summary or text)."""
+    kind: str,
+    n: int,
+    data_dir: str | os.PathLike | None = None,
+    *,
+    split: str = "test",
+    every: bool = False,
+) -> list[str] | list[list[str]]:
+    """The first reference output of each of the first ``n`` examples (summary or text);
+    ``every``: each example's list of all its references (E2E has several)."""
     if kind == "xsum":
         from gencraft.data import load_summarization
 
-        return [d.summary for d in load_summarization("xsum", split, data_dir)[:n]]
+        docs = load_summarization("xsum", split, data_dir)[:n]
+        return [[d.summary] if every else d.summary for d in docs]
     if kind == "e2e":
         from gencraft.data.data2text import load_data_to_text
 
-        return [ex.references[0] for ex in load_data_to_text("e2e", split, data_dir)[:n]]
+        exs = load_data_to_text("e2e", split, data_dir)[:n]
+        return [list(ex.references) if every else ex.references[0] for ex in exs]
     raise GencraftError(f"unknown prompt kind {kind!r}; choose one of {', '.join(INSTRUCTIONS)}")
 
 

@@ -189,6 +189,7 @@ LOADS_A_MODEL = {
     ("focus", "eval"): ["no/such/run"],
     ("search", "beam"): ["x", "--model", "no-such-model"],
     ("search", "mode"): ["x", "--model", "no-such-model"],
+    ("search", "errors"): ["x", "--model", "no-such-model"],
     ("search", "train-classifier"): ["--model", "no-such-model"],
     ("prefix", "train"): ["--model", "no-such-model"],
     ("prefix", "generate"): ["no/such/run"],

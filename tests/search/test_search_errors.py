@@ -5,6 +5,7 @@ it reports with."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 
 import pytest
@@ -186,7 +187,7 @@ def test_error_table_counts_errors_over_proven_rows_and_bounds_over_all():
     assert table["exact"]["proven %"] == "50.0" and table["exact"]["n"] == 4
     assert table["exact"]["empty % (bounds, all)"] == "25.0 to 75.0"
     assert table["exact"]["empty %"].startswith("50.0 [")
-    bins = length_table(rows, [3, 10, 11, 30], [0, 8, 16, 64])
+    bins = length_table(rows, [3, 8, 11, 30], [0, 8, 16, 64])  # 8 opens the second bin
     assert [b["n"] for b in bins] == [1, 2, 1]
     assert bins[1]["proven %"] == "50.0" and bins[1]["empty mode %"].startswith("0.0 [")
     assert bins[0]["greedy errors %"].startswith("100.0 [")
@@ -225,3 +226,41 @@ def test_wilson_interval_matches_published_values_and_stays_inside():
         wilson_interval(5, 3)
     with pytest.raises(GencraftError, match="counts >= 0"):
         sign_test(-1, 3)
+
+
+def test_cli_prints_a_line_per_prompt_then_the_table(capsys):
+    from gencraft.cli.main import main
+
+    args = ["search", "errors", "hi", "a restaurant", "--model", "tiny-llama", "--beams", "1", "3"]
+    assert main([*args, "--max-new-tokens", "3", "--max-nodes", "40"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [x["input"] for x in lines[:2]] == [0, 1]
+    assert all(set(x["searches"]) == {"1", "3"} for x in lines[:2])
+    assert [x["search"] for x in lines[2:]] == ["greedy", "beam 3", "exact"]
+    assert lines[-1]["n"] == 2
+    assert main(["search", "errors", "hi", "--model", "no-such-model", "--beams", "2", "2"]) == 2
+    assert "beams must be distinct widths" in capsys.readouterr().err
+
+
+def test_reproduce_search_errors_reports_both_tasks_and_resumes(shared_data, tmp_path):
+    from gencraft.experiments import reproduce
+
+    kw = dict(scale="tiny", output=tmp_path, overrides={"data_dir": str(shared_data)})
+    report = reproduce("search-errors", **kw).read_text()
+    assert "**xsum** (4 prompts, 1.0 references each; task score: rougeL)" in report
+    # E2E's BLEU against every reference of an MR, not the first alone
+    e2e = next(x for x in report.splitlines() if x.startswith("**e2e** (2 prompts, "))
+    assert float(e2e.split(", ")[1].split()[0]) > 1 and e2e.endswith("task score: BLEU)")
+    assert "| greedy |" in report and "| beam 2 |" in report and "| exact |" in report
+    header = next(x for x in report.splitlines() if x.startswith("| search |"))
+    assert "| empty % (bounds, all) |" in header  # the exact line's column, in every table
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert sorted(results["units"]) == ["e2e MR #0-1", "xsum, 10 words #0-1", "xsum, 20 words #0-1"]
+    units = results["units"]
+    units["e2e MR #0-1"][0]["outputs"]["exact"] = "KEPT"
+    del units["xsum, 10 words #0-1"]
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    reproduce("search-errors", **kw)
+    again = json.loads((tmp_path / "results.json").read_text())["units"]
+    assert again["e2e MR #0-1"][0]["outputs"]["exact"] == "KEPT"
+    assert len(again["xsum, 10 words #0-1"]) == 2
