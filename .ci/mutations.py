@@ -2917,6 +2917,20 @@ M = [
         "",
         "tests/search/test_search_errors.py::test_cli_prints_a_line_per_prompt_then_the_table",
     ),
+    (
+        "errors-budget-strict",
+        "gencraft/search/errors.py",
+        "proven = [r for r in rows if r.proven and r.nodes <= budget]",
+        "proven = [r for r in rows if r.proven and r.nodes < budget]",
+        "tests/search/test_search_errors.py::test_one_run_gives_the_proven_share_at_every_smaller_budget",
+    ),
+    (
+        "errors-study-budgets-unchecked",
+        "gencraft/search/experiments.py",
+        "if not s.budgets or max(s.budgets) > s.max_nodes:",
+        "if not s.budgets:",
+        "tests/search/test_search_errors.py::test_reproduce_search_errors_reports_both_tasks_and_resumes",
+    ),
 ]
 
 

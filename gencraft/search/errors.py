@@ -275,3 +275,28 @@ def length_table(
             entry["greedy errors %" if k == 1 else f"beam {k} errors %"] = _pct(below, len(proven))
         table.append(entry)
     return table
+
+
+def budget_table(rows: Sequence[SearchErrorRow], budgets: Sequence[int]) -> list[dict[str, Any]]:
+    """The proven share and the empty-mode rate at smaller node budgets, read off one run.
+
+    The DFS is deterministic and checks its budget before each expansion, so a prompt proven
+    with ``nodes`` expansions is proven under any budget >= ``nodes`` and under none below it:
+    one run at the largest budget gives every smaller budget's line. A budget above that
+    run's ``max_nodes`` would need a new run (its line shows the run's share)."""
+    table = []
+    for budget in budgets:
+        proven = [r for r in rows if r.proven and r.nodes <= budget]
+        empty = sum(r.mode_empty for r in proven)
+        table.append(
+            {
+                "node budget": budget,
+                "proven %": _pct(len(proven), len(rows)),
+                "empty mode % (of proven)": _pct(empty, len(proven)),
+                "empty mode % (bounds, all)": _bound(
+                    empty, empty + len(rows) - len(proven), len(rows)
+                ),
+                "n": len(rows),
+            }
+        )
+    return table

@@ -30,6 +30,7 @@ from statistics import median
 
 import torch
 
+from gencraft.errors import GencraftError
 from gencraft.experiments import ExperimentRun, machine, register, settings_field
 from gencraft.models import load_model
 from gencraft.models.stepping import sequence_log_prob
@@ -308,7 +309,10 @@ class ErrorSettings:
     words: tuple[int, ...] = settings_field((25, 50, 100, 200), "XSum document cut (words)")
     e2e_prompts: int = settings_field(40, "E2E prompts (0: none)")
     beams: tuple[int, ...] = settings_field((1, 4, 10), "beam widths (1: greedy)")
-    max_nodes: int = settings_field(200, "exact search's node budget per prompt")
+    max_nodes: int = settings_field(1000, "exact search's node budget per prompt")
+    budgets: tuple[int, ...] = settings_field(
+        (100, 200, 500, 1000), "node budgets of the proven-share table (<= max_nodes)"
+    )
     max_new_tokens: int = settings_field(48, "longest output (tokens before EOS)")
     length_bins: tuple[int, ...] = settings_field(
         (0, 80, 120, 200, 320, 100000), "prompt-token bin edges of the length table"
@@ -329,19 +333,27 @@ class ErrorSettings:
             "e2e_prompts": 2,
             "beams": (1, 2),
             "max_nodes": 20,
+            "budgets": (5, 20),
             "max_new_tokens": 6,
         },
         "cpu": {},
-        "gpu": {"prompts": 100, "e2e_prompts": 100, "max_nodes": 2000},
+        "gpu": {
+            "prompts": 100,
+            "e2e_prompts": 100,
+            "max_nodes": 10000,
+            "budgets": (100, 1000, 3000, 10000),
+        },
     },
     cpu_minutes=150,
 )
 def search_error_study(s: ErrorSettings, run: ExperimentRun) -> None:
     """Greedy, beam and exact search per prompt: search errors, empty and bad modes."""
     from gencraft.metrics.tasks import score_task
-    from gencraft.search.errors import SearchErrorRow, error_table, length_table
+    from gencraft.search.errors import SearchErrorRow, budget_table, error_table, length_table
     from gencraft.search.prompts import instruction_references
 
+    if not s.budgets or max(s.budgets) > s.max_nodes:
+        raise GencraftError(f"budgets {list(s.budgets)} must be given and <= max_nodes")
     model, tok = load_model(s.model, device=default_device())
     sets = {f"xsum, {w} words": ("xsum", s.prompts, w) for w in s.words}
     if s.e2e_prompts:
@@ -383,6 +395,8 @@ def search_error_study(s: ErrorSettings, run: ExperimentRun) -> None:
         run.table(error_table(rows, scores))
     run.text("By prompt length (all prompts):")
     run.table(length_table(every, lengths, list(s.length_bins)))
+    run.text("Proven share and empty modes at smaller node budgets (read off this run):")
+    run.table(budget_table(every, s.budgets))
 
 
 def _error_unit(model, tok, texts: list[str], s: ErrorSettings) -> list[dict]:

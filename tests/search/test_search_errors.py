@@ -20,6 +20,7 @@ from gencraft.search import beam_search, exact_mode, search_errors
 from gencraft.search.errors import (
     SearchErrorRow,
     SearchOutcome,
+    budget_table,
     classify,
     error_table,
     length_table,
@@ -252,6 +253,7 @@ def test_reproduce_search_errors_reports_both_tasks_and_resumes(shared_data, tmp
     e2e = next(x for x in report.splitlines() if x.startswith("**e2e** (2 prompts, "))
     assert float(e2e.split(", ")[1].split()[0]) > 1 and e2e.endswith("task score: BLEU)")
     assert "| greedy |" in report and "| beam 2 |" in report and "| exact |" in report
+    assert "| node budget |" in report and "| 5 |" in report and "| 20 |" in report
     header = next(x for x in report.splitlines() if x.startswith("| search |"))
     assert "| empty % (bounds, all) |" in header  # the exact line's column, in every table
     results = json.loads((tmp_path / "results.json").read_text())
@@ -264,3 +266,26 @@ def test_reproduce_search_errors_reports_both_tasks_and_resumes(shared_data, tmp
     again = json.loads((tmp_path / "results.json").read_text())["units"]
     assert again["e2e MR #0-1"][0]["outputs"]["exact"] == "KEPT"
     assert len(again["xsum, 10 words #0-1"]) == 2
+    with pytest.raises(GencraftError, match=r"budgets \[5, 30\] must be given and <= max_nodes"):
+        reproduce(
+            "search-errors", scale="tiny", output=tmp_path / "b", overrides={"budgets": (5, 30)}
+        )
+
+
+@settings(max_examples=6, **SETTINGS)
+@given(seed=st.integers(0, 5), prompts=prompts_st)
+def test_one_run_gives_the_proven_share_at_every_smaller_budget(seed, prompts):
+    """What budget_table reads off one run is what a run at each smaller budget proves."""
+    model = _model(seed)
+    ids, mask = _batch(prompts)
+    kw = dict(beams=(1,), max_new_tokens=3, eos_token_id=0)
+    big = search_errors(model, ids, mask, max_nodes=60, **kw)
+    budgets = [1, 3, 6, 12, 30]
+    table = budget_table(big, budgets)
+    for budget, line in zip(budgets, table, strict=True):
+        small = search_errors(model, ids, mask, max_nodes=budget, **kw)
+        assert [r.proven and r.nodes <= budget for r in big] == [r.proven for r in small]
+        proven = [r for r in small if r.proven]
+        assert line["proven %"].startswith(f"{100 * len(proven) / len(prompts):.1f} [")
+        assert line["empty mode % (of proven)"] == error_table(small)[-1]["empty %"]
+        assert line["n"] == len(prompts)
