@@ -3015,6 +3015,41 @@ M = [
         "    argmax: bool = True,\n    generator: torch.Generator | None = None,\n) -> torch.Tensor:",
         "tests/nar/test_nar_references.py::test_sundae_steps_defaults_are_temperature_1_replace_all_and_sampling",
     ),
+    (
+        "cond-no-conflict-wrong-side",
+        "gencraft/search/experiments.py",
+        'fine = [e for e in examples if not e[beam]["degenerate"]]',
+        'fine = [e for e in examples if not e[cond]["degenerate"]]',
+        "tests/search/test_conditional_statistics.py::test_degenerate_tests_count_pairs_rates_and_the_no_conflict_control",
+    ),
+    (
+        "cond-paired-ties-as-wins",
+        "gencraft/search/experiments.py",
+        'sum(e[cond]["degenerate"] < e[beam]["degenerate"] for e in examples),',
+        'sum(e[cond]["degenerate"] <= e[beam]["degenerate"] for e in examples),',
+        "tests/search/test_conditional_statistics.py::test_degenerate_tests_count_pairs_rates_and_the_no_conflict_control",
+    ),
+    (
+        "cond-length-p-one-sided",
+        "gencraft/search/experiments.py",
+        '"p": sign_test(wins, losses),',
+        '"p": sign_test(wins, 0),',
+        "tests/search/test_conditional_statistics.py::test_length_wins_carry_counts_and_the_sign_test_and_pool_over_ratios",
+    ),
+    (
+        "cond-pooled-drops-ties",
+        "gencraft/search/experiments.py",
+        'sum(r["wins"] for r in sel), sum(r["losses"] for r in sel), sum(r["n"] for r in sel)',
+        'sum(r["wins"] for r in sel), sum(r["losses"] for r in sel), sum(r["wins"] + r["losses"] for r in sel)',
+        "tests/search/test_conditional_statistics.py::test_length_wins_carry_counts_and_the_sign_test_and_pool_over_ratios",
+    ),
+    (
+        "stats-paired-undecided-share",
+        "gencraft/metrics/stats.py",
+        '"share": wins / decided if decided else 0.5,',
+        '"share": wins / decided if decided else 0.0,',
+        "tests/search/test_conditional_statistics.py::test_paired_comparison_refuses_counts_beyond_n_and_halves_an_undecided_share",
+    ),
 ]
 
 

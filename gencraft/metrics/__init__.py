@@ -20,7 +20,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
             "window_schedule",
             "windowed_nll",
         ),
-        "gencraft.metrics.stats": ("sign_test", "wilson_interval"),
+        "gencraft.metrics.stats": ("paired_comparison", "sign_test", "wilson_interval"),
         "gencraft.metrics.tasks": (
             "CONVENTIONS",
             "bleu_interval",

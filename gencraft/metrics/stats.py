@@ -34,3 +34,27 @@ def sign_test(wins: int, losses: int) -> float:
         return 1.0
     tail = sum(math.comb(n, i) for i in range(low + 1)) / 2**n
     return min(1.0, 2 * tail)
+
+
+def paired_comparison(wins: int, losses: int, n: int) -> dict[str, float | int]:
+    """A paired comparison of two systems on ``n`` items: ``wins`` items where the first is
+    better, ``losses`` where the second is, the rest tied. Returns the counts, the exact sign
+    test's two-sided ``p``, and the first system's share of the decided items with its 95%
+    Wilson interval (``share``, ``share_low``, ``share_high``; 0.5 and (0, 1) when none is
+    decided)."""
+    if wins < 0 or losses < 0 or wins + losses > n:
+        raise GencraftError(
+            f"paired_comparison needs wins + losses <= n, got {wins}, {losses}, {n}"
+        )
+    decided = wins + losses
+    low, high = wilson_interval(wins, decided)
+    return {
+        "n": n,
+        "wins": wins,
+        "losses": losses,
+        "ties": n - decided,
+        "p": sign_test(wins, losses),
+        "share": wins / decided if decided else 0.5,
+        "share_low": low,
+        "share_high": high,
+    }

@@ -601,25 +601,65 @@ def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path)
             + f"; only conditional fine on {d['only_conditional_fine']}, only beam (on_beam) "
             f"fine on {d['only_beam_fine']}",
             "",
+            *_degenerate_lines(d),
         ]
     if "summary" in result.get("length", {}):
         md += [
             f"Length control ({result['length']['prompts']} test prompts; wins on the model's "
             f"log P(y | x); forced EOS {args.forced_eos}):",
             "",
-            "| beams | length / reference | conditional higher | beam higher | tie | mean log P "
-            "conditional / beam |",
-            "|---:|---:|---:|---:|---:|---:|",
+            "| beams | length / reference | conditional higher | beam higher | tie | sign test p "
+            "| mean log P conditional / beam |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
         ]
         md += [
             f"| {r['beams']} | {r['ratio']:.1f} | {100 * r['conditional_higher']:.0f}% | "
-            f"{100 * r['beam_higher']:.0f}% | {100 * r['tie']:.0f}% | "
+            f"{100 * r['beam_higher']:.0f}% | {100 * r['tie']:.0f}% | {r['p']:.3g} | "
             f"{r['cond_mean_log_prob']:.2f} / {r['beam_mean_log_prob']:.2f} |"
             for r in result["length"]["summary"]
         ]
+        md += ["", *_pooled_length_lines(result["length"]["summary"])]
     (out_dir / "conditional.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return result
+
+
+def _degenerate_lines(d: dict) -> list[str]:
+    """The degenerate study's tests as report lines (runs before these statistics: none)."""
+    if "paired" not in d:
+        return []
+    pc, nc = d["paired"], d["no_conflict"]
+    rates = ", ".join(
+        f"{k} [{100 * lo:.0f}%, {100 * hi:.0f}%]" for k, (lo, hi) in d["rate_intervals"].items()
+    )
+    worse = "-" if nc["rate"] is None else f"{100 * nc['rate']:.0f}%"
+    return [
+        f"95% intervals: {rates}. Paired sign test, conditional against beam (on_beam): "
+        f"{pc['wins']} better, {pc['losses']} worse, {pc['ties']} tied, p = {pc['p']:.3g}.",
+        f"No-conflict control: of the {nc['beam_fine']} prompts whose beam output is fine, "
+        f"conditional search made {nc['made_worse']} degenerate ({worse}, 95% interval "
+        f"{100 * nc['interval'][0]:.0f}% to {100 * nc['interval'][1]:.0f}%).",
+        "",
+    ]
+
+
+def _pooled_length_lines(summary: list[dict]) -> list[str]:
+    """Each beam width's wins pooled over the length ratios, with the sign test."""
+    from gencraft.metrics.stats import paired_comparison
+
+    lines = []
+    for b in sorted({r["beams"] for r in summary}):
+        sel = [r for r in summary if r["beams"] == b and r.get("n")]
+        pc = paired_comparison(
+            sum(r["wins"] for r in sel), sum(r["losses"] for r in sel), sum(r["n"] for r in sel)
+        )
+        lines.append(
+            f"Beam {b}, pooled over the ratios: conditional higher on {pc['wins']}, beam on "
+            f"{pc['losses']}, tied {pc['ties']} (prompt, length) pairs; conditional's share of "
+            f"the decided {100 * pc['share']:.0f}% [{100 * pc['share_low']:.0f}%, "
+            f"{100 * pc['share_high']:.0f}%], sign test p = {pc['p']:.3g}."
+        )
+    return lines
 
 
 def _degenerate_study(args, model, tok, clf, tests, result: dict, out_dir: Path) -> None:
@@ -674,6 +714,7 @@ def _degenerate_study(args, model, tok, clf, tests, result: dict, out_dir: Path)
         )
     }
     result["degenerate"] = {
+        **degenerate_tests(examples),
         "beam_size": args.beams[0],
         "k": args.k,
         "prompts": n,
@@ -687,6 +728,38 @@ def _degenerate_study(args, model, tok, clf, tests, result: dict, out_dir: Path)
         "examples": examples,
     }
     (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
+
+
+def degenerate_tests(examples: list[dict]) -> dict:
+    """The degenerate study's statistics over its per-prompt ``examples`` (each holding the
+    systems' outputs with a ``degenerate`` flag): each system's rate with its 95% Wilson
+    interval; the paired sign test of conditional (on_beam) against beam (on_beam); and the
+    no-conflict control: of the prompts where plain beam search's output is fine, how often
+    the conditional search's is degenerate (steering that makes a good output worse)."""
+    from gencraft.metrics.stats import paired_comparison, wilson_interval
+
+    n = len(examples)
+    cond, beam = "conditional (on_beam)", "beam (on_beam)"
+    intervals = {
+        name: wilson_interval(sum(bool(e[name]["degenerate"]) for e in examples), n)
+        for name in (examples[0] if examples else {})
+    }
+    fine = [e for e in examples if not e[beam]["degenerate"]]
+    worse = sum(bool(e[cond]["degenerate"]) for e in fine)
+    return {
+        "rate_intervals": intervals,
+        "paired": paired_comparison(
+            sum(e[cond]["degenerate"] < e[beam]["degenerate"] for e in examples),
+            sum(e[beam]["degenerate"] < e[cond]["degenerate"] for e in examples),
+            n,
+        ),
+        "no_conflict": {
+            "beam_fine": len(fine),
+            "made_worse": worse,
+            "rate": worse / len(fine) if fine else None,
+            "interval": wilson_interval(worse, len(fine)),
+        },
+    }
 
 
 def _length_study(args, model, tok, clf, prompts, result: dict, out_dir: Path) -> None:
@@ -789,10 +862,15 @@ def length_wins(rows: list[dict], beams: int, ratio: float, tol: float = 1e-4) -
     sel = [r for r in rows if r["beams"] == beams and r["ratio"] == ratio]
     if not sel:
         return {"n": 0}
+    from gencraft.metrics.stats import sign_test
+
     wins = sum(r["cond_log_prob"] > r["beam_log_prob"] + tol for r in sel)
     losses = sum(r["cond_log_prob"] < r["beam_log_prob"] - tol for r in sel)
     return {
         "n": len(sel),
+        "wins": wins,
+        "losses": losses,
+        "p": sign_test(wins, losses),
         "conditional_higher": wins / len(sel),
         "beam_higher": losses / len(sel),
         "tie": (len(sel) - wins - losses) / len(sel),
