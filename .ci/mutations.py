@@ -3050,6 +3050,20 @@ M = [
         '"share": wins / decided if decided else 0.0,',
         "tests/search/test_conditional_statistics.py::test_paired_comparison_refuses_counts_beyond_n_and_halves_an_undecided_share",
     ),
+    (
+        "cond-degenerate-log-ignored",
+        "gencraft/search/experiments.py",
+        "        if i in log.done:  # a stopped run's finished batch\n            examples += log.done[i]",
+        "        if False:  # a stopped run's finished batch\n            examples += log.done[i]",
+        "tests/search/test_search_classifier.py::test_a_stopped_degenerate_study_resumes_at_its_first_missing_batch",
+    ),
+    (
+        "cond-batch-log-any-size",
+        "gencraft/search/experiments.py",
+        'if entry["size"] == size:',
+        "if True:",
+        "tests/search/test_search_classifier.py::test_a_stopped_degenerate_study_resumes_at_its_first_missing_batch",
+    ),
 ]
 
 

@@ -422,14 +422,14 @@ def _error_unit(model, tok, texts: list[str], s: ErrorSettings) -> list[dict]:
 @dataclass
 class ConditionalSettings:
     model: str = settings_field("smollm2-135m", "model name or path")
-    train_prompts: int = settings_field(120, "classifier training prompts (half E2E, half XSum)")
+    train_prompts: int = settings_field(500, "classifier training prompts (half E2E, half XSum)")
     samples_per_prompt: int = settings_field(6, "samples of the model per training prompt")
     sample_tokens: int = settings_field(64, "max_new_tokens of the samples")
     epochs: int = settings_field(8, "classifier epochs")
     censored: bool = settings_field(True, "length: lower-bound labels for cut samples")
     samples: str | None = settings_field(None, ".pt file: load the samples from it, or save")
-    test_prompts: int = settings_field(80, "test prompts of the degenerate study")
-    length_prompts: int | None = settings_field(24, "test prompts of the length study")
+    test_prompts: int = settings_field(200, "test prompts of the degenerate study")
+    length_prompts: int | None = settings_field(60, "test prompts of the length study")
     beams: tuple[int, ...] = settings_field((5, 20), "beam sizes")
     k: int = settings_field(100, "candidates scored by the classifier per step")
     ratios: tuple[float, ...] = settings_field(
@@ -521,8 +521,9 @@ def conditional_study(args) -> dict:
         split="train",
         max_source_words=args.max_source_words,
     )
-    samples = Path(args.samples) if args.samples else None
-    if samples is not None and samples.is_file():  # reuse a previous run's samples
+    # kept in the work folder by default, so a stopped run resumes without resampling
+    samples = Path(args.samples) if args.samples else out_dir / "samples.pt"
+    if samples.is_file():  # reuse a previous run's samples
         rows = torch.load(samples)
         if not args.censored:  # cut samples carry no length labels then
             rows = [
@@ -543,8 +544,8 @@ def conditional_study(args) -> dict:
             censored=args.censored,
             seed=0,
         )
-        if samples is not None:
-            torch.save(rows, samples)
+        samples.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(rows, samples)
     result: dict = {
         "model": args.model,
         **machine(),
@@ -624,6 +625,26 @@ def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path)
     return result
 
 
+class _BatchLog:
+    """Finished batches of a study, one JSON line each (``first`` row index, ``size``, its
+    ``rows``), so a stopped study resumes at its first missing batch. Lines of another batch
+    size are ignored (their batches do not line up)."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.path, self.size = path, size
+        self.done: dict[int, list] = {}
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                entry = json.loads(line)
+                if entry["size"] == size:
+                    self.done[entry["first"]] = entry["rows"]
+
+    def add(self, first: int, rows: list) -> None:
+        self.done[first] = rows
+        with self.path.open("a") as f:
+            f.write(json.dumps({"first": first, "size": self.size, "rows": rows}) + "\n")
+
+
 def _degenerate_lines(d: dict) -> list[str]:
     """The degenerate study's tests as report lines (runs before these statistics: none)."""
     if "paired" not in d:
@@ -676,11 +697,15 @@ def _degenerate_study(args, model, tok, clf, tests, result: dict, out_dir: Path)
         ),
         "beam (aside)": {},
     }
-    rates = dict.fromkeys(systems, 0)
     examples = []
     size = getattr(args, "batch_size", 8)
+    log = _BatchLog(out_dir / "degenerate_rows.jsonl", size)
     bar = tqdm(total=len(tests), desc="degenerate")
     for i in range(0, len(tests), size):
+        if i in log.done:  # a stopped run's finished batch
+            examples += log.done[i]
+            bar.update(len(log.done[i]))
+            continue
         chunk = [text for text, _ in tests[i : i + size]]
         prompts = [encode_prompt(tok, text) for text in chunk]
         ((ids, mask),) = _batched(model, tok, prompts, len(prompts))
@@ -693,7 +718,6 @@ def _degenerate_study(args, model, tok, clf, tests, result: dict, out_dir: Path)
                 h = hyps[0]
                 out_text = tok.decode(h.tokens, skip_special_tokens=True)
                 bad = degenerate(out_text, text, h.finished)
-                rates[name] += bad
                 row[name] = {
                     "text": out_text,
                     "degenerate": bad,
@@ -701,11 +725,11 @@ def _degenerate_study(args, model, tok, clf, tests, result: dict, out_dir: Path)
                     "log_prob": sequence_log_prob(model, p, h.tokens, end=h.finished),
                 }
         examples += rows
+        log.add(i, rows)
         bar.update(len(chunk))
-        result["degenerate"] = {"prompts_done": len(examples), **rates}
-        (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
     bar.close()
     n = len(tests)
+    rates = {name: sum(bool(e[name]["degenerate"]) for e in examples) for name in systems}
     only = {
         a: sum(r[a]["degenerate"] < r[b]["degenerate"] for r in examples)
         for a, b in (
@@ -770,7 +794,11 @@ def _length_study(args, model, tok, clf, prompts, result: dict, out_dir: Path) -
     length_tests = prompts(args.length_prompts or args.test_prompts)
     common = dict(forced_eos=args.forced_eos, length_includes_eos=args.length_includes_eos)
     size = getattr(args, "batch_size", 8)
+    log = _BatchLog(out_dir / "length_rows.jsonl", size)
     for i in tqdm(range(0, len(length_tests), size), desc="length"):
+        if i in log.done:  # a stopped run's finished batch
+            length_rows += log.done[i]
+            continue
         chunk = length_tests[i : i + size]
         prompts = [encode_prompt(tok, text) for text, _ in chunk]
         ((ids, mask),) = _batched(model, tok, prompts, len(prompts))
@@ -797,11 +825,12 @@ def _length_study(args, model, tok, clf, prompts, result: dict, out_dir: Path) -
                 cond = _conditional_rows(model, ids, mask, clf, args, b, ns, limits, common)
                 for j in range(len(chunk)):
                     found[j, ratio, b] = (ns[j], plain[j][0], cond[j][0])
+        done = []
         for j, p in enumerate(prompts):  # rows in prompt, ratio, beam order
             for ratio in args.ratios:
                 for b in args.beams:
                     n, pl, co = found[j, ratio, b]
-                    length_rows.append(
+                    done.append(
                         {
                             "ratio": ratio,
                             "beams": b,
@@ -814,8 +843,8 @@ def _length_study(args, model, tok, clf, prompts, result: dict, out_dir: Path) -
                             "cond_text": tok.decode(co.tokens),
                         }
                     )
-        result["length"] = {"k": args.k, "rows": length_rows}
-        (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
+        length_rows += done
+        log.add(i, done)
     summary = [
         {"beams": b, "ratio": ratio, **length_wins(length_rows, b, ratio)}
         for b in args.beams

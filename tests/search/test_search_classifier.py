@@ -382,3 +382,40 @@ def test_length_study_compares_log_p_under_the_model_not_the_search_objective(tm
     assert any(abs(r["beam_log_prob"] - r["beam_search_score"]) > 1e-3 for r in rows)
     w = length_wins(rows, 2, 0.8)
     assert w["n"] == 2 and w["conditional_higher"] + w["beam_higher"] + w["tie"] == 1
+
+
+def test_a_stopped_degenerate_study_resumes_at_its_first_missing_batch(tmp_path):
+    """Each finished batch is one line of degenerate_rows.jsonl: a rerun keeps those batches
+    (a marked row stays marked) and computes only the missing one; a batch size that does
+    not line up ignores the old lines."""
+    import json
+    from types import SimpleNamespace
+
+    from gencraft.models import load_model
+    from gencraft.search.experiments import _degenerate_study
+
+    model, tok = load_model("tiny-llama")
+    clf = classifier_for(model, "degenerate", d_clf=24, num_heads=4).eval()
+    args = SimpleNamespace(beams=(2,), k=5, forced_eos="free", max_new_tokens=4, batch_size=1)
+    tests = [("the cat", "a"), ("sun", "b"), ("moon", "c")]
+    first: dict = {}
+    _degenerate_study(args, model, tok, clf, tests, first, tmp_path)
+    log = tmp_path / "degenerate_rows.jsonl"
+    lines = log.read_text().splitlines()
+    assert [json.loads(x)["first"] for x in lines] == [0, 1, 2]
+    kept = json.loads(lines[0])
+    kept["rows"][0]["beam (on_beam)"]["text"] = "KEPT"
+    log.write_text(json.dumps(kept) + "\n" + lines[1] + "\n")  # the last batch never finished
+    again: dict = {}
+    _degenerate_study(args, model, tok, clf, tests, again, tmp_path)
+    examples = again["degenerate"]["examples"]
+    assert examples[0]["beam (on_beam)"]["text"] == "KEPT"
+    assert examples[1:] == first["degenerate"]["examples"][1:]
+    assert len(log.read_text().splitlines()) == 3  # only the missing batch was added
+    assert again["degenerate"]["rates"] == first["degenerate"]["rates"]
+    other: dict = {}
+    _degenerate_study(
+        SimpleNamespace(**{**vars(args), "batch_size": 2}), model, tok, clf, tests, other, tmp_path
+    )
+    assert other["degenerate"]["examples"][0]["beam (on_beam)"]["text"] != "KEPT"
+    assert len(log.read_text().splitlines()) == 5  # two batches of two rows added
