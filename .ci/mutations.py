@@ -2290,8 +2290,8 @@ M = [
     (
         "exact-fallback-drops-processors",
         "gencraft/search/exact.py",
-        "kw.update(max_nodes=max_nodes, logits_processor=logits_processor)",
-        "kw.update(max_nodes=max_nodes)",
+        "max_seconds=max_seconds, logits_processor=logits_processor)",
+        "max_seconds=max_seconds)",
         "tests/search/test_exact_paths.py",
     ),
     (
@@ -2304,8 +2304,8 @@ M = [
     (
         "exact-fallback-drops-budget",
         "gencraft/search/exact.py",
-        "kw.update(max_nodes=max_nodes, logits_processor=logits_processor)",
-        "kw.update(logits_processor=logits_processor)",
+        "kw.update(max_nodes=max_nodes, max_seconds",
+        "kw.update(max_seconds",
         "tests/search/test_exact_paths.py",
     ),
     (
@@ -3063,6 +3063,20 @@ M = [
         'if entry["size"] == size:',
         "if True:",
         "tests/search/test_search_classifier.py::test_a_stopped_degenerate_study_resumes_at_its_first_missing_batch",
+    ),
+    (
+        "exact-time-budget-ignored",
+        "gencraft/search/exact.py",
+        "            if time.perf_counter() > self.deadline:\n                raise _Budget",
+        "            if False:\n                raise _Budget",
+        "tests/search/test_search_errors.py::test_a_time_budget_stops_exact_search_like_a_node_budget",
+    ),
+    (
+        "exact-negative-seconds-accepted",
+        "gencraft/search/exact.py",
+        "if max_seconds is not None and not max_seconds >= 0:",
+        "if False:",
+        "tests/search/test_search_errors.py::test_a_time_budget_stops_exact_search_like_a_node_budget",
     ),
 ]
 

@@ -119,6 +119,7 @@ def search_errors(
     max_new_tokens: int,
     eos_token_id: int | list[int] | None = None,
     tol: float = 1e-4,
+    max_seconds: float | None = None,
 ) -> list[SearchErrorRow]:
     """Greedy, beam and exact search on each prompt of a batch, and each output's verdict.
 
@@ -134,6 +135,8 @@ def search_errors(
             ``max_new_tokens + 1`` steps, so both range over the same outputs.
         eos_token_id: id or ids ending an output (default: the model's).
         tol: log-probabilities within ``tol`` of the mode's count as equal.
+        max_seconds: exact search's wall-time budget (the batch's, as its rows advance
+            together); a row it stops is unproven, as one ``max_nodes`` stops.
     Returns one :class:`SearchErrorRow` per prompt.
     """
     widths = check_beams(beams)
@@ -147,8 +150,9 @@ def search_errors(
         for k in widths
     }
     modes = exact_mode_batch(
-        model, input_ids, attention_mask, max_new_tokens=max_new_tokens, max_nodes=max_nodes, **kw
-    )
+        model, input_ids, attention_mask, max_new_tokens=max_new_tokens, max_nodes=max_nodes,
+        max_seconds=max_seconds, **kw,
+    )  # fmt: skip
     rows = []
     for r, mode in enumerate(modes):
         searches = {}

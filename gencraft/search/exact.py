@@ -89,6 +89,7 @@ def exact_mode(
     max_new_tokens: int,
     length: int | None = None,
     max_nodes: int | None = None,
+    max_seconds: float | None = None,
     initial: list[int] | None = None,
     logits_processor: Sequence[Any] | None = None,
     length_includes_eos: bool = False,
@@ -104,6 +105,9 @@ def exact_mode(
         length: n: the best output of exactly n tokens before EOS.
         max_nodes: stop after this many expanded nodes; the result is then the best found and
             ``exact`` is False.
+        max_seconds: stop, in the same way, once this many seconds of wall time have passed
+            since the search began (in a batch: since the batch's search began, as its rows
+            advance together). Unlike ``max_nodes`` it depends on the machine.
         initial: a complete output (tokens before EOS; e.g. beam search's) whose
             log-probability seeds the pruning bound (the thesis does not say whether it starts
             from one; default: no bound). Its scoring steps count as nodes.
@@ -126,6 +130,7 @@ def exact_mode(
         max_new_tokens=max_new_tokens,
         length=length,
         max_nodes=max_nodes,
+        max_seconds=max_seconds,
         initial=None if initial is None else [initial],
         logits_processor=logits_processor,
         length_includes_eos=length_includes_eos,
@@ -141,6 +146,7 @@ def exact_mode_batch(
     max_new_tokens: int,
     length: int | None = None,
     max_nodes: int | None = None,
+    max_seconds: float | None = None,
     initial: Sequence[Sequence[int] | None] | None = None,
     logits_processor: Sequence[Any] | None = None,
     length_includes_eos: bool = False,
@@ -160,6 +166,8 @@ def exact_mode_batch(
         the rest: as :func:`exact_mode`.
     """
     length = _checked_length(max_new_tokens, length, max_nodes, length_includes_eos)
+    if max_seconds is not None and not max_seconds >= 0:
+        raise GencraftError(f"max_seconds must be >= 0, got {max_seconds}")
     stepper, eos = resolve(
         model,
         input_ids,
@@ -176,7 +184,7 @@ def exact_mode_batch(
                 "hypotheses stepped with caches of their own); give it one input at a time"
             )
         kw = dict(eos_token_id=eos, max_new_tokens=max_new_tokens, length=length)
-        kw.update(max_nodes=max_nodes, logits_processor=logits_processor)
+        kw.update(max_nodes=max_nodes, max_seconds=max_seconds, logits_processor=logits_processor)
         masks = [None] * b if attention_mask is None else attention_mask.split(1)
         return [
             exact_mode_batch(model, ids, mask, initial=[seed], **kw)[0]
@@ -185,9 +193,8 @@ def exact_mode_batch(
     limit = sys.getrecursionlimit()  # each level of the DFS is a generator frame
     sys.setrecursionlimit(max(limit, max_new_tokens + 1000))
     try:
-        return _search_rows(
-            stepper, eos, max_new_tokens, length, max_nodes, seeds, logits_processor
-        )
+        budget = (max_nodes, math.inf if max_seconds is None else max_seconds)
+        return _search_rows(stepper, eos, max_new_tokens, length, budget, seeds, logits_processor)
     finally:
         sys.setrecursionlimit(limit)
 
@@ -237,18 +244,17 @@ def _seeds(
 
 def _search_rows(
     stepper: Any, eos: list[int], max_new_tokens: int, length: int | None,
-    max_nodes: int | None, seeds: list[list[int] | None], logits_processor: Any,
+    budget: tuple[int | None, float], seeds: list[list[int] | None], logits_processor: Any,
 ) -> list[ModeResult]:  # fmt: skip
     """Every row's DFS advanced together: each model call expands the next node of every
-    unfinished row (one ragged call)."""
+    unfinished row (one ragged call). ``budget``: (max_nodes or None, max_seconds or inf)."""
     b = batch_size(stepper)
     process = ProcessorChain(stepper, logits_processor)
     t0 = time.perf_counter()
     out = stepper.start()
     caches = stepper.split(out.cache) if b > 1 else [out.cache]
     searches = [
-        _DFS(eos, max_new_tokens, length, max_nodes, _RowProcess(process, r, b), t0)
-        for r in range(b)
+        _DFS(eos, max_new_tokens, length, budget, _RowProcess(process, r, b), t0) for r in range(b)
     ]
     gens = {r: searches[r].run(out.log_probs[r : r + 1], caches[r], seeds[r]) for r in range(b)}
     results: list[ModeResult | None] = [None] * b
@@ -319,12 +325,13 @@ class _DFS:
         eos: list[int],
         max_new: int,
         length: int | None,
-        max_nodes: int | None,
+        budget: tuple[int | None, float],
         process: Any,
         t0: float,
     ) -> None:
         self.eos, self.max_new, self.process = eos, max_new, process
-        self.length, self.max_nodes, self.t0 = length, max_nodes, t0
+        self.length, self.t0 = length, t0
+        self.max_nodes, self.deadline = budget[0], t0 + budget[1]
         self.eos_set = set(eos)
         self.best = -math.inf
         self.best_tokens: list[int] = []
@@ -411,6 +418,8 @@ class _DFS:
             if child_score <= self.best:
                 break  # children come in order of probability: every later one scores lower
             if self.max_nodes is not None and self.nodes >= self.max_nodes:
+                raise _Budget
+            if time.perf_counter() > self.deadline:
                 raise _Budget
             if cache is not None:
                 given, cache = cache, None  # the first child takes this full cache over

@@ -313,6 +313,9 @@ class ErrorSettings:
     budgets: tuple[int, ...] = settings_field(
         (100, 200, 500, 1000), "node budgets of the proven-share table (<= max_nodes)"
     )
+    max_seconds: float | None = settings_field(
+        None, "exact search's wall-time budget per batch (none: nodes only; machine-dependent)"
+    )
     max_new_tokens: int = settings_field(48, "longest output (tokens before EOS)")
     length_bins: tuple[int, ...] = settings_field(
         (0, 80, 120, 200, 320, 100000), "prompt-token bin edges of the length table"
@@ -406,8 +409,9 @@ def _error_unit(model, tok, texts: list[str], s: ErrorSettings) -> list[dict]:
     prompts = [encode_prompt(tok, t) for t in texts]
     ((ids, mask),) = _batched(model, tok, prompts, len(prompts))
     rows = search_errors(
-        model, ids, mask, beams=s.beams, max_nodes=s.max_nodes, max_new_tokens=s.max_new_tokens
-    )
+        model, ids, mask, beams=s.beams, max_nodes=s.max_nodes, max_new_tokens=s.max_new_tokens,
+        max_seconds=s.max_seconds,
+    )  # fmt: skip
     out = []
     for p, row in zip(prompts, rows, strict=True):
         outputs = {

@@ -289,3 +289,23 @@ def test_one_run_gives_the_proven_share_at_every_smaller_budget(seed, prompts):
         assert line["proven %"].startswith(f"{100 * len(proven) / len(prompts):.1f} [")
         assert line["empty mode % (of proven)"] == error_table(small)[-1]["empty %"]
         assert line["n"] == len(prompts)
+
+
+def test_a_time_budget_stops_exact_search_like_a_node_budget():
+    """max_seconds=0 stops every row before its first expansion (unproven, the root only);
+    a generous one changes nothing; a negative one is refused."""
+    model = _model(1)
+    ids, mask = _batch([[1, 2], [3]])
+    kw = dict(beams=(1,), max_nodes=None, max_new_tokens=3, eos_token_id=0)
+    stopped = search_errors(model, ids, mask, max_seconds=0.0, **kw)
+    assert [(r.proven, r.nodes) for r in stopped] == [(False, 1), (False, 1)]
+    assert all(r.searches[1].error in ("unknown", "cut") for r in stopped)
+    free = search_errors(model, ids, mask, **kw)
+    timed = search_errors(model, ids, mask, max_seconds=600.0, **kw)
+
+    def strip(rows):
+        return [{**r.to_json(), "seconds": 0} for r in rows]
+
+    assert strip(timed) == strip(free) and all(r.proven for r in timed)
+    with pytest.raises(GencraftError, match="max_seconds must be >= 0, got -1"):
+        exact_mode(model, torch.tensor([[1]]), eos_token_id=0, max_new_tokens=2, max_seconds=-1)
