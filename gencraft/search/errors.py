@@ -153,26 +153,33 @@ def search_errors(
         model, input_ids, attention_mask, max_new_tokens=max_new_tokens, max_nodes=max_nodes,
         max_seconds=max_seconds, **kw,
     )  # fmt: skip
-    rows = []
-    for r, mode in enumerate(modes):
-        searches = {}
-        for k in widths:
-            top = found[k][r][0]
-            error = classify(top.score, top.finished, mode.exact, mode.log_prob, tol)
-            searches[k] = SearchOutcome(list(top.tokens), float(top.score), top.finished, error)
-        rows.append(
-            SearchErrorRow(
-                proven=mode.exact,
-                mode_empty=mode.exact and not mode.tokens,
-                mode_logprob=float(mode.log_prob),
-                mode_tokens=list(mode.tokens),
-                best_empty=not mode.tokens and math.isfinite(mode.log_prob),
-                nodes=mode.nodes,
-                seconds=mode.seconds,
-                searches=searches,
-            )
+    return [
+        _row(mode, [found[k][r][0] for k in widths], widths, tol) for r, mode in enumerate(modes)
+    ]
+
+
+def _row(mode: Any, tops: list[Any], widths: list[int], tol: float) -> SearchErrorRow:
+    """One prompt's row from its exact search (a ``ModeResult``) and each width's first
+    hypothesis (``tops``, in the order of ``widths``)."""
+    searches = {
+        k: SearchOutcome(
+            list(top.tokens),
+            float(top.score),
+            top.finished,
+            classify(top.score, top.finished, mode.exact, mode.log_prob, tol),
         )
-    return rows
+        for k, top in zip(widths, tops, strict=True)
+    }
+    return SearchErrorRow(
+        proven=mode.exact,
+        mode_empty=mode.exact and not mode.tokens,
+        mode_logprob=float(mode.log_prob),
+        mode_tokens=list(mode.tokens),
+        best_empty=not mode.tokens and math.isfinite(mode.log_prob),
+        nodes=mode.nodes,
+        seconds=mode.seconds,
+        searches=searches,
+    )
 
 
 def _pct(k: int, n: int) -> str:
