@@ -3078,6 +3078,27 @@ M = [
         "if False:",
         "tests/search/test_search_errors.py::test_a_time_budget_stops_exact_search_like_a_node_budget",
     ),
+    (
+        "nar-length-candidates-one-short",
+        "gencraft/nar/decoding.py",
+        "k = min(k, logp.shape[1] - 1)",
+        "k = min(k, logp.shape[1] - 2)",
+        "tests/nar/test_nar_references.py::test_length_candidates_offer_every_length_but_0_and_no_more",
+    ),
+    (
+        "sundae-rerank-rule-dropped",
+        "gencraft/nar/decoding.py",
+        "best, scores = rerank(tok_lp[at], s.mask[at], cand_lp[r, pick], cfg.rerank)",
+        'best, scores = rerank(tok_lp[at], s.mask[at], cand_lp[r, pick], "mean-logprob")',
+        "tests/nar/test_nar_references.py::test_sundae_scores_follow_each_rerank_rule",
+    ),
+    (
+        "sundae-update-coin-at-proportion",
+        "gencraft/nar/decoding.py",
+        "update = (coins < proportion) & target_mask",
+        "update = (coins <= proportion) & target_mask",
+        "tests/nar/test_nar_references.py::test_a_proportion_of_0_keeps_every_token_even_at_a_coin_of_0",
+    ),
 ]
 
 

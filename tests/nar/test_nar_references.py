@@ -183,3 +183,54 @@ def test_the_greedy_baselines_score_is_its_tokens_log_probability_eos_included()
         lp = model.compute_transition_scores(gen.sequences, gen.logits, normalize_logits=True)
         assert out.scores[0] == pytest.approx(float(lp[0, :own].sum()), abs=1e-4)
     assert ended  # the EOS step was scored at least once
+
+
+def test_length_candidates_offer_every_length_but_0_and_no_more(nar):
+    from gencraft.nar.decoding import length_candidates
+
+    model, tok = nar
+    ids, mask = _source(tok, SOURCES[0])
+    enc = model.encode(ids, mask).last_hidden_state
+    top = model.max_target_length
+    for k in (top, top + 5):  # asking for more lengths than exist gets them all, once
+        cands, logp = length_candidates(model, enc, mask, k)
+        assert sorted(cands[0].tolist()) == list(range(1, top + 1))
+        assert torch.isfinite(logp).all() and (logp[0, :-1] >= logp[0, 1:]).all()
+    assert torch.logsumexp(logp, -1).item() <= 1e-6  # a share of a distribution over lengths
+
+
+def test_sundae_scores_follow_each_rerank_rule(nar):
+    """With one sample of one length candidate every rule picks the same sample; its score is
+    the mean token log-probability, the sum (mean × L), or the mean plus log P(L)."""
+    from gencraft.nar.decoding import length_candidates
+
+    model, tok = nar
+    ids, mask = _source(tok, SOURCES[2])
+    out = {
+        how: sundae_generate(
+            model,
+            ids,
+            mask,
+            SamplingConfig(steps=3, samples=1, length_candidates=1, rerank=how),
+            noise=noise_ids(tok),
+        )
+        for how in ("mean-logprob", "sum-logprob", "mean-logprob+length")
+    }
+    seq = out["mean-logprob"].sequences[0]
+    assert all(o.sequences[0] == seq for o in out.values())
+    cands, len_lp = length_candidates(model, model.encode(ids, mask).last_hidden_state, mask, 1)
+    assert len(seq) == int(cands[0, 0]) > 1
+    mean = out["mean-logprob"].scores[0]
+    assert out["sum-logprob"].scores[0] == pytest.approx(mean * len(seq), rel=1e-5)
+    assert out["mean-logprob+length"].scores[0] == pytest.approx(mean + float(len_lp[0, 0]))
+
+
+def test_a_proportion_of_0_keeps_every_token_even_at_a_coin_of_0():
+    logits = torch.randn(1, 4, 7)
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    coins = torch.tensor([[0.0, 0.5, 0.0, 0.99]])
+    target = torch.ones(1, 4, dtype=torch.bool)
+    kept = sundae_update(logits, tokens, target, None, coins, proportion=0.0, argmax=True)
+    assert torch.equal(kept, tokens)
+    all_new = sundae_update(logits, tokens, target, None, coins, proportion=1.0, argmax=True)
+    assert torch.equal(all_new, logits.argmax(-1))
