@@ -3099,6 +3099,41 @@ M = [
         "update = (coins <= proportion) & target_mask",
         "tests/nar/test_nar_references.py::test_a_proportion_of_0_keeps_every_token_even_at_a_coin_of_0",
     ),
+    (
+        "nar-batches-ignore-batch-size",
+        "gencraft/nar/decoding.py",
+        "    for chunk in _chunks(rows, batch_size):",
+        "    for chunk in _chunks(rows, None):",
+        "tests/nar/test_nar_references.py::test_batches_calls_seconds_and_the_progress_bar",
+    ),
+    (
+        "nar-seconds-not-shared",
+        "gencraft/nar/decoding.py",
+        "share = (time.perf_counter() - t0) / len(results)",
+        "share = (time.perf_counter() - t0) * len(results)",
+        "tests/nar/test_nar_references.py::test_batches_calls_seconds_and_the_progress_bar",
+    ),
+    (
+        "nar-bar-inverted",
+        "gencraft/nar/decoding.py",
+        "bar = tqdm(total=rows, desc=name, disable=not progress)",
+        "bar = tqdm(total=rows, desc=name, disable=progress)",
+        "tests/nar/test_nar_references.py::test_batches_calls_seconds_and_the_progress_bar",
+    ),
+    (
+        "nar-causal-message-cut",
+        "gencraft/nar/decoding.py",
+        '"(decode it with beam search)"',
+        '"(decode it otherwise)"',
+        "tests/nar/test_nar_references.py::test_nar_decoders_refuse_bad_input_word_for_word",
+    ),
+    (
+        "nar-empty-source-accepted",
+        "gencraft/nar/decoding.py",
+        '    if input_ids.shape[1] == 0:\n        raise GencraftError("input_ids has no source tokens")\n',
+        "",
+        "tests/nar/test_nar_references.py::test_nar_decoders_refuse_bad_input_word_for_word",
+    ),
 ]
 
 

@@ -234,3 +234,76 @@ def test_a_proportion_of_0_keeps_every_token_even_at_a_coin_of_0():
     assert torch.equal(kept, tokens)
     all_new = sundae_update(logits, tokens, target, None, coins, proportion=1.0, argmax=True)
     assert torch.equal(all_new, logits.argmax(-1))
+
+
+def test_batches_calls_seconds_and_the_progress_bar(nar, capsys, monkeypatch):
+    """``batch_size`` chunks the rows (one decoder call per chunk and step), a row's seconds
+    are its chunk's wall time shared out, and the bar shows only when asked, named and sized."""
+    import time
+
+    model, tok = nar
+    enc = tok(SOURCES, padding=True, return_tensors="pt")
+    ids, mask = enc["input_ids"], enc["attention_mask"]
+    sizes = []
+    real = model.decode_logits
+    monkeypatch.setattr(
+        model, "decode_logits", lambda t, *a: sizes.append(t.shape[0]) or real(t, *a)
+    )
+    cfg = SamplingConfig(steps=2, length_candidates=1)
+    kw = dict(mask_id=tok.mask_token_id, lengths=torch.tensor([[4], [4], [4]]))
+    capsys.readouterr()
+    t0 = time.perf_counter()
+    out = mask_predict_generate(model, ids, mask, cfg, batch_size=1, progress=True, **kw)
+    wall = time.perf_counter() - t0
+    assert sizes == [1] * 6 and out.model_calls == [2, 2, 2]
+    assert all(s >= 0 for s in out.seconds) and sum(out.seconds) <= wall
+    err = capsys.readouterr().err
+    assert "mask-predict" in err and "3/3" in err
+    sizes.clear()
+    together = mask_predict_generate(model, ids, mask, cfg, **kw)
+    assert sizes == [3, 3] and together.sequences == out.sequences
+    assert capsys.readouterr().err == ""
+
+
+def test_nar_decoders_refuse_bad_input_word_for_word(nar):
+    model, tok = nar
+    ids = torch.tensor([[5, 6, 7, 8]])
+    cfg = SamplingConfig(steps=1, length_candidates=1)
+    noise = noise_ids(tok)
+
+    def refused(message, call):
+        with pytest.raises(GencraftError) as info:
+            call()
+        assert str(info.value) == message
+
+    refused(
+        "this decoding needs a NARSeq2Seq (mlm_to_seq2seq), got Linear",
+        lambda: sundae_generate(torch.nn.Linear(2, 2), ids, None, cfg, noise=noise),
+    )
+    causal, _ = load_mlm_seq2seq("tiny-bert", seed=0, max_target_length=8, bidirectional=False)
+    refused(
+        "non-autoregressive decoding needs a bidirectional decoder; this model's is causal "
+        "(decode it with beam search)",
+        lambda: mask_predict_generate(causal, ids, None, cfg, mask_id=tok.mask_token_id),
+    )
+    refused(
+        "autoregressive decoding needs a model converted with bidirectional=False",
+        lambda: autoregressive_generate(model, ids),
+    )
+    for bad in (ids[0], ids.float(), [[5, 6]]):
+        refused(
+            "input_ids must be a LongTensor of shape [B, S]",
+            lambda bad=bad: sundae_generate(model, bad, None, cfg, noise=noise),
+        )
+    refused(
+        "input_ids has no source tokens",
+        lambda: sundae_generate(model, ids[:, :0], None, cfg, noise=noise),
+    )
+    refused(
+        "attention_mask [1, 3] does not match input_ids [1, 4]",
+        lambda: sundae_generate(model, ids, torch.ones(1, 3, dtype=torch.long), cfg, noise=noise),
+    )
+    refused(
+        "batch_size must be >= 1, got 0",
+        lambda: sundae_generate(model, ids, None, cfg, noise=noise, batch_size=0),
+    )
