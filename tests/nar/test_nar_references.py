@@ -260,8 +260,11 @@ def test_batches_calls_seconds_and_the_progress_bar(nar, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert "mask-predict" in err and "3/3" in err
     sizes.clear()
+    t0 = time.perf_counter()
     together = mask_predict_generate(model, ids, mask, cfg, **kw)
+    wall = time.perf_counter() - t0
     assert sizes == [3, 3] and together.sequences == out.sequences
+    assert len(set(together.seconds)) == 1 and 0 < sum(together.seconds) <= wall  # one share
     assert capsys.readouterr().err == ""
 
 
