@@ -3134,6 +3134,48 @@ M = [
         "",
         "tests/nar/test_nar_references.py::test_nar_decoders_refuse_bad_input_word_for_word",
     ),
+    (
+        "errors-seed-dropped",
+        "gencraft/search/errors.py",
+        "initial=[_best_finished(t) for t in tops] if seed else None",
+        "initial=None",
+        "tests/search/test_search_errors.py",
+    ),
+    (
+        "errors-seed-worst",
+        "gencraft/search/errors.py",
+        "max(done, key=lambda t: t.score)",
+        "min(done, key=lambda t: t.score)",
+        "tests/search/test_search_errors.py",
+    ),
+    (
+        "errors-seed-unfinished",
+        "gencraft/search/errors.py",
+        "done = [t for t in tops if t.finished]",
+        "done = list(tops)",
+        "tests/search/test_search_errors.py",
+    ),
+    (
+        "errors-cli-seed-ignored",
+        "gencraft/cli/search.py",
+        "max_new_tokens=args.max_new_tokens, seed=args.seed_bound,",
+        "max_new_tokens=args.max_new_tokens, seed=True,",
+        "tests/search/test_search_errors.py",
+    ),
+    (
+        "errors-study-seed-ignored",
+        "gencraft/search/experiments.py",
+        "max_seconds=s.max_seconds, seed=s.seed_bound,",
+        "max_seconds=s.max_seconds, seed=True,",
+        "tests/search/test_search_errors.py",
+    ),
+    (
+        "errors-study-seed-text",
+        "gencraft/search/experiments.py",
+        '", seeded with the best finished beam output" if s.seed_bound else ", unseeded"',
+        '", unseeded" if s.seed_bound else ", seeded with the best finished beam output"',
+        "tests/search/test_search_errors.py",
+    ),
 ]
 
 

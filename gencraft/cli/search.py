@@ -22,6 +22,7 @@ class PromptInput:
 @dataclass
 class ErrorOptions:
     beams: tuple[int, ...] = option((1, 4), "beam widths (1: greedy)")
+    seed_bound: bool = option(True, "exact search starts from the best finished beam output")
 
 
 def _load(args: argparse.Namespace) -> tuple[Any, Any, list[list[int]]]:
@@ -166,7 +167,7 @@ def cmd_errors(args: argparse.Namespace) -> None:
     for first, ids, mask in _batches(model, tok, prompts, args.batch_size):
         found = search_errors(
             model, ids, mask, beams=args.beams, max_nodes=args.max_nodes,
-            max_new_tokens=args.max_new_tokens,
+            max_new_tokens=args.max_new_tokens, seed=args.seed_bound,
         )  # fmt: skip
         for j, r in enumerate(found):
             line = {

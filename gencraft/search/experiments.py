@@ -316,6 +316,9 @@ class ErrorSettings:
     max_seconds: float | None = settings_field(
         None, "exact search's wall-time budget per batch (none: nodes only; machine-dependent)"
     )
+    seed_bound: bool = settings_field(
+        True, "exact search starts from the best finished beam output (its steps count as nodes)"
+    )
     max_new_tokens: int = settings_field(48, "longest output (tokens before EOS)")
     length_bins: tuple[int, ...] = settings_field(
         (0, 80, 120, 200, 320, 100000), "prompt-token bin edges of the length table"
@@ -375,7 +378,9 @@ def search_error_study(s: ErrorSettings, run: ExperimentRun) -> None:
                 task_rows[kind].append((entry, refs[i + j]))
     run.text(
         f"{s.model}: beam widths {list(s.beams)} (1: greedy; length penalty 0, early stopping), "
-        f"exact search with at most {s.max_nodes} nodes per prompt, outputs up to "
+        f"exact search with at most {s.max_nodes} nodes per prompt"
+        + (", seeded with the best finished beam output" if s.seed_bound else ", unseeded")
+        + f", outputs up to "
         f"{s.max_new_tokens} tokens before EOS. Search errors % is over the proven prompts "
         "(95% Wilson interval); the bounds columns are over all prompts."
     )
@@ -410,7 +415,7 @@ def _error_unit(model, tok, texts: list[str], s: ErrorSettings) -> list[dict]:
     ((ids, mask),) = _batched(model, tok, prompts, len(prompts))
     rows = search_errors(
         model, ids, mask, beams=s.beams, max_nodes=s.max_nodes, max_new_tokens=s.max_new_tokens,
-        max_seconds=s.max_seconds,
+        max_seconds=s.max_seconds, seed=s.seed_bound,
     )  # fmt: skip
     out = []
     for p, row in zip(prompts, rows, strict=True):

@@ -106,26 +106,66 @@ def test_search_errors_equal_brute_force_when_every_mode_is_provable(seed, promp
             assert got["error"] == got.error
 
 
+def _best_finished(tops) -> list[int] | None:
+    done = [t for t in tops if t.finished]
+    return max(done, key=lambda t: t.score).tokens if done else None
+
+
 @settings(max_examples=15, **SETTINGS)
-@given(seed=st.integers(0, 5), prompts=prompts_st, max_nodes=st.integers(1, 12))
-def test_a_node_budget_leaves_rows_unproven_as_exact_mode_does_alone(seed, prompts, max_nodes):
+@given(
+    seed=st.integers(0, 5),
+    prompts=prompts_st,
+    max_nodes=st.integers(1, 12),
+    seeded=st.booleans(),
+)
+def test_a_node_budget_leaves_rows_unproven_as_exact_mode_does_alone(
+    seed, prompts, max_nodes, seeded
+):
+    """Each row's exact search is exact_mode's alone, seeded (by default) with the best
+    finished beam output of the row."""
     model = _model(seed)
     ids, mask = _batch(prompts)
     rows = search_errors(
-        model, ids, mask, beams=(1, 2), max_nodes=max_nodes, max_new_tokens=3, eos_token_id=0
-    )
+        model, ids, mask, beams=(1, 2), max_nodes=max_nodes, max_new_tokens=3, eos_token_id=0,
+        seed=seeded,
+    )  # fmt: skip
     for row, p in zip(rows, prompts, strict=True):
+        tops = [
+            beam_search(model, torch.tensor([p]), num_beams=k, max_new_tokens=4, eos_token_id=0)[0]
+            for k in (1, 2)
+        ]
         alone = exact_mode(
-            model, torch.tensor([p]), eos_token_id=0, max_new_tokens=3, max_nodes=max_nodes
-        )
+            model, torch.tensor([p]), eos_token_id=0, max_new_tokens=3, max_nodes=max_nodes,
+            initial=_best_finished(tops) if seeded else None,
+        )  # fmt: skip
         assert row.proven == alone.exact and row.nodes == alone.nodes
         assert row.mode_tokens == alone.tokens
         assert row.mode_empty == (alone.exact and not alone.tokens)
-        for k in (1, 2):
-            top = beam_search(
-                model, torch.tensor([p]), num_beams=k, max_new_tokens=4, eos_token_id=0
-            )[0]
+        for k, top in zip((1, 2), tops, strict=True):
             assert row.searches[k].error == _expected(top, alone.exact, alone.log_prob)
+
+
+@settings(max_examples=15, **SETTINGS)
+@given(seed=st.integers(0, 5), prompts=prompts_st)
+def test_the_seed_bound_makes_a_cut_search_no_worse_than_the_best_beam(seed, prompts):
+    """Cut at its first node, a seeded search still holds the best finished beam output (the
+    bound it started from); unseeded, it holds only the empty output."""
+    model = _model(seed)
+    ids, mask = _batch(prompts)
+    kw = dict(beams=(1, 3), max_nodes=1, max_new_tokens=3, eos_token_id=0)
+    for row, bare in zip(
+        search_errors(model, ids, mask, **kw),
+        search_errors(model, ids, mask, seed=False, **kw),
+        strict=True,
+    ):
+        assert bare.mode_tokens == [] and bare.nodes == 1
+        done = [o for o in row.searches.values() if o.finished]
+        if not done:  # nothing to seed with
+            assert row.to_json() == {**bare.to_json(), "seconds": row.seconds}
+            continue
+        best = max(done, key=lambda o: o.logprob)
+        assert row.mode_logprob == pytest.approx(best.logprob, abs=1e-4)
+        assert row.mode_tokens == best.tokens and row.nodes == 1 + len(best.tokens)
 
 
 def test_the_drawn_models_make_search_errors_and_ties():
@@ -138,6 +178,22 @@ def test_the_drawn_models_make_search_errors_and_ties():
         ):
             kinds |= {o.error for o in row.searches.values()}
     assert {"below", "equal"} <= kinds
+
+
+def test_the_seed_is_the_best_finished_beam_where_widths_disagree():
+    """Rows where greedy and beam 3 both finish with different scores: the seed (what a
+    search cut at once holds) is the higher of the two, never the lower."""
+    disagree = 0
+    every = [list(p) for n in (1, 2, 3) for p in itertools.product([1, 2, 3], repeat=n)]
+    for seed in range(6):
+        ids, mask = _batch(every)
+        kw = dict(beams=(1, 3), max_new_tokens=5, eos_token_id=0)
+        for row in search_errors(_model(seed), ids, mask, max_nodes=1, **kw):
+            g, b = row.searches[1], row.searches[3]
+            if g.finished and b.finished and abs(g.logprob - b.logprob) > 1e-3 and g.tokens:
+                disagree += 1
+                assert row.mode_logprob == pytest.approx(max(g.logprob, b.logprob), abs=1e-4)
+    assert disagree >= 4
 
 
 def test_classify_names_each_verdict_and_refuses_an_output_above_a_proven_mode():
@@ -243,6 +299,32 @@ def test_cli_prints_a_line_per_prompt_then_the_table(capsys):
     assert "beams must be distinct widths" in capsys.readouterr().err
 
 
+def _spy_seed(monkeypatch) -> list:
+    """Record the ``seed`` each call of the real ``search_errors`` gets."""
+    import gencraft.search.errors as errors
+
+    seen, real = [], errors.search_errors
+
+    def spy(*a, **kw):
+        seen.append(kw["seed"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(errors, "search_errors", spy)
+    return seen
+
+
+def test_cli_passes_the_seed_flag_through(capsys, monkeypatch):
+    from gencraft.cli.main import main
+
+    seen = _spy_seed(monkeypatch)
+    args = ["search", "errors", "hi", "--model", "tiny-llama", "--beams", "1", "3"]
+    assert main([*args, "--max-new-tokens", "3", "--max-nodes", "1", "--no-seed-bound"]) == 0
+    line = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert (line["nodes"], line["mode"]) == (1, "")  # unseeded, cut at once: the root's output
+    assert main([*args, "--max-new-tokens", "3", "--max-nodes", "1"]) == 0
+    assert seen == [False, True]
+
+
 def test_reproduce_search_errors_reports_both_tasks_and_resumes(shared_data, tmp_path):
     from gencraft.experiments import reproduce
 
@@ -254,6 +336,7 @@ def test_reproduce_search_errors_reports_both_tasks_and_resumes(shared_data, tmp
     assert float(e2e.split(", ")[1].split()[0]) > 1 and e2e.endswith("task score: BLEU)")
     assert "| greedy |" in report and "| beam 2 |" in report and "| exact |" in report
     assert "| node budget |" in report and "| 5 |" in report and "| 20 |" in report
+    assert ", seeded with the best finished beam output," in report
     header = next(x for x in report.splitlines() if x.startswith("| search |"))
     assert "| empty % (bounds, all) |" in header  # the exact line's column, in every table
     results = json.loads((tmp_path / "results.json").read_text())
@@ -270,6 +353,21 @@ def test_reproduce_search_errors_reports_both_tasks_and_resumes(shared_data, tmp
         reproduce(
             "search-errors", scale="tiny", output=tmp_path / "b", overrides={"budgets": (5, 30)}
         )
+
+
+def test_reproduce_search_errors_can_leave_exact_search_unseeded(
+    shared_data, tmp_path, monkeypatch
+):
+    from gencraft.experiments import reproduce
+
+    seen = _spy_seed(monkeypatch)
+    overrides = {"data_dir": str(shared_data), "seed_bound": False, "max_nodes": 1, "budgets": (1,)}
+    report = reproduce("search-errors", scale="tiny", output=tmp_path, overrides=overrides)
+    assert "exact search with at most 1 nodes per prompt, unseeded," in report.read_text()
+    units = json.loads((tmp_path / "results.json").read_text())["units"]
+    rows = [e["row"] for unit in units.values() for e in unit]
+    assert len(rows) == 6 and {(r["nodes"], tuple(r["mode_tokens"])) for r in rows} == {(1, ())}
+    assert seen == [False] * 3  # one call per batch
 
 
 @settings(max_examples=6, **SETTINGS)
@@ -296,7 +394,7 @@ def test_a_time_budget_stops_exact_search_like_a_node_budget():
     a generous one changes nothing; a negative one is refused."""
     model = _model(1)
     ids, mask = _batch([[1, 2], [3]])
-    kw = dict(beams=(1,), max_nodes=None, max_new_tokens=3, eos_token_id=0)
+    kw = dict(beams=(1,), max_nodes=None, max_new_tokens=3, eos_token_id=0, seed=False)
     stopped = search_errors(model, ids, mask, max_seconds=0.0, **kw)
     assert [(r.proven, r.nodes) for r in stopped] == [(False, 1), (False, 1)]
     assert all(r.searches[1].error in ("unknown", "cut") for r in stopped)
