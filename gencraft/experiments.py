@@ -16,13 +16,15 @@ on where it stopped; ``report.md`` holds the tables and the PNG plots written be
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import importlib
 import json
 import platform
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +44,12 @@ EXPERIMENT_MODULES = (
     "gencraft.recurrence.experiments",
     "gencraft.nar.experiments",
     "gencraft.throughput",  # every decoder batched against its loop and its peer
+    "gencraft.campaign",  # the trained methods' claims in a time budget
 )
 SCALES = ("tiny", "cpu", "gpu")
+#: settings that say where things are or how long to run, not what is computed: a run resumes
+#: across a change of them (an offline GPU machine reads the same data from another folder)
+VOLATILE = ("data_dir", "runs_dir", "work_dir")
 
 
 @dataclass
@@ -57,6 +63,12 @@ class Experiment:
     scales: dict[str, dict[str, Any]]
     cpu_minutes: float
     description: str = ""
+    #: the unit keys a run at these settings computes, in order (None: not declared)
+    units: Callable[[Any], list[str]] | None = None
+    #: paired verdicts of the experiment's claims from its settings and finished units
+    verdict: Callable[[Any, dict[str, Any]], list[dict[str, Any]]] | None = None
+    #: settings besides VOLATILE that a resumed run may change
+    volatile: tuple[str, ...] = ()
 
     def settings_for(self, scale: str, overrides: dict[str, Any] | None = None) -> Any:
         if scale not in self.scales:
@@ -76,14 +88,19 @@ def register(
     settings: type,
     scales: dict[str, dict[str, Any]],
     cpu_minutes: float,
+    units: Callable[[Any], list[str]] | None = None,
+    verdict: Callable[[Any, dict[str, Any]], list[dict[str, Any]]] | None = None,
+    volatile: tuple[str, ...] = (),
 ) -> Callable[[Callable], Callable]:
-    """Decorator: ``@register("search-speed", ...)`` on ``def run(settings, out)``."""
+    """Decorator: ``@register("search-speed", ...)`` on ``def run(settings, out)``; see
+    :class:`Experiment` for ``units``, ``verdict`` and ``volatile``."""
 
     def wrap(fn: Callable) -> Callable:
         doc = (fn.__doc__ or "").strip().splitlines()
         _REGISTRY[name] = Experiment(
-            name, title, settings, fn, scales, cpu_minutes, doc[0] if doc else ""
-        )
+            name, title, settings, fn, scales, cpu_minutes, doc[0] if doc else "", units,
+            verdict, volatile,
+        )  # fmt: skip
         return fn
 
     return wrap
@@ -116,6 +133,47 @@ def machine() -> dict[str, Any]:
     return {"device": dev, "threads": torch.get_num_threads(), "torch": torch.__version__}
 
 
+class OutOfTime(Exception):
+    """Raised by :meth:`ExperimentRun.unit` when the time budget in force (:func:`time_budget`)
+    leaves less than the next unit's estimate; every finished unit is saved already."""
+
+    def __init__(self, key: str, estimate: float, left: float) -> None:
+        super().__init__(f"unit {key!r} needs about {estimate:.0f} s, {left:.0f} s left")
+        self.key, self.estimate, self.left = key, estimate, left
+
+
+@dataclass
+class Clock:
+    """A time budget: a unit starts only if its estimate fits before ``deadline``
+    (``time.monotonic()`` seconds). A unit's estimate is the longest finished unit of its kind
+    (the key's first word: ``train``, ``eval``...) in the same run, else ``default_seconds``."""
+
+    deadline: float
+    default_seconds: float = 0.0
+    started: list[str] = field(default_factory=list)  # the units computed under this clock
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+
+_CLOCK: contextvars.ContextVar[Clock | None] = contextvars.ContextVar("clock", default=None)
+
+
+@contextlib.contextmanager
+def time_budget(clock: Clock | None) -> Iterator[Clock | None]:
+    """Units computed inside start only while ``clock`` allows (None: no budget)."""
+    token = _CLOCK.set(clock)
+    try:
+        yield clock
+    finally:
+        _CLOCK.reset(token)
+
+
+def unit_kind(key: str) -> str:
+    """The kind of a unit, whose earlier timings estimate the next: its key's first word."""
+    return key.split(" ", 1)[0]
+
+
 class ExperimentRun:
     """One experiment's output folder: resumable units, tables, plots and the report."""
 
@@ -128,29 +186,48 @@ class ExperimentRun:
         self.results_path = self.directory / "results.json"
         self._settings = json.loads(json.dumps(dataclasses.asdict(settings), default=str))
         self.units: dict[str, Any] = {}
+        self.seconds: dict[str, float] = {}  # each unit's wall time, as it was computed
         if self.results_path.is_file():
             saved = json.loads(self.results_path.read_text())
-            if saved.get("settings") != self._settings:
-                diff = sorted(
-                    k
-                    for k in set(saved.get("settings", {})) | set(self._settings)
-                    if saved.get("settings", {}).get(k) != self._settings.get(k)
-                )
+            old = saved.get("settings", {})
+            skip = set(VOLATILE) | set(experiment.volatile)
+            diff = sorted(
+                k
+                for k in set(old) | set(self._settings)
+                if k not in skip and old.get(k) != self._settings.get(k)
+            )
+            if diff:
                 raise GencraftError(
                     f"{self.directory} holds results of {experiment.name} with other settings "
                     f"({', '.join(diff)}); use another --output or --restart"
                 )
             self.units = saved.get("units", {})
+            self.seconds = saved.get("unit_seconds", {})
         self.blocks: list[str] = []
         self.resumed = bool(self.units)
 
     def unit(self, key: str, compute: Callable[[], Any]) -> Any:
         """The result of unit ``key``: from an earlier run if it finished there, else computed
-        now and saved at once (JSON-able values)."""
+        now and saved at once (JSON-able values). Under a :func:`time_budget`, a unit whose
+        estimate does not fit raises :class:`OutOfTime` instead of starting."""
         if key not in self.units:
+            clock = _CLOCK.get()
+            if clock is not None:
+                estimate = self.estimate(key, clock.default_seconds)
+                if estimate > clock.left():
+                    raise OutOfTime(key, estimate, clock.left())
+                clock.started.append(f"{self.experiment.name}: {key}")
+            t0 = time.perf_counter()
             self.units[key] = json.loads(json.dumps(compute(), default=float))
+            self.seconds[key] = time.perf_counter() - t0
             self._save()
         return self.units[key]
+
+    def estimate(self, key: str, default: float) -> float:
+        """Seconds unit ``key`` is expected to take: the longest finished unit of its kind."""
+        kind = unit_kind(key)
+        same = [t for k, t in self.seconds.items() if unit_kind(k) == kind]
+        return max(same) if same else default
 
     def _save(self) -> None:
         write_json(
@@ -161,6 +238,7 @@ class ExperimentRun:
                 "settings": self._settings,
                 "machine": machine(),
                 "units": self.units,
+                "unit_seconds": self.seconds,
             },
         )
 

@@ -81,7 +81,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         print(json.dumps(rows, indent=2))
         return
     print(f"{args.model} on {corpus} {args.split}, windows of {window}")
-    print(format_table(rows))  # floats to 2 decimals
+    print(format_table([{k: v for k, v in r.items() if k != "block_nll"} for r in rows]))
 
 
 def add_parser(sub: Any, add_data_dir: Any) -> None:

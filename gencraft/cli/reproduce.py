@@ -83,7 +83,9 @@ def _overrides(settings: type, extra: list[str], name: str) -> dict[str, Any]:
 class ReproduceCommand:
     name: str | None = option(None, "the experiment (see --list)", positional=True)
     list: bool = option(False, "list the experiments")
-    scale: Literal["tiny", "cpu", "gpu"] = option("cpu", "the experiment's size")
+    scale: Literal["tiny", "cpu", "gpu", "slot"] = option(
+        "cpu", "the experiment's size (slot: the campaign's GPU-slot sizes)"
+    )
 
 
 @dataclass

@@ -26,6 +26,7 @@ from gencraft.data import load_summarization
 from gencraft.experiments import ExperimentRun, machine, register, settings_field
 from gencraft.focus.data import SummaryEncoder, collate
 from gencraft.focus.model import FocusForConditionalGeneration
+from gencraft.metrics.stats import decide
 from gencraft.models import load_model
 from gencraft.utils import default_device
 
@@ -62,6 +63,7 @@ class FocusQualitySettings:
     batch_size: int = settings_field(8, "training batch size")
     freeze_base: bool = settings_field(False, "train only the FAME head")
     test_docs: int = settings_field(100, "test documents (Table 1)")
+    bertscore: bool = settings_field(True, "Table 1's BERTScore (loads MiniLM)")
     sample_docs: int = settings_field(20, "test documents for the sampling table (Table 2)")
     samples: int = settings_field(10, "samples per document (Table 2)")
     eval_batch_size: int = settings_field(8, "generation batch size")
@@ -219,10 +221,12 @@ def quality(args) -> dict:
         model, tok = load_summarizer(path)
         model.to(args.device)
         preds = [g[0] for g in summarize(model, tok, docs, decoding="beam", **gen)]
-        result["table1"][name] = summary_metrics(preds, refs, docs)
+        result["table1"][name] = summary_metrics(preds, refs, docs, with_bertscore=args.bertscore)
         decodings = ["top_k", "nucleus"]
         if name == "fame":
             decodings += ["focus_sample", "focus_sample+top_k", "focus_sample+nucleus"]
+        if not args.sample_docs:  # Table 2 not asked for
+            decodings = []
         # the beam focus decodings also with the mask only (before issue 13), if asked
         scorings = {"": True, ", masked only": False} if args.masked_rows else {"": True}
         sub = slice(0, args.sample_docs)
@@ -239,7 +243,7 @@ def quality(args) -> dict:
                     **gen,
                 )
                 result["table2"][f"{name} ({dec}{label})"] = diversity_metrics(
-                    groups, refs[sub], docs[sub]
+                    groups, refs[sub], docs[sub], with_bertscore=args.bertscore
                 )
         if name == "fame":
             for k in args.focus_top:
@@ -259,7 +263,8 @@ def quality(args) -> dict:
                     key = "focus_top_masked" if label else "focus_top"
                     result[key][k] = summary_metrics(preds, refs, docs, with_bertscore=False)
         (out / "quality.json").write_text(json.dumps(result, indent=2))
-    _plot_focus_top(result["focus_top"], result["table1"], out / "focus_top.png")
+    if result["focus_top"]:
+        _plot_focus_top(result["focus_top"], result["table1"], out / "focus_top.png")
     (out / "quality.md").write_text(_markdown(result))
     return result
 
@@ -334,6 +339,25 @@ def focus_speed(s: FocusSpeedSettings, run: ExperimentRun) -> None:
     )
 
 
+def quality_verdict(runs: list[tuple[FocusQualitySettings, dict]]) -> list[dict]:
+    """FAME minus the baseline on Table 1's ROUGE-L and ROUGE-1 precision against the document
+    (beam 4), one pair per run (each run its own seed)."""
+    pairs = [u["quality"]["table1"] for _, u in runs if "quality" in u]
+    rows = []
+    for metric, label in (("RL", "ROUGE-L"), ("R1_precision_doc", "R1 precision vs document")):
+        diffs = [t["fame"][metric] - t["baseline"][metric] for t in pairs]
+        if diffs:
+            rows.append(
+                {
+                    "comparison": f"FAME − baseline, {label}",
+                    "pairs": "seeds",
+                    "unit": "points",
+                    **decide(diffs),
+                }
+            )
+    return rows
+
+
 @register(
     "focus-quality",
     title="baseline vs FAME on the local XSum split (Tables 1 and 2, focus_top,k)",
@@ -349,6 +373,7 @@ def focus_speed(s: FocusSpeedSettings, run: ExperimentRun) -> None:
             "focus_top": (5, 50),
             "max_source": 64,
             "max_target": 8,
+            "bertscore": False,
         },
         "cpu": {
             "model": "smollm2-135m",
@@ -364,6 +389,8 @@ def focus_speed(s: FocusSpeedSettings, run: ExperimentRun) -> None:
         "gpu": {"minutes": 2.5},
     },
     cpu_minutes=90,
+    units=lambda s: ["quality"],
+    verdict=quality_verdict,
 )
 def focus_quality(s: FocusQualitySettings, run: ExperimentRun) -> None:
     """Baseline vs FAME: ROUGE, BERTScore, faithfulness and diversity."""

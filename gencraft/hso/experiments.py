@@ -33,6 +33,7 @@ from gencraft.hso.fewshot import (
 from gencraft.hso.functional import hso_nll
 from gencraft.metrics import windowed_nll
 from gencraft.metrics.lm import stream_perplexities
+from gencraft.metrics.stats import decide
 from gencraft.metrics.text import bootstrap_mean
 from gencraft.models import load_model
 from gencraft.utils import default_device
@@ -265,6 +266,46 @@ def _combine(parts: dict[str, dict]) -> dict:
     }
 
 
+def _fewshot_units(s: FewShotSettings) -> list[str]:
+    """The unit keys of a run: one per (n, seed, method)."""
+    return [f"n={n} seed={seed} {m}" for n in s.shots for seed in s.seeds for m in METHODS]
+
+
+def _fewshot_correct(units: dict, n: int, seed: int, m: str) -> list[int] | None:
+    """Per-example correctness of method ``m`` at (n, seed), from its own unit or a whole
+    (n, seed) unit saved before units were kept per method (None: not finished)."""
+    part = units.get(f"n={n} seed={seed} {m}")
+    if part is not None:
+        return part["correct"]
+    whole = units.get(f"n={n} seed={seed}")
+    return whole["correct"][m] if whole and "correct" in whole else None
+
+
+def fewshot_verdict(runs: list[tuple[FewShotSettings, dict]]) -> list[dict]:
+    """HSO and HSO-2 against the plain model: accuracy differences paired by test example,
+    pooled over every finished (n, seed) of the runs."""
+    rows = []
+    for m, label in (("hso", "HSO"), ("hso2", "HSO-2")):
+        diffs: list[float] = []
+        for s, units in runs:
+            for n in s.shots:
+                for seed in s.seeds:
+                    a = _fewshot_correct(units, n, seed, m)
+                    b = _fewshot_correct(units, n, seed, "baseline")
+                    if a is not None and b is not None:
+                        diffs += [100.0 * (x - y) for x, y in zip(a, b, strict=True)]
+        if diffs:
+            rows.append(
+                {
+                    "comparison": f"{label} − plain model, accuracy",
+                    "pairs": "(example, n, seed) pairs",
+                    "unit": "points",
+                    **decide(diffs),
+                }
+            )
+    return rows
+
+
 @register(
     "hso-fewshot",
     title="few-shot classification: baseline, dynamic evaluation, HSO, HSO-2 (Table 3.4)",
@@ -283,6 +324,8 @@ def _combine(parts: dict[str, dict]) -> dict:
         "gpu": {"examples": 400, "de_examples": 100, "seeds": (0, 1, 2)},
     },
     cpu_minutes=35,
+    units=_fewshot_units,
+    verdict=fewshot_verdict,
 )
 def hso_fewshot(s: FewShotSettings, run: ExperimentRun) -> None:
     """Accuracy and seconds per example of each method, per n, mean over seeds."""

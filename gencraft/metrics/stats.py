@@ -58,3 +58,105 @@ def paired_comparison(wins: int, losses: int, n: int) -> dict[str, float | int]:
         "share_low": low,
         "share_high": high,
     }
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """The continued fraction of the regularised incomplete beta function (Lentz's method)."""
+    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1)
+    d = 1 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
+            d = 1 + num * d
+            d = 1 / (d if abs(d) > tiny else tiny)
+            c = 1 + num / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """The regularised incomplete beta function I_x(a, b), 0 <= x <= 1."""
+    if x <= 0 or x >= 1:
+        return float(x >= 1)
+    lbeta = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b)
+    front = math.exp(lbeta + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1) / (a + b + 2):
+        return front * _betacf(a, b, x) / a
+    return 1 - front * _betacf(b, a, 1 - x) / b
+
+
+def student_t_sf2(t: float, dof: float) -> float:
+    """The two-sided tail P(|T| >= |t|) of Student's t with ``dof`` degrees of freedom."""
+    if dof <= 0:
+        raise GencraftError(f"Student's t needs dof > 0, got {dof}")
+    return _betainc(dof / 2, 0.5, dof / (dof + t * t))
+
+
+def t_quantile(dof: float, level: float = 0.95) -> float:
+    """The two-sided ``level`` quantile of Student's t (12.706 for dof 1, 1.960 in the limit),
+    by bisection on :func:`student_t_sf2`."""
+    low, high = 0.0, 1e4
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if student_t_sf2(mid, dof) > 1 - level else (low, mid)
+    return (low + high) / 2
+
+
+def paired_t(diffs: list[float] | tuple[float, ...]) -> dict[str, float | int]:
+    """The paired t statistics of differences ``diffs`` (system A minus system B per item):
+    ``n``, ``mean``, ``sd``, the 95% interval ``low``/``high`` and the two-sided ``p``. One
+    difference gives no interval (``low``/``high`` = -inf/inf, p = 1); all-equal differences
+    give a zero-width interval (p = 0 unless they are all 0)."""
+    n = len(diffs)
+    if n == 0:
+        raise GencraftError("paired_t needs at least one difference")
+    mean = math.fsum(diffs) / n
+    if n == 1:
+        return {"n": 1, "mean": mean, "sd": math.nan, "low": -math.inf, "high": math.inf, "p": 1.0}
+    sd = math.sqrt(math.fsum((d - mean) ** 2 for d in diffs) / (n - 1))
+    se = sd / math.sqrt(n)
+    if se == 0:
+        return {"n": n, "mean": mean, "sd": 0.0, "low": mean, "high": mean, "p": float(mean == 0)}
+    half = t_quantile(n - 1) * se
+    p = student_t_sf2(mean / se, n - 1)
+    return {"n": n, "mean": mean, "sd": sd, "low": mean - half, "high": mean + half, "p": p}
+
+
+#: what :func:`decide` may conclude
+VERDICTS = ("reproduced", "contradicted", "not reproduced at this size")
+
+
+def decide(
+    diffs: list[float] | tuple[float, ...], expected: int = 1, alpha: float = 0.05
+) -> dict[str, float | int | str]:
+    """A claim's verdict from paired differences (the claimed-better system minus the other,
+    per item or per seed; ``expected`` = -1 when the claim is that they go down).
+
+    ``reproduced``: p < ``alpha`` in the claimed direction; ``contradicted``: p < ``alpha``
+    against it; otherwise ``not reproduced at this size``, with ``needed``: about how many pairs
+    would give 80% power at the observed mean and spread (two-sided ``alpha`` = 0.05 normal
+    approximation, (2.80 · sd / mean)²; None when the mean is 0 or there is one pair). Returns
+    :func:`paired_t`'s fields with ``verdict`` and ``needed``."""
+    t = paired_t(diffs)
+    mean, sd = float(t["mean"]), float(t["sd"])
+    verdict = verdict_of(mean, float(t["p"]), expected, alpha)
+    needed = None
+    if verdict == VERDICTS[2] and mean != 0 and math.isfinite(sd):
+        needed = max(int(t["n"]) + 1, math.ceil((2.80 * sd / abs(mean)) ** 2))
+    return {**t, "verdict": verdict, "needed": needed}
+
+
+def verdict_of(mean: float, p: float, expected: int = 1, alpha: float = 0.05) -> str:
+    """One of :data:`VERDICTS`: significant (p < ``alpha``) in the claimed direction
+    (``expected`` = 1: up, -1: down), significant against it, or neither."""
+    if expected not in (1, -1):
+        raise GencraftError(f"expected must be 1 or -1, got {expected}")
+    if p < alpha and mean != 0:
+        return VERDICTS[0] if mean * expected > 0 else VERDICTS[1]
+    return VERDICTS[2]

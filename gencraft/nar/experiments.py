@@ -45,6 +45,7 @@ class NARTasksSettings:
     steps: int = settings_field(300, "optimizer steps of a pretrained start")
     scratch_steps: int = settings_field(600, "optimizer steps of SUNDAE from scratch")
     batch_size: int = settings_field(16, "pairs per batch")
+    train_examples: int | None = settings_field(None, "the first N training pairs (None: all)")
     lr: float = settings_field(2e-4, "learning rate of a pretrained start")
     scratch_lr: float = settings_field(5e-4, "learning rate from scratch")
     max_target_length: int = settings_field(96, "the length predictor's range")
@@ -60,6 +61,60 @@ class NARTasksSettings:
     curve_steps: tuple[int, ...] = settings_field((1, 2, 4, 8, 15), "decoding steps plotted")
     curve_inputs: int = settings_field(40, "test inputs of the quality-vs-steps curve")
     data_dir: str | None = settings_field(None, "datasets directory")
+
+
+def _curve_models(s: NARTasksSettings) -> list[str]:
+    """The models of the quality-vs-steps curve: the first SUNDAE and the first Mask-Predict."""
+    firsts = {}
+    for v in s.variants:
+        firsts.setdefault(VARIANTS[v][2], v)
+    return [firsts[m] for m in ("sundae", "mask-predict") if m in firsts]
+
+
+def _tasks_units(s: NARTasksSettings) -> list[str]:
+    """The unit keys of a run: each model's training, temperature (SUNDAE) and test; then the
+    curve's points."""
+    keys = []
+    for v in s.variants:
+        keys.append(f"train {v}")
+        keys += [f"tune {v}"] if VARIANTS[v][2] == "sundae" else []
+        keys.append(f"test {v}")
+    return keys + [f"curve {v} {n}" for v in _curve_models(s) for n in s.curve_steps]
+
+
+#: (claimed better, other) pairs the verdict compares, when both ran
+COMPARED = (("rum-sundae", "sundae-scratch"), ("rum-sundae-copy", "rum-sundae"))
+
+
+def tasks_verdict(runs: list[tuple[NARTasksSettings, dict]]) -> list[dict]:
+    """Paired bootstrap of test BLEU (lower-cased convention) over the test inputs, for each
+    pair of :data:`COMPARED` that a run finished."""
+    from gencraft.data.tasks import pick_examples, references_of, task_examples
+    from gencraft.metrics.stats import verdict_of
+    from gencraft.metrics.tasks import bleu_paired
+
+    rows = []
+    for s, units in runs:
+        examples = pick_examples(
+            task_examples(s.task, "test", s.data_dir), s.test_limit, spread=True
+        )
+        refs = [references_of(e) for e in examples]
+        for a, b in COMPARED:
+            if f"test {a}" not in units or f"test {b}" not in units:
+                continue
+            outs = [units[f"test {m}"]["predictions"] for m in (a, b)]
+            r = bleu_paired(s.task, *outs, refs, lowercase=True)
+            rows.append(
+                {
+                    "comparison": f"{a} − {b}, BLEU",
+                    "pairs": "test inputs (paired bootstrap)",
+                    "unit": "BLEU",
+                    **r,
+                    "verdict": verdict_of(r["mean"], r["p"]),
+                    "needed": None,
+                }
+            )
+    return rows
 
 
 @register(
@@ -82,6 +137,7 @@ class NARTasksSettings:
             "test_limit": 3,
             "curve_steps": (1, 2),
             "curve_inputs": 2,
+            "train_examples": 64,
         },
         "cpu": {},
         "gpu": {
@@ -95,6 +151,8 @@ class NARTasksSettings:
         },
     },
     cpu_minutes=120,
+    units=_tasks_units,
+    verdict=tasks_verdict,
 )
 def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
     rows: list[dict[str, Any]] = []
@@ -106,6 +164,7 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
         cfg = NARTrainConfig(
             model=s.model,
             task=s.task,
+            train_examples=s.train_examples,
             lr=s.scratch_lr if scratch else s.lr,
             fit=FitConfig(
                 batch_size=s.batch_size,
@@ -181,11 +240,8 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
         "rouge-score ROUGE-L with stemming):"
     )
     run.table(conventions, ["model", *_RESCORED])
-    curve_models = [v for v in s.variants if VARIANTS[v][2] in ("sundae", "mask-predict")]
-    sundae_first = next((v for v in curve_models if VARIANTS[v][2] == "sundae"), None)
-    mp_first = next((v for v in curve_models if VARIANTS[v][2] == "mask-predict"), None)
     curve = []
-    for name in [n for n in (sundae_first, mp_first) if n is not None]:
+    for name in _curve_models(s):
         method = VARIANTS[name][2]
         for steps in s.curve_steps:
 

@@ -238,6 +238,32 @@ def _cell(values: list[float]) -> str:
     return f"{m:.{digits}f}" + ("" if h is None else f" ± {h:.{digits}f}")
 
 
+def _tasks_units(s: PrefixTaskSettings) -> list[str]:
+    """The unit keys of a run: one per (variant, seed)."""
+    return [f"{v}/seed{seed}" for v in _variants(s) for seed in _seeds(s)]
+
+
+def tasks_verdict(runs: list[tuple[PrefixTaskSettings, dict]]) -> list[dict]:
+    """Each variant minus dense prefixes on the task's main metric (BLEU; ROUGE-L for XSum),
+    paired by seed, pooled over runs."""
+    from gencraft.metrics.stats import decide
+
+    diffs: dict[str, list[float]] = {}
+    for s, units in runs:
+        metric = "rougeL" if s.task == "xsum" else "BLEU"
+        for v in _variants(s):
+            for seed in _seeds(s):
+                got = units.get(f"{v}/seed{seed}"), units.get(f"dense/seed{seed}")
+                if v != "dense" and None not in got:
+                    diffs.setdefault(f"{v} − dense, {metric}", []).append(
+                        got[0]["scores"][metric] - got[1]["scores"][metric]
+                    )
+    return [
+        {"comparison": name, "pairs": "seeds", "unit": "points", **decide(d)}
+        for name, d in diffs.items()
+    ]
+
+
 @register(
     "prefix-tasks",
     title="DASP prefix-tuning variants against dense prefixes and fine-tuning",
@@ -261,6 +287,8 @@ def _cell(values: list[float]) -> str:
         "gpu": {"test_limit": None, "steps": 5000, "batch_size": 16, "seeds": "0,1,2"},
     },
     cpu_minutes=150,
+    units=_tasks_units,
+    verdict=tasks_verdict,
 )
 def prefix_tasks(s: PrefixTaskSettings, run: ExperimentRun) -> None:
     """DASP variants vs dense prefix-tuning and full fine-tuning on one task, over seeds."""

@@ -57,5 +57,22 @@ def evaluate(
             model, ids, window=window, overlap=o, progress=progress, batch_size=batch_size
         )
         scores = stream_perplexities(nll, words, time.perf_counter() - t0)
-        rows.append({"overlap": o, **scores, "flops/token": flops_per_token(model, window, o)})
+        rows.append(
+            {
+                "overlap": o,
+                **scores,
+                "flops/token": flops_per_token(model, window, o),
+                "block_nll": block_means(nll, BLOCK),
+            }
+        )
     return rows
+
+
+#: tokens per block of ``block_nll``: the unit two models' losses are paired on
+BLOCK = 1024
+
+
+def block_means(nll: torch.Tensor, block: int) -> list[float]:
+    """Mean NLL [N] over consecutive blocks of ``block`` tokens (the last may be shorter): the
+    same token positions for any model on the same stream, so two models pair block by block."""
+    return [round(float(x.mean()), 6) for x in nll.double().split(block)]

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gencraft.experiments import ExperimentRun, register, settings_field
+from gencraft.metrics.stats import decide
 from gencraft.recurrence.config import RecurrenceConfig, RecurrenceTrainConfig
-from gencraft.recurrence.evaluate import evaluate
+from gencraft.recurrence.evaluate import BLOCK, evaluate
 from gencraft.recurrence.train import train
 from gencraft.training import FitConfig, load_run
 
@@ -37,9 +38,51 @@ class RecurrenceLMSettings:
     max_steps: int | None = settings_field(200, "optimizer steps per model (the same for both)")
     eval_every_tokens: int = settings_field(100_000, "validate every this many tokens")
     valid_words: int | None = settings_field(5000, "validation words for early stopping")
+    train_words: int | None = settings_field(
+        None, "first N words of the training split (None: all)"
+    )
     eval_words: int | None = settings_field(8000, "words of valid and test evaluated")
     splits: tuple[str, ...] = settings_field(("valid", "test"), "splits evaluated")
+    seed: int = settings_field(0, "training seed (both models)")
+    epochs: int = settings_field(2, "epochs at most (max_steps may stop sooner)")
     data_dir: str | None = settings_field(None, "datasets directory")
+
+
+MODELS = (("baseline", False), ("recurrent", True))
+
+
+def _lm_units(s: RecurrenceLMSettings) -> list[str]:
+    """The unit keys of a run: each model's training, then its evaluation on each split."""
+    return [
+        k
+        for name, _ in MODELS
+        for k in (f"train {name}", *(f"eval {name} {sp}" for sp in s.splits))
+    ]
+
+
+def lm_verdict(runs: list[tuple[RecurrenceLMSettings, dict]]) -> list[dict]:
+    """Recurrent minus baseline NLL (nats/token) at the overlap the models were trained at,
+    paired block by block (``BLOCK`` tokens) on the test split (else the first evaluated),
+    pooled over runs (seeds)."""
+    diffs: list[float] = []
+    for s, units in runs:
+        split = "test" if "test" in s.splits else s.splits[0]
+        got = [units.get(f"eval {name} {split}") for name, _ in MODELS]
+        if None in got:
+            continue
+        base, rec = (next(r for r in rows if r["overlap"] == s.train_overlap) for rows in got)
+        if "block_nll" in base and "block_nll" in rec:
+            diffs += [r - b for r, b in zip(rec["block_nll"], base["block_nll"], strict=True)]
+    if not diffs:
+        return []
+    return [
+        {
+            "comparison": "recurrent − baseline, test NLL",
+            "pairs": f"blocks of {BLOCK} tokens",
+            "unit": "nats/token",
+            **decide(diffs, expected=-1),
+        }
+    ]
 
 
 @register(
@@ -59,6 +102,7 @@ class RecurrenceLMSettings:
             "eval_every_tokens": 100,
             "valid_words": 200,
             "eval_words": 200,
+            "train_words": 2000,
         },
         "cpu": {},
         "gpu": {
@@ -71,11 +115,13 @@ class RecurrenceLMSettings:
         },
     },
     cpu_minutes=70,
+    units=_lm_units,
+    verdict=lm_verdict,
 )
 def recurrence_lm(s: RecurrenceLMSettings, run: ExperimentRun) -> None:
     """Train baseline and recurrent; evaluate both at every overlap on each split."""
     rows = []
-    for name, recurrent in (("baseline", False), ("recurrent", True)):
+    for name, recurrent in MODELS:
         rec = RecurrenceConfig(
             window=s.window,
             overlap=s.train_overlap,
@@ -91,8 +137,10 @@ def recurrence_lm(s: RecurrenceLMSettings, run: ExperimentRun) -> None:
             recurrence_lr=s.recurrence_lr,
             eval_every_tokens=s.eval_every_tokens,
             valid_words=s.valid_words,
+            train_words=s.train_words,
             fit=FitConfig(
-                epochs=2,
+                epochs=s.epochs,
+                seed=s.seed,
                 batch_size=1,
                 max_time=s.max_time,
                 max_steps=s.max_steps,

@@ -26,7 +26,8 @@ def test_list_names_every_documented_experiment(capsys):
     ):
         assert name in out
     for e in experiments().values():  # every experiment has the three scales and an estimate
-        assert set(e.scales) == {"tiny", "cpu", "gpu"} and e.cpu_minutes > 0
+        want = {"tiny", "cpu", "slot"} if e.name == "campaign" else {"tiny", "cpu", "gpu"}
+        assert set(e.scales) == want and e.cpu_minutes > 0
 
 
 def test_search_empty_runs_end_to_end_and_resumes(shared_data, tmp_path, capsys):

@@ -1,0 +1,339 @@
+"""``gencraft reproduce campaign``: the trained methods' claims, run in the order of their value
+per minute within a time budget, and resumed across invocations: a 15-minute GPU slot, an
+afternoon of CPU, or several of either.
+
+Each claim is one registered experiment at sizes chosen per campaign scale (``tiny``: every
+unit on tiny models, for tests; ``cpu``: sizes a 2-core CPU can reach in about two hours per
+claim, resumed across invocations; ``slot``: a GPU, minutes at a time). A claim may take
+several runs of its experiment (FAME's seeds). Every run is an ordinary
+``gencraft reproduce`` folder under the campaign's, so its finished units survive an
+interrupted invocation; the time budget (``--minutes``) lets a unit start only if its
+estimate (the longest finished unit of its kind, else the claim's estimate) fits in what is
+left, so a slot ends between units, with every finished one saved.
+
+The report gives each claim: what ran, at what size, the minutes spent, and its verdict with
+the 95% interval (:func:`gencraft.metrics.stats.decide`), computed by the experiment's own
+``verdict`` function from its finished units.
+
+    gencraft reproduce campaign --scale slot --plan
+    gencraft reproduce campaign --scale slot --minutes 12 --output outputs/campaign-slot
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gencraft.errors import GencraftError
+from gencraft.experiments import (
+    Clock,
+    ExperimentRun,
+    OutOfTime,
+    get_experiment,
+    register,
+    reproduce,
+    settings_field,
+    time_budget,
+)
+
+#: the claims in the order of their value per minute (issue 43)
+CLAIM_ORDER = ("hso-fewshot", "recurrence", "fame", "rum-sundae", "dasp")
+#: the experiments' own scale each campaign scale starts from
+BASE_SCALE = {"tiny": "tiny", "cpu": "cpu", "slot": "gpu"}
+E2E_TRAIN_PAIRS = 42061  # one epoch of E2E is this many pairs
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A claim: its experiment, and per campaign scale the runs (a folder name and the
+    experiment's overrides) and the minutes a unit is expected to take."""
+
+    name: str
+    experiment: str
+    statement: str
+    runs: dict[str, list[tuple[str, dict[str, Any]]]]
+    unit_minutes: dict[str, float]
+    paper: str = ""
+
+
+def _epoch_steps(batch: int) -> int:
+    return -(-E2E_TRAIN_PAIRS // batch)
+
+
+def _claims() -> dict[str, Claim]:
+    few = {"seeds": (0, 1, 2), "shots": (2, 4, 8)}
+    rec_slot = {"epochs": 1, "overlaps": (0, 5, 10)}
+    fame_slot = {"focus_top": (), "sample_docs": 0}
+    nar_cpu = {"steps": _epoch_steps(16), "scratch_steps": _epoch_steps(16), "test_limit": None}
+    nar_slot = {"steps": _epoch_steps(64), "scratch_steps": _epoch_steps(64), "curve_inputs": 630}
+    dasp = {"variants": "dense,uniblock,hierblock"}
+    claims = [
+        Claim(
+            "hso-fewshot", "hso-fewshot",
+            "HSO and HSO-2 raise few-shot accuracy over the plain model (thesis Table 3.4)",
+            {"tiny": [("run", {})],
+             "cpu": [("run", {**few, "examples": 200, "de_examples": 20})],
+             "slot": [("run", {**few, "examples": 400, "de_examples": 100, "batch_size": 32})]},
+            {"tiny": 0.05, "cpu": 12.0, "slot": 1.5},
+            "thesis: every test example of each task, 5 prompt seeds",
+        ),
+        Claim(
+            "recurrence", "recurrence-lm",
+            "recurrence between windows lowers perplexity at equal training (thesis Table 2.1)",
+            {"tiny": [("seed0", {}), ("seed1", {"seed": 1})],
+             "cpu": [(f"seed{k}", {"max_steps": 1000, "seed": k}) for k in (0, 1)],
+             "slot": [(f"overlap0-seed{k}", {**rec_slot, "seed": k}) for k in (0, 1, 2)]
+             + [(f"overlap{o}-seed0", {**rec_slot, "train_overlap": o}) for o in (5, 10)]},
+            {"tiny": 0.05, "cpu": 25.0, "slot": 4.0},
+            "thesis: GPT-2 fine-tuned on WikiText-103, T = 300, 20 windows of BPTT",
+        ),
+        Claim(
+            "fame", "focus-quality",
+            "FAME raises ROUGE-L and ROUGE-1 precision against the document (Aralikatte et al.)",
+            {"tiny": [("seed0", {}), ("seed1", {"seed": 1})],
+             "cpu": [],
+             "slot": [(f"seed{k}", {**fame_slot, "seed": k}) for k in range(10)]},
+            {"tiny": 0.05, "cpu": 90.0, "slot": 7.0},
+            "paper: BART-large / PEGASUS on all of XSum (204K training documents)",
+        ),
+        Claim(
+            "rum-sundae", "nar-tasks",
+            "RUM-SUNDAE beats SUNDAE from scratch at equal training (thesis ch. 4)",
+            {"tiny": [("run", {})],
+             "cpu": [("run", nar_cpu)],
+             "slot": [("run", nar_slot)]},
+            {"tiny": 0.05, "cpu": 30.0, "slot": 3.0},
+            "thesis: 20K (pretrained) to 60K (scratch) steps of batch 64",
+        ),
+        Claim(
+            "dasp", "prefix-tasks",
+            "structured prefixes (UniBlock, HierBlock) match or beat dense prefixes on E2E (DASP)",
+            {"tiny": [("run", {"variants": "dense,hierblock"})],
+             "cpu": [],
+             "slot": [("run", {**dasp, "steps": 2000, "seeds": "0,1,2", "test_limit": None})]},
+            {"tiny": 0.05, "cpu": 60.0, "slot": 5.0},
+            "paper: BART-large, 5 epochs of E2E",
+        ),
+    ]  # fmt: skip
+    return {c.name: c for c in claims}
+
+
+CLAIMS = _claims()
+
+
+@dataclass
+class CampaignSettings:
+    minutes: float | None = settings_field(None, "this invocation's time budget (none: no limit)")
+    plan: bool = settings_field(
+        False, "print what would run and its estimated minutes; run nothing"
+    )
+    claims: tuple[str, ...] = settings_field(CLAIM_ORDER, "the claims run, in this order")
+    data_dir: str | None = settings_field(None, "datasets directory")
+
+
+@dataclass
+class RunState:
+    """One run of a claim: where it lives, its settings and what it has finished."""
+
+    claim: Claim
+    name: str
+    folder: Path
+    settings: Any
+    overrides: dict[str, Any]
+    units: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    expected: list[str] | None = None
+
+    @property
+    def left(self) -> list[str] | None:
+        """The expected units not finished (a unit saved whole, before an experiment split it,
+        covers the keys it prefixes); None when the experiment declares no units."""
+        if self.expected is None:
+            return None
+        return [
+            k
+            for k in self.expected
+            if k not in self.units and not any(k.startswith(u + " ") for u in self.units)
+        ]
+
+
+def run_states(claim: Claim, scale: str, root: Path, data_dir: str | None) -> list[RunState]:
+    """Every run of ``claim`` at campaign ``scale`` under ``root``, with its finished units."""
+    exp = get_experiment(claim.experiment)
+    out = []
+    for name, overrides in claim.runs[scale]:
+        folder = root / claim.name / name
+        over = {**overrides, **_placed(exp.settings, folder, data_dir)}
+        settings = exp.settings_for(BASE_SCALE[scale], over)
+        state = RunState(claim, name, folder, settings, over)
+        saved = folder / "results.json"
+        if saved.is_file():
+            data = json.loads(saved.read_text())
+            state.units, state.seconds = data.get("units", {}), data.get("unit_seconds", {})
+        state.expected = exp.units(settings) if exp.units else None
+        out.append(state)
+    return out
+
+
+def _placed(settings: type, folder: Path, data_dir: str | None) -> dict[str, Any]:
+    """The location settings a run inside ``folder`` takes (those its settings have)."""
+    names = set(settings.__dataclass_fields__)
+    where = {"data_dir": data_dir, "runs_dir": str(folder / "runs"), "work_dir": str(folder)}
+    return {k: v for k, v in where.items() if k in names}
+
+
+def _estimate(state: RunState, key: str, default: float) -> float:
+    from gencraft.experiments import unit_kind
+
+    same = [t for k, t in state.seconds.items() if unit_kind(k) == unit_kind(key)]
+    return max(same) if same else default
+
+
+def plan_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any]]:
+    """One row per run: units done and left, and the minutes left by the estimates (the
+    longest finished unit of a kind, else the claim's per-unit estimate), cumulated in order,
+    and whether the run would start within ``s.minutes``."""
+    rows, total = [], 0.0
+    for name in s.claims:
+        claim = CLAIMS[name]
+        if not claim.runs[scale]:
+            rows.append({"claim": name, "run": "-", "units": "not at this scale"})
+            continue
+        for state in run_states(claim, scale, root, s.data_dir):
+            default = 60 * claim.unit_minutes[scale]
+            left = state.left
+            need = default if left is None else sum(_estimate(state, k, default) for k in left)
+            rows.append(
+                {
+                    "claim": name,
+                    "run": state.name,
+                    "units": f"{len(state.units)} done"
+                    + ("" if left is None else f", {len(left)} left"),
+                    "minutes left (est.)": round(need / 60, 1),
+                    "starts by minute": round(total / 60, 1),
+                    "in budget": "-"
+                    if s.minutes is None
+                    else ("yes" if total < 60 * s.minutes else "no"),
+                }
+            )
+            total += need
+    return rows
+
+
+def run_claims(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any]]:
+    """Run the claims in order until done or out of time; one row per run saying how it
+    ended (``done``, ``stopped`` before a unit that would not fit, or ``not started``)."""
+    deadline = time.monotonic() + (60 * s.minutes if s.minutes is not None else float("inf"))
+    rows, out_of_time = [], False
+    for name in s.claims:
+        claim = CLAIMS[name]
+        for state in run_states(claim, scale, root, s.data_dir):
+            if out_of_time:
+                rows.append({"claim": name, "run": state.name, "ended": "not started"})
+                continue
+            clock = Clock(deadline, 60 * claim.unit_minutes[scale])
+            t0 = time.perf_counter()
+            try:
+                with time_budget(clock):
+                    reproduce(
+                        claim.experiment,
+                        scale=BASE_SCALE[scale],
+                        output=state.folder,
+                        overrides=state.overrides,
+                    )
+                ended = "done"
+            except OutOfTime as stop:
+                out_of_time, ended = (
+                    True,
+                    f"stopped before {stop.key!r} (needs ~{stop.estimate / 60:.1f} min)",
+                )
+            rows.append(
+                {
+                    "claim": name,
+                    "run": state.name,
+                    "ended": ended,
+                    "units this call": len(clock.started),
+                    "minutes this call": round((time.perf_counter() - t0) / 60, 2),
+                }
+            )
+    return rows
+
+
+def verdict_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any]]:
+    """Each claim's size reached and its verdicts, from the runs' finished units."""
+    rows = []
+    for name in s.claims:
+        claim = CLAIMS[name]
+        exp = get_experiment(claim.experiment)
+        states = run_states(claim, scale, root, s.data_dir) if claim.runs[scale] else []
+        done = [st for st in states if st.left == [] or (st.left is None and st.units)]
+        size = {
+            "claim": name,
+            "runs done": f"{len(done)} of {len(states)}",
+            "units": sum(len(st.units) for st in states),
+            "minutes": round(sum(sum(st.seconds.values()) for st in states) / 60, 1),
+        }
+        if not claim.runs[scale]:
+            rows.append({**size, "verdict": "not run at this scale"})
+            continue
+        if not done or exp.verdict is None:
+            why = "no run finished yet" if not done else "the experiment gives no verdict"
+            rows.append({**size, "verdict": why})
+            continue
+        for v in exp.verdict([(st.settings, st.units) for st in done]):
+            rows.append({**size, **_verdict_cells(v)})
+    return rows
+
+
+def _verdict_cells(v: dict[str, Any]) -> dict[str, Any]:
+    """A verdict record as report cells: the effect with its 95% interval, p, and the pairs
+    that would decide it when it is not decided."""
+    cells = {
+        "comparison": v["comparison"],
+        "pairs": f"{v['n']} {v['pairs']}",
+        "effect [95% interval]": f"{v['mean']:+.3g} [{v['low']:+.3g}, {v['high']:+.3g}] "
+        + v["unit"],
+        "p": f"{v['p']:.3g}",
+        "verdict": v["verdict"],
+    }
+    if v.get("needed"):
+        cells["verdict"] += f" (about {v['needed']} {v['pairs']} would decide it)"
+    return cells
+
+
+@register(
+    "campaign",
+    title="the trained methods' claims in a time budget, resumed across invocations",
+    settings=CampaignSettings,
+    scales={"tiny": {}, "cpu": {}, "slot": {}},
+    cpu_minutes=600,
+    volatile=("minutes", "plan", "claims"),
+)
+def campaign(s: CampaignSettings, run: ExperimentRun) -> None:
+    """Run (or with ``plan``, only plan) the claims in order within ``minutes``."""
+    unknown = [c for c in s.claims if c not in CLAIMS]
+    if unknown:
+        raise GencraftError(f"unknown claims {unknown}; the campaign has {', '.join(CLAIMS)}")
+    root = run.directory
+    if s.plan:
+        run.text(
+            f"Plan at scale `{run.scale}`"
+            + ("" if s.minutes is None else f" within {s.minutes:g} minutes")
+            + " (estimates: the longest finished unit of a kind, else the claim's estimate):"
+        )
+        run.table(plan_rows(s, run.scale, root))
+        return
+    ended = run_claims(s, run.scale, root)
+    run.text("This invocation:")
+    run.table(ended)
+    run.text("Claims, sizes reached and verdicts (95% intervals; p two-sided):")
+    run.table(verdict_rows(s, run.scale, root))
+    run.text(
+        "\n".join(
+            f"- **{c.name}** ({c.experiment}): {c.statement}. Size of the original: {c.paper}."
+            for c in (CLAIMS[n] for n in s.claims)
+        )
+    )

@@ -1,0 +1,244 @@
+"""``gencraft reproduce campaign`` (issue 43): every claim's units on tiny models, a time
+budget that stops between units, resumption after an interrupted unit, the plan's counts, and
+each experiment's verdict against the statistic computed by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from gencraft.campaign import CLAIM_ORDER, CLAIMS, CampaignSettings, plan_rows, run_states
+from gencraft.cli.main import main
+from gencraft.experiments import (
+    Clock,
+    ExperimentRun,
+    OutOfTime,
+    get_experiment,
+    reproduce,
+    time_budget,
+)
+from gencraft.metrics.stats import decide
+
+
+def _results(folder) -> dict:
+    return json.loads((folder / "results.json").read_text())
+
+
+def _report(path) -> str:
+    return path.read_text()
+
+
+def test_tiny_campaign_runs_every_unit_and_resumes_after_an_interrupted_unit(
+    shared_data, tmp_path, monkeypatch
+):
+    import gencraft.nar.experiments as nar
+
+    real, calls = nar._tune, []
+
+    def interrupted(*a, **kw):  # the second SUNDAE model's temperature search is cut
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(nar, "_tune", interrupted)
+    kw = dict(scale="tiny", output=tmp_path, overrides={"data_dir": str(shared_data)})
+    with pytest.raises(KeyboardInterrupt):
+        reproduce("campaign", **kw)
+    sundae = tmp_path / "rum-sundae" / "run"
+    before = _results(sundae)["unit_seconds"]
+    assert list(before) == ["train rum-sundae", "tune rum-sundae", "test rum-sundae",
+                            "train rum-sundae-copy"]  # fmt: skip
+    earlier = {p: _results(p)["unit_seconds"] for p in (tmp_path / "fame").iterdir()}
+    monkeypatch.setattr(nar, "_tune", real)
+    report = _report(reproduce("campaign", **kw))
+    after = _results(sundae)["unit_seconds"]
+    assert {k: after[k] for k in before} == before  # the finished units are not redone
+    assert {p: _results(p)["unit_seconds"] for p in earlier} == earlier
+    s = CampaignSettings(data_dir=str(shared_data))
+    for name in CLAIM_ORDER:  # every run computed exactly the units its experiment declares
+        for state in run_states(CLAIMS[name], "tiny", tmp_path, s.data_dir):
+            assert sorted(state.units) == sorted(state.expected) and state.left == []
+    assert "| hso-fewshot | run | done | 0 |" in report  # finished in the first invocation
+    assert "| rum-sundae | run | done | 13 |" in report  # 17 units, 4 kept
+    for comparison in (
+        "HSO − plain model, accuracy",
+        "HSO-2 − plain model, accuracy",
+        "recurrent − baseline, test NLL",
+        "FAME − baseline, ROUGE-L",
+        "FAME − baseline, R1 precision vs document",
+        "rum-sundae − sundae-scratch, BLEU",
+        "hierblock − dense, BLEU",
+    ):
+        assert f"| {comparison} |" in report
+
+
+def test_a_time_budget_stops_before_a_unit_that_would_not_fit(shared_data, tmp_path, capsys):
+    args = ["reproduce", "campaign", "--scale", "tiny", "--output", str(tmp_path)]
+    args += ["--data-dir", str(shared_data), "--claims", "hso-fewshot"]
+    assert main([*args, "--minutes", "0"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "| hso-fewshot | run | stopped before 'n=2 seed=0 baseline' (needs ~0.1 min) | 0 |" in out
+    )
+    assert not (tmp_path / "hso-fewshot" / "run" / "results.json").exists()
+    assert main([*args, "--plan"]) == 0  # the plan reads what is done: nothing yet
+    assert "| hso-fewshot | run | 0 done, 8 left | 0.4 | 0 | - |" in capsys.readouterr().out
+    assert main(args) == 0  # no budget: runs to the end, in the same folder
+    assert main([*args, "--plan", "--minutes", "5"]) == 0
+    assert "| hso-fewshot | run | 8 done, 0 left | 0 | 0 | yes |" in capsys.readouterr().out
+
+
+def test_the_slot_plan_lists_every_run_with_its_units_and_the_budget(tmp_path, capsys):
+    args = ["reproduce", "campaign", "--scale", "slot", "--output", str(tmp_path), "--plan"]
+    assert main([*args, "--minutes", "15"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| ")]
+    rows = [[c.strip() for c in x.strip("|").split("|")] for x in lines[1:]]
+    assert [r[:2] for r in rows] == [
+        ["hso-fewshot", "run"],
+        *[["recurrence", f"overlap0-seed{k}"] for k in range(3)],
+        ["recurrence", "overlap5-seed0"],
+        ["recurrence", "overlap10-seed0"],
+        *[["fame", f"seed{k}"] for k in range(10)],
+        ["rum-sundae", "run"],
+        ["dasp", "run"],
+    ]
+    assert rows[0][2:4] == ["0 done, 36 left", "54"]  # 3 n x 3 seeds x 4 methods, 1.5 min each
+    assert rows[-1][2] == "0 done, 9 left"  # dense, uniblock, hierblock x 3 seeds
+    starts = [float(r[4]) for r in rows]
+    assert starts == sorted(starts) and starts[0] == 0
+    assert [r[5] for r in rows] == ["yes" if t < 15 else "no" for t in starts]
+    # the CPU campaign leaves FAME and DASP to a GPU
+    assert main(["reproduce", "campaign", "--scale", "cpu", "--output", str(tmp_path / "c"),
+                 "--plan"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "| fame | - | not at this scale |" in out and "| dasp | - | not at this scale |" in out
+    assert main(["reproduce", "campaign", "--scale", "gpu", "--output", str(tmp_path)]) == 2
+    assert "has no 'gpu' scale; it has tiny, cpu, slot" in capsys.readouterr().err
+    assert main([*args, "--claims", "fame", "nope"]) == 2
+    assert "unknown claims ['nope']" in capsys.readouterr().err
+
+
+def test_a_clock_estimates_a_unit_by_the_longest_of_its_kind(tmp_path):
+    exp = get_experiment("campaign")
+    run = ExperimentRun(tmp_path, exp, CampaignSettings(), "tiny")
+    run.units = {"train a": 1, "train b": 2, "eval a": 0}
+    run.seconds = {"train a": 500.0, "train b": 900.0, "eval a": 1.0}
+    assert run.estimate("train c", 7.0) == 900.0 and run.estimate("eval b", 7.0) == 1.0
+    assert run.estimate("test a", 7.0) == 7.0
+    import time
+
+    clock = Clock(time.monotonic() + 600, default_seconds=0.0)
+    with time_budget(clock):
+        assert run.unit("eval b", lambda: 3) == 3  # 1 s fits in 600
+        with pytest.raises(OutOfTime, match="unit 'train c' needs about 900 s"):
+            run.unit("train c", lambda: 4)
+        assert run.unit("train a", lambda: 5) == 1  # finished before: kept, no estimate
+    assert clock.started == ["campaign: eval b"]
+    assert run.unit("train c", lambda: 4) == 4  # no budget outside
+
+
+def _correct(pattern: list[int]) -> dict:
+    return {"correct": pattern, "seconds": 1.0, "mean prompt tokens": 9.0}
+
+
+def test_the_fewshot_verdict_pools_examples_over_n_and_seeds():
+    from gencraft.hso.experiments import FewShotSettings, fewshot_verdict
+
+    s = FewShotSettings(shots=(2, 4), seeds=(0,))
+    units = {
+        "n=2 seed=0 baseline": _correct([0, 1, 0, 1]),
+        "n=2 seed=0 hso": _correct([1, 1, 1, 1]),
+        "n=2 seed=0 hso2": _correct([1, 0, 0, 1]),
+        # a whole (n, seed) unit as saved before units were kept per method
+        "n=4 seed=0": {"correct": {"baseline": [1, 0], "hso": [1, 1], "hso2": [0, 0]}},
+    }
+    hso, hso2 = fewshot_verdict([(s, units)])
+    assert hso["comparison"] == "HSO − plain model, accuracy" and hso["n"] == 6
+    want = decide([100.0, 0, 100, 0, 0, 100])
+    assert {k: hso[k] for k in want} == want
+    assert hso2["mean"] == pytest.approx(100 * (1 - 1 - 1) / 6)
+    # an unfinished method leaves its (n, seed) out
+    del units["n=2 seed=0 hso2"]
+    assert fewshot_verdict([(s, units)])[1]["n"] == 2
+
+
+def test_the_recurrence_verdict_pairs_blocks_at_the_trained_overlap():
+    from gencraft.recurrence.experiments import RecurrenceLMSettings, lm_verdict
+
+    def rows(blocks, other):
+        return [{"overlap": 0, "block_nll": other}, {"overlap": 5, "block_nll": blocks}]
+
+    s = RecurrenceLMSettings(train_overlap=5, splits=("valid", "test"))
+    units = {
+        "eval baseline test": rows([3.0, 3.5, 2.0], [9.0, 9.0, 9.0]),
+        "eval recurrent test": rows([2.5, 3.4, 2.1], [0.0, 0.0, 0.0]),
+        "eval baseline valid": rows([0.0, 0.0, 0.0], [0.0, 0.0, 0.0]),
+    }
+    (v,) = lm_verdict([(s, units), (RecurrenceLMSettings(splits=("test",)), {})])
+    want = decide([-0.5, -0.1, 0.1], expected=-1)
+    for k in ("n", "mean", "sd", "low", "high", "p"):
+        assert v[k] == pytest.approx(want[k])
+    assert v["verdict"] == want["verdict"] and v["needed"] == want["needed"]
+    assert v["mean"] == pytest.approx(-0.5 / 3) and v["unit"] == "nats/token"
+    assert lm_verdict([(s, {"eval baseline test": units["eval baseline test"]})]) == []
+
+
+def test_the_fame_and_dasp_verdicts_pair_seeds():
+    from gencraft.focus.experiments import FocusQualitySettings, quality_verdict
+    from gencraft.prefix.experiments import PrefixTaskSettings, tasks_verdict
+
+    def table(rl, p):
+        base = {"RL": 30.0, "R1_precision_doc": 70.0}
+        fame = {"RL": 30.0 + rl, "R1_precision_doc": 70.0 + p}
+        return {"quality": {"table1": {"baseline": base, "fame": fame}}}
+
+    runs = [(FocusQualitySettings(seed=k), table(d, -d)) for k, d in enumerate((1.0, 2.0, 1.5))]
+    rl, prec = quality_verdict([*runs, (FocusQualitySettings(seed=9), {})])
+    assert rl["n"] == 3 and rl["mean"] == pytest.approx(1.5) and rl["pairs"] == "seeds"
+    assert rl["verdict"] == "reproduced" and prec["verdict"] == "contradicted"
+    s = PrefixTaskSettings(variants="dense,hierblock", seeds="0,1,2")
+
+    def unit(bleu):
+        return {"scores": {"BLEU": bleu}}
+
+    units = {f"dense/seed{k}": unit(60.0) for k in range(3)}
+    units |= {"hierblock/seed0": unit(61.0), "hierblock/seed1": unit(59.0)}
+    (v,) = tasks_verdict([(s, units)])
+    assert v["comparison"] == "hierblock − dense, BLEU" and v["n"] == 2 and v["mean"] == 0
+    assert v["verdict"] == "not reproduced at this size" and v["needed"] is None
+
+
+def test_the_nar_verdict_is_the_paired_bootstrap_of_test_bleu(shared_data):
+    from gencraft.data.tasks import pick_examples, references_of, task_examples
+    from gencraft.metrics.tasks import bleu_paired, score_task
+    from gencraft.nar.experiments import NARTasksSettings, tasks_verdict
+
+    s = NARTasksSettings(test_limit=20, data_dir=str(shared_data))
+    examples = pick_examples(task_examples("e2e", "test", s.data_dir), 20, spread=True)
+    refs = [references_of(e) for e in examples]
+    good = [r[0].lower() for r in refs]
+    bad = [" ".join(x.split()[:4]) for x in good]
+    units = {"test rum-sundae": {"predictions": good}, "test sundae-scratch": {"predictions": bad}}
+    (v,) = tasks_verdict([(s, units)])
+    low = [
+        score_task("e2e", o, refs, lowercase=True, metrics=("BLEU",))["BLEU"] for o in (good, bad)
+    ]
+    assert v["mean"] == pytest.approx(low[0] - low[1]) and v["n"] == 20
+    assert v["low"] <= v["mean"] <= v["high"] and v["verdict"] == "reproduced" and v["p"] < 0.01
+    swapped = bleu_paired("e2e", bad, good, refs, lowercase=True)
+    assert swapped["mean"] == pytest.approx(-v["mean"]) and swapped["p"] == v["p"]
+    assert math.isclose(swapped["low"], -v["high"], abs_tol=1e-9)
+
+
+def test_every_claim_names_a_registered_experiment_with_units_and_a_verdict():
+    for name in CLAIM_ORDER:
+        claim = CLAIMS[name]
+        exp = get_experiment(claim.experiment)
+        assert exp.units is not None and exp.verdict is not None
+        assert set(claim.runs) == set(claim.unit_minutes) == {"tiny", "cpu", "slot"}
+    rows = plan_rows(CampaignSettings(), "cpu", __import__("pathlib").Path("/nonexistent"))
+    assert [r["claim"] for r in rows] == ["hso-fewshot", "recurrence", "recurrence", "fame",
+                                          "rum-sundae", "dasp"]  # fmt: skip
