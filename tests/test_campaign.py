@@ -8,6 +8,8 @@ import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gencraft.campaign import CLAIM_ORDER, CLAIMS, CampaignSettings, plan_rows, run_states
 from gencraft.cli.main import main
@@ -78,15 +80,18 @@ def test_tiny_campaign_runs_every_unit_and_resumes_after_an_interrupted_unit(
 def test_a_time_budget_stops_before_a_unit_that_would_not_fit(shared_data, tmp_path, capsys):
     args = ["reproduce", "campaign", "--scale", "tiny", "--output", str(tmp_path)]
     args += ["--data-dir", str(shared_data), "--claims", "hso-fewshot"]
-    assert main([*args, "--minutes", "0"]) == 0
+    assert main([*args, "dasp", "--minutes", "0"]) == 0
     out = capsys.readouterr().out
     assert (
         "| hso-fewshot | run | stopped before 'n=2 seed=0 baseline' (needs ~0.1 min) | 0 |" in out
     )
+    assert "| dasp | run | not started |" in out  # nothing starts after a stop
     assert not (tmp_path / "hso-fewshot" / "run" / "results.json").exists()
     assert main([*args, "--plan"]) == 0  # the plan reads what is done: nothing yet
     assert "| hso-fewshot | run | 0 done, 8 left | 0.4 | 0 | - |" in capsys.readouterr().out
     assert main(args) == 0  # no budget: runs to the end, in the same folder
+    seconds = _results(tmp_path / "hso-fewshot" / "run")["unit_seconds"]
+    assert len(seconds) == 8 and all(t > 0 for t in seconds.values())
     assert main([*args, "--plan", "--minutes", "5"]) == 0
     assert "| hso-fewshot | run | 8 done, 0 left | 0 | 0 | yes |" in capsys.readouterr().out
 
@@ -108,7 +113,7 @@ def test_the_slot_plan_lists_every_run_with_its_units_and_the_budget(tmp_path, c
     assert rows[0][2:4] == ["0 done, 36 left", "54"]  # 3 n x 3 seeds x 4 methods, 1.5 min each
     assert rows[-1][2] == "0 done, 9 left"  # dense, uniblock, hierblock x 3 seeds
     starts = [float(r[4]) for r in rows]
-    assert starts == sorted(starts) and starts[0] == 0
+    assert starts == sorted(starts) and starts[:2] == [0, 54]
     assert [r[5] for r in rows] == ["yes" if t < 15 else "no" for t in starts]
     # the CPU campaign leaves FAME and DASP to a GPU
     assert main(["reproduce", "campaign", "--scale", "cpu", "--output", str(tmp_path / "c"),
@@ -119,6 +124,18 @@ def test_the_slot_plan_lists_every_run_with_its_units_and_the_budget(tmp_path, c
     assert "has no 'gpu' scale; it has tiny, cpu, slot" in capsys.readouterr().err
     assert main([*args, "--claims", "fame", "nope"]) == 2
     assert "unknown claims ['nope']" in capsys.readouterr().err
+
+
+def test_a_run_resumes_with_its_data_read_from_another_folder(shared_data, tmp_path):
+    """Where the data lie (an offline GPU machine's copy) is no setting of the results."""
+    elsewhere = tmp_path / "data"
+    elsewhere.symlink_to(shared_data)
+    first = reproduce("hso-fewshot", scale="tiny", output=tmp_path / "r",
+                      overrides={"data_dir": str(shared_data)})  # fmt: skip
+    seconds = _results(tmp_path / "r")["unit_seconds"]
+    reproduce("hso-fewshot", scale="tiny", output=tmp_path / "r",
+              overrides={"data_dir": str(elsewhere)})  # fmt: skip
+    assert _results(tmp_path / "r")["unit_seconds"] == seconds and first.is_file()
 
 
 def test_a_clock_estimates_a_unit_by_the_longest_of_its_kind(tmp_path):
@@ -184,6 +201,12 @@ def test_the_recurrence_verdict_pairs_blocks_at_the_trained_overlap():
     assert v["verdict"] == want["verdict"] and v["needed"] == want["needed"]
     assert v["mean"] == pytest.approx(-0.5 / 3) and v["unit"] == "nats/token"
     assert lm_verdict([(s, {"eval baseline test": units["eval baseline test"]})]) == []
+    lower = {
+        "eval baseline test": rows([3.0] * 3, [0.0] * 3),
+        "eval recurrent test": rows([2.7, 2.71, 2.72], [0.0] * 3),
+    }
+    (down,) = lm_verdict([(s, lower)])
+    assert down["mean"] < 0 and down["verdict"] == "reproduced"  # lower NLL is the claim
 
 
 def test_the_fame_and_dasp_verdicts_pair_seeds():
@@ -228,6 +251,21 @@ def test_the_nar_verdict_is_the_paired_bootstrap_of_test_bleu(shared_data):
     ]
     assert v["mean"] == pytest.approx(low[0] - low[1]) and v["n"] == 20
     assert v["low"] <= v["mean"] <= v["high"] and v["verdict"] == "reproduced" and v["p"] < 0.01
+    # against corpus BLEU recomputed on each resample (the same draws)
+    import numpy as np
+
+    worse, other = good[:18] + bad[18:], bad[:1] + good[1:]  # close: p far from its floor
+    got = bleu_paired("e2e", worse, other, refs, lowercase=True, resamples=200, seed=7)
+    idx = np.random.default_rng(7).choice(20, size=(200, 20), replace=True)
+
+    def score(outs, rows):
+        picked, wanted = [outs[i] for i in rows], [refs[i] for i in rows]
+        return score_task("e2e", picked, wanted, lowercase=True, metrics=("BLEU",))["BLEU"]
+
+    diffs = np.array([score(worse, i) - score(other, i) for i in idx])
+    far = min((diffs <= 0).mean(), (diffs >= 0).mean())
+    assert got["p"] == pytest.approx(min(1.0, max(2 * far, 1 / 200))) and 0.1 < got["p"] < 0.9
+    assert [got["low"], got["high"]] == pytest.approx(list(np.percentile(diffs, [2.5, 97.5])))
     swapped = bleu_paired("e2e", bad, good, refs, lowercase=True)
     assert swapped["mean"] == pytest.approx(-v["mean"]) and swapped["p"] == v["p"]
     assert math.isclose(swapped["low"], -v["high"], abs_tol=1e-9)
@@ -242,3 +280,44 @@ def test_every_claim_names_a_registered_experiment_with_units_and_a_verdict():
     rows = plan_rows(CampaignSettings(), "cpu", __import__("pathlib").Path("/nonexistent"))
     assert [r["claim"] for r in rows] == ["hso-fewshot", "recurrence", "recurrence", "fame",
                                           "rum-sundae", "dasp"]  # fmt: skip
+
+
+def test_student_t_matches_published_quantiles_and_tails():
+    from gencraft.metrics.stats import student_t_sf2, t_quantile
+
+    for dof, q in ((1, 12.706), (2, 4.303), (4, 2.776), (9, 2.262), (30, 2.042), (1e7, 1.960)):
+        assert t_quantile(dof) == pytest.approx(q, abs=1e-3)
+    assert t_quantile(9, 0.99) == pytest.approx(3.250, abs=1e-3)
+    assert student_t_sf2(1.0, 3) == pytest.approx(0.39100, abs=1e-5)
+    assert student_t_sf2(3.0, 20) == pytest.approx(0.0070759, abs=1e-6)
+    assert student_t_sf2(-3.0, 20) == student_t_sf2(3.0, 20) and student_t_sf2(0.0, 5) == 1.0
+
+
+@given(st.lists(st.floats(-5, 5, allow_nan=False), min_size=2, max_size=30))
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+def test_the_paired_t_interval_excludes_zero_exactly_when_p_is_below_005(diffs):
+    from gencraft.metrics.stats import paired_t, student_t_sf2
+
+    t = paired_t(diffs)
+    n, mean = len(diffs), sum(diffs) / len(diffs)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+    assert t["mean"] == pytest.approx(mean) and t["sd"] == pytest.approx(sd, abs=1e-9)
+    assert t["low"] <= t["mean"] <= t["high"]
+    if sd > 1e-6 and abs(t["low"]) > 1e-6 and abs(t["high"]) > 1e-6:
+        assert t["p"] == pytest.approx(student_t_sf2(mean / (sd / math.sqrt(n)), n - 1))
+        assert (t["p"] < 0.05) == (not t["low"] <= 0 <= t["high"])
+        v = decide(diffs)
+        assert v["verdict"] == ("not reproduced at this size" if t["p"] >= 0.05 else
+                                "reproduced" if mean > 0 else "contradicted")  # fmt: skip
+        assert decide([-d for d in diffs], expected=-1)["verdict"] == v["verdict"]
+        if v["needed"] is not None:
+            assert v["needed"] == max(n + 1, math.ceil((2.80 * sd / abs(mean)) ** 2))
+
+
+def test_a_whole_unit_saved_before_a_split_covers_its_parts(tmp_path):
+    from gencraft.campaign import RunState
+
+    state = RunState(CLAIMS["hso-fewshot"], "run", tmp_path, None, {})
+    state.expected = ["n=2 seed=0 baseline", "n=2 seed=0 hso", "n=2 seed=1 baseline"]
+    state.units = {"n=2 seed=0": {}, "n=2 seed=1 hso": {}}
+    assert state.left == ["n=2 seed=1 baseline"]

@@ -504,7 +504,6 @@ def conditional_study(args) -> dict:
         ClassifierTrainConfig,
         classifier_for,
         relabel_degenerate,
-        sample_training_data,
         train_classifier,
     )
 
@@ -542,19 +541,7 @@ def conditional_study(args) -> dict:
                 for r in rows
             ]
     else:
-        rows = sample_training_data(
-            model,
-            tok,
-            [encode_prompt(tok, t) for t in train_texts],
-            attribute="length",
-            samples_per_prompt=args.samples_per_prompt,
-            max_new_tokens=args.sample_tokens,
-            prompt_texts=train_texts,
-            censored=args.censored,
-            seed=0,
-        )
-        samples.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(rows, samples)
+        rows = _sample_resumable(model, tok, train_texts, args, samples)
     result: dict = {
         "model": args.model,
         **machine(),
@@ -579,6 +566,46 @@ def conditional_study(args) -> dict:
         clfs[attr] = clf.eval()
         (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
     return _conditional_eval(args, model, tok, clfs, result, out_dir)
+
+
+#: training prompts sampled between saves of the partial samples
+SAMPLE_CHUNK = 25
+
+
+def _sample_resumable(model, tok, texts: list[str], args, path: Path) -> list[dict]:
+    """The model's samples of every training prompt, drawn ``SAMPLE_CHUNK`` prompts at a time
+    and saved after each chunk (``path`` + ``.partial``), so a stopped run resumes at its
+    first unsampled prompt; written to ``path`` when complete."""
+    from gencraft.search.train import sample_training_data
+
+    partial = path.with_name(path.name + ".partial")
+    done, rows = 0, []
+    if partial.is_file():
+        saved = torch.load(partial)
+        done, rows = saved["done"], saved["rows"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    bar = tqdm(total=len(texts), initial=done, desc="sampling")
+    for start in range(done, len(texts), SAMPLE_CHUNK):
+        chunk = texts[start : start + SAMPLE_CHUNK]
+        rows += sample_training_data(
+            model,
+            tok,
+            [encode_prompt(tok, t) for t in chunk],
+            attribute="length",
+            samples_per_prompt=args.samples_per_prompt,
+            max_new_tokens=args.sample_tokens,
+            prompt_texts=texts,
+            censored=args.censored,
+            seed=0,
+            first=start,
+            progress=False,
+        )
+        torch.save({"done": start + len(chunk), "rows": rows}, partial)
+        bar.update(len(chunk))
+    bar.close()
+    torch.save(rows, path)
+    partial.unlink(missing_ok=True)
+    return rows
 
 
 def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path) -> dict:

@@ -141,9 +141,13 @@ def sample_training_data(
     censored: bool = False,
     seed: int = 0,
     progress: bool = True,
+    first: int = 0,
 ) -> list[dict[str, torch.Tensor]]:
     """Ancestral samples of a causal LM or encoder-decoder for each prompt ([1, P] each: the
-    prompt, or the encoder input), with the decoder's hidden states and labels.
+    prompt, or the encoder input), with the decoder's hidden states and labels. Prompt ``i``
+    is prompt ``first + i`` of the whole set (its ``prompt_index``, its entry of
+    ``prompt_texts``, and its seed, ``seed`` + that index), so a set sampled in chunks gives
+    the samples of one pass.
     ``attribute``: ``"length"`` (remaining-length buckets) or ``"degenerate"`` (one label per
     sample from ``labeler(text, prompt_text, finished)``). ``censored``: samples of
     the length attribute cut at ``max_new_tokens`` get lower-bound labels (else -100)."""
@@ -157,9 +161,9 @@ def sample_training_data(
         raise GencraftError("no prompts to sample from")
     check_generator(model, "a classifier's training data")
     sampler = _Sampler(model, tokenizer, attribute, labeler, censored, prompt_texts)
-    torch.manual_seed(seed)
     rows: list[dict[str, torch.Tensor]] = []
-    for i, ids in enumerate(tqdm(prompts, desc="sampling", disable=not progress)):
+    for i, ids in enumerate(tqdm(prompts, desc="sampling", disable=not progress), start=first):
+        torch.manual_seed(seed + i)  # per prompt: chunks draw what one pass draws
         ids = ids.to(sampler.device)
         for seq in sampler.ancestral(ids, samples_per_prompt, max_new_tokens):
             row = sampler.row(i, ids, seq)

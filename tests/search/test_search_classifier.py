@@ -419,3 +419,63 @@ def test_a_stopped_degenerate_study_resumes_at_its_first_missing_batch(tmp_path)
     )
     assert other["degenerate"]["examples"][0]["beam (on_beam)"]["text"] != "KEPT"
     assert len(log.read_text().splitlines()) == 5  # two batches of two rows added
+
+
+def _same_rows(a: list[dict], b: list[dict]) -> bool:
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def test_sampling_in_chunks_draws_what_one_pass_draws():
+    """Each prompt is seeded by its index in the whole set, so chunks (``first``) give the
+    rows of one pass: the same samples, prompt indices and labels."""
+    model = small_llama(0, vocab=6)
+    prompts = [torch.tensor([PROMPT]), torch.tensor([[1, 2, 5, 3]]), torch.tensor([[4, 4]])]
+    kw = dict(samples_per_prompt=5, max_new_tokens=6, censored=True, progress=False)
+    whole = sample_training_data(model, None, prompts, **kw)
+    parts = sample_training_data(model, None, prompts[:1], **kw) + sample_training_data(
+        model, None, prompts[1:], first=1, **kw
+    )
+    assert _same_rows(whole, parts)
+    assert sorted({int(r["prompt_index"]) for r in parts}) == [0, 1, 2]
+    # each prompt its own seed: the same prompt twice draws different samples
+    twice = sample_training_data(model, None, [prompts[1], prompts[1]], **kw)
+    firsts = [r["tokens"].tolist() for r in twice if int(r["prompt_index"]) == 0]
+    assert firsts != [r["tokens"].tolist() for r in twice if int(r["prompt_index"]) == 1]
+    # a prompt's samples do not depend on what was sampled before it
+    alone = sample_training_data(model, None, prompts[2:], first=2, **kw)
+    assert _same_rows(alone, [r for r in whole if int(r["prompt_index"]) == 2])
+
+
+def test_the_study_resumes_sampling_at_its_first_unsampled_chunk(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import gencraft.search.experiments as ex
+    import gencraft.search.train as train
+    from gencraft.models import load_model
+
+    model, tok = load_model("tiny-llama")
+    texts = ["the cat", "sun", "moon", "a b c", "x"]
+    args = SimpleNamespace(samples_per_prompt=2, sample_tokens=4, censored=True)
+    monkeypatch.setattr(ex, "SAMPLE_CHUNK", 2)
+    whole = ex._sample_resumable(model, tok, texts, args, tmp_path / "a.pt")
+    assert not (tmp_path / "a.pt.partial").exists()
+    real, calls, cut = train.sample_training_data, [], [True]
+
+    def stopped(*a, **kw):  # in the first run, the second chunk never finishes
+        calls.append(kw["first"])
+        if len(calls) == 2 and cut[0]:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+
+    monkeypatch.setattr(train, "sample_training_data", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        ex._sample_resumable(model, tok, texts, args, tmp_path / "b.pt")
+    assert torch.load(tmp_path / "b.pt.partial")["done"] == 2
+    calls.clear()
+    cut[0] = False
+    again = ex._sample_resumable(model, tok, texts, args, tmp_path / "b.pt")
+    assert calls == [2, 4]  # the first chunk was kept, not drawn again
+    assert _same_rows(again, whole) and _same_rows(torch.load(tmp_path / "b.pt"), whole)
