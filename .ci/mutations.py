@@ -3414,6 +3414,27 @@ M = [
         'names = {"e2e"}',
         "tests/test_payload.py",
     ),
+    (
+        "prefix-metrics-ignored",
+        "gencraft/prefix/experiments.py",
+        "metrics=s.metrics or None,",
+        "metrics=None,",
+        "tests/test_campaign.py -k dasp_scores",
+    ),
+    (
+        "prefix-cache-narrow-kept",
+        "gencraft/prefix/experiments.py",
+        "if {k: result.get(k) for k in decoding} != decoding or lacking:",
+        "if {k: result.get(k) for k in decoding} != decoding:",
+        "tests/test_campaign.py -k dasp_scores",
+    ),
+    (
+        "prefix-evaluate-metrics-ignored",
+        "gencraft/prefix/evaluate.py",
+        'kw = {} if not metrics else {"metrics": tuple(metrics)}',
+        "kw = {}",
+        "tests/test_campaign.py -k dasp_scores",
+    ),
 ]
 
 

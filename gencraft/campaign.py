@@ -102,7 +102,7 @@ def _claims() -> dict[str, Claim]:
         Claim(
             "rum-sundae", "nar-tasks",
             "RUM-SUNDAE beats SUNDAE from scratch at equal training (thesis ch. 4)",
-            {"tiny": [("run", {})],
+            {"tiny": [("run", {"variants": ("rum-sundae", "rum-sundae-copy", "sundae-scratch")})],
              "cpu": [("run", nar_cpu)],
              "slot": [("run", nar_slot)]},
             {"tiny": 0.05, "cpu": 30.0, "slot": 3.0},
@@ -111,7 +111,7 @@ def _claims() -> dict[str, Claim]:
         Claim(
             "dasp", "prefix-tasks",
             "structured prefixes (UniBlock, HierBlock) match or beat dense prefixes on E2E (DASP)",
-            {"tiny": [("run", {"variants": "dense,hierblock"})],
+            {"tiny": [("run", {"variants": "dense,hierblock", "metrics": ("BLEU",)})],
              "cpu": [],
              "slot": [("run", {**dasp, "steps": 2000, "seeds": "0,1,2", "test_limit": None})]},
             {"tiny": 0.05, "cpu": 60.0, "slot": 5.0},

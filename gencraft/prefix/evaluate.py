@@ -85,13 +85,15 @@ def evaluate(
     source_field: str = "source",
     target_field: str = "target",
     on_batch: Callable[[int, list[str], list[Any]], None] | None = None,
+    metrics: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """Generate for a task's split and score: data-to-text metrics (E2E/DART, all references)
     or ROUGE-1/2/L (XSum). ``limit`` inputs are the split's first ones, or with ``spread``
     ones evenly spaced over it (DART's test file is ordered by source corpus). ``lowercase``:
     outputs and references lower-cased (:func:`gencraft.metrics.score_task`). ``task`` may be
     a path to your own data, whose fields ``source_field`` and ``target_field`` name.
-    ``on_batch(first index, outputs, their examples)`` runs as each batch finishes."""
+    ``on_batch(first index, outputs, their examples)`` runs as each batch finishes.
+    ``metrics``: the scores computed (default: all of the task's)."""
     fields = {"source_field": source_field, "target_field": target_field}
     examples = pick_examples(task_examples(task, split, data_dir, **fields), limit, spread)
     sources = [source_of(e) for e in examples]
@@ -112,7 +114,8 @@ def evaluate(
         else lambda i, t: on_batch(i, t, examples[i : i + len(t)]),
     )
     seconds = time.time() - start
-    scores = score_task(task, outputs, refs, lowercase=lowercase)
+    kw = {} if not metrics else {"metrics": tuple(metrics)}
+    scores = score_task(task, outputs, refs, lowercase=lowercase, **kw)
     return {
         "task": task,
         "split": split,

@@ -118,6 +118,7 @@ class PrefixTaskSettings:
     num_beams: int = settings_field(5, "beam size (paper: 5)")
     max_new_tokens: int = settings_field(64, "output tokens at most")
     bootstrap: int = settings_field(1000, "test-set bootstrap resamples for BLEU's interval")
+    metrics: tuple[str, ...] = settings_field((), "metrics scored (empty: every one of the task's)")
     runs_dir: str | None = settings_field(None, "where runs live (None: outputs/prefix-TASK)")
     data_dir: str | None = settings_field(None, "datasets directory")
 
@@ -176,7 +177,10 @@ def train_and_score(s: PrefixTaskSettings, variant: str, seed: int, progress: bo
     path = out / f"test-{'spread' if s.test_spread else ''}{len(examples)}.json"
     decoding = {"num_beams": s.num_beams, "max_new_tokens": s.max_new_tokens}
     result = json.loads(path.read_text()) if path.is_file() else {}
-    if {k: result.get(k) for k in decoding} != decoding:
+    # a cached result scored with fewer metrics than wanted is scored again
+    wanted = set(s.metrics) if s.metrics else None
+    lacking = (wanted - set(result.get("scores", {}))) if wanted else bool(result.get("metrics"))
+    if {k: result.get(k) for k in decoding} != decoding or lacking:
         model, tok, _ = load_run(out / "best", build=rebuild_finetuned)
         result = evaluate(
             model,
@@ -190,7 +194,9 @@ def train_and_score(s: PrefixTaskSettings, variant: str, seed: int, progress: bo
             max_source_tokens=s.max_source_tokens,
             max_new_tokens=s.max_new_tokens,
             progress=progress,
+            metrics=s.metrics or None,
         )
+        result["metrics"] = list(s.metrics)
         path.write_text(json.dumps(result, indent=2))
     unit = {
         "method": method,
@@ -308,7 +314,8 @@ def prefix_tasks(s: PrefixTaskSettings, run: ExperimentRun) -> None:
         got = [units[v, seed] for seed in seeds]
         row: dict[str, Any] = {"variant": v, "seeds": len(seeds)}
         for m in metrics:
-            row[m] = _cell([u["scores"][m] for u in got])
+            if all(m in u["scores"] for u in got):  # the metrics scored (``s.metrics``)
+                row[m] = _cell([u["scores"][m] for u in got])
         key = _bootstrap_key(got[0])
         if key:
             mean, half = got[0][key]
