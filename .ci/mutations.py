@@ -543,8 +543,8 @@ M = [
     (
         "prefix eval ignores --lowercase",
         "gencraft/prefix/evaluate.py",
-        "    scores = score_task(task, outputs, refs, lowercase=lowercase)",
-        "    scores = score_task(task, outputs, refs)",
+        "    scores = score_task(task, outputs, refs, lowercase=lowercase, **kw)",
+        "    scores = score_task(task, outputs, refs, **kw)",
         "tests/prefix/test_prefix_parts.py -k cli_train_resume",
     ),
     # issue 31: the user's stack
