@@ -3435,6 +3435,20 @@ M = [
         "kw = {}",
         "tests/test_campaign.py -k dasp_scores",
     ),
+    (
+        "empty-bounds-all-unproven",
+        "gencraft/search/errors.py",
+        "return known, known + sum(1 for r in rows if not r.proven and r.best_empty)",
+        "return known, known + sum(1 for r in rows if not r.proven)",
+        "tests/search/test_search_errors.py",
+    ),
+    (
+        "empty-bounds-ignore-unproven",
+        "gencraft/search/errors.py",
+        "return known, known + sum(1 for r in rows if not r.proven and r.best_empty)",
+        "return known, known",
+        "tests/search/test_search_errors.py",
+    ),
 ]
 
 

@@ -240,7 +240,7 @@ def error_table(
     % (bounds, all)`` over all prompts, from the known errors (below a proven mode, or below
     the best output found) to those plus the unjudged (cut, or not beaten by the best found);
     ``empty %`` of outputs (exact: of the proven modes, with interval; ``empty % (bounds,
-    all)``: proven empty to proven empty plus unproven); ``cut %``; ``proven %``; ``n``."""
+    all)``: see :func:`empty_bounds`); ``cut %``; ``proven %``; ``n``."""
     n, proven = len(rows), [r for r in rows if r.proven]
     widths = sorted({k for r in rows for k in r.searches})
     table = [
@@ -253,7 +253,7 @@ def error_table(
             "search": "exact",
             "search errors %": "0 (by definition)" if proven else "-",
             "empty %": _pct(empty, len(proven)),
-            "empty % (bounds, all)": _bound(empty, empty + n - len(proven), n),
+            "empty % (bounds, all)": _bound(*empty_bounds(rows), n),
             "cut %": "0.0",
             "n": n,
         }
@@ -263,6 +263,15 @@ def error_table(
         if scores:
             line["task score"] = scores.get(line["search"])
     return table
+
+
+def empty_bounds(rows: Sequence[SearchErrorRow]) -> tuple[int, int]:
+    """How many of ``rows`` have an empty mode, at least and at most: the proven empty modes,
+    plus the unproven rows whose best output found is empty. An unproven row whose best found
+    is not empty has a non-empty mode: the search scores the empty output first (at its root)
+    and found a complete output above it."""
+    known = sum(r.mode_empty for r in rows if r.proven)
+    return known, known + sum(1 for r in rows if not r.proven and r.best_empty)
 
 
 def length_table(
@@ -287,9 +296,7 @@ def length_table(
             "n": len(group),
             "proven %": f"{100 * len(proven) / len(group):.1f}",
             "empty mode %": _pct(empty, len(proven)),
-            "empty mode % (bounds, all)": _bound(
-                empty, empty + len(group) - len(proven), len(group)
-            ),
+            "empty mode % (bounds, all)": _bound(*empty_bounds(group), len(group)),
         }
         for k in widths:
             below = sum(r.searches[k].error == "below" for r in proven if k in r.searches)
