@@ -37,6 +37,7 @@ from gencraft.experiments import (
     reproduce,
     settings_field,
     time_budget,
+    unit_estimate,
 )
 
 #: the claims in the order of their value per minute (issue 43)
@@ -185,13 +186,6 @@ def _placed(settings: type, folder: Path, data_dir: str | None) -> dict[str, Any
     return {k: v for k, v in where.items() if k in names}
 
 
-def _estimate(state: RunState, key: str, default: float) -> float:
-    from gencraft.experiments import unit_kind
-
-    same = [t for k, t in state.seconds.items() if unit_kind(k) == unit_kind(key)]
-    return max(same) if same else default
-
-
 def plan_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any]]:
     """One row per run: units done and left, and the minutes left by the estimates (the
     longest finished unit of a kind, else the claim's per-unit estimate), cumulated in order,
@@ -205,7 +199,11 @@ def plan_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any
         for state in run_states(claim, scale, root, s.data_dir):
             default = 60 * claim.unit_minutes[scale]
             left = state.left
-            need = default if left is None else sum(_estimate(state, k, default) for k in left)
+            need = (
+                default
+                if left is None
+                else sum(unit_estimate(state.seconds, k, default) for k in left)
+            )
             rows.append(
                 {
                     "claim": name,

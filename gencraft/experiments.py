@@ -174,6 +174,14 @@ def unit_kind(key: str) -> str:
     return key.split(" ", 1)[0]
 
 
+def unit_estimate(seconds: dict[str, float], key: str, default: float) -> float:
+    """Seconds unit ``key`` is expected to take: the longest of the finished units of its kind
+    (``seconds``: unit key -> wall time), else ``default``."""
+    kind = unit_kind(key)
+    same = [t for k, t in seconds.items() if unit_kind(k) == kind]
+    return max(same) if same else default
+
+
 class ExperimentRun:
     """One experiment's output folder: resumable units, tables, plots and the report."""
 
@@ -224,10 +232,8 @@ class ExperimentRun:
         return self.units[key]
 
     def estimate(self, key: str, default: float) -> float:
-        """Seconds unit ``key`` is expected to take: the longest finished unit of its kind."""
-        kind = unit_kind(key)
-        same = [t for k, t in self.seconds.items() if unit_kind(k) == kind]
-        return max(same) if same else default
+        """Seconds unit ``key`` is expected to take (:func:`unit_estimate`)."""
+        return unit_estimate(self.seconds, key, default)
 
     def _save(self) -> None:
         write_json(
