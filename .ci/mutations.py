@@ -3214,8 +3214,8 @@ M = [
     (
         "clock-shortest",
         "gencraft/experiments.py",
-        "        return max(same) if same else default\n",
-        "        return min(same) if same else default\n",
+        "    return max(same) if same else default\n",
+        "    return min(same) if same else default\n",
         'tests/test_campaign.py -k "not interrupted"',
     ),
     (
