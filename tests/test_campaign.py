@@ -293,7 +293,7 @@ def test_student_t_matches_published_quantiles_and_tails():
     assert student_t_sf2(-3.0, 20) == student_t_sf2(3.0, 20) and student_t_sf2(0.0, 5) == 1.0
 
 
-@given(st.lists(st.floats(-5, 5, allow_nan=False), min_size=2, max_size=30))
+@given(st.lists(st.integers(-500, 500).map(lambda x: x / 100), min_size=2, max_size=30))
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
 def test_the_paired_t_interval_excludes_zero_exactly_when_p_is_below_005(diffs):
     from gencraft.metrics.stats import paired_t, student_t_sf2
