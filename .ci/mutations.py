@@ -3449,6 +3449,13 @@ M = [
         "return known, known",
         "tests/search/test_search_errors.py",
     ),
+    (
+        "campaign-negative-minutes",
+        "gencraft/campaign.py",
+        "if s.minutes is not None and not s.minutes >= 0:",
+        "if False:",
+        "tests/test_campaign.py -k slot_plan",
+    ),
 ]
 
 

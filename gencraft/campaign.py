@@ -315,6 +315,8 @@ def campaign(s: CampaignSettings, run: ExperimentRun) -> None:
     unknown = [c for c in s.claims if c not in CLAIMS]
     if unknown:
         raise GencraftError(f"unknown claims {unknown}; the campaign has {', '.join(CLAIMS)}")
+    if s.minutes is not None and not s.minutes >= 0:
+        raise GencraftError(f"--minutes must be >= 0, got {s.minutes:g}")
     root = run.directory
     if s.plan:
         run.text(

@@ -124,6 +124,8 @@ def test_the_slot_plan_lists_every_run_with_its_units_and_the_budget(tmp_path, c
     assert "has no 'gpu' scale; it has tiny, cpu, slot" in capsys.readouterr().err
     assert main([*args, "--claims", "fame", "nope"]) == 2
     assert "unknown claims ['nope']" in capsys.readouterr().err
+    assert main([*args, "--minutes", "-1"]) == 2
+    assert "--minutes must be >= 0, got -1" in capsys.readouterr().err
 
 
 def test_a_run_resumes_with_its_data_read_from_another_folder(shared_data, tmp_path):
