@@ -3410,7 +3410,7 @@ M = [
     (
         "pack-data-of-claims",
         "gencraft/payload.py",
-        "names = {d for c in claims for d in CLAIM_DATA[c]}",
+        "names = {d for c in claims for d in CLAIMS[c].data}",
         'names = {"e2e"}',
         "tests/test_payload.py",
     ),

@@ -58,6 +58,7 @@ class Claim:
     runs: dict[str, list[tuple[str, dict[str, Any]]]]
     unit_minutes: dict[str, float]
     paper: str = ""
+    data: tuple[str, ...] = ()  # the dataset folders its runs read (what `gencraft pack` carries)
 
 
 def _epoch_steps(batch: int) -> int:
@@ -80,6 +81,7 @@ def _claims() -> dict[str, Claim]:
              "slot": [("run", {**few, "examples": 400, "de_examples": 100, "batch_size": 32})]},
             {"tiny": 0.05, "cpu": 12.0, "slot": 1.5},
             "thesis: every test example of each task, 5 prompt seeds",
+            ("e2e",),
         ),
         Claim(
             "recurrence", "recurrence-lm",
@@ -90,6 +92,7 @@ def _claims() -> dict[str, Claim]:
              + [(f"overlap{o}-seed0", {**rec_slot, "train_overlap": o}) for o in (5, 10)]},
             {"tiny": 0.05, "cpu": 25.0, "slot": 4.0},
             "thesis: GPT-2 fine-tuned on WikiText-103, T = 300, 20 windows of BPTT",
+            ("wikitext-2",),
         ),
         Claim(
             "fame", "focus-quality",
@@ -99,6 +102,7 @@ def _claims() -> dict[str, Claim]:
              "slot": [(f"seed{k}", {**fame_slot, "seed": k}) for k in range(10)]},
             {"tiny": 0.05, "cpu": 90.0, "slot": 7.0},
             "paper: BART-large / PEGASUS on all of XSum (204K training documents)",
+            ("xsum",),
         ),
         Claim(
             "rum-sundae", "nar-tasks",
@@ -108,6 +112,7 @@ def _claims() -> dict[str, Claim]:
              "slot": [("run", nar_slot)]},
             {"tiny": 0.05, "cpu": 30.0, "slot": 3.0},
             "thesis: 20K (pretrained) to 60K (scratch) steps of batch 64",
+            ("e2e",),
         ),
         Claim(
             "dasp", "prefix-tasks",
@@ -117,6 +122,7 @@ def _claims() -> dict[str, Claim]:
              "slot": [("run", {**dasp, "steps": 2000, "seeds": "0,1,2", "test_limit": None})]},
             {"tiny": 0.05, "cpu": 60.0, "slot": 5.0},
             "paper: BART-large, 5 epochs of E2E",
+            ("e2e",),
         ),
     ]  # fmt: skip
     return {c.name: c for c in claims}

@@ -33,14 +33,6 @@ from gencraft.errors import GencraftError
 
 MANIFEST = "manifest.json"
 PIECE = "payload.{:03d}"
-#: the datasets each claim reads
-CLAIM_DATA = {
-    "hso-fewshot": ("e2e",),
-    "recurrence": ("wikitext-2",),
-    "fame": ("xsum",),
-    "rum-sundae": ("e2e",),
-    "dasp": ("e2e",),
-}
 
 
 @dataclass
@@ -258,7 +250,7 @@ def campaign_entries(
             run_states(CLAIMS[c], scale, root, str(data_dir)) if CLAIMS[c].runs[scale] else []
         )
     }
-    names = {d for c in claims for d in CLAIM_DATA[c]}
+    names = {d for c in claims for d in CLAIMS[c].data}
     return [
         *weight_entries(model_kinds(models)),
         *data_entries(data_dir, names),
