@@ -228,6 +228,7 @@ def cmd_train_classifier(args: argparse.Namespace) -> None:
         prompt_texts=texts,
         censored=args.censored,
         seed=args.seed,
+        batch_size=args.sample_batch,
     )
     clf = classifier_for(model, args.attribute)
     result = train_classifier(clf, rows, cfg, out, restart=args.restart)

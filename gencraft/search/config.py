@@ -111,6 +111,7 @@ class ClassifierDataConfig:
     )
     num_prompts: int = option(200, "prompts sampled from")
     samples_per_prompt: int = option(8, "samples per prompt (>= 1)")
+    sample_batch: int = option(8, "prompts sampled together (x samples per prompt rows)")
     censored: bool = option(
         False,
         "length: train on the lower-bound labels of samples cut at --max-new-tokens instead of "

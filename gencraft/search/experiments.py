@@ -433,6 +433,7 @@ class ConditionalSettings:
     model: str = settings_field("smollm2-135m", "model name or path")
     train_prompts: int = settings_field(500, "classifier training prompts (half E2E, half XSum)")
     samples_per_prompt: int = settings_field(6, "samples of the model per training prompt")
+    sample_batch: int = settings_field(8, "training prompts sampled together")
     sample_tokens: int = settings_field(64, "max_new_tokens of the samples")
     epochs: int = settings_field(8, "classifier epochs")
     censored: bool = settings_field(True, "length: lower-bound labels for cut samples")
@@ -531,17 +532,14 @@ def conditional_study(args) -> dict:
     )
     # kept in the work folder by default, so a stopped run resumes without resampling
     samples = Path(args.samples) if args.samples else out_dir / "samples.pt"
-    if samples.is_file():  # reuse a previous run's samples
-        rows = torch.load(samples)
-        if not args.censored:  # cut samples carry no length labels then
-            rows = [
-                {**r, "labels": torch.full_like(r["labels"], -100), "censored": torch.tensor(False)}
-                if bool(r["censored"])
-                else r
-                for r in rows
-            ]
-    else:
-        rows = _sample_resumable(model, tok, train_texts, args, samples)
+    rows = _sample_resumable(model, tok, train_texts, args, samples)
+    if not args.censored:  # cut samples carry no length labels then
+        rows = [
+            {**r, "labels": torch.full_like(r["labels"], -100), "censored": torch.tensor(False)}
+            if bool(r["censored"])
+            else r
+            for r in rows
+        ]
     result: dict = {
         "model": args.model,
         **machine(),
@@ -569,16 +567,21 @@ def conditional_study(args) -> dict:
 
 
 #: training prompts sampled between saves of the partial samples
-SAMPLE_CHUNK = 25
+SAMPLE_CHUNK = 32
 
 
 def _sample_resumable(model, tok, texts: list[str], args, path: Path) -> list[dict]:
-    """The model's samples of every training prompt, drawn ``SAMPLE_CHUNK`` prompts at a time
-    and saved after each chunk (``path`` + ``.partial``), so a stopped run resumes at its
-    first unsampled prompt; written to ``path`` when complete."""
-    from gencraft.search.train import sample_training_data
+    """The model's samples of every training prompt, with their hidden states. Drawn
+    ``SAMPLE_CHUNK`` prompts at a time and saved after each chunk (``path`` + ``.partial``),
+    so a stopped run resumes at its first unsampled prompt; written to ``path`` when complete
+    (a file there already is loaded instead). Both files hold the rows without their states
+    (about 1 KB a sample, not 2 MB), and the states are computed once every row is drawn."""
+    from gencraft.search.train import attach_hidden, sample_training_data
 
+    prompts = [encode_prompt(tok, t) for t in texts]
     partial = path.with_name(path.name + ".partial")
+    if path.is_file():
+        return attach_hidden(model, torch.load(path), prompts)
     done, rows = 0, []
     if partial.is_file():
         saved = torch.load(partial)
@@ -586,11 +589,10 @@ def _sample_resumable(model, tok, texts: list[str], args, path: Path) -> list[di
     path.parent.mkdir(parents=True, exist_ok=True)
     bar = tqdm(total=len(texts), initial=done, desc="sampling")
     for start in range(done, len(texts), SAMPLE_CHUNK):
-        chunk = texts[start : start + SAMPLE_CHUNK]
         rows += sample_training_data(
             model,
             tok,
-            [encode_prompt(tok, t) for t in chunk],
+            prompts[start : start + SAMPLE_CHUNK],
             attribute="length",
             samples_per_prompt=args.samples_per_prompt,
             max_new_tokens=args.sample_tokens,
@@ -599,13 +601,15 @@ def _sample_resumable(model, tok, texts: list[str], args, path: Path) -> list[di
             seed=0,
             first=start,
             progress=False,
+            batch_size=args.sample_batch,
+            hidden=False,
         )
-        torch.save({"done": start + len(chunk), "rows": rows}, partial)
-        bar.update(len(chunk))
+        torch.save({"done": min(start + SAMPLE_CHUNK, len(texts)), "rows": rows}, partial)
+        bar.update(min(SAMPLE_CHUNK, len(texts) - start))
     bar.close()
     torch.save(rows, path)
     partial.unlink(missing_ok=True)
-    return rows
+    return attach_hidden(model, rows, prompts)
 
 
 def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path) -> dict:

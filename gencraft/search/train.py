@@ -22,7 +22,15 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
-from gencraft.models.introspect import check_generator, eos_ids, fingerprint, model_name
+from gencraft.models.introspect import (
+    check_generator,
+    decoder_start_id,
+    eos_ids,
+    fingerprint,
+    model_name,
+)
+from gencraft.models.prompts import pad_batch
+from gencraft.models.stepping import HFStepper
 from gencraft.progress import tqdm
 from gencraft.search.classifier import (
     NUM_LENGTH_BUCKETS,
@@ -62,38 +70,66 @@ class _Sampler:
         self.device = next(model.parameters()).device
 
     @torch.no_grad()
-    def ancestral(self, ids: torch.Tensor, n: int, max_new_tokens: int) -> torch.Tensor:
-        """``n`` plain ancestral samples of prompt ``ids`` [1, P]: no logits processors beyond
-        the model's own forced ids. Returns [n, P + T] (decoder-only) or [n, 1 + T]."""
-        return self.model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=True,
-            top_k=0,
-            top_p=1.0,
-            temperature=1.0,
-            repetition_penalty=1.0,
-            no_repeat_ngram_size=0,
-            min_length=0,
-            num_return_sequences=n,
-            max_new_tokens=max_new_tokens,
-            pad_token_id=self.pad,
-        )
+    def ancestral(
+        self, prompts: Sequence[torch.Tensor], indices: Sequence[int], n: int, steps: int, seed: int
+    ) -> list[list[int]]:
+        """``n`` plain ancestral samples of each prompt ([1, P] each), all in one batch of
+        B·n rows and one model call per step: the raw next-token distribution, no logits
+        processors (the distribution the search steps through). Prompt ``indices[b]`` draws
+        from its own generator, seeded ``seed`` + that index, so its samples do not depend on
+        the other prompts of the batch (up to float rounding under padding). Returns B·n token
+        lists (prompt 0's n first), each cut after its first EOS or at ``steps`` tokens."""
+        rows = [{"input_ids": p.flatten().tolist()} for p in prompts]
+        batch = pad_batch(rows, self.pad, left=not self.encoder_decoder)
+        stepper = HFStepper(
+            self.model, batch["input_ids"], attention_mask=batch["attention_mask"],
+            max_new_tokens=steps,
+        )  # fmt: skip
+        gens = [torch.Generator().manual_seed(seed + i) for i in indices]
+        out = stepper.start()
+        log_probs = out.log_probs.repeat_interleave(n, 0)  # [B·n, V]
+        cache = stepper.reorder(out.cache, torch.arange(len(prompts)).repeat_interleave(n))
+        eos = torch.tensor(sorted(self.eos))
+        drawn, done = [], torch.zeros(len(prompts) * n, dtype=torch.bool)
+        for t in range(steps):
+            probs = log_probs.exp().cpu().view(len(prompts), n, -1)
+            tok = torch.cat(
+                [torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(gens)]
+            )
+            tok = torch.where(done, eos[0], tok.view(-1))  # an ended row repeats its EOS
+            drawn.append(tok)
+            done |= torch.isin(tok, eos)
+            if bool(done.all()) or t + 1 == steps:
+                break
+            out = stepper.step(tok, cache)
+            log_probs, cache = out.log_probs, out.cache
+        seqs = torch.stack(drawn, 1).tolist()
+        return [s[: next((j + 1 for j, x in enumerate(s) if x in self.eos), len(s))] for s in seqs]
 
     @torch.no_grad()
-    def hidden(self, ids: torch.Tensor, full: torch.Tensor, p: int) -> torch.Tensor:
-        """The decoder's hidden states at every layer from the last input position before the
-        first sampled token on: [T, M + 1, H] in float16 on the CPU."""
+    def hidden(self, ids: torch.Tensor, samples: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The decoder's hidden states at every layer, from the last input position before the
+        first sampled token on, of each sample ([T_i]) of prompt ``ids`` [1, P]: one model call
+        over the samples right-padded (causal: padding after a row leaves its states alone).
+        Returns [T_i, M + 1, H] each, float16 on the CPU."""
+        p = 1 if self.encoder_decoder else ids.shape[1]  # decoder inputs before the sample
+        head = torch.tensor([decoder_start_id(self.model)]) if self.encoder_decoder else ids[0]
+        fed = [torch.cat([head.cpu(), s[:-1]]) for s in samples]
+        width = max(len(f) for f in fed)
+        full = torch.full((len(fed), width), self.pad, dtype=torch.long)
+        for r, f in enumerate(fed):
+            full[r, : len(f)] = f
+        full = full.to(self.device)
         if self.encoder_decoder:
+            src = ids.to(self.device).expand(len(fed), -1)
             hs = self.model(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                decoder_input_ids=full[None],
+                input_ids=src, attention_mask=torch.ones_like(src), decoder_input_ids=full,
                 output_hidden_states=True,
-            ).decoder_hidden_states
+            ).decoder_hidden_states  # fmt: skip
         else:
-            hs = self.model(full[None], output_hidden_states=True).hidden_states
-        return torch.stack([h[0, p - 1 :] for h in hs], dim=1).half().cpu()
+            hs = self.model(full, output_hidden_states=True).hidden_states
+        states = torch.stack(hs, dim=2)  # [n, L, M + 1, H]
+        return [states[r, p - 1 : p - 1 + len(s)].half().cpu() for r, s in enumerate(samples)]
 
     def labels(self, index: int, ids: torch.Tensor, gen: list[int], finished: bool) -> list[int]:
         """One label per sampled token: remaining-length buckets, or the sample's one label."""
@@ -106,20 +142,14 @@ class _Sampler:
         ptext = texts[index] if texts is not None else self.tokenizer.decode(ids[0])
         return [int(self.labeler(text, ptext, finished))] * len(gen)
 
-    def row(self, index: int, ids: torch.Tensor, seq: torch.Tensor) -> dict[str, Any] | None:
-        """One sample ``seq`` of prompt ``index`` as a training row (None when it is empty)."""
-        p = 1 if self.encoder_decoder else ids.shape[1]  # the decoder input before the sample
-        gen = seq[p:].tolist()
-        ends = [j for j, t in enumerate(gen) if t in self.eos]
-        finished = bool(ends)
-        gen = gen[: ends[0] + 1] if finished else gen
+    def row(self, index: int, ids: torch.Tensor, gen: list[int]) -> dict[str, Any] | None:
+        """One sample ``gen`` (its tokens, through its EOS if it ended) of prompt ``index`` as
+        a training row without its hidden states (None when it is empty)."""
         if not gen:
             return None
-        prefix = torch.tensor(gen[:-1], device=self.device, dtype=torch.long)
-        full = torch.cat([seq[:p], prefix])
+        finished = gen[-1] in self.eos
         cut = self.attribute == "length" and self.censored and not finished
         return {
-            "hidden": self.hidden(ids, full, p),
             "tokens": torch.tensor(gen),
             "labels": torch.tensor(self.labels(index, ids, gen, finished)),
             "prompt_index": torch.tensor(index),
@@ -142,34 +172,67 @@ def sample_training_data(
     seed: int = 0,
     progress: bool = True,
     first: int = 0,
+    batch_size: int = 8,
+    hidden: bool = True,
 ) -> list[dict[str, torch.Tensor]]:
     """Ancestral samples of a causal LM or encoder-decoder for each prompt ([1, P] each: the
-    prompt, or the encoder input), with the decoder's hidden states and labels. Prompt ``i``
-    is prompt ``first + i`` of the whole set (its ``prompt_index``, its entry of
-    ``prompt_texts``, and its seed, ``seed`` + that index), so a set sampled in chunks gives
-    the samples of one pass.
+    prompt, or the encoder input), with the decoder's hidden states and labels, drawn
+    ``batch_size`` prompts (× ``samples_per_prompt`` rows) at a time. Prompt ``i`` is prompt
+    ``first + i`` of the whole set (its ``prompt_index``, its entry of ``prompt_texts``, and
+    its seed, ``seed`` + that index), so a set sampled in chunks gives the samples of one pass.
     ``attribute``: ``"length"`` (remaining-length buckets) or ``"degenerate"`` (one label per
     sample from ``labeler(text, prompt_text, finished)``). ``censored``: samples of
-    the length attribute cut at ``max_new_tokens`` get lower-bound labels (else -100)."""
+    the length attribute cut at ``max_new_tokens`` get lower-bound labels (else -100).
+    ``hidden=False`` leaves the states out (rows small enough to store; see
+    :func:`attach_hidden`, which computes them exactly as this function does)."""
     if attribute not in ("length", "degenerate"):
         raise GencraftError(f"attribute must be 'length' or 'degenerate', got {attribute!r}")
     if samples_per_prompt < 1:
         raise GencraftError(f"samples_per_prompt must be >= 1, got {samples_per_prompt}")
     if max_new_tokens < 1:
         raise GencraftError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if batch_size < 1:
+        raise GencraftError(f"batch_size must be >= 1, got {batch_size}")
     if not prompts:
         raise GencraftError("no prompts to sample from")
     check_generator(model, "a classifier's training data")
     sampler = _Sampler(model, tokenizer, attribute, labeler, censored, prompt_texts)
     rows: list[dict[str, torch.Tensor]] = []
-    for i, ids in enumerate(tqdm(prompts, desc="sampling", disable=not progress), start=first):
-        torch.manual_seed(seed + i)  # per prompt: chunks draw what one pass draws
-        ids = ids.to(sampler.device)
-        for seq in sampler.ancestral(ids, samples_per_prompt, max_new_tokens):
-            row = sampler.row(i, ids, seq)
+    starts = range(0, len(prompts), batch_size)
+    for s in tqdm(starts, desc="sampling", unit="batch", disable=not progress):
+        chunk = prompts[s : s + batch_size]
+        indices = [first + s + b for b in range(len(chunk))]
+        gens = sampler.ancestral(chunk, indices, samples_per_prompt, max_new_tokens, seed)
+        for j, gen in enumerate(gens):
+            b = j // samples_per_prompt
+            row = sampler.row(indices[b], chunk[b], gen)
             if row is not None:
                 rows.append(row)
-    return rows
+    return attach_hidden(model, rows, prompts, first=first) if hidden else rows
+
+
+def attach_hidden(
+    model: nn.Module,
+    rows: list[dict[str, torch.Tensor]],
+    prompts: Sequence[torch.Tensor],
+    *,
+    first: int = 0,
+) -> list[dict[str, torch.Tensor]]:
+    """``rows`` (of :func:`sample_training_data`, stored without states) with their
+    ``hidden`` [T, M + 1, H] float16 states: one model call per prompt over its samples.
+    Row ``r`` is a sample of ``prompts[r["prompt_index"] - first]``."""
+    sampler = _Sampler(model, None, "length", degenerate, False, None)
+    groups: dict[int, list[int]] = {}
+    for j, r in enumerate(rows):
+        groups.setdefault(int(r["prompt_index"]), []).append(j)
+    out = list(rows)
+    for index, members in groups.items():
+        if not 0 <= index - first < len(prompts):
+            raise GencraftError(f"a row names prompt {index}, outside the {len(prompts)} given")
+        states = sampler.hidden(prompts[index - first], [rows[j]["tokens"] for j in members])
+        for j, h in zip(members, states, strict=True):
+            out[j] = {**rows[j], "hidden": h}
+    return out
 
 
 def relabel_degenerate(

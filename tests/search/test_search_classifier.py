@@ -6,6 +6,8 @@ from dataclasses import replace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gencraft.errors import GencraftError
 from gencraft.search import beam_search
@@ -458,7 +460,7 @@ def test_the_study_resumes_sampling_at_its_first_unsampled_chunk(tmp_path, monke
 
     model, tok = load_model("tiny-llama")
     texts = ["the cat", "sun", "moon", "a b c", "x"]
-    args = SimpleNamespace(samples_per_prompt=2, sample_tokens=4, censored=True)
+    args = SimpleNamespace(samples_per_prompt=2, sample_tokens=4, censored=True, sample_batch=2)
     monkeypatch.setattr(ex, "SAMPLE_CHUNK", 2)
     whole = ex._sample_resumable(model, tok, texts, args, tmp_path / "a.pt")
     assert not (tmp_path / "a.pt.partial").exists()
@@ -478,4 +480,64 @@ def test_the_study_resumes_sampling_at_its_first_unsampled_chunk(tmp_path, monke
     cut[0] = False
     again = ex._sample_resumable(model, tok, texts, args, tmp_path / "b.pt")
     assert calls == [2, 4]  # the first chunk was kept, not drawn again
-    assert _same_rows(again, whole) and _same_rows(torch.load(tmp_path / "b.pt"), whole)
+    assert _same_rows(again, whole)
+    stored = [{k: v for k, v in r.items() if k != "hidden"} for r in whole]
+    assert _same_rows(torch.load(tmp_path / "b.pt"), stored)  # rows stored without states
+    # a finished file is loaded, its states computed again: no chunk is drawn
+    calls.clear()
+    assert _same_rows(ex._sample_resumable(model, tok, texts, args, tmp_path / "b.pt"), whole)
+    assert calls == []
+
+
+def _drawn(rows: list[dict]) -> list[tuple]:
+    return [
+        (int(r["prompt_index"]), r["tokens"].tolist(), r["labels"].tolist(), bool(r["censored"]))
+        for r in rows
+    ]
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 6), min_size=1, max_size=5),
+    n=st.integers(1, 4),
+    batch=st.integers(1, 5),
+    seed=st.integers(0, 50),
+    kind=st.sampled_from(["causal", "encoder-decoder"]),
+)
+def test_batched_sampling_draws_each_prompt_s_samples_alone(lengths, n, batch, seed, kind):
+    """Prompts of different lengths sampled ``batch`` at a time (left-padded, or padded encoder
+    inputs) give each prompt the samples it draws alone, with the same states and labels."""
+    from tests.search.test_search import small_bart
+
+    model = small_llama(2, vocab=6) if kind == "causal" else small_bart(2, vocab=6)
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, 6, (1, m), generator=g) for m in lengths]
+    kw = dict(samples_per_prompt=n, max_new_tokens=7, censored=True, progress=False, seed=seed)
+    batched = sample_training_data(model, None, prompts, batch_size=batch, **kw)
+    alone = [
+        r
+        for i, p in enumerate(prompts)
+        for r in sample_training_data(model, None, [p], first=i, batch_size=1, **kw)
+    ]
+    assert _drawn(batched) == _drawn(alone)
+    for a, b in zip(batched, alone, strict=True):
+        assert torch.equal(a["hidden"], b["hidden"])
+    assert len(batched) == len(prompts) * n  # no sample is empty: each draws >= 1 token
+
+
+def test_samples_follow_the_model_s_next_token_distribution():
+    """The first sampled token's frequencies over many samples match softmax of the logits,
+    and each sample ends at its first EOS (id 0) or at max_new_tokens."""
+    model = small_llama(3, vocab=6)
+    prompt = torch.tensor([[1, 4, 2]])
+    rows = sample_training_data(
+        model, None, [prompt], samples_per_prompt=3000, max_new_tokens=3, progress=False
+    )
+    with torch.no_grad():
+        p = model(prompt).logits[0, -1].float().softmax(-1)
+    freq = torch.bincount(torch.tensor([int(r["tokens"][0]) for r in rows]), minlength=6) / 3000
+    assert (freq - p).abs().max() < 0.03, (freq, p)
+    for r in rows:
+        toks = r["tokens"].tolist()
+        assert 0 not in toks[:-1] and (toks[-1] == 0 or len(toks) == 3)
+        assert bool(r["finished"]) == (toks[-1] == 0)
