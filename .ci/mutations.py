@@ -3505,6 +3505,62 @@ M = [
         "            hidden=True,\n        )\n        torch.save(",
         "tests/search/test_search_classifier.py -k unsampled_chunk",
     ),
+    (
+        "threshold-no-least-one",
+        "gencraft/nar/decoding.py",
+        "    pick[torch.arange(pick.shape[0], device=pick.device), top] |= undecided.any(1)\n",
+        "",
+        "tests/nar/test_nar_threshold.py",
+    ),
+    (
+        "threshold-top-among-decided",
+        "gencraft/nar/decoding.py",
+        "    top = at.argmax(1)",
+        "    top = logp.argmax(1)",
+        "tests/nar/test_nar_threshold.py -k rule_and",
+    ),
+    (
+        "threshold-mp-no-last-call",
+        "gencraft/nar/decoding.py",
+        "        pick = most_confident(best_lp, todo[idx], cfg.threshold, last=t + 1 == cfg.steps)",
+        "        pick = most_confident(best_lp, todo[idx], cfg.threshold, last=False)",
+        "tests/nar/test_nar_threshold.py -k mask_predict_equals",
+    ),
+    (
+        "threshold-mp-calls-every-row",
+        "gencraft/nar/decoding.py",
+        "        calls += torch.bincount(owner[idx], minlength=b) > 0\n        best_lp, best_tok",
+        "        calls += 1\n        best_lp, best_tok",
+        "tests/nar/test_nar_threshold.py",
+    ),
+    (
+        "threshold-sundae-redraws-frozen",
+        "gencraft/nar/decoding.py",
+        "            logits, s.tokens[live], undecided[live], uniforms, zeros[live],",
+        "            logits, s.tokens[live], s.mask[live], uniforms, zeros[live],",
+        "tests/nar/test_nar_threshold.py -k sundae_equals",
+    ),
+    (
+        "threshold-sundae-score-last",
+        "gencraft/nar/decoding.py",
+        "        tok_lp[live] = torch.where(pick, lp, tok_lp[live])",
+        "        tok_lp[live] = lp",
+        "tests/nar/test_nar_threshold.py -k sundae_equals",
+    ),
+    (
+        "threshold-kwarg-ignored",
+        "gencraft/nar/decoding.py",
+        "    return cfg if threshold is None else replace(cfg, threshold=threshold)",
+        "    return cfg",
+        "tests/nar/test_nar_threshold.py -k ends",
+    ),
+    (
+        "threshold-range-unchecked",
+        "gencraft/nar/config.py",
+        "            self.threshold is None or 0 <= self.threshold <= 1,",
+        "            True,",
+        "tests/nar/test_nar_threshold.py -k rule_and",
+    ),
 ]
 
 

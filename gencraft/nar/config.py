@@ -90,9 +90,24 @@ class SamplingConfig:
         "of its tokens given the sample itself (+length: plus the length's log-probability)",
     )
     seed: int = option(0, "seed of the random starts and samples")
+    threshold: float | None = option(
+        None,
+        "confidence-threshold decoding (Fast-dLLM): at each step decide (Mask-Predict: unmask; "
+        "SUNDAE: freeze) every undecided position whose probability is >= this, and at least "
+        "the most confident one; --steps caps the calls (the last decides the rest)",
+    )
 
     def __post_init__(self) -> None:
         positive(self, "steps", "samples", "length_candidates")
+        check(
+            self.threshold is None or 0 <= self.threshold <= 1,
+            f"threshold must lie in [0, 1], got {self.threshold}",
+        )
+        check(
+            self.threshold is None or self.proportion == 1,
+            "proportion does not apply with threshold: every undecided position is redrawn at "
+            "each step; leave --proportion out",
+        )
         check(
             math.isfinite(self.temperature) and self.temperature > 0,
             f"temperature must be > 0, got {self.temperature}",

@@ -28,6 +28,11 @@ thesis does not say how it picked the best of 16; see ``SamplingConfig.rerank``)
 [MASK] and predict every position. Then for t = 1..T-1, re-mask the n = ⌊L·(T−t)/T⌋ least
 confident tokens and predict them again. The best candidate has the highest mean
 log-probability.
+
+**Confidence-threshold decoding** (``threshold=τ``; Fast-dLLM): instead of the schedule, each
+call decides every undecided position whose probability is >= τ and at least the most
+confident one (Mask-Predict unmasks it for good; SUNDAE freezes its new token); ``steps`` caps
+the calls, the last deciding the rest. See :func:`most_confident` and docs/nar.md.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -313,6 +318,23 @@ def least_confident(logp: torch.Tensor, mask: torch.Tensor, k: torch.Tensor) -> 
     return (rank < k[:, None]) & mask
 
 
+def most_confident(
+    logp: torch.Tensor, undecided: torch.Tensor, threshold: float, last: bool = False
+) -> torch.Tensor:
+    """Confidence-threshold decoding's choice (Fast-dLLM): bool [N, L], the ``undecided``
+    positions whose token has probability ``exp(logp)`` >= ``threshold`` (``threshold`` 1:
+    none by that rule), and each row's single most confident undecided position (ties:
+    leftmost), so a row with anything undecided decides at least one. ``last``: every
+    undecided position (the step budget is spent)."""
+    if last:
+        return undecided.clone()
+    at = logp.masked_fill(~undecided, -torch.inf)
+    pick = (at.exp() >= threshold) & undecided if threshold < 1 else torch.zeros_like(undecided)
+    top = at.argmax(1)
+    pick[torch.arange(pick.shape[0], device=pick.device), top] |= undecided.any(1)
+    return pick
+
+
 @torch.no_grad()
 def sundae_generate(
     model: NARSeq2Seq,
@@ -324,6 +346,7 @@ def sundae_generate(
     lengths: torch.Tensor | None = None,
     progress: bool = False,
     batch_size: int | None = None,
+    threshold: float | None = None,
 ) -> NAROutput:
     """SUNDAE sampling for every row of ``input_ids`` [B, S] (see the module doc): all rows ×
     samples in one decoder call per step.
@@ -333,8 +356,11 @@ def sundae_generate(
         lengths: [B] or [B, k] target lengths to use instead of the predicted ones (oracle
             lengths, or a user's choice).
         batch_size: rows decoded together (default: all).
+        threshold: confidence-threshold decoding (default: ``config.threshold``; None: the
+            fixed steps): each step redraws every unfrozen position and freezes those whose
+            new token has probability >= ``threshold`` (at least the most confident one).
     """
-    cfg = config or SamplingConfig()
+    cfg = _with_threshold(config or SamplingConfig(), threshold)
     attention_mask = _check_source(model, input_ids, attention_mask)
     if not 0 <= cfg.proportion <= 1:
         raise GencraftError(f"proportion must lie in [0, 1], got {cfg.proportion}")
@@ -451,6 +477,45 @@ def _sundae_refine(
     return tok_lp, steps, calls
 
 
+def _sundae_freeze(
+    model: NARSeq2Seq, s: _Samples, enc: torch.Tensor, src_mask: torch.Tensor, cfg: SamplingConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """SUNDAE with confidence-threshold freezing: each step redraws every unfrozen position of
+    the live samples (one decoder call, each row's uniforms), and freezes the new tokens whose
+    probability under the model (temperature 1) is >= ``cfg.threshold``, at least the most
+    confident one; the step budget's last call freezes the rest. A sample stops when all its
+    positions are frozen, and a token is scored by its log-probability when it froze (no
+    extra scoring call). Returns (scores [N, L], steps [b], calls [b]) as
+    :func:`_sundae_refine` does."""
+    b = len(s.widths)
+    tok_lp = torch.zeros(s.mask.shape, device=s.mask.device)
+    undecided = s.mask.clone()
+    calls = torch.zeros(b, dtype=torch.long, device=s.mask.device)
+    zeros = torch.zeros(s.mask.shape, device=s.mask.device)
+    for t in range(cfg.steps):
+        live = undecided.any(1).nonzero().flatten()
+        if live.numel() == 0:
+            break
+        logits = model.decode_logits(s.tokens[live], enc[live], src_mask[live], s.mask[live].long())
+        uniforms = None if cfg.argmax_unrolled else s.uniforms(live)
+        new = sundae_update(
+            logits, s.tokens[live], undecided[live], uniforms, zeros[live],
+            temperature=cfg.temperature, argmax=cfg.argmax_unrolled,
+        )  # fmt: skip
+        lp = _token_logp(logits, new, s.mask[live])
+        pick = most_confident(lp, undecided[live], cfg.threshold, last=t + 1 == cfg.steps)
+        tok_lp[live] = torch.where(pick, lp, tok_lp[live])
+        undecided[live] &= ~pick
+        s.tokens[live] = new
+        calls += torch.bincount(s.owner[live], minlength=b) > 0
+    return tok_lp, calls.clone(), calls
+
+
+def _with_threshold(cfg: SamplingConfig, threshold: float | None) -> SamplingConfig:
+    """``cfg`` with ``threshold`` when one is given (checked as the config checks it)."""
+    return cfg if threshold is None else replace(cfg, threshold=threshold)
+
+
 def _sundae_batch(
     model: NARSeq2Seq,
     src: torch.Tensor,
@@ -466,7 +531,8 @@ def _sundae_batch(
     n = cfg.samples
     pick = torch.arange(n, device=src.device) % cands.shape[1]
     s = _sundae_start(model, src, src_mask, cands[:, pick], cfg.seed, noise)
-    tok_lp, steps, calls = _sundae_refine(model, s, enc[s.owner], src_mask[s.owner], cfg)
+    refine = _sundae_refine if cfg.threshold is None else _sundae_freeze
+    tok_lp, steps, calls = refine(model, s, enc[s.owner], src_mask[s.owner], cfg)
     results = []
     for r in range(len(s.widths)):
         at = slice(r * n, (r + 1) * n)
@@ -488,12 +554,16 @@ def mask_predict_generate(
     lengths: torch.Tensor | None = None,
     progress: bool = False,
     batch_size: int | None = None,
+    threshold: float | None = None,
 ) -> NAROutput:
     """Mask-Predict for every row of ``input_ids`` [B, S]: ``config.steps`` iterations on each
     of ``config.length_candidates`` lengths, all rows × candidates in one decoder call per
     iteration (``samples``, ``temperature`` and ``proportion`` do not apply; decoding is
-    deterministic). ``batch_size``: rows decoded together (default: all)."""
-    cfg = config or SamplingConfig()
+    deterministic). ``batch_size``: rows decoded together (default: all). ``threshold``:
+    confidence-threshold decoding instead of the fixed schedule (default:
+    ``config.threshold``; None: the fixed steps): each call unmasks every masked position whose
+    prediction has probability >= ``threshold``, and at least the most confident one."""
+    cfg = _with_threshold(config or SamplingConfig(), threshold)
     attention_mask = _check_source(model, input_ids, attention_mask)
     lengths = _given_lengths(model, input_ids, lengths)
     dev = next(model.parameters()).device
@@ -502,6 +572,8 @@ def mask_predict_generate(
         src, src_mask = input_ids[rows].to(dev), attention_mask[rows].to(dev)
         given = lengths[rows] if lengths is not None else None
         enc, cands, _ = _encode_batch(model, src, src_mask, cfg, given)
+        if cfg.threshold is not None:
+            return _mask_predict_threshold(model, src_mask, enc, cands, cfg, mask_id)
         return _mask_predict_batch(model, src_mask, enc, cands, cfg.steps, mask_id)
 
     return _decode_batches("mask-predict", input_ids.shape[0], batch_size, progress, run)
@@ -542,6 +614,50 @@ def _mask_predict_batch(
             break
         todo = least_confident(logp, mask, n_mask) & running[owner][:, None]
         tokens = tokens.masked_fill(todo, mask_id)
+    scores = ((logp * mask).sum(1) / mask.sum(1)).view(b, k)
+    results = []
+    for r in range(b):
+        best = int(scores[r].argmax())
+        seq = tokens[r * k + best, : int(row_len[r * k + best])].tolist()
+        results.append(RowResult(seq, float(scores[r, best]), int(calls[r]), int(calls[r])))
+    return results
+
+
+def _mask_predict_threshold(
+    model: NARSeq2Seq,
+    src_mask: torch.Tensor,
+    enc: torch.Tensor,
+    cands: torch.Tensor,
+    cfg: SamplingConfig,
+    mask_id: int,
+) -> list[RowResult]:
+    """Mask-Predict with confidence-threshold unmasking, on b rows × k length candidates:
+    from all [MASK], each call predicts the masked positions of the candidates still masked
+    and unmasks those whose prediction has probability >= ``cfg.threshold``, at least the
+    most confident one (never re-masking); the ``cfg.steps``-th call unmasks the rest. A
+    candidate stops when nothing is masked, a row when its candidates have; its calls are
+    the calls it took part in. The best candidate has the highest mean log-probability."""
+    dev = src_mask.device
+    b, k = cands.shape
+    owner = torch.arange(b, device=dev).repeat_interleave(k)
+    row_len = cands.flatten()  # [N]
+    mask = _padded(row_len.tolist(), dev)
+    enc_n, src_mask_n = enc[owner], src_mask[owner]
+    tokens = torch.full(mask.shape, mask_id, dtype=torch.long, device=dev)
+    logp = torch.zeros(mask.shape, device=dev)
+    todo = mask.clone()
+    calls = torch.zeros(b, dtype=torch.long, device=dev)
+    for t in range(cfg.steps):
+        idx = todo.any(1).nonzero().flatten()
+        if idx.numel() == 0:
+            break
+        logits = model.decode_logits(tokens[idx], enc_n[idx], src_mask_n[idx], mask[idx].long())
+        calls += torch.bincount(owner[idx], minlength=b) > 0
+        best_lp, best_tok = torch.log_softmax(logits.float(), dim=-1).max(-1)
+        pick = most_confident(best_lp, todo[idx], cfg.threshold, last=t + 1 == cfg.steps)
+        tokens[idx] = torch.where(pick, best_tok, tokens[idx])
+        logp[idx] = torch.where(pick, best_lp, logp[idx])
+        todo[idx] &= ~pick
     scores = ((logp * mask).sum(1) / mask.sum(1)).view(b, k)
     results = []
     for r in range(b):

@@ -23,7 +23,7 @@ from gencraft.nar.model import NARSeq2Seq, target_token_ids
 #: only ``num_beams``)
 READS: dict[str, tuple[str, ...]] = {
     "sundae": tuple(f.name for f in fields(SamplingConfig)),
-    "mask-predict": ("steps", "length_candidates"),
+    "mask-predict": ("steps", "length_candidates", "threshold"),
     "beam": (),
 }
 DEFAULT_BEAMS = 4

@@ -351,6 +351,14 @@ def test_cli_train_resume_generate_eval_and_errors(shared_data, tmp_path, capsys
         == 0
     )
     assert '"model_calls"' in capsys.readouterr().out
+    for method in ("sundae", "mask-predict"):  # τ = 0 decides every position in one call
+        args = ["nar", "generate", str(out / "best"), "--sources", "name : A", "b c"]
+        assert main([*args, "--method", method, "--threshold", "0", "--json"]) == 0
+        assert [r["model_calls"] for r in json.loads(capsys.readouterr().out)] == [1, 1]
+    assert main([*args, "--threshold", "1.5"]) == 2
+    assert "gencraft: error: threshold must lie in [0, 1]" in capsys.readouterr().err
+    assert main([*args, "--threshold", "0.5", "--proportion", "0.5"]) == 2
+    assert "proportion does not apply with threshold" in capsys.readouterr().err
     assert (
         main(
             [
