@@ -65,13 +65,15 @@ def _epoch_steps(batch: int) -> int:
     return -(-E2E_TRAIN_PAIRS // batch)
 
 
+#: FAME's slot units: the quality table alone (no focus-sampling sweep, no Table 2 samples)
+_FAME_SLOT = {"focus_top": (), "sample_docs": 0}
+
+
 def _claims() -> dict[str, Claim]:
     few = {"seeds": (0, 1, 2), "shots": (2, 4, 8)}
     rec_slot = {"epochs": 1, "overlaps": (0, 5, 10)}
-    fame_slot = {"focus_top": (), "sample_docs": 0}
     nar_cpu = {"steps": _epoch_steps(16), "scratch_steps": _epoch_steps(16), "test_limit": None}
     nar_slot = {"steps": _epoch_steps(64), "scratch_steps": _epoch_steps(64), "curve_inputs": 630}
-    dasp = {"variants": "dense,uniblock,hierblock"}
     claims = [
         Claim(
             "hso-fewshot", "hso-fewshot",
@@ -99,7 +101,7 @@ def _claims() -> dict[str, Claim]:
             "FAME raises ROUGE-L and ROUGE-1 precision against the document (Aralikatte et al.)",
             {"tiny": [("seed0", {}), ("seed1", {"seed": 1})],
              "cpu": [],
-             "slot": [(f"seed{k}", {**fame_slot, "seed": k}) for k in range(10)]},
+             "slot": [(f"seed{k}", {**_FAME_SLOT, "seed": k}) for k in range(10)]},
             {"tiny": 0.05, "cpu": 90.0, "slot": 7.0},
             "paper: BART-large / PEGASUS on all of XSum (204K training documents)",
             ("xsum",),
@@ -119,7 +121,8 @@ def _claims() -> dict[str, Claim]:
             "structured prefixes (UniBlock, HierBlock) match or beat dense prefixes on E2E (DASP)",
             {"tiny": [("run", {"variants": "dense,hierblock", "metrics": ("BLEU",)})],
              "cpu": [],
-             "slot": [("run", {**dasp, "steps": 2000, "seeds": "0,1,2", "test_limit": None})]},
+             "slot": [("run", {"variants": "dense,uniblock,hierblock", "steps": 2000,
+                               "seeds": "0,1,2", "test_limit": None})]},
             {"tiny": 0.05, "cpu": 60.0, "slot": 5.0},
             "paper: BART-large, 5 epochs of E2E",
             ("e2e",),
