@@ -3561,6 +3561,48 @@ M = [
         "            True,",
         "tests/nar/test_nar_threshold.py -k rule_and",
     ),
+    (
+        "cad-no-context-weight",
+        "gencraft/models/stepping.py",
+        "mixed = (1 + alpha) * with_context - alpha * without.clamp_min(_RULED_OUT)",
+        "mixed = with_context - alpha * without.clamp_min(_RULED_OUT)",
+        "tests/search/test_cad.py -k brute_force",
+    ),
+    (
+        "cad-plain-cache-not-reordered",
+        "gencraft/models/stepping.py",
+        "return self.context.reorder(cache[0], index), self.plain.reorder(cache[1], index)",
+        "return self.context.reorder(cache[0], index), cache[1]",
+        "tests/search/test_cad.py -k beam_cad",
+    ),
+    (
+        "cad-adaptive-ignored",
+        "gencraft/models/stepping.py",
+        "        if self.adaptive:\n            alpha = js_divergence",
+        "        if False:\n            alpha = js_divergence",
+        "tests/search/test_cad.py -k brute_force",
+    ),
+    (
+        "cad-jsd-in-nats",
+        "gencraft/models/stepping.py",
+        "return (0.5 * (kl_a + kl_b) / torch.log(torch.tensor(2.0))).clamp(0.0, 1.0)",
+        "return (0.5 * (kl_a + kl_b)).clamp(0.0, 1.0)",
+        "tests/search/test_cad.py -k js_divergence",
+    ),
+    (
+        "cad-negative-mask-ignored",
+        "gencraft/search/custom_generate.py",
+        "            attention_mask=negative_attention_mask,",
+        "            attention_mask=None,",
+        "tests/search/test_cad.py -k brute_force",
+    ),
+    (
+        "cad-processors-see-plain-ids",
+        "gencraft/models/stepping.py",
+        "        return self.context.prefix_ids()",
+        "        return self.plain.prefix_ids()",
+        "tests/search/test_cad.py -k guidance",
+    ),
 ]
 
 

@@ -1,6 +1,7 @@
 """Search experiments (thin wrapper; the code is gencraft.search.experiments).
 
     python benchmarks/search.py speed --prompts 8 --rounds 3 --new-tokens 32 --threads 1
+    python benchmarks/search.py cad-speed --prompts 8 --rounds 3 --new-tokens 32 --threads 1
     python benchmarks/search.py memory --depths 16 64 256 --threads 1
     python benchmarks/search.py empty --prompts 40 --words 25 50 100 200 --max-nodes 200
     python benchmarks/search.py conditional --train-prompts 120 --threads 1
@@ -16,6 +17,7 @@ if __name__ == "__main__":
         __doc__,
         {
             "speed": "search-speed",
+            "cad-speed": "search-cad-speed",
             "memory": "search-memory",
             "empty": "search-empty",
             "conditional": "search-conditional",

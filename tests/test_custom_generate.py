@@ -196,7 +196,9 @@ def test_other_stopping_criteria_are_refused_by_name():
         )
 
 
-@pytest.mark.parametrize("name", ["beam_search", "conditional_beam_search", "exact_mode"])
+@pytest.mark.parametrize(
+    "name", ["beam_search", "conditional_beam_search", "exact_mode", "context_aware"]
+)
 def test_hub_folder_loads_offline_and_equals_the_callable(name, monkeypatch, tmp_path):
     folder = HUB / name
     assert (folder / "custom_generate" / "generate.py").is_file()
@@ -209,6 +211,8 @@ def test_hub_folder_loads_offline_and_equals_the_callable(name, monkeypatch, tmp
     if name == "conditional_beam_search":
         torch.manual_seed(1)
         kw["classifier"] = classifier_for(model, "degenerate", d_clf=8, num_heads=2, d_out=4).eval()
+    if name == "context_aware":  # each row's context-free prompt: its last token
+        kw.update(cad_alpha=0.7, negative_input_ids=ids[:, -1:])
     ref = model.generate(**kw, custom_generate=getattr(cg, name))
     got = model.generate(**kw, custom_generate=str(folder), trust_remote_code=True)
     assert torch.equal(got, ref)

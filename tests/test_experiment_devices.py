@@ -13,6 +13,7 @@ LOADS_ITS_MODEL = {
     "hso-lm": "gencraft.hso.experiments",
     "hso-fewshot": "gencraft.hso.experiments",
     "search-speed": "gencraft.search.experiments",
+    "search-cad-speed": "gencraft.search.experiments",
     "search-memory": "gencraft.search.experiments",
     "search-empty": "gencraft.search.experiments",
     "search-errors": "gencraft.search.experiments",

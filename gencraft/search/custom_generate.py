@@ -39,7 +39,7 @@ too). The Hub-ready folders of ``hub/`` load the same functions through
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -47,14 +47,14 @@ from torch import nn
 
 from gencraft.errors import GencraftError
 from gencraft.models.introspect import eos_ids, pad_id
-from gencraft.models.stepping import HFStepper
+from gencraft.models.stepping import ContrastStepper, HFStepper
 from gencraft.search.beam import BeamResult, beam_search_tensors
 from gencraft.search.exact import ModeResult, exact_mode_batch
 
 #: stopping criteria generate() adds from the generation config, honoured by the searches
 _HONOURED = {"MaxLengthCriteria", "EosTokenCriteria", "MaxNewTokensCriteria"}
 
-__all__ = ["beam_search", "conditional_beam_search", "exact_mode"]
+__all__ = ["beam_search", "conditional_beam_search", "context_aware", "exact_mode"]
 
 
 def _check_call(
@@ -194,14 +194,18 @@ def _beam(
     streamer: Any,
     model_kwargs: dict[str, Any],
     search: dict[str, Any],
+    wrap: Callable[[HFStepper], Any] | None = None,
 ) -> Any:
-    """The one builder of both beam decoders: ``search`` holds the method's own arguments
+    """The one builder of the beam decoders: ``search`` holds the method's own arguments
     (:func:`~gencraft.search.beam.beam_search_tensors`' keywords); the beams, limits, EOS ids,
-    processors, length penalty and early stopping come from ``generate``."""
+    processors, length penalty and early stopping come from ``generate``. ``wrap`` turns the
+    prompts' stepper into the one searched (context-aware decoding's two streams)."""
     _check_call(name, stopping_criteria, generation_config, synced_gpus, streamer)
-    stepper = _stepper(
+    stepper: Any = _stepper(
         model, input_ids, model_kwargs, generation_config, search.get("classifier") is not None
     )
+    if wrap is not None:
+        stepper = wrap(stepper)
     beams = int(generation_config.num_beams or 1)
     lp, early = generation_config.length_penalty, generation_config.early_stopping
     if beams == 1:  # generate's greedy path, whatever the two: a row ends at its first EOS
@@ -288,6 +292,59 @@ def conditional_beam_search(
         streamer,
         model_kwargs,
         search,
+    )
+
+
+def context_aware(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    logits_processor: Sequence[Any] | None = None,
+    stopping_criteria: Sequence[Any] | None = None,
+    generation_config: Any = None,
+    synced_gpus: bool = False,
+    streamer: Any = None,
+    cad_alpha: float = 0.5,
+    cad_adaptive: bool = False,
+    negative_input_ids: torch.Tensor | None = None,
+    negative_attention_mask: torch.Tensor | None = None,
+    finished: str = "aside",
+    **model_kwargs: Any,
+) -> Any:
+    """Context-aware decoding (CAD, Shi et al. 2023) as ``generate(custom_generate=...)``:
+    greedy (``num_beams`` 1) or beam search over log_softmax((1 + α)·log p(y | c, x) −
+    α·log p(y | x)) (:class:`~gencraft.models.stepping.ContrastStepper`). The inputs of
+    ``generate`` are the context stream (prompt with its source); ``negative_input_ids``
+    [B, P'] with ``negative_attention_mask`` are the context-free inputs, one per input (a
+    causal LM's left-padded prompt without the source; an encoder-decoder's encoder input
+    with an empty source). ``cad_alpha`` α >= 0; ``cad_adaptive`` takes α per row and step
+    as the two distributions' Jensen-Shannon divergence in bits (AdaCAD)."""
+    if negative_input_ids is None:
+        raise GencraftError(
+            "context_aware needs negative_input_ids: the context-free inputs (the prompt "
+            "without its source; an empty source for an encoder-decoder), one per input"
+        )
+
+    def wrap(context: HFStepper) -> ContrastStepper:
+        plain = HFStepper(
+            model,
+            negative_input_ids.to(context.device),
+            attention_mask=negative_attention_mask,
+            max_new_tokens=_max_new_tokens(generation_config, input_ids),
+        )
+        return ContrastStepper(context, plain, cad_alpha, cad_adaptive)
+
+    return _beam(
+        "context_aware",
+        model,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        synced_gpus,
+        streamer,
+        model_kwargs,
+        {"finished": finished},
+        wrap,
     )
 
 

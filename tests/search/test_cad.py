@@ -1,0 +1,200 @@
+"""Context-aware decoding (issue 44): greedy CAD equals transformers' guidance where the two
+coincide; every decode equals a brute-force loop of full forward passes (no cache, no
+padding) over both streams, for causal and encoder-decoder models, fixed and adaptive α,
+padded context-free prompts; beam CAD's scores are the contrasted log-probabilities of its
+outputs, and each row of a batch equals the row alone."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gencraft.errors import GencraftError
+from gencraft.models.stepping import ContrastStepper, HFStepper, js_divergence
+from gencraft.search import beam_search, beam_search_batch
+from gencraft.search.custom_generate import context_aware
+from tests.search.test_batch import SETTINGS, V, _batch, _model
+
+EOS = 2
+prompt = st.lists(st.integers(3, V - 1), min_size=1, max_size=5)
+
+
+def _lp(model, source: list[int], generated: list[int]) -> torch.Tensor:
+    """[V]: log p(next | source, generated) from one full forward pass, no cache, no padding
+    (causal: the prompt is the source; encoder-decoder: the encoder input)."""
+    with torch.no_grad():
+        if model.config.is_encoder_decoder:
+            start = model.generation_config.decoder_start_token_id
+            dec = torch.tensor([[start, *generated]])
+            logits = model(input_ids=torch.tensor([source]), decoder_input_ids=dec).logits
+        else:
+            logits = model(torch.tensor([source + generated])).logits
+    return torch.log_softmax(logits[0, -1].float(), -1)
+
+
+def _contrast(model, ctx, plain, generated, alpha, adaptive) -> torch.Tensor:
+    a, b = _lp(model, ctx, generated), _lp(model, plain, generated)
+    if adaptive:  # JSD in bits, straight from its definition, in float64
+        pa, pb = a.double().exp(), b.double().exp()
+        m = (pa + pb) / 2
+        kl = [sum(float(x * math.log(x / y)) for x, y in zip(p, m, strict=True) if x > 0)
+              for p in (pa, pb)]  # fmt: skip
+        alpha = (kl[0] + kl[1]) / 2 / math.log(2)
+    return torch.log_softmax((1 + alpha) * a - alpha * b, -1)
+
+
+def _greedy_reference(model, ctx, plain, alpha, adaptive, n) -> tuple[list[int], float]:
+    out, score = [], 0.0
+    for _ in range(n):
+        lp = _contrast(model, ctx, plain, out, alpha, adaptive)
+        tok = int(lp.argmax())
+        out.append(tok)
+        score += float(lp[tok])
+        if tok == EOS:
+            break
+    return out, score
+
+
+def _plain_batch(kind, plains):
+    """The context-free inputs: left-padded prompts (causal), right-padded sources (ed)."""
+    return _batch(plains, left=kind != "bart")
+
+
+@settings(max_examples=40, **SETTINGS)
+@given(
+    kind=st.sampled_from(["llama", "peaked-llama", "gpt2", "bart"]),
+    seed=st.integers(0, 2),
+    rows=st.lists(st.tuples(prompt, prompt), min_size=1, max_size=3),
+    alpha=st.integers(0, 8).map(lambda i: i / 4),
+    adaptive=st.booleans(),
+    new=st.integers(1, 6),
+)
+def test_greedy_cad_equals_a_brute_force_loop_on_each_row(kind, seed, rows, alpha, adaptive, new):
+    """Rows with their own context and context-free prompts (both padded in the batch)."""
+    model = _model(kind, seed)
+    model.generation_config.eos_token_id = EOS
+    ctxs, plains = [r[0] for r in rows], [r[1] for r in rows]
+    ids, mask = _batch(ctxs, left=kind != "bart")
+    neg, neg_mask = _plain_batch(kind, plains)
+    out = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
+        custom_generate=context_aware, cad_alpha=alpha, cad_adaptive=adaptive,
+        negative_input_ids=neg, negative_attention_mask=neg_mask, pad_token_id=0,
+        return_dict_in_generate=True, output_scores=True, length_penalty=0.0,
+    )  # fmt: skip
+    start = 1 if kind == "bart" else ids.shape[1]
+    for r in range(len(rows)):
+        want, score = _greedy_reference(model, ctxs[r], plains[r], alpha, adaptive, new)
+        got = out.sequences[r, start:].tolist()
+        assert got[: len(want)] == want and set(got[len(want) :]) <= {0}
+        assert float(out.sequences_scores[r]) == pytest.approx(score, abs=1e-3)
+
+
+@settings(max_examples=30, **SETTINGS)
+@given(
+    seed=st.integers(0, 2),
+    ctx_lengths=st.lists(st.integers(2, 6), min_size=1, max_size=4),
+    plain_len=st.integers(1, 4),
+    alpha=st.integers(0, 8).map(lambda i: i / 4),
+    new=st.integers(1, 6),
+    ngram=st.sampled_from([0, 2]),
+)
+def test_greedy_cad_equals_transformers_guidance(seed, ctx_lengths, plain_len, alpha, new, ngram):
+    """Where transformers' classifier-free guidance is CAD (a decoder-only model, context-free
+    prompts of equal length): generate(guidance_scale=1 + α, negative_prompt_ids=...), with a
+    processor that reads the context stream's ids (n-gram blocking) or none."""
+    model = _model("peaked-llama", seed)
+    g = torch.Generator().manual_seed(seed)
+    ctxs = [torch.randint(3, V, (n,), generator=g).tolist() for n in ctx_lengths]
+    neg = torch.randint(3, V, (len(ctxs), plain_len), generator=g)
+    ids, mask = _batch(ctxs)
+    kw = dict(input_ids=ids, attention_mask=mask, max_new_tokens=new, do_sample=False)
+    kw.update(pad_token_id=0, eos_token_id=EOS, no_repeat_ngram_size=ngram)
+    ones = torch.ones_like(neg)
+    ours = model.generate(
+        **kw, custom_generate=context_aware, cad_alpha=alpha, negative_input_ids=neg,
+        negative_attention_mask=ones,
+    )  # fmt: skip
+    theirs = model.generate(
+        **kw, guidance_scale=1 + alpha, negative_prompt_ids=neg,
+        negative_prompt_attention_mask=ones,
+    )  # fmt: skip
+    assert torch.equal(ours, theirs)
+
+
+def _stepper(model, kind, ctxs, plains, alpha, adaptive, new):
+    ids, mask = _batch(ctxs, left=kind != "bart")
+    neg, neg_mask = _plain_batch(kind, plains)
+    a = HFStepper(model, ids, attention_mask=mask, max_new_tokens=new)
+    b = HFStepper(model, neg, attention_mask=neg_mask, max_new_tokens=new)
+    return ContrastStepper(a, b, alpha, adaptive)
+
+
+@settings(max_examples=30, **SETTINGS)
+@given(
+    kind=st.sampled_from(["llama", "gpt2", "bart"]),
+    seed=st.integers(0, 2),
+    rows=st.lists(st.tuples(prompt, prompt), min_size=2, max_size=3),
+    alpha=st.integers(0, 8).map(lambda i: i / 4),
+    adaptive=st.booleans(),
+    beams=st.integers(2, 4),
+    new=st.integers(1, 5),
+)
+def test_beam_cad_scores_its_outputs_by_the_contrast_and_rows_stand_alone(
+    kind, seed, rows, alpha, adaptive, beams, new
+):
+    """Every hypothesis's score is the sum of the contrasted log-probabilities of its tokens
+    (brute force: both caches followed the beams), and a row decodes in the batch as alone."""
+    model = _model(kind, seed)
+    ctxs, plains = [r[0] for r in rows], [r[1] for r in rows]
+    kw = dict(eos_token_id=EOS, num_beams=beams, max_new_tokens=new, length_penalty=0.0)
+    together = beam_search_batch(_stepper(model, kind, ctxs, plains, alpha, adaptive, new), **kw)
+    for r in range(len(rows)):
+        alone = beam_search(
+            _stepper(model, kind, ctxs[r : r + 1], plains[r : r + 1], alpha, adaptive, new), **kw
+        )
+        assert [h.tokens for h in together[r]] == [h.tokens for h in alone]
+        for h in together[r]:
+            toks = h.tokens + ([h.eos_token] if h.finished else [])
+            want = sum(
+                float(_contrast(model, ctxs[r], plains[r], toks[:t], alpha, adaptive)[toks[t]])
+                for t in range(len(toks))
+            )
+            assert h.score == pytest.approx(want, abs=1e-3)
+
+
+def test_js_divergence_and_refusals():
+    a = torch.log(torch.tensor([[0.5, 0.5, 0.0], [0.2, 0.3, 0.5]]))
+    b = torch.log(torch.tensor([[0.0, 0.5, 0.5], [0.2, 0.3, 0.5]]))
+    # disjoint halves: JSD = 0.5 bit; equal distributions: 0
+    assert js_divergence(a, b).tolist() == pytest.approx([0.5, 0.0], abs=1e-6)
+    far = torch.log(torch.tensor([[0.0, 0.0, 1.0]]))
+    assert js_divergence(a[:1], far).item() == pytest.approx(1.0, abs=1e-6)  # disjoint
+    model = _model("llama", 0)
+    ids = torch.tensor([[3, 4]])
+    with pytest.raises(GencraftError, match="context_aware needs negative_input_ids"):
+        model.generate(input_ids=ids, max_new_tokens=2, custom_generate=context_aware)
+    with pytest.raises(GencraftError, match="context-free stream holds 2 inputs"):
+        model.generate(
+            input_ids=ids, max_new_tokens=2, custom_generate=context_aware,
+            negative_input_ids=torch.tensor([[3], [4]]),
+        )  # fmt: skip
+    with pytest.raises(GencraftError, match="cad alpha must be >= 0"):
+        model.generate(
+            input_ids=ids, max_new_tokens=2, custom_generate=context_aware, cad_alpha=-1.0,
+            negative_input_ids=torch.tensor([[3]]),
+        )  # fmt: skip
+
+
+def test_the_cad_speed_benchmark_runs_at_tiny_scale(shared_data, tmp_path):
+    from gencraft.experiments import reproduce
+
+    report = reproduce(
+        "search-cad-speed", scale="tiny", output=tmp_path, overrides={"data_dir": str(shared_data)}
+    ).read_text()
+    assert "| beam s | CAD beam s | ratio | target |" in report
+    assert "2 prompts in left-padded batches of 8" in report
