@@ -936,8 +936,8 @@ M = [
     (
         "Mask-Predict ranks length candidates by summed log-probability",
         "gencraft/nar/decoding.py",
-        "    scores = ((logp * mask).sum(1) / mask.sum(1)).view(b, k)",
-        "    scores = (logp * mask).sum(1).view(b, k)",
+        "scores = ((self.logp * self.mask).sum(1) / self.mask.sum(1)).view(b, -1)",
+        "scores = (self.logp * self.mask).sum(1).view(b, -1)",
         "tests/nar/test_nar.py -k mean_log_probability",
     ),
     (
@@ -1870,14 +1870,14 @@ M = [
     (
         "SUNDAE's scoring call counts for every row",
         "gencraft/nar/decoding.py",
-        "        calls += torch.bincount(s.owner[live], minlength=b) > 0",
-        "        calls += 1",
+        "        calls += _took_part(s.owner, live, b)\n    return tok_lp, steps, calls",
+        "        calls += 1\n    return tok_lp, steps, calls",
         "tests/nar/test_nar_batch.py -k follow_their_definition",
     ),
     (
         "SUNDAE's steps count every step for every row",
         "gencraft/nar/decoding.py",
-        "        steps += torch.bincount(s.owner[live], minlength=b) > 0",
+        "        steps += _took_part(s.owner, live, b)",
         "        steps += 1",
         "tests/nar/test_nar_batch.py -k follow_their_definition",
     ),
@@ -2934,15 +2934,15 @@ M = [
     (
         "mp-remask-or-running",
         "gencraft/nar/decoding.py",
-        "todo = least_confident(logp, mask, n_mask) & running[owner][:, None]",
-        "todo = least_confident(logp, mask, n_mask) | running[owner][:, None]",
+        "todo = least_confident(c.logp, c.mask, n_mask) & running[c.owner][:, None]",
+        "todo = least_confident(c.logp, c.mask, n_mask) | running[c.owner][:, None]",
         "tests/nar/test_nar_references.py::test_mask_predict_equals_the_papers_loop",
     ),
     (
         "mp-steps-not-calls",
         "gencraft/nar/decoding.py",
-        "results.append(RowResult(seq, float(scores[r, best]), int(calls[r]), int(calls[r])))",
-        "results.append(RowResult(seq, float(scores[r, best]), int(calls[r]), 1))",
+        "out.append(RowResult(seq, float(scores[r, best]), calls, calls))",
+        "out.append(RowResult(seq, float(scores[r, best]), calls, 1))",
         "tests/nar/test_nar_references.py::test_mask_predict_equals_the_papers_loop",
     ),
     (
@@ -3179,8 +3179,8 @@ M = [
     (
         "sample-seed-once",
         "gencraft/search/train.py",
-        "gens = [torch.Generator().manual_seed(seed + i) for i in indices]",
-        "gens = [torch.Generator().manual_seed(seed) for i in indices]",
+        "seeds=[seed + i for i in indices], eos_token_id=sorted(self.eos),",
+        "seeds=[seed for i in indices], eos_token_id=sorted(self.eos),",
         "tests/search/test_search_classifier.py -k chunk",
     ),
     (
@@ -3465,16 +3465,16 @@ M = [
     ),
     (
         "sample-batch-first-prompt-probs",
-        "gencraft/search/train.py",
-        "torch.multinomial(probs[b], 1, generator=g)",
+        "gencraft/models/sampling.py",
+        "torch.multinomial(probs[r], 1, generator=g)",
         "torch.multinomial(probs[0], 1, generator=g)",
         "tests/search/test_search_classifier.py -k batched_sampling",
     ),
     (
         "sample-sharpened",
-        "gencraft/search/train.py",
-        "probs = log_probs.exp().cpu().view(len(prompts), n, -1)",
-        "probs = (2 * log_probs).exp().cpu().view(len(prompts), n, -1)",
+        "gencraft/models/sampling.py",
+        "probs = torch.softmax(scores.float(), -1).cpu().view(b, n, -1)",
+        "probs = torch.softmax(2 * scores.float(), -1).cpu().view(b, n, -1)",
         "tests/search/test_search_classifier.py -k follow",
     ),
     (
@@ -3529,8 +3529,8 @@ M = [
     (
         "threshold-mp-calls-every-row",
         "gencraft/nar/decoding.py",
-        "        calls += torch.bincount(owner[idx], minlength=b) > 0\n        best_lp, best_tok",
-        "        calls += 1\n        best_lp, best_tok",
+        "self.calls += torch.bincount(self.owner[idx], minlength=self.calls.shape[0]) > 0",
+        "self.calls += 1",
         "tests/nar/test_nar_threshold.py",
     ),
     (
@@ -3602,6 +3602,13 @@ M = [
         "        return self.context.prefix_ids()",
         "        return self.plain.prefix_ids()",
         "tests/search/test_cad.py -k guidance",
+    ),
+    (
+        "threshold-sundae-calls-every-row",
+        "gencraft/nar/decoding.py",
+        "        calls += _took_part(s.owner, live, b)\n    return tok_lp, calls.clone(), calls",
+        "        calls += 1\n    return tok_lp, calls.clone(), calls",
+        "tests/nar/test_nar_threshold.py",
     ),
 ]
 

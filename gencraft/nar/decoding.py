@@ -438,6 +438,11 @@ def _sundae_start(
     return _Samples(tokens.masked_fill(~mask, pad), mask, owner, widths, gens)
 
 
+def _took_part(owner: torch.Tensor, live: torch.Tensor, b: int) -> torch.Tensor:
+    """[b] bool: the rows owning at least one of the ``live`` samples (``owner`` [N])."""
+    return torch.bincount(owner[live], minlength=b) > 0
+
+
 def _sundae_refine(
     model: NARSeq2Seq, s: _Samples, enc: torch.Tensor, src_mask: torch.Tensor, cfg: SamplingConfig
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -462,7 +467,7 @@ def _sundae_refine(
             logits, old, s.mask[live], uniforms, coins, temperature=cfg.temperature,
             proportion=cfg.proportion, argmax=cfg.argmax_unrolled,
         )  # fmt: skip
-        steps += torch.bincount(s.owner[live], minlength=b) > 0
+        steps += _took_part(s.owner, live, b)
         same = (new == old).all(1)
         stopped = live[same]
         tok_lp[stopped] = _token_logp(logits[same], new[same], s.mask[stopped])
@@ -473,7 +478,7 @@ def _sundae_refine(
     if live.numel():  # one more call scores the samples still changing
         logits = model.decode_logits(s.tokens[live], enc[live], src_mask[live], s.mask[live].long())
         tok_lp[live] = _token_logp(logits, s.tokens[live], s.mask[live])
-        calls += torch.bincount(s.owner[live], minlength=b) > 0
+        calls += _took_part(s.owner, live, b)
     return tok_lp, steps, calls
 
 
@@ -507,7 +512,7 @@ def _sundae_freeze(
         tok_lp[live] = torch.where(pick, lp, tok_lp[live])
         undecided[live] &= ~pick
         s.tokens[live] = new
-        calls += torch.bincount(s.owner[live], minlength=b) > 0
+        calls += _took_part(s.owner, live, b)
     return tok_lp, calls.clone(), calls
 
 
@@ -579,6 +584,56 @@ def mask_predict_generate(
     return _decode_batches("mask-predict", input_ids.shape[0], batch_size, progress, run)
 
 
+@dataclass
+class _Candidates:
+    """Mask-Predict's N = b·k candidates of a batch of b rows (row r's are rows r·k ..
+    r·k + k - 1): ``tokens`` [N, L] from all [MASK], their ``logp`` [N, L], the valid ``mask``
+    [N, L], each one's ``owner`` row [N] and length ``row_len`` [N], the encoder states and
+    source mask per candidate, and each row's decoder ``calls`` [b]."""
+
+    tokens: torch.Tensor
+    logp: torch.Tensor
+    mask: torch.Tensor
+    owner: torch.Tensor
+    row_len: torch.Tensor
+    enc: torch.Tensor
+    src_mask: torch.Tensor
+    calls: torch.Tensor
+
+    @classmethod
+    def start(cls, enc: torch.Tensor, src_mask: torch.Tensor, cands: torch.Tensor, mask_id: int):
+        dev = src_mask.device
+        b, k = cands.shape
+        owner = torch.arange(b, device=dev).repeat_interleave(k)
+        row_len = cands.flatten()
+        mask = _padded(row_len.tolist(), dev)
+        tokens = torch.full(mask.shape, mask_id, dtype=torch.long, device=dev)
+        zeros = torch.zeros(mask.shape, device=dev)
+        calls = torch.zeros(b, dtype=torch.long, device=dev)
+        return cls(tokens, zeros, mask, owner, row_len, enc[owner], src_mask[owner], calls)
+
+    def predict(self, model: NARSeq2Seq, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decoder call on candidates ``idx``: each position's best (log-prob [n, L],
+        token [n, L]); counts a call for each row with a candidate in ``idx``."""
+        logits = model.decode_logits(
+            self.tokens[idx], self.enc[idx], self.src_mask[idx], self.mask[idx].long()
+        )
+        self.calls += torch.bincount(self.owner[idx], minlength=self.calls.shape[0]) > 0
+        return torch.log_softmax(logits.float(), dim=-1).max(-1)
+
+    def results(self) -> list[RowResult]:
+        """Each row's candidate of the highest mean log-probability (its steps: its calls)."""
+        b = self.calls.shape[0]
+        scores = ((self.logp * self.mask).sum(1) / self.mask.sum(1)).view(b, -1)
+        k, out = scores.shape[1], []
+        for r in range(b):
+            best = int(scores[r].argmax())
+            seq = self.tokens[r * k + best, : int(self.row_len[r * k + best])].tolist()
+            calls = int(self.calls[r])
+            out.append(RowResult(seq, float(scores[r, best]), calls, calls))
+        return out
+
+
 def _mask_predict_batch(
     model: NARSeq2Seq,
     src_mask: torch.Tensor,
@@ -587,40 +642,26 @@ def _mask_predict_batch(
     big_t: int,
     mask_id: int,
 ) -> list[RowResult]:
-    """One batch of b rows × k length candidates: each row's best (its steps are its calls)."""
-    dev = src_mask.device
+    """One batch of b rows × k length candidates: each row's best (its steps are its calls).
+    A row's candidates iterate together until its ⌊L·(T−t)/T⌋ reaches 0 for all of them."""
+    c = _Candidates.start(enc, src_mask, cands, mask_id)
     b, k = cands.shape
-    owner = torch.arange(b, device=dev).repeat_interleave(k)
-    row_len = cands.flatten()  # [N]
-    mask = _padded(row_len.tolist(), dev)
-    enc_n, src_mask_n = enc[owner], src_mask[owner]
-    tokens = torch.full(mask.shape, mask_id, dtype=torch.long, device=dev)
-    logp = torch.zeros(mask.shape, device=dev)
-    todo = mask.clone()
-    running = torch.ones(b, dtype=torch.bool, device=dev)  # rows still iterating
-    calls = torch.zeros(b, dtype=torch.long, device=dev)
+    todo = c.mask.clone()
+    running = torch.ones(b, dtype=torch.bool, device=src_mask.device)  # rows still iterating
     for t in range(big_t):
-        idx = running[owner].nonzero().flatten()
-        logits = model.decode_logits(tokens[idx], enc_n[idx], src_mask_n[idx], mask[idx].long())
-        calls += running.long()
-        best_lp, best_tok = torch.log_softmax(logits.float(), dim=-1).max(-1)
-        tokens[idx] = torch.where(todo[idx], best_tok, tokens[idx])
-        logp[idx] = torch.where(todo[idx], best_lp, logp[idx])
+        idx = running[c.owner].nonzero().flatten()
+        best_lp, best_tok = c.predict(model, idx)
+        c.tokens[idx] = torch.where(todo[idx], best_tok, c.tokens[idx])
+        c.logp[idx] = torch.where(todo[idx], best_lp, c.logp[idx])
         if t + 1 == big_t:
             break
-        n_mask = row_len * (big_t - 1 - t) // big_t  # ⌊L·(T−t)/T⌋ with t counted from 1
+        n_mask = c.row_len * (big_t - 1 - t) // big_t  # ⌊L·(T−t)/T⌋ with t counted from 1
         running &= n_mask.view(b, k).amax(1) > 0  # a row whose count reached 0 is finished
         if not bool(running.any()):
             break
-        todo = least_confident(logp, mask, n_mask) & running[owner][:, None]
-        tokens = tokens.masked_fill(todo, mask_id)
-    scores = ((logp * mask).sum(1) / mask.sum(1)).view(b, k)
-    results = []
-    for r in range(b):
-        best = int(scores[r].argmax())
-        seq = tokens[r * k + best, : int(row_len[r * k + best])].tolist()
-        results.append(RowResult(seq, float(scores[r, best]), int(calls[r]), int(calls[r])))
-    return results
+        todo = least_confident(c.logp, c.mask, n_mask) & running[c.owner][:, None]
+        c.tokens = c.tokens.masked_fill(todo, mask_id)
+    return c.results()
 
 
 def _mask_predict_threshold(
@@ -637,34 +678,18 @@ def _mask_predict_threshold(
     most confident one (never re-masking); the ``cfg.steps``-th call unmasks the rest. A
     candidate stops when nothing is masked, a row when its candidates have; its calls are
     the calls it took part in. The best candidate has the highest mean log-probability."""
-    dev = src_mask.device
-    b, k = cands.shape
-    owner = torch.arange(b, device=dev).repeat_interleave(k)
-    row_len = cands.flatten()  # [N]
-    mask = _padded(row_len.tolist(), dev)
-    enc_n, src_mask_n = enc[owner], src_mask[owner]
-    tokens = torch.full(mask.shape, mask_id, dtype=torch.long, device=dev)
-    logp = torch.zeros(mask.shape, device=dev)
-    todo = mask.clone()
-    calls = torch.zeros(b, dtype=torch.long, device=dev)
+    c = _Candidates.start(enc, src_mask, cands, mask_id)
+    todo = c.mask.clone()
     for t in range(cfg.steps):
         idx = todo.any(1).nonzero().flatten()
         if idx.numel() == 0:
             break
-        logits = model.decode_logits(tokens[idx], enc_n[idx], src_mask_n[idx], mask[idx].long())
-        calls += torch.bincount(owner[idx], minlength=b) > 0
-        best_lp, best_tok = torch.log_softmax(logits.float(), dim=-1).max(-1)
+        best_lp, best_tok = c.predict(model, idx)
         pick = most_confident(best_lp, todo[idx], cfg.threshold, last=t + 1 == cfg.steps)
-        tokens[idx] = torch.where(pick, best_tok, tokens[idx])
-        logp[idx] = torch.where(pick, best_lp, logp[idx])
+        c.tokens[idx] = torch.where(pick, best_tok, c.tokens[idx])
+        c.logp[idx] = torch.where(pick, best_lp, c.logp[idx])
         todo[idx] &= ~pick
-    scores = ((logp * mask).sum(1) / mask.sum(1)).view(b, k)
-    results = []
-    for r in range(b):
-        best = int(scores[r].argmax())
-        seq = tokens[r * k + best, : int(row_len[r * k + best])].tolist()
-        results.append(RowResult(seq, float(scores[r, best]), int(calls[r]), int(calls[r])))
-    return results
+    return c.results()
 
 
 @torch.no_grad()

@@ -30,7 +30,7 @@ from gencraft.models.introspect import (
     model_name,
 )
 from gencraft.models.prompts import pad_batch
-from gencraft.models.stepping import HFStepper
+from gencraft.models.sampling import sample_batch
 from gencraft.progress import tqdm
 from gencraft.search.classifier import (
     NUM_LENGTH_BUCKETS,
@@ -69,42 +69,20 @@ class _Sampler:
         self.pad = pad if pad is not None else next(iter(self.eos))
         self.device = next(model.parameters()).device
 
-    @torch.no_grad()
     def ancestral(
         self, prompts: Sequence[torch.Tensor], indices: Sequence[int], n: int, steps: int, seed: int
     ) -> list[list[int]]:
         """``n`` plain ancestral samples of each prompt ([1, P] each), all in one batch of
-        B·n rows and one model call per step: the raw next-token distribution, no logits
-        processors (the distribution the search steps through). Prompt ``indices[b]`` draws
-        from its own generator, seeded ``seed`` + that index, so its samples do not depend on
-        the other prompts of the batch (up to float rounding under padding). Returns B·n token
-        lists (prompt 0's n first), each cut after its first EOS or at ``steps`` tokens."""
+        B·n rows (:func:`~gencraft.models.sampling.sample_batch`): the raw next-token
+        distribution, no logits processors (the distribution the search steps through).
+        Prompt ``indices[b]`` draws from its own generator, seeded ``seed`` + that index.
+        Returns B·n token lists (prompt 0's n first), each cut after its first EOS."""
         rows = [{"input_ids": p.flatten().tolist()} for p in prompts]
         batch = pad_batch(rows, self.pad, left=not self.encoder_decoder)
-        stepper = HFStepper(
-            self.model, batch["input_ids"], attention_mask=batch["attention_mask"],
-            max_new_tokens=steps,
+        return sample_batch(
+            self.model, batch["input_ids"], batch["attention_mask"], n=n, max_new_tokens=steps,
+            seeds=[seed + i for i in indices], eos_token_id=sorted(self.eos),
         )  # fmt: skip
-        gens = [torch.Generator().manual_seed(seed + i) for i in indices]
-        out = stepper.start()
-        log_probs = out.log_probs.repeat_interleave(n, 0)  # [B·n, V]
-        cache = stepper.reorder(out.cache, torch.arange(len(prompts)).repeat_interleave(n))
-        eos = torch.tensor(sorted(self.eos))
-        drawn, done = [], torch.zeros(len(prompts) * n, dtype=torch.bool)
-        for t in range(steps):
-            probs = log_probs.exp().cpu().view(len(prompts), n, -1)
-            tok = torch.cat(
-                [torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(gens)]
-            )
-            tok = torch.where(done, eos[0], tok.view(-1))  # an ended row repeats its EOS
-            drawn.append(tok)
-            done |= torch.isin(tok, eos)
-            if bool(done.all()) or t + 1 == steps:
-                break
-            out = stepper.step(tok, cache)
-            log_probs, cache = out.log_probs, out.cache
-        seqs = torch.stack(drawn, 1).tolist()
-        return [s[: next((j + 1 for j, x in enumerate(s) if x in self.eos), len(s))] for s in seqs]
 
     @torch.no_grad()
     def hidden(self, ids: torch.Tensor, samples: Sequence[torch.Tensor]) -> list[torch.Tensor]:
