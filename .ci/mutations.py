@@ -3610,6 +3610,27 @@ M = [
         "        calls += 1\n    return tok_lp, calls.clone(), calls",
         "tests/nar/test_nar_threshold.py",
     ),
+    (
+        "sampler-processors-skipped",
+        "gencraft/models/sampling.py",
+        "            scores = p(torch.cat([prefix, drawn], 1), scores)",
+        "            scores = scores",
+        "tests/models/test_sampling.py",
+    ),
+    (
+        "sampler-processors-see-no-prompt",
+        "gencraft/models/sampling.py",
+        "            scores = p(torch.cat([prefix, drawn], 1), scores)",
+        "            scores = p(drawn, scores)",
+        "tests/models/test_sampling.py -k alone",
+    ),
+    (
+        "sampler-no-eos-cut",
+        "gencraft/models/sampling.py",
+        "        s[: next((j + 1 for j, x in enumerate(s) if x in ends), len(s))] for s in drawn.tolist()",
+        "        s for s in drawn.tolist()",
+        "tests/models/test_sampling.py -k alone",
+    ),
 ]
 
 

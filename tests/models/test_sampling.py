@@ -1,0 +1,79 @@
+"""The one batched sampler (issue 44): each input draws from its own generator, so a batch of
+prompts of different lengths gives each the samples it draws alone, with processors that read
+each row's ids; samples follow the processed distribution."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from transformers import NoRepeatNGramLogitsProcessor, TopKLogitsWarper
+
+from gencraft.errors import GencraftError
+from gencraft.models.prompts import pad_batch
+from gencraft.models.sampling import sample_batch
+from tests.search.test_batch import SETTINGS, V, _model
+
+
+@settings(max_examples=20, **SETTINGS)
+@given(
+    kind=st.sampled_from(["llama", "gpt2", "bart"]),
+    prompts=st.lists(
+        st.lists(st.integers(3, V - 1), min_size=1, max_size=6), min_size=1, max_size=4
+    ),
+    n=st.integers(1, 3),
+    seed=st.integers(0, 9),
+    ngram=st.sampled_from([0, 2]),
+    top_k=st.sampled_from([None, 3]),
+)
+def test_a_batch_samples_what_each_input_samples_alone(kind, prompts, n, seed, ngram, top_k):
+    model = _model(kind, 0)
+    procs = ([NoRepeatNGramLogitsProcessor(ngram)] if ngram else []) + (
+        [TopKLogitsWarper(top_k)] if top_k else []
+    )
+
+    def draw(rows, seeds):
+        batch = pad_batch([{"input_ids": p} for p in rows], 0, left=kind != "bart")
+        return sample_batch(
+            model, batch["input_ids"], batch["attention_mask"], n=n, max_new_tokens=6,
+            seeds=seeds, eos_token_id=[2], processors=procs,
+        )  # fmt: skip
+
+    together = draw(prompts, [seed + i for i in range(len(prompts))])
+    alone = [s for i, p in enumerate(prompts) for s in draw([p], [seed + i])]
+    assert together == alone
+    for i, s in enumerate(together):
+        assert 2 not in s[:-1] and (s[-1] == 2 or len(s) == 6)
+        if ngram:  # no sampled token completes a bigram seen before it, prompt included
+            owner = prompts[i // n]
+            full = (owner if kind != "bart" else [model.config.decoder_start_token_id]) + s
+            for k in range(len(full) - len(s), len(full)):
+                assert (full[k - 1], full[k]) not in set(itertools.pairwise(full[:k]))
+
+
+def test_samples_follow_the_processed_distribution():
+    model = _model("llama", 1)
+    ids = torch.tensor([[3, 5, 7]])
+    with torch.no_grad():
+        lp = torch.log_softmax(model(ids).logits[0, -1].float(), -1)
+    top = lp.topk(2).indices
+    want = torch.zeros(V)
+    want[top] = lp[top].exp() / lp[top].exp().sum()
+    rows = sample_batch(
+        model, ids, n=4000, max_new_tokens=1, seeds=[0], eos_token_id=[2],
+        processors=[TopKLogitsWarper(2)],
+    )  # fmt: skip
+    freq = torch.bincount(torch.tensor([r[0] for r in rows]), minlength=V) / 4000
+    assert (freq - want).abs().max() < 0.03, (freq, want)
+
+
+def test_bad_sampling_arguments_are_named():
+    model = _model("llama", 0)
+    ids = torch.tensor([[3, 4]])
+    with pytest.raises(GencraftError, match="1 seeds for 2 inputs"):
+        sample_batch(model, ids.repeat(2, 1), n=1, max_new_tokens=2, seeds=[0], eos_token_id=[2])
+    with pytest.raises(GencraftError, match="n \\(samples per input\\) must be >= 1"):
+        sample_batch(model, ids, n=0, max_new_tokens=2, seeds=[0], eos_token_id=[2])
