@@ -3631,6 +3631,27 @@ M = [
         "        s for s in drawn.tolist()",
         "tests/models/test_sampling.py -k alone",
     ),
+    (
+        "mbr-self-counted",
+        "gencraft/metrics/mbr.py",
+        "    others = ~torch.eye(n, dtype=torch.bool)",
+        "    others = torch.ones(n, n, dtype=torch.bool)",
+        "tests/metrics/test_mbr.py",
+    ),
+    (
+        "mbr-ties-to-last",
+        "gencraft/metrics/mbr.py",
+        "(row == row.max()).nonzero()[0, 0]",
+        "(row == row.max()).nonzero()[-1, 0]",
+        "tests/metrics/test_mbr.py",
+    ),
+    (
+        "mbr-bleu-swapped",
+        "gencraft/metrics/mbr.py",
+        "sacrebleu.sentence_bleu(h, [r]).score for h, r",
+        "sacrebleu.sentence_bleu(r, [h]).score for h, r",
+        "tests/metrics/test_mbr.py",
+    ),
 ]
 
 

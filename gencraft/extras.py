@@ -22,6 +22,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "peft": ("peft",),
     "sparse": ("entmax",),
     "gguf": ("gguf",),
+    "mbr": ("fastchrf",),
     "hub-data": ("datasets",),
 }
 

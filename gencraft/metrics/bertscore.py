@@ -29,6 +29,25 @@ def bertscore(
         model: a local checkpoint directory or hub id; default the local MiniLM-L6.
         num_layers: which layer's embeddings to use; default 6 for the local MiniLM.
     """
+    p, r, f = bertscore_pairs(
+        predictions, references, model=model, num_layers=num_layers, batch_size=batch_size,
+        device=device,
+    )  # fmt: skip
+    n = len(predictions)
+    return {f"bertscore_{k}": 100 * sum(v) / n for k, v in (("p", p), ("r", r), ("f", f))}
+
+
+def bertscore_pairs(
+    predictions: Sequence[str],
+    references: Sequence[str],
+    *,
+    model: str | None = None,
+    num_layers: int | None = None,
+    batch_size: int = 32,
+    device: str | None = None,
+) -> tuple[list[float], list[float], list[float]]:
+    """Each pair's BERTScore (precision, recall, F1 lists, in [0, 1]); see :func:`bertscore`
+    for the arguments (MBR's utility reads the F1 of every candidate pair)."""
     bert_score = require("bert_score", "bertscore", "BERTScore")
     if len(predictions) != len(references) or not predictions:
         raise ValueError(
@@ -46,9 +65,9 @@ def bertscore(
         for i, (c, ref) in enumerate(zip(predictions, references, strict=True))
         if c.strip() and ref.strip()
     ]
-    totals = {"p": 0.0, "r": 0.0, "f": 0.0}
+    out = [[0.0] * len(predictions) for _ in range(3)]
     if keep:
-        p, r, f = bert_score.score(
+        scores = bert_score.score(
             [predictions[i] for i in keep],
             [references[i] for i in keep],
             model_type=model,
@@ -58,6 +77,7 @@ def bertscore(
             lang="en",
             verbose=False,
         )
-        totals = {"p": p.sum().item(), "r": r.sum().item(), "f": f.sum().item()}
-    n = len(predictions)
-    return {f"bertscore_{k}": 100 * v / n for k, v in totals.items()}
+        for part, values in zip(out, scores, strict=True):
+            for i, v in zip(keep, values.tolist(), strict=True):
+                part[i] = v
+    return out[0], out[1], out[2]
