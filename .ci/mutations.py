@@ -3652,6 +3652,34 @@ M = [
         "sacrebleu.sentence_bleu(r, [h]).score for h, r",
         "tests/metrics/test_mbr.py",
     ),
+    (
+        "mbr-one-seed",
+        "gencraft/models/generate.py",
+        "seeds=[seed + i for i in range(b)], eos_token_id=eos_ids(model, None)",
+        "seeds=[seed for i in range(b)], eos_token_id=eos_ids(model, None)",
+        "tests/models/test_mbr_generate.py",
+    ),
+    (
+        "mbr-top-k-dropped",
+        "gencraft/models/generate.py",
+        '    if generate_kw.get("top_k"):\n        warpers',
+        "    if False:\n        warpers",
+        "tests/models/test_mbr_generate.py -k brute_force",
+    ),
+    (
+        "mbr-first-candidate",
+        "gencraft/models/generate.py",
+        "return [row[k] for row, k in zip(rows, mbr_select(rows, utility).index, strict=True)]",
+        "return [row[0] for row in rows]",
+        "tests/models/test_mbr_generate.py -k brute_force",
+    ),
+    (
+        "mbr-beams-too-few",
+        "gencraft/models/generate.py",
+        "out = model.generate(**enc, **generate_kw, num_beams=beams, num_return_sequences=n)",
+        "out = model.generate(**enc, **generate_kw, num_beams=n + 1, num_return_sequences=n)",
+        "tests/models/test_mbr_generate.py -k brute_force",
+    ),
 ]
 
 

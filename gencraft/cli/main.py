@@ -215,8 +215,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
         for i in range(0, len(prompts), size):  # one generate call per batch
             batch = prompts[i : i + size]
             texts = generate_text(
-                model, tok, batch, chat=chat, seed=settings.seed + i, **settings.generate_kwargs()
-            )
+                model, tok, batch, chat=chat, seed=settings.seed + i, mbr=settings.mbr,
+                mbr_utility=settings.mbr_utility, epsilon=settings.epsilon,
+                **settings.generate_kwargs(),
+            )  # fmt: skip
             for j, (prompt, text) in enumerate(zip(batch, texts, strict=True)):
                 out.write({"id": i + j, "prompt": prompt, "output": text})
             bar.update(len(batch))

@@ -24,6 +24,21 @@ class GenerationSettings:
     seed: int = field(
         default=0, metadata={"help": "sampling seed (the batch from prompt i on uses seed + i)"}
     )
+    mbr: int = field(
+        default=0,
+        metadata={
+            "help": "minimum Bayes risk decoding: draw N candidates per prompt (samples with "
+            "--do-sample, else the N best beams) and output the one of the highest expected "
+            "utility against the others (0: off)"
+        },
+    )
+    mbr_utility: Literal["chrf", "bleu", "rouge", "bertscore"] = field(
+        default="chrf", metadata={"help": "MBR's utility (sentence level)"}
+    )
+    epsilon: float | None = field(
+        default=None,
+        metadata={"help": "epsilon sampling cutoff in (0, 1) for --mbr's samples"},
+    )
     chat: Literal["auto", "on", "off"] = field(
         default="auto",
         metadata={"help": "wrap prompts in the tokenizer's chat template (auto: when it has one)"},
@@ -42,6 +57,12 @@ class GenerationSettings:
             raise GencraftError(f"temperature must be > 0, got {self.temperature}")
         if not self.do_sample and (self.top_k is not None or self.top_p is not None):
             raise GencraftError("--top-k/--top-p only apply with --do-sample")
+        if self.mbr < 0:
+            raise GencraftError(f"mbr must be >= 0 candidates, got {self.mbr}")
+        if self.epsilon is not None and not (self.mbr and self.do_sample):
+            raise GencraftError("--epsilon applies to --mbr's samples: give --mbr N --do-sample")
+        if self.epsilon is not None and not 0 < self.epsilon < 1:
+            raise GencraftError(f"epsilon must lie in (0, 1), got {self.epsilon}")
 
     def generate_kwargs(self) -> dict:
         kw: dict = {

@@ -1,0 +1,97 @@
+"""MBR decoding from ``generate_text`` and ``gencraft generate --mbr`` (issue 44): the output
+is the brute-force MBR choice among the candidates; sampled candidates are each prompt's own
+(the same in any batch); beam candidates are generate's N best."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import TopKLogitsWarper
+
+from gencraft.cli.main import main
+from gencraft.errors import GencraftError
+from gencraft.metrics.mbr import utility_matrices
+from gencraft.models import load_model
+from gencraft.models.generate import _prepared, generate_text, mbr_candidates
+from gencraft.models.introspect import eos_ids
+from gencraft.models.sampling import sample_batch
+
+PROMPTS = ["the cat sat", "a dog", "once upon a time there was"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny-llama")
+
+
+def _brute_force(tok, ids: list[list[int]], n: int, utility: str) -> list[str]:
+    texts = [t.strip() for t in tok.batch_decode(ids, skip_special_tokens=True)]
+    out = []
+    for b in range(0, len(texts), n):
+        row = texts[b : b + n]
+        u = utility_matrices([row], utility)[0]
+        means = [sum(float(u[i, j]) for j in range(n) if j != i) / max(n - 1, 1) for i in range(n)]
+        out.append(row[means.index(max(means))])
+    return out
+
+
+@pytest.mark.parametrize("utility", ["chrf", "bleu", "rouge"])
+@pytest.mark.parametrize("sample", [True, False])
+def test_mbr_output_is_the_brute_force_choice(tiny, utility, sample):
+    model, tok = tiny
+    kw = dict(max_new_tokens=6, do_sample=sample, top_k=20 if sample else None)
+    kw = {k: v for k, v in kw.items() if v is not None}
+    got = generate_text(model, tok, PROMPTS, seed=3, mbr=4, mbr_utility=utility, **dict(kw))
+    enc = _prepared(model, tok, PROMPTS, None, None, kw)
+    if sample:  # the batched sampler, each prompt seeded 3 + its index, top-k 20
+        cands = sample_batch(
+            model, enc["input_ids"], enc["attention_mask"], n=4, max_new_tokens=6,
+            seeds=[3, 4, 5], eos_token_id=eos_ids(model, None), processors=[TopKLogitsWarper(20)],
+        )  # fmt: skip
+    else:
+        cands = mbr_candidates(model, enc, n=4, **kw)
+    assert len(cands) == 12
+    assert got == _brute_force(tok, cands, 4, utility)
+    if not sample:  # generate's own 4 best beams
+        ref = model.generate(**enc, num_beams=4, num_return_sequences=4, **kw)
+        assert cands == ref[:, enc["input_ids"].shape[1] :].tolist()
+
+
+def test_sampled_candidates_are_each_prompt_s_own(tiny):
+    model, tok = tiny
+    kw = dict(max_new_tokens=5, do_sample=True, temperature=0.8)
+    together = generate_text(model, tok, PROMPTS, seed=10, mbr=3, epsilon=0.01, **kw)
+    alone = [
+        generate_text(model, tok, [p], seed=10 + i, mbr=3, epsilon=0.01, **kw)[0]
+        for i, p in enumerate(PROMPTS)
+    ]
+    assert together == alone
+    enc = _prepared(model, tok, PROMPTS[:1], None, None, dict(kw))
+    a = mbr_candidates(model, enc, n=3, seed=1, **kw)
+    assert a != mbr_candidates(model, enc, n=3, seed=2, **kw)  # the seed matters
+
+
+def test_cli_mbr_and_its_errors(capsys):
+    args = ["generate", "--model", "tiny-llama", "--prompt", "the cat", "--prompt", "a dog"]
+    assert main([*args, "--mbr", "3", "--do-sample", "--max-new-tokens", "4", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["id"] for r in rows] == [0, 1]
+    for bad, msg in (
+        (["--mbr", "-1"], "mbr must be >= 0"),
+        (["--epsilon", "0.1"], "--epsilon applies to --mbr's samples"),
+        (["--mbr", "2", "--do-sample", "--epsilon", "1.5"], "epsilon must lie in \\(0, 1\\)"),
+    ):
+        assert main([*args, *bad]) == 2
+        assert msg.replace("\\", "") in capsys.readouterr().err
+
+
+def test_mbr_refuses_zero_candidates(tiny):
+    model, tok = tiny
+    enc = _prepared(model, tok, PROMPTS[:1], None, None, {"max_new_tokens": 3})
+    from gencraft.models.generate import mbr_generate_text
+
+    with pytest.raises(GencraftError, match="mbr \\(candidates per input\\) must be >= 1"):
+        mbr_generate_text(model, tok, enc, n=0, max_new_tokens=3)
+    assert torch.is_tensor(enc["input_ids"])
