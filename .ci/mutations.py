@@ -3680,6 +3680,41 @@ M = [
         "out = model.generate(**enc, **generate_kw, num_beams=n + 1, num_return_sequences=n)",
         "tests/models/test_mbr_generate.py -k brute_force",
     ),
+    (
+        "shard-overlapping-starts",
+        "gencraft/distributed.py",
+        "    first = process * base + min(process, extra)",
+        "    first = process * base",
+        "tests/test_distributed.py -k shares_are",
+    ),
+    (
+        "shard-resume-ignored",
+        "gencraft/distributed.py",
+        "        if all(i in done for i in batch):",
+        "        if False:",
+        "tests/test_distributed.py -k resumes",
+    ),
+    (
+        "shard-repeats-accepted",
+        "gencraft/distributed.py",
+        "        if i in seen:\n            twice.append(i)\n",
+        "",
+        "tests/test_distributed.py -k refuses",
+    ),
+    (
+        "shard-every-process-prints",
+        "gencraft/cli/main.py",
+        "    if not is_main():  # only the main process writes\n        return\n",
+        "",
+        "tests/test_distributed.py -k two_processes",
+    ),
+    (
+        "shard-cpu-not-distributed",
+        "gencraft/distributed.py",
+        "    state = PartialState(cpu=not torch.cuda.is_available())",
+        "    state = PartialState()",
+        "tests/test_distributed.py -k every_process",
+    ),
 ]
 
 

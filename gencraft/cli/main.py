@@ -6,6 +6,7 @@ import argparse
 import importlib
 import json
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -208,22 +209,29 @@ def cmd_generate(args: argparse.Namespace) -> None:
     model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
     chat = {"auto": None, "on": True, "off": False}[settings.chat]
     from gencraft.cli.options import JsonLines
+    from gencraft.distributed import describe, is_main, map_sharded
+
+    def batch_texts(indices: list[int]) -> list[str]:  # one generate call per batch
+        return generate_text(
+            model, tok, [prompts[i] for i in indices], chat=chat, seed=settings.seed + indices[0],
+            mbr=settings.mbr, mbr_utility=settings.mbr_utility, epsilon=settings.epsilon,
+            **settings.generate_kwargs(),
+        )  # fmt: skip
 
     size = args.batch_size
+    print(describe("generate", len(prompts), size), file=sys.stderr)
     bar = tqdm(total=len(prompts), desc="generate", disable=len(prompts) < 2)
-    with JsonLines(args.output) as out:  # each batch's lines written as it finishes
-        for i in range(0, len(prompts), size):  # one generate call per batch
-            batch = prompts[i : i + size]
-            texts = generate_text(
-                model, tok, batch, chat=chat, seed=settings.seed + i, mbr=settings.mbr,
-                mbr_utility=settings.mbr_utility, epsilon=settings.epsilon,
-                **settings.generate_kwargs(),
-            )  # fmt: skip
-            for j, (prompt, text) in enumerate(zip(batch, texts, strict=True)):
-                out.write({"id": i + j, "prompt": prompt, "output": text})
-            bar.update(len(batch))
+    # an interrupted run keeps its finished batches beside --output and resumes from them
+    partial = Path(args.output + ".partial") if args.output else None
+    texts = map_sharded(batch_texts, len(prompts), size, partial_dir=partial, on_batch=bar.update)
     bar.close()
-    if args.output:
+    if not is_main():  # only the main process writes
+        return
+    with JsonLines(args.output) as out:
+        for i, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
+            out.write({"id": i, "prompt": prompt, "output": text})
+    if partial is not None:
+        shutil.rmtree(partial, ignore_errors=True)
         print(f"{len(out.lines)} outputs -> {args.output}")
     for line in [] if args.output else out.lines:
         row = json.loads(line)
