@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -85,14 +86,16 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
+    from gencraft.distributed import describe, is_main
     from gencraft.nar import SamplingConfig
-    from gencraft.nar.evaluate import decode
+    from gencraft.nar.evaluate import decode_sharded
 
     sampling = dataclass_from_args(SamplingConfig, args)
     args.sources = _sources(args)
     model, tok = _load(args, "generate")
     _check_flags(model, sampling, args)
-    texts, out = decode(
+    print(describe("nar generate", len(args.sources), args.batch_size), file=sys.stderr)
+    texts, out = decode_sharded(
         model,
         tok,
         list(args.sources),
@@ -108,6 +111,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
             args.sources, texts, out.scores, out.model_calls, out.seconds, strict=True
         )
     ]
+    if not is_main():  # only the main process prints
+        return
     if args.json:
         print(json.dumps(rows, indent=2))
         return
@@ -142,6 +147,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.evaluate import format_table
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.cli.options import use_run_task
+    from gencraft.distributed import describe, is_main
     from gencraft.nar import SamplingConfig
     from gencraft.nar.evaluate import evaluate
 
@@ -165,6 +171,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
         source_field=args.source_field,
         target_field=args.target_field,
     )
+    if not is_main():  # only the main process writes and prints
+        return
+    print(describe("nar eval", r["outputs"], args.batch_size), file=sys.stderr)
     preds = r.pop("predictions")
     if args.output:
         Path(args.output).write_text("\n".join(preds) + "\n")

@@ -134,6 +134,53 @@ def decode(
     return texts, out
 
 
+def decode_sharded(
+    model: NARSeq2Seq,
+    tok: Any,
+    sources: list[str],
+    sampling: SamplingConfig,
+    *,
+    method: str = "auto",
+    num_beams: int | None = None,
+    progress: bool = False,
+    batch_size: int | None = 16,
+) -> tuple[list[str], NAROutput]:
+    """:func:`decode` on this process's share of ``sources`` (whole batches of ``batch_size``;
+    :func:`gencraft.distributed.map_sharded`), gathered in input order on every process. One
+    process decodes the same batches, so the outputs do not depend on the process count."""
+    from gencraft.distributed import map_sharded
+    from gencraft.progress import tqdm
+
+    if not sources:
+        raise GencraftError("no inputs to decode")
+
+    def run(indices: list[int]) -> list[dict[str, Any]]:
+        texts, out = decode(
+            model, tok, [sources[i] for i in indices], sampling, method=method,
+            num_beams=num_beams, batch_size=None,
+        )  # fmt: skip
+        return [
+            {"text": t, "sequence": q, "score": sc, "calls": c, "steps": st, "seconds": sec}
+            for t, q, sc, c, st, sec in zip(
+                texts,
+                out.sequences,
+                out.scores,
+                out.model_calls,
+                out.steps,
+                out.seconds,
+                strict=True,
+            )
+        ]
+
+    bar = tqdm(total=len(sources), desc=method, disable=not progress)
+    rows = map_sharded(run, len(sources), batch_size or len(sources), on_batch=bar.update)
+    bar.close()
+    out = NAROutput()
+    for r in rows:
+        out.add(r["sequence"], r["score"], r["calls"], r["steps"], r["seconds"])
+    return [r["text"] for r in rows], out
+
+
 def evaluate(
     model: NARSeq2Seq,
     tok: Any,
@@ -158,7 +205,7 @@ def evaluate(
     examples = pick_examples(task_examples(task, split, data_dir, **fields), limit, spread=True)
     sources = [source_of(e) for e in examples]
     refs = [references_of(e) for e in examples]
-    texts, out = decode(
+    texts, out = decode_sharded(
         model,
         tok,
         sources,
