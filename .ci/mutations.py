@@ -3715,6 +3715,13 @@ M = [
         "    state = PartialState()",
         "tests/test_distributed.py -k every_process",
     ),
+    (
+        "nar-curve-threshold-dropped",
+        "gencraft/nar/experiments.py",
+        "length_candidates=s.length_candidates, threshold=tau,",
+        "length_candidates=s.length_candidates, threshold=None,",
+        "tests/nar/test_nar.py -k experiment_runs_at_tiny",
+    ),
 ]
 
 

@@ -60,6 +60,10 @@ class NARTasksSettings:
     test_limit: int | None = settings_field(80, "test inputs scored (evenly spaced; None: all)")
     curve_steps: tuple[int, ...] = settings_field((1, 2, 4, 8, 15), "decoding steps plotted")
     curve_inputs: int = settings_field(40, "test inputs of the quality-vs-steps curve")
+    curve_thresholds: tuple[float, ...] = settings_field(
+        (0.5, 0.7, 0.9, 0.95), "confidence thresholds plotted (Fast-dLLM decoding)"
+    )
+    threshold_steps: int = settings_field(64, "the most calls a threshold decode may take")
     data_dir: str | None = settings_field(None, "datasets directory")
 
 
@@ -79,7 +83,9 @@ def _tasks_units(s: NARTasksSettings) -> list[str]:
         keys.append(f"train {v}")
         keys += [f"tune {v}"] if VARIANTS[v][2] == "sundae" else []
         keys.append(f"test {v}")
-    return keys + [f"curve {v} {n}" for v in _curve_models(s) for n in s.curve_steps]
+    points = [f"curve {v} {n}" for v in _curve_models(s) for n in s.curve_steps]
+    taus = [f"curve {v} tau={t}" for v in _curve_models(s) for t in s.curve_thresholds]
+    return keys + points + taus
 
 
 #: (claimed better, other) pairs the verdict compares, when both ran
@@ -137,6 +143,8 @@ def tasks_verdict(runs: list[tuple[NARTasksSettings, dict]]) -> list[dict]:
             "test_limit": 3,
             "curve_steps": (1, 2),
             "curve_inputs": 2,
+            "curve_thresholds": (0.5,),
+            "threshold_steps": 8,
             "train_examples": 64,
         },
         "cpu": {},
@@ -240,43 +248,43 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
         "rouge-score ROUGE-L with stemming):"
     )
     run.table(conventions, ["model", *_RESCORED])
+    curve = _curve(s, run, temperatures)
+    if curve:
+        run.text(
+            f"Quality against decoder calls ({s.curve_inputs} test inputs): fixed steps, and "
+            f"confidence-threshold decoding (at most {s.threshold_steps} calls):"
+        )
+        cols = ["model", "max steps", "threshold", "BLEU", "ROUGE-L", "calls/output"]
+        run.table(curve, [*cols, "seconds/output"])
+        _plot(run, curve, s)
+
+
+def _curve(s: NARTasksSettings, run: ExperimentRun, temperatures: dict) -> list[dict]:
+    """The quality-vs-calls points of the curve's models: each of ``curve_steps`` fixed steps,
+    and each of ``curve_thresholds`` (one unit each)."""
     curve = []
     for name in _curve_models(s):
         method = VARIANTS[name][2]
-        for steps in s.curve_steps:
+        settings = [(n, None) for n in s.curve_steps]
+        settings += [(s.threshold_steps, t) for t in s.curve_thresholds]
+        for steps, tau in settings:
 
-            def point(name=name, method=method, steps=steps):
+            def point(name=name, method=method, steps=steps, tau=tau):
                 model, tok, _ = load_run(Path(run.directory) / name / "best")
-                t = temperatures.get(name, 1.0)
                 sp = sampling_for(
-                    method,
-                    steps=steps,
-                    samples=s.samples,
-                    temperature=t,
-                    length_candidates=s.length_candidates,
-                )
+                    method, steps=steps, samples=s.samples, temperature=temperatures.get(name, 1.0),
+                    length_candidates=s.length_candidates, threshold=tau,
+                )  # fmt: skip
                 r = evaluate(
-                    model,
-                    tok,
-                    task=s.task,
-                    split="test",
-                    limit=s.curve_inputs,
-                    sampling=sp,
-                    method=method,
-                    data_dir=s.data_dir,
-                    batch_size=s.decode_batch,
-                )
+                    model, tok, task=s.task, split="test", limit=s.curve_inputs, sampling=sp,
+                    method=method, data_dir=s.data_dir, batch_size=s.decode_batch,
+                )  # fmt: skip
                 return {k: r[k] for k in ("BLEU", "ROUGE-L", "calls/output", "seconds/output")}
 
-            curve.append(
-                {"model": name, "max steps": steps, **run.unit(f"curve {name} {steps}", point)}
-            )
-    if curve:
-        run.text(f"Quality against decoding steps ({s.curve_inputs} test inputs):")
-        run.table(
-            curve, ["model", "max steps", "BLEU", "ROUGE-L", "calls/output", "seconds/output"]
-        )
-        _plot(run, curve, s)
+            key = f"curve {name} {steps}" if tau is None else f"curve {name} tau={tau}"
+            row = {"model": name, "max steps": steps, "threshold": "-" if tau is None else tau}
+            curve.append({**row, **run.unit(key, point)})
+    return curve
 
 
 def _tune(s: NARTasksSettings, out: Path, sampling: SamplingConfig) -> dict[str, Any]:
@@ -339,19 +347,27 @@ def _relative_cost(rows: list[dict[str, Any]]) -> None:
 
 
 def _plot(run: ExperimentRun, curve: list[dict], s: NARTasksSettings) -> None:
-    from gencraft.plotting import integer_ticks, pyplot
+    from gencraft.plotting import pyplot
 
     plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for name in dict.fromkeys(r["model"] for r in curve):
-        pts = [r for r in curve if r["model"] == name]
-        ax.plot([r["max steps"] for r in pts], [r["BLEU"] for r in pts], marker="o", label=name)
-    ax.set_xlabel("decoding steps (at most)")
-    integer_ticks(ax.xaxis)
+        for kind, style in (("fixed", "o-"), ("threshold", "s--")):
+            pts = [
+                r
+                for r in curve
+                if r["model"] == name and (r["threshold"] == "-") == (kind == "fixed")
+            ]
+            if pts:
+                x, y = [r["calls/output"] for r in pts], [r["BLEU"] for r in pts]
+                ax.plot(x, y, style, label=f"{name}, {kind}")
+            for r in pts if kind == "threshold" else []:
+                ax.annotate(f"τ={r['threshold']}", (r["calls/output"], r["BLEU"]), fontsize=7)
+    ax.set_xlabel("decoder calls per output")
     ax.set_ylabel(f"BLEU ({s.task} test, {s.curve_inputs} inputs)")
-    ax.set_title(f"{s.model}: quality vs decoding steps")
-    ax.legend()
+    ax.set_title(f"{s.model}: quality vs decoder calls")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(run.plot_path("quality_vs_steps.png", "quality vs decoding steps"), dpi=120)
     plt.close(fig)

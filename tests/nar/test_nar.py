@@ -426,6 +426,10 @@ def test_nar_experiment_runs_at_tiny_scale(shared_data, tmp_path, monkeypatch):
         assert set(units[f"tune {name}"]["validation bleu"]) == {"0.5", "1.0"}  # tiny grid
         assert f"sundae (T={t})" in text.split(f"| {name} | ")[1].split("\n")[0]
     assert "| rum-sundae | MLM |" in text and "| autoregressive | MLM |" in text
+    # the curve: fixed steps and a confidence threshold, each point a unit with its calls
+    for key in ("curve rum-sundae 1", "curve rum-sundae tau=0.5"):
+        assert units[key]["calls/output"] >= 1
+    assert units["curve rum-sundae tau=0.5"]["calls/output"] <= 8  # threshold_steps caps it
     assert (tmp_path / "quality_vs_steps.png").is_file()
     assert math.isfinite(float(text.split("| rum-sundae | MLM | 3 |")[1].split("|")[3]))
 
