@@ -14,6 +14,7 @@ LOADS_ITS_MODEL = {
     "hso-fewshot": "gencraft.hso.experiments",
     "search-speed": "gencraft.search.experiments",
     "search-cad-speed": "gencraft.search.experiments",
+    "search-mbr": "gencraft.search.experiments",
     "search-memory": "gencraft.search.experiments",
     "search-empty": "gencraft.search.experiments",
     "search-errors": "gencraft.search.experiments",

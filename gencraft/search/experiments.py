@@ -1044,3 +1044,76 @@ def _plot_length(summary: list[dict], path: Path, model: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+@dataclass
+class MbrSettings:
+    model: str = settings_field("smollm2-135m", "model name or path")
+    tasks: tuple[str, ...] = settings_field(("e2e", "xsum"), "instruction prompts' tasks")
+    prompts: int = settings_field(40, "test prompts per task")
+    beams: int = settings_field(4, "the beam search baseline's beams")
+    candidates: tuple[int, ...] = settings_field((8, 16, 32), "MBR's N")
+    utility: str = settings_field("chrf", "MBR's utility (the scores are other metrics)")
+    epsilon: float = settings_field(0.02, "epsilon sampling of the candidates")
+    max_new_tokens: int = settings_field(64, "longest output")
+    max_source_words: int = settings_field(100, "XSum document cut (words)")
+    batch_size: int = settings_field(8, "prompts decoded together")
+    seed: int = settings_field(0, "candidate seed (prompt i: seed + i)")
+    data_dir: str | None = settings_field(None, "datasets directory")
+
+
+@register(
+    "search-mbr",
+    title="MBR decoding against beam search (E2E and XSum instruction prompts)",
+    settings=MbrSettings,
+    scales={
+        "tiny": {
+            **TINY,
+            "prompts": 2,
+            "candidates": (2, 3),
+            "max_new_tokens": 6,
+            "max_source_words": 20,
+        },
+        "cpu": {},
+        "gpu": {"prompts": 500, "batch_size": 32},
+    },
+    cpu_minutes=150,
+)
+def mbr_study(s: MbrSettings, run: ExperimentRun) -> None:
+    """Beam search and MBR at each N on the same prompts, scored by score_task with metrics
+    other than the utility, with the wall time per output."""
+    from gencraft.metrics.tasks import score_task
+    from gencraft.models.generate import generate_text
+    from gencraft.search.prompts import instruction_references
+
+    model, tok = load_model(s.model, device=default_device())
+    rows = []
+    for task in s.tasks:
+        texts = instruction_texts(task, s.prompts, s.data_dir, max_source_words=s.max_source_words)
+        refs = instruction_references(task, s.prompts, s.data_dir, every=True)
+        methods = [("beam", 0)] + [(f"MBR N={n}", n) for n in s.candidates]
+        for name, n in methods:
+
+            def unit(n=n, texts=texts):
+                kw = dict(do_sample=True, epsilon=s.epsilon) if n else dict(num_beams=s.beams)
+                outs, t0 = [], time.perf_counter()
+                for i in range(0, len(texts), s.batch_size):
+                    outs += generate_text(
+                        model, tok, texts[i : i + s.batch_size], seed=s.seed + i, mbr=n,
+                        mbr_utility=s.utility, max_new_tokens=s.max_new_tokens, **kw,
+                    )  # fmt: skip
+                return {"outputs": outs, "seconds": time.perf_counter() - t0}
+
+            got = run.unit(f"{task} {name}", unit)
+            # metrics other than the utility: BLEU and ROUGE-L (E2E), ROUGE-1/2/L (XSum)
+            scores = score_task(task, got["outputs"], refs)
+            keep = {k: v for k, v in scores.items() if isinstance(v, float)}
+            per = got["seconds"] / len(texts)
+            rows.append({"task": task, "decoder": name, **keep, "s/output": per})
+    run.text(
+        f"{s.model}: beam {s.beams} against MBR over N epsilon-{s.epsilon} samples with the "
+        f"{s.utility} utility, {s.prompts} test prompts per task, up to {s.max_new_tokens} new "
+        "tokens; scored by score_task (its metrics for each task, none of them the utility)."
+    )
+    for task in s.tasks:
+        run.table([r for r in rows if r["task"] == task])

@@ -95,3 +95,17 @@ def test_mbr_refuses_zero_candidates(tiny):
     with pytest.raises(GencraftError, match="mbr \\(candidates per input\\) must be >= 1"):
         mbr_generate_text(model, tok, enc, n=0, max_new_tokens=3)
     assert torch.is_tensor(enc["input_ids"])
+
+
+def test_the_mbr_study_runs_at_tiny_scale(shared_data, tmp_path):
+    from gencraft.experiments import reproduce
+
+    report = reproduce(
+        "search-mbr", scale="tiny", output=tmp_path, overrides={"data_dir": str(shared_data)}
+    ).read_text()
+    units = json.loads((tmp_path / "results.json").read_text())["units"]
+    assert sorted(units) == sorted(
+        f"{t} {d}" for t in ("e2e", "xsum") for d in ("beam", "MBR N=2", "MBR N=3")
+    )
+    assert all(len(u["outputs"]) == 2 for u in units.values())  # 2 prompts per task
+    assert "| xsum | MBR N=3 |" in report and "| e2e | beam |" in report
