@@ -3722,6 +3722,27 @@ M = [
         "length_candidates=s.length_candidates, threshold=None,",
         "tests/nar/test_nar.py -k experiment_runs_at_tiny",
     ),
+    (
+        "cad-guard-dropped",
+        "gencraft/models/stepping.py",
+        "        self.guard = plain_guard or nullcontext",
+        "        self.guard = nullcontext",
+        "tests/search/test_cad.py -k fame",
+    ),
+    (
+        "fame-bypass-keeps-no-state",
+        "gencraft/focus/model.py",
+        "        self.state, self.enabled = FocusState(), False",
+        "        self.enabled = False",
+        "tests/search/test_cad.py -k fame",
+    ),
+    (
+        "fame-bypass-bias-on",
+        "gencraft/focus/model.py",
+        "        self.state, self.enabled = FocusState(), False",
+        "        self.state = FocusState()",
+        "tests/search/test_cad.py -k fame",
+    ),
 ]
 
 

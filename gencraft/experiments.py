@@ -43,6 +43,7 @@ EXPERIMENT_MODULES = (
     "gencraft.hso.experiments",
     "gencraft.recurrence.experiments",
     "gencraft.nar.experiments",
+    "gencraft.comparisons",
     "gencraft.throughput",  # every decoder batched against its loop and its peer
     "gencraft.campaign",  # the trained methods' claims in a time budget
 )

@@ -315,6 +315,18 @@ class FocusForConditionalGeneration(MethodModel):
         finally:
             self.state.record = None
 
+    @contextmanager
+    def bypassed(self) -> Iterator[nn.Module]:
+        """Yield the base: its calls inside add no focus bias and leave FAME's own state (the
+        source it is decoding) as it was. For a second stream of the base beside FAME's, e.g.
+        context-aware decoding's context-free stream (FAME + CAD)."""
+        saved, on = self.state, self.enabled
+        self.state, self.enabled = FocusState(), False
+        try:
+            yield self.base
+        finally:
+            self.state, self.enabled = saved, on
+
     @property
     def generation_config(self) -> Any:
         return self.base.generation_config

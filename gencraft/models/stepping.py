@@ -27,8 +27,8 @@ when the batch is padded.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -404,7 +404,12 @@ class ContrastStepper:
     context-free stream rules out counts as log p = -10⁴ there."""
 
     def __init__(
-        self, context: HFStepper, plain: HFStepper, alpha: float = 0.5, adaptive: bool = False
+        self,
+        context: HFStepper,
+        plain: HFStepper,
+        alpha: float = 0.5,
+        adaptive: bool = False,
+        plain_guard: Callable[[], AbstractContextManager] | None = None,
     ) -> None:
         if context.batch_size != plain.batch_size:
             raise GencraftError(
@@ -416,6 +421,9 @@ class ContrastStepper:
         if not adaptive and not alpha >= 0:
             raise GencraftError(f"cad alpha must be >= 0, got {alpha}")
         self.context, self.plain, self.alpha, self.adaptive = context, plain, alpha, adaptive
+        # around every call of the context-free stream: a method whose base both streams share
+        # keeps its own state out of it (FocusForConditionalGeneration.bypassed)
+        self.guard = plain_guard or nullcontext
         self.batch_size, self.vocab_size = context.batch_size, context.vocab_size
         self.device, self.hidden = context.device, context.hidden
 
@@ -435,16 +443,21 @@ class ContrastStepper:
         return StepOutput(self.mix(a.log_probs, b.log_probs), (a.cache, b.cache), a.hidden)
 
     def start(self) -> StepOutput:
-        return self._both(self.context.start(), self.plain.start())
+        a = self.context.start()
+        with self.guard():
+            return self._both(a, self.plain.start())
 
     def step(
         self, tokens: torch.Tensor, cache: Any, rows: torch.Tensor | None = None
     ) -> StepOutput:
         a = self.context.step(tokens, cache[0], rows)
-        return self._both(a, self.plain.step(tokens, cache[1], rows))
+        with self.guard():
+            return self._both(a, self.plain.step(tokens, cache[1], rows))
 
     def reorder(self, cache: Any, index: torch.Tensor) -> Any:
-        return self.context.reorder(cache[0], index), self.plain.reorder(cache[1], index)
+        with self.guard():
+            plain = self.plain.reorder(cache[1], index)
+        return self.context.reorder(cache[0], index), plain
 
 
 def _parts(cache: Any) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], Any]:
