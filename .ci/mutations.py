@@ -3743,6 +3743,13 @@ M = [
         "        self.state = FocusState()",
         "tests/search/test_cad.py -k fame",
     ),
+    (
+        "focus-shard-every-process-writes",
+        "gencraft/cli/focus.py",
+        "    if not is_main():  # only the main process writes\n        return\n",
+        "",
+        "tests/test_distributed.py -k focus_generate",
+    ),
 ]
 
 

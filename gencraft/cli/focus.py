@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,36 +79,46 @@ def _load(args: argparse.Namespace, command: str) -> tuple[Any, Any]:
     return load_summarizer(args.checkpoint, command, device=args.device, dtype=args.dtype)
 
 
-def _summaries(args: argparse.Namespace, on_batch: Any = None) -> tuple[list, list[list[str]]]:
+def _summaries(
+    args: argparse.Namespace, partial: Path | None = None
+) -> tuple[list, list[list[str]]]:
+    """Every document's summaries, decoded on this process's share of the batches
+    (:func:`gencraft.distributed.map_sharded`) and gathered in document order: each batch is
+    the one a single process decodes, with its seeds (``--seed`` + 1000·sample + its first
+    document's index), so the outputs do not depend on the process count. ``partial``: a
+    folder keeping each process's finished batches, so an interrupted run resumes."""
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.cli.options import use_run_task
+    from gencraft.distributed import describe, map_sharded
     from gencraft.focus.config import FocusDecodeConfig
     from gencraft.focus.evaluate import summarize
+    from gencraft.progress import tqdm
 
     decode = dataclass_from_args(FocusDecodeConfig, args)  # checked before any loading
     use_run_task(args, args.checkpoint, "xsum")  # the run's own data unless --task says
     model, tok = _load(args, args.func.__name__.removeprefix("cmd_"))
     docs = _examples(args, args.split, args.limit)
-    groups = summarize(
-        model,
-        tok,
-        [d.document for d in docs],
-        decoding=decode.decoding,
-        samples=decode.samples,
-        focus_k=decode.focus_k,
-        num_beams=args.num_beams,
-        max_source=decode.max_source,
-        max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        progress=not args.quiet,
-        on_batch=on_batch if on_batch is None else lambda j, g: on_batch(docs, j, g),
+    print(describe(f"focus {decode.decoding}", len(docs), args.batch_size), file=sys.stderr)
+
+    def batch(indices: list[int]) -> list[list[str]]:
+        return summarize(
+            model, tok, [docs[i].document for i in indices], decoding=decode.decoding,
+            samples=decode.samples, focus_k=decode.focus_k, num_beams=args.num_beams,
+            max_source=decode.max_source, max_new_tokens=args.max_new_tokens,
+            batch_size=len(indices), seed=args.seed + indices[0], progress=False,
+        )  # fmt: skip
+
+    bar = tqdm(total=len(docs), desc=f"summarize ({decode.decoding})", disable=args.quiet)
+    groups = map_sharded(
+        batch, len(docs), args.batch_size, partial_dir=partial, on_batch=bar.update
     )
+    bar.close()
     return docs, groups
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
     from gencraft.cli.options import JsonLines
+    from gencraft.distributed import is_main
 
     def record(d: Any, g: list[str]) -> dict:
         # "prediction": the first summary, so the file feeds `gencraft eval --field prediction`
@@ -118,13 +130,16 @@ def cmd_generate(args: argparse.Namespace) -> None:
             **(refs or {"reference": d.summary}),
         }
 
-    with JsonLines(args.output) as out:  # each batch's lines written as it finishes
-
-        def on_batch(docs: list, j: int, groups: list[list[str]]) -> None:
-            for d, g in zip(docs[j : j + len(groups)], groups, strict=True):
-                out.write(record(d, g))
-
-        _summaries(args, on_batch)
+    # an interrupted run keeps its finished batches beside --output and resumes from them
+    partial = Path(args.output + ".partial") if args.output else None
+    docs, groups = _summaries(args, partial)
+    if not is_main():  # only the main process writes
+        return
+    with JsonLines(args.output) as out:
+        for d, g in zip(docs, groups, strict=True):
+            out.write(record(d, g))
+    if partial is not None:
+        shutil.rmtree(partial, ignore_errors=True)
     if args.output:
         print(f"{len(out.lines)} documents -> {args.output}")
     elif args.json:
@@ -136,17 +151,18 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
+    from gencraft.data.tasks import references_of
+    from gencraft.distributed import is_main
     from gencraft.focus.evaluate import diversity_metrics, summary_metrics
 
     docs, groups = _summaries(args)
-    from gencraft.data.tasks import references_of
+    if not is_main():  # only the main process scores and prints
+        return
 
     refs, texts = [references_of(d) for d in docs], [d.document for d in docs]
     empty = sum(not s.strip() for g in groups for s in g)
     total = sum(len(g) for g in groups)
     if empty:
-        import sys
-
         print(
             f"gencraft: warning: {empty} of {total} summaries are empty; they score 0"
             + (" (all of them: is this model trained?)" if empty == total else ""),
