@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -93,7 +94,7 @@ def _load(checkpoint: str, command: str, args: argparse.Namespace) -> tuple[Any,
     )
 
 
-def _run(args: argparse.Namespace, command: str, on_batch: Any = None) -> dict[str, Any]:
+def _run(args: argparse.Namespace, command: str, partial: Path | None = None) -> dict[str, Any]:
     from gencraft.cli.options import run_task
     from gencraft.prefix.evaluate import evaluate
 
@@ -114,7 +115,7 @@ def _run(args: argparse.Namespace, command: str, on_batch: Any = None) -> dict[s
         progress=not args.quiet,
         lowercase=getattr(args, "lowercase", False),
         **fields,
-        on_batch=on_batch,
+        partial_dir=partial,
     )
 
 
@@ -136,21 +137,24 @@ def cmd_generate(args: argparse.Namespace) -> None:
             max_new_tokens=args.max_new_tokens or 64,
             progress=not args.quiet,
         )
-        for s, o in zip(args.source, outs, strict=True):
+        from gencraft.distributed import is_main
+
+        for s, o in zip(args.source, outs, strict=True) if is_main() else []:
             print(json.dumps({"source": s, "output": o}, ensure_ascii=False))
         return
     from gencraft.cli.options import JsonLines
-    from gencraft.data.tasks import references_of
+    from gencraft.distributed import is_main
 
-    with JsonLines(args.output) as out:  # each batch's lines written as it finishes
-
-        def on_batch(first: int, texts: list[str], examples: list) -> None:
-            # as focus generate writes: the id, the prediction, the references
-            for j, (text, e) in enumerate(zip(texts, examples, strict=True)):
-                refs = references_of(e)
-                out.write({"id": first + j, "prediction": text, "references": refs})
-
-        _run(args, "generate", on_batch)
+    # an interrupted run keeps its finished batches beside --output and resumes from them
+    partial = Path(args.output + ".partial") if args.output else None
+    result = _run(args, "generate", partial)
+    if not is_main():  # only the main process writes
+        return
+    with JsonLines(args.output) as out:  # as focus generate writes: id, prediction, references
+        for j, (text, refs) in enumerate(zip(result["outputs"], result["references"], strict=True)):
+            out.write({"id": j, "prediction": text, "references": refs})
+    if partial is not None:
+        shutil.rmtree(partial, ignore_errors=True)
     if args.output:
         print(f"{len(out.lines)} outputs -> {args.output}")
     else:
@@ -159,9 +163,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.evaluate import format_table
+    from gencraft.distributed import is_main
 
     result = _run(args, "eval")
+    if not is_main():  # only the main process writes and prints
+        return
     outputs = result.pop("outputs")
+    result.pop("references")
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps({**result, "outputs": outputs}, indent=2))

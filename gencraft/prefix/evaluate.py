@@ -4,7 +4,7 @@ split, scored by :func:`gencraft.metrics.score_task`."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,24 +29,27 @@ def generate_outputs(
     num_beams: int = 5,
     batch_size: int = 16,
     progress: bool = True,
-    on_batch: Callable[[int, list[str]], None] | None = None,
+    partial_dir: str | Path | None = None,
     **generate_kw: Any,
 ) -> list[str]:
     """Outputs for ``sources`` (beam 5 as the paper); batches are left-padded for causal LMs.
-    ``on_batch(first index, outputs)`` runs as each batch finishes (a file written as it
-    goes keeps what an interrupted run made)."""
+    Under several processes each decodes its share of the batches
+    (:func:`gencraft.distributed.map_sharded`; the outputs, gathered in input order on every
+    process, are one process's). ``partial_dir``: each process's finished batches are kept
+    there, so an interrupted run resumes."""
+    from gencraft.distributed import map_sharded
+
     base = getattr(model, "base", model)
     ed = is_encoder_decoder(base)
     eos = eos_ids(base)[0]
     pad = pad_id(base, tokenizer)
     sep = tokenizer(SEPARATOR, add_special_tokens=False)["input_ids"]
-    outs: list[str] = []
-    chunks = [sources[i : i + batch_size] for i in range(0, len(sources), batch_size)]
     dev = next(model.parameters()).device
-    for chunk in tqdm(chunks, desc="generate", disable=not progress):
+
+    def batch_outputs(indices: list[int]) -> list[str]:
         rows = []
-        for s in chunk:
-            ids = tokenizer(s, add_special_tokens=False)["input_ids"][:max_source_tokens]
+        for i in indices:
+            ids = tokenizer(sources[i], add_special_tokens=False)["input_ids"][:max_source_tokens]
             rows.append({"input_ids": ids + ([eos] if ed else sep)})
         batch = pad_batch(rows, pad, left=not ed)
         seq = model.generate(
@@ -60,10 +63,13 @@ def generate_outputs(
         )
         if not ed:
             seq = seq[:, batch["input_ids"].shape[1] :]
-        texts = [t.strip() for t in tokenizer.batch_decode(seq, skip_special_tokens=True)]
-        if on_batch is not None:
-            on_batch(len(outs), texts)
-        outs += texts
+        return [t.strip() for t in tokenizer.batch_decode(seq, skip_special_tokens=True)]
+
+    bar = tqdm(total=len(sources), desc="generate", disable=not progress)
+    outs = map_sharded(
+        batch_outputs, len(sources), batch_size, partial_dir=partial_dir, on_batch=bar.update
+    )
+    bar.close()
     return outs
 
 
@@ -84,7 +90,7 @@ def evaluate(
     lowercase: bool = False,
     source_field: str = "source",
     target_field: str = "target",
-    on_batch: Callable[[int, list[str], list[Any]], None] | None = None,
+    partial_dir: str | Path | None = None,
     metrics: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """Generate for a task's split and score: data-to-text metrics (E2E/DART, all references)
@@ -92,7 +98,7 @@ def evaluate(
     ones evenly spaced over it (DART's test file is ordered by source corpus). ``lowercase``:
     outputs and references lower-cased (:func:`gencraft.metrics.score_task`). ``task`` may be
     a path to your own data, whose fields ``source_field`` and ``target_field`` name.
-    ``on_batch(first index, outputs, their examples)`` runs as each batch finishes.
+    ``partial_dir``: finished batches kept there (see :func:`generate_outputs`).
     ``metrics``: the scores computed (default: all of the task's)."""
     fields = {"source_field": source_field, "target_field": target_field}
     examples = pick_examples(task_examples(task, split, data_dir, **fields), limit, spread)
@@ -109,9 +115,7 @@ def evaluate(
         num_beams=num_beams,
         batch_size=batch_size,
         progress=progress,
-        on_batch=None
-        if on_batch is None
-        else lambda i, t: on_batch(i, t, examples[i : i + len(t)]),
+        partial_dir=partial_dir,
     )
     seconds = time.time() - start
     kw = {} if not metrics else {"metrics": tuple(metrics)}
@@ -125,4 +129,5 @@ def evaluate(
         "scores": scores,
         "generate_seconds": seconds,
         "outputs": outputs,
+        "references": refs,
     }
