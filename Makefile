@@ -48,6 +48,7 @@ test: $(STAMP)
 COMPAT_TESTS := tests/test_methods.py tests/test_architectures.py tests/test_precision.py tests/test_custom_generate.py tests/models/test_smollm2_conversion.py
 COMPAT_PEFT := tests/prefix/test_prefix_model.py -k "peft and not t5"
 test-compat: $(STAMP)
+	$(PY) -m pytest -q -p no:cacheprovider -m multiprocess
 	$(PY) .ci/compat.py run newest -q -p no:cacheprovider $(COMPAT_TESTS)
 	$(PY) .ci/compat.py run newest -q -p no:cacheprovider $(COMPAT_PEFT)
 	$(PY) .ci/compat.py run floors -q -p no:cacheprovider $(COMPAT_TESTS)

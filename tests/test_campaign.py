@@ -64,7 +64,7 @@ def test_tiny_campaign_runs_every_unit_and_resumes_after_an_interrupted_unit(
         for state in run_states(CLAIMS[name], "tiny", tmp_path, s.data_dir):
             assert sorted(state.units) == sorted(state.expected) and state.left == []
     assert "| hso-fewshot | run | done | 0 |" in report  # finished in the first invocation
-    assert "| rum-sundae | run | done | 7 |" in report  # 11 units, 4 kept
+    assert "| rum-sundae | run | done | 8 |" in report  # 12 units, 4 kept
     for comparison in (
         "HSO − plain model, accuracy",
         "HSO-2 − plain model, accuracy",

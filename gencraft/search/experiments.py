@@ -1070,8 +1070,8 @@ class MbrSettings:
         "tiny": {
             **TINY,
             "prompts": 2,
-            "candidates": (2, 3),
-            "max_new_tokens": 6,
+            "candidates": (2,),
+            "max_new_tokens": 4,
             "max_source_words": 20,
         },
         "cpu": {},

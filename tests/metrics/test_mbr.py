@@ -24,7 +24,7 @@ def _reference(utility: str, h: str, r: str) -> float:
     return rouge_per_example([h], [r], "rougeL")[0]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(
     rows=st.integers(1, 3).flatmap(
         lambda b: st.integers(1, 5).flatmap(

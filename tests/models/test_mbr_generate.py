@@ -104,8 +104,6 @@ def test_the_mbr_study_runs_at_tiny_scale(shared_data, tmp_path):
         "search-mbr", scale="tiny", output=tmp_path, overrides={"data_dir": str(shared_data)}
     ).read_text()
     units = json.loads((tmp_path / "results.json").read_text())["units"]
-    assert sorted(units) == sorted(
-        f"{t} {d}" for t in ("e2e", "xsum") for d in ("beam", "MBR N=2", "MBR N=3")
-    )
+    assert sorted(units) == sorted(f"{t} {d}" for t in ("e2e", "xsum") for d in ("beam", "MBR N=2"))
     assert all(len(u["outputs"]) == 2 for u in units.values())  # 2 prompts per task
-    assert "| xsum | MBR N=3 |" in report and "| e2e | beam |" in report
+    assert "| xsum | MBR N=2 |" in report and "| e2e | beam |" in report

@@ -18,7 +18,7 @@ from gencraft.models.sampling import sample_batch
 from tests.search.test_batch import SETTINGS, V, _model
 
 
-@settings(max_examples=20, **SETTINGS)
+@settings(max_examples=10, **SETTINGS)
 @given(
     kind=st.sampled_from(["llama", "gpt2", "bart"]),
     prompts=st.lists(

@@ -71,7 +71,7 @@ def _mask_predict_reference(model, ids, mask, length, tau, steps, mask_id):
     return toks, sum(lps) / length, calls
 
 
-@settings(max_examples=25, **SETTINGS)
+@settings(max_examples=12, **SETTINGS)
 @given(
     picks=st.lists(st.integers(0, len(SOURCES) - 1), min_size=1, max_size=4),
     lengths=st.lists(st.integers(1, 9), min_size=4, max_size=4),
@@ -128,7 +128,7 @@ def _sundae_reference(model, ids, mask, length, tau, steps, noise, cfg):
     return toks[0].tolist(), sum(lps) / length, calls
 
 
-@settings(max_examples=25, **SETTINGS)
+@settings(max_examples=12, **SETTINGS)
 @given(
     picks=st.lists(st.integers(0, len(SOURCES) - 1), min_size=1, max_size=4, unique=True),
     lengths=st.lists(st.integers(1, 9), min_size=4, max_size=4),
@@ -158,7 +158,7 @@ def test_threshold_sundae_equals_the_rule_on_each_row(nar, picks, lengths, tau, 
             assert out.model_calls[r] == out.steps[r] == ref[2]
 
 
-@settings(max_examples=15, **SETTINGS)
+@settings(max_examples=6, **SETTINGS)
 @given(
     picks=st.lists(st.integers(0, len(SOURCES) - 1), min_size=2, max_size=4),
     tau=TAUS,

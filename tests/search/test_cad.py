@@ -65,7 +65,7 @@ def _plain_batch(kind, plains):
     return _batch(plains, left=kind != "bart")
 
 
-@settings(max_examples=40, **SETTINGS)
+@settings(max_examples=15, **SETTINGS)
 @given(
     kind=st.sampled_from(["llama", "peaked-llama", "gpt2", "bart"]),
     seed=st.integers(0, 2),
@@ -95,7 +95,7 @@ def test_greedy_cad_equals_a_brute_force_loop_on_each_row(kind, seed, rows, alph
         assert float(out.sequences_scores[r]) == pytest.approx(score, abs=1e-3)
 
 
-@settings(max_examples=30, **SETTINGS)
+@settings(max_examples=15, **SETTINGS)
 @given(
     seed=st.integers(0, 2),
     ctx_lengths=st.lists(st.integers(2, 6), min_size=1, max_size=4),
@@ -135,7 +135,7 @@ def _stepper(model, kind, ctxs, plains, alpha, adaptive, new):
     return ContrastStepper(a, b, alpha, adaptive)
 
 
-@settings(max_examples=30, **SETTINGS)
+@settings(max_examples=12, **SETTINGS)
 @given(
     kind=st.sampled_from(["llama", "gpt2", "bart"]),
     seed=st.integers(0, 2),

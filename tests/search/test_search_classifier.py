@@ -496,7 +496,7 @@ def _drawn(rows: list[dict]) -> list[tuple]:
     ]
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=6, deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 6), min_size=1, max_size=5),
     n=st.integers(1, 4),
