@@ -77,12 +77,14 @@ def cad_summaries(
     from gencraft.search import beam_search_batch
 
     base = getattr(model, "base", model)
-    enc = SummaryEncoder(tok, True, max_source=s.max_source)
+    ed = bool(base.config.is_encoder_decoder)  # a causal LM's prompts pad on the left
+    enc = SummaryEncoder(tok, ed, max_source=s.max_source)
     pad = tok.pad_token_id if tok.pad_token_id is not None else enc.eos_id
     out = []
     for i in range(0, len(docs), s.eval_batch_size):
         chunk = docs[i : i + s.eval_batch_size]
-        batch = collate([{"input_ids": enc.encode(d)["input_ids"]} for d in chunk], pad)
+        rows = [{"input_ids": enc.encode(d)["input_ids"]} for d in chunk]
+        batch = collate(rows, pad, left=not ed)
         kw = dict(max_new_tokens=s.max_target)
         stepper: Any = HFStepper(
             model, batch["input_ids"], attention_mask=batch["attention_mask"], **kw
@@ -90,7 +92,7 @@ def cad_summaries(
         if cad_alpha is not None:
             # the empty source: the tokenizer's encoding of "" (its special tokens), or EOS
             ids = enc.encode("")["input_ids"] or [enc.eos_id]
-            empty = collate([{"input_ids": ids}] * len(chunk), pad)
+            empty = collate([{"input_ids": ids}] * len(chunk), pad, left=not ed)
             plain = HFStepper(
                 base, empty["input_ids"], attention_mask=empty["attention_mask"], **kw
             )

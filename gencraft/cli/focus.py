@@ -101,6 +101,11 @@ def _summaries(
     print(describe(f"focus {decode.decoding}", len(docs), args.batch_size), file=sys.stderr)
 
     def batch(indices: list[int]) -> list[list[str]]:
+        if decode.cad_alpha is not None:  # CAD's beam search (gencraft.comparisons)
+            return [
+                [t]
+                for t in _cad_batch(model, tok, [docs[i].document for i in indices], decode, args)
+            ]
         return summarize(
             model, tok, [docs[i].document for i in indices], decoding=decode.decoding,
             samples=decode.samples, focus_k=decode.focus_k, num_beams=args.num_beams,
@@ -114,6 +119,20 @@ def _summaries(
     )
     bar.close()
     return docs, groups
+
+
+def _cad_batch(model: Any, tok: Any, texts: list[str], decode: Any, args: argparse.Namespace):
+    """One batch's CAD summaries: the beam search of focus-vs-cad, the same settings."""
+    import torch
+
+    from gencraft.comparisons import FocusCadSettings, cad_summaries
+
+    s = FocusCadSettings(
+        num_beams=args.num_beams, max_source=decode.max_source,
+        max_target=args.max_new_tokens, eval_batch_size=len(texts),
+    )  # fmt: skip
+    with torch.no_grad():
+        return cad_summaries(model.eval(), tok, texts, cad_alpha=decode.cad_alpha, s=s)
 
 
 def cmd_generate(args: argparse.Namespace) -> None:

@@ -124,7 +124,20 @@ class FocusDecodeConfig:
         None, "|V_k| (default 10,000, or the whole vocabulary when it is smaller)"
     )
     max_source: int = option(512, "source tokens read")
+    cad_alpha: float | None = option(
+        None,
+        "context-aware decoding (CAD) with this alpha: beam search against the same model given "
+        "an empty source (FAME + CAD with a FAME model; docs/focus.md)",
+    )
 
     def __post_init__(self) -> None:
         positive(self, "samples", "max_source")
         positive(self, "focus_k", allow_none=True)
+        check(
+            self.cad_alpha is None or self.cad_alpha >= 0,
+            f"cad_alpha must be >= 0, got {self.cad_alpha}",
+        )
+        check(
+            self.cad_alpha is None or (self.decoding == "beam" and self.samples == 1),
+            "--cad-alpha decodes with beam search: one summary per document",
+        )

@@ -260,3 +260,48 @@ def test_focus_vs_cad_runs_at_tiny_scale(shared_data, tmp_path):
     )
     assert all(len(units[f"decode {s}"]) == 3 for s in ("base", "CAD"))  # 3 test documents
     assert "| FAME+CAD | R1 precision vs doc | 3 |" in report and "No-conflict control" in report
+
+
+def test_focus_generate_with_cad_alpha_is_cad_beam_search(shared_data, capsys):
+    """``focus generate --cad-alpha``: each document's summary is focus-vs-cad's CAD beam
+    search (the model against itself on an empty source), batches as one process cuts them."""
+    from gencraft.cli.main import main
+    from gencraft.comparisons import FocusCadSettings, cad_summaries
+    from gencraft.data import load_summarization
+    from gencraft.models import load_model
+
+    args = ["focus", "generate", "tiny-llama", "--limit", "3", "--batch-size", "2"]
+    args += ["--max-new-tokens", "4", "--max-source", "24", "--num-beams", "2"]
+    args += ["--data-dir", str(shared_data), "--json", "--quiet", "--cad-alpha", "2"]
+    assert main(args) == 0
+    got = [json.loads(line)["prediction"] for line in capsys.readouterr().out.splitlines()]
+    model, tok = load_model("tiny-llama")
+    docs = [d.document for d in load_summarization("xsum", "test", str(shared_data))[:3]]
+    s = FocusCadSettings(num_beams=2, max_source=24, max_target=4, eval_batch_size=2)
+    with torch.no_grad():
+        assert got == cad_summaries(model, tok, docs, cad_alpha=2.0, s=s)
+        # the same from generate(custom_generate=context_aware), generate's beam defaults
+        from gencraft.focus.data import SummaryEncoder, collate
+
+        enc = SummaryEncoder(tok, False, max_source=24)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else enc.eos_id
+        want = []
+        for i in (0, 2):
+            ctx = collate(
+                [{"input_ids": enc.encode(d)["input_ids"]} for d in docs[i : i + 2]], pad, left=True
+            )
+            plain = collate(
+                [{"input_ids": enc.encode("")["input_ids"]}] * len(ctx["input_ids"]), pad, left=True
+            )
+            out = model.generate(
+                input_ids=ctx["input_ids"], attention_mask=ctx["attention_mask"], num_beams=2,
+                max_new_tokens=4, custom_generate=context_aware, cad_alpha=2.0,
+                negative_input_ids=plain["input_ids"],
+                negative_attention_mask=plain["attention_mask"],
+                eos_token_id=enc.eos_id, pad_token_id=pad,
+            )  # fmt: skip
+            new = out[:, ctx["input_ids"].shape[1] :]
+            want += [t.strip() for t in tok.batch_decode(new, skip_special_tokens=True)]
+        assert got == want  # (the random tiny model writes the same with or without CAD)
+    assert main([*args[:-1], "-1"]) == 2
+    assert "cad_alpha must be >= 0" in capsys.readouterr().err
