@@ -1069,7 +1069,7 @@ class MbrSettings:
     scales={
         "tiny": {
             **TINY,
-            "prompts": 2,
+            "prompts": 1,
             "candidates": (2,),
             "max_new_tokens": 4,
             "max_source_words": 20,
