@@ -89,6 +89,10 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     Path(out, f"{rank}.json").write_text(
         json.dumps({"info": process_info(), "seen": seen, "results": results})
     )
+    import torch.distributed as dist
+
+    dist.barrier()  # every process is done before any tears gloo down (a peer gone: SIGABRT)
+    dist.destroy_process_group()
 
 
 @pytest.mark.multiprocess
