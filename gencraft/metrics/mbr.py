@@ -40,11 +40,16 @@ class MBRChoice:
     expected: list[list[float]]
 
 
+def check_utility(utility: str) -> None:
+    """Refuse an unknown utility, naming the choices (before any candidate is drawn)."""
+    if utility not in UTILITIES:
+        raise GencraftError(f"mbr utility must be one of {', '.join(UTILITIES)}, got {utility!r}")
+
+
 def utility_matrices(candidates: Sequence[Sequence[str]], utility: str = "chrf") -> torch.Tensor:
     """[B, N, N]: u(candidate i, pseudo-reference j) for each input's N candidates (every input
     has the same N)."""
-    if utility not in UTILITIES:
-        raise GencraftError(f"mbr utility must be one of {', '.join(UTILITIES)}, got {utility!r}")
+    check_utility(utility)
     sizes = {len(c) for c in candidates}
     if len(sizes) != 1 or 0 in sizes:
         raise GencraftError(f"each input needs the same number (>= 1) of candidates, got {sizes}")

@@ -188,12 +188,11 @@ def mbr_generate_text(
     """Minimum Bayes risk decoding of the padded batch ``enc``: ``n`` candidates per input
     (:func:`mbr_candidates`), decoded, and the one of the highest expected ``utility``
     against the others (:func:`gencraft.metrics.mbr.mbr_select`)."""
-    from gencraft.metrics.mbr import UTILITIES, mbr_select
+    from gencraft.metrics.mbr import check_utility, mbr_select
 
     if n < 1:
         raise GencraftError(f"mbr (candidates per input) must be >= 1, got {n}")
-    if utility not in UTILITIES:  # before any candidate is drawn
-        raise GencraftError(f"mbr utility must be one of {', '.join(UTILITIES)}, got {utility!r}")
+    check_utility(utility)  # before any candidate is drawn
     ids = mbr_candidates(model, enc, n=n, seed=seed, epsilon=epsilon, **generate_kw)
     texts = [t.strip() for t in tokenizer.batch_decode(ids, skip_special_tokens=True)]
     rows = [texts[i : i + n] for i in range(0, len(texts), n)]
