@@ -3750,6 +3750,27 @@ M = [
         "",
         "tests/test_distributed.py -k focus_generate -m multiprocess",
     ),
+    (
+        "sharded pointer eval: every process runs every stream",
+        "gencraft/pointer/evaluate.py",
+        "share_of(batch_size, *process_info(), 1) if shard",
+        "share_of(batch_size, 0, 1, 1) if shard",
+        "tests/test_distributed_scoring.py -m multiprocess",
+    ),
+    (
+        "dynamic eval: a context does not start from the original weights",
+        "gencraft/hso/dynamic.py",
+        "p.copy_(s)\n            return",
+        "p.copy_(p)\n            return",
+        "tests/hso tests/test_distributed_scoring.py",
+    ),
+    (
+        "hso eval: every process prints",
+        "gencraft/cli/hso.py",
+        "if not is_main():  # every process has the whole result",
+        "if False:  # every process has the whole result",
+        "tests/test_distributed_scoring.py -m multiprocess",
+    ),
 ]
 
 

@@ -99,6 +99,14 @@ def describe(what: str, total: int, batch_size: int) -> str:
     return f"{what}: {total} inputs on {where}, batches of {batch_size} per process"
 
 
+def announce(what: str, total: int, batch_size: int) -> None:
+    """Print :func:`describe`'s header to stderr, on the main process only."""
+    import sys
+
+    if is_main():
+        print(describe(what, total, batch_size), file=sys.stderr, flush=True)
+
+
 def gather_in_order(pairs: Sequence[tuple[int, Any]], total: int) -> list[Any]:
     """Every process's ``(index, value)`` pairs, gathered (``gather_object``) and put in input
     order: ``total`` values, on every process. Refuses a missing or repeated index."""

@@ -89,7 +89,7 @@ def _summaries(
     folder keeping each process's finished batches, so an interrupted run resumes."""
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.cli.options import use_run_task
-    from gencraft.distributed import describe, map_sharded
+    from gencraft.distributed import announce, map_sharded
     from gencraft.focus.config import FocusDecodeConfig
     from gencraft.focus.evaluate import summarize
     from gencraft.progress import tqdm
@@ -98,7 +98,7 @@ def _summaries(
     use_run_task(args, args.checkpoint, "xsum")  # the run's own data unless --task says
     model, tok = _load(args, args.func.__name__.removeprefix("cmd_"))
     docs = _examples(args, args.split, args.limit)
-    print(describe(f"focus {decode.decoding}", len(docs), args.batch_size), file=sys.stderr)
+    announce(f"focus {decode.decoding}", len(docs), args.batch_size)
 
     def batch(indices: list[int]) -> list[list[str]]:
         if decode.cad_alpha is not None:  # CAD's beam search (gencraft.comparisons)

@@ -33,6 +33,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.evaluate import format_table
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.data import subword_stream
+    from gencraft.distributed import announce, is_main
     from gencraft.hso import DynamicEvalConfig, HSOConfig, dynamic_eval_nll, hso_nll
     from gencraft.hso.functional import check_causal_lm, contexts
     from gencraft.metrics import windowed_nll
@@ -53,14 +54,24 @@ def cmd_eval(args: argparse.Namespace) -> None:
         (
             "baseline",
             lambda: windowed_nll(
-                model, ids, window=context, progress=not args.quiet, batch_size=args.batch_size
+                model,
+                ids,
+                window=context,
+                progress=not args.quiet,
+                batch_size=args.batch_size,
+                shard=True,
             ),
         ),
         (
             "hso",
             lambda: (
                 hso_nll(
-                    model, ids, cfg, progress=not args.quiet, batch_size=args.batch_size
+                    model,
+                    ids,
+                    cfg,
+                    progress=not args.quiet,
+                    batch_size=args.batch_size,
+                    shard=True,
                 ).token_nll
             ),
         ),
@@ -70,14 +81,23 @@ def cmd_eval(args: argparse.Namespace) -> None:
         runs.append(
             (
                 "dynamic eval",
-                lambda: dynamic_eval_nll(model, ids, de, progress=not args.quiet).token_nll,
+                lambda: (
+                    dynamic_eval_nll(model, ids, de, progress=not args.quiet, shard=True).token_nll
+                ),
             )
         )
+    announce(
+        "hso eval (contexts)",
+        len(contexts(ids.numel() - 1, cfg.reset_every, model)),
+        args.batch_size,
+    )
     rows = []
     for name, fn in runs:
         t0 = time.perf_counter()
         nll = fn()
         rows.append({"method": name, **stream_perplexities(nll, words, time.perf_counter() - t0)})
+    if not is_main():  # every process has the whole result; only the main one prints
+        return
     if args.json:
         print(json.dumps(rows, indent=2))
         return

@@ -209,7 +209,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
     chat = {"auto": None, "on": True, "off": False}[settings.chat]
     from gencraft.cli.options import JsonLines
-    from gencraft.distributed import describe, is_main, map_sharded
+    from gencraft.distributed import announce, is_main, map_sharded
 
     def batch_texts(indices: list[int]) -> list[str]:  # one generate call per batch
         return generate_text(
@@ -219,7 +219,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         )  # fmt: skip
 
     size = args.batch_size
-    print(describe("generate", len(prompts), size), file=sys.stderr)
+    announce("generate", len(prompts), size)
     bar = tqdm(total=len(prompts), desc="generate", disable=len(prompts) < 2)
     # an interrupted run keeps its finished batches beside --output and resumes from them
     partial = Path(args.output + ".partial") if args.output else None

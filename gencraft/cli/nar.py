@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -86,7 +85,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
-    from gencraft.distributed import describe, is_main
+    from gencraft.distributed import announce, is_main
     from gencraft.nar import SamplingConfig
     from gencraft.nar.evaluate import decode_sharded
 
@@ -94,7 +93,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     args.sources = _sources(args)
     model, tok = _load(args, "generate")
     _check_flags(model, sampling, args)
-    print(describe("nar generate", len(args.sources), args.batch_size), file=sys.stderr)
+    announce("nar generate", len(args.sources), args.batch_size)
     texts, out = decode_sharded(
         model,
         tok,
@@ -147,7 +146,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.evaluate import format_table
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.cli.options import use_run_task
-    from gencraft.distributed import describe, is_main
+    from gencraft.distributed import announce, is_main
     from gencraft.nar import SamplingConfig
     from gencraft.nar.evaluate import evaluate
 
@@ -173,7 +172,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     )
     if not is_main():  # only the main process writes and prints
         return
-    print(describe("nar eval", r["outputs"], args.batch_size), file=sys.stderr)
+    announce("nar eval", r["outputs"], args.batch_size)
     preds = r.pop("predictions")
     if args.output:
         Path(args.output).write_text("\n".join(preds) + "\n")

@@ -122,6 +122,7 @@ def unk_share(ids: Any, vocab: Any) -> float:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
+    from gencraft.distributed import is_main
     from gencraft.pointer.evaluate import evaluate
     from gencraft.training import load_run
 
@@ -144,7 +145,10 @@ def cmd_eval(args: argparse.Namespace) -> None:
         bptt=args.bptt,
         progress=not args.quiet,
         desc=args.split,
+        shard=True,
     )
+    if not is_main():  # every process has the sum; only the main one prints
+        return
     row = {
         "corpus": corpus_name,
         "split": args.split,

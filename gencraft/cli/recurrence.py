@@ -45,6 +45,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.evaluate import format_table
+    from gencraft.distributed import is_main
     from gencraft.errors import GencraftError
     from gencraft.models import load_model
     from gencraft.recurrence.evaluate import evaluate
@@ -76,7 +77,10 @@ def cmd_eval(args: argparse.Namespace) -> None:
         data_dir=args.data_dir,
         progress=not args.quiet,
         batch_size=args.batch_size,
+        shard=True,
     )
+    if not is_main():  # every process has every row; only the main one prints
+        return
     if args.json:
         print(json.dumps(rows, indent=2))
         return

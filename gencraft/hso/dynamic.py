@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 from torch import nn
@@ -88,32 +89,55 @@ def dynamically_evaluated(
         yield model
 
 
+def _context_nll(
+    hf: nn.Module, ids: torch.Tensor, c0: int, c1: int, cfg: DynamicEvalConfig, bar: Any
+) -> tuple[torch.Tensor, int]:
+    """Dynamic evaluation of context [c0, c1) from the original weights and a fresh
+    optimiser (``hf``'s weights are left adapted; the caller restores them): its NLL
+    [c1 - c0] and its window count."""
+    opt = _optimizer(list(hf.parameters()), cfg)
+    out = []
+    for t in range(c0, c1, cfg.window):
+        out.append(_window_step(hf, opt, ids, c0, t, min(t + cfg.window, c1)).cpu())
+        bar.update(1)
+    return torch.cat(out), len(out)
+
+
 def dynamic_eval_nll(
     model: nn.Module,
     ids: torch.Tensor,
     config: DynamicEvalConfig | None = None,
     *,
     progress: bool = False,
+    shard: bool = False,
 ) -> TokenScores:
     """Per-target NLL [N - 1] of ``ids`` [1, N] under dynamic evaluation; each window's
     predictions are recorded before the step that uses its targets. The model's weights are
-    the same afterwards."""
+    the same afterwards. With ``shard``, the contexts (independent with ``reset_every``: each
+    starts from the original weights) are shared out among accelerate's processes, one
+    context at a time, and every process gets the whole result."""
     cfg = config or DynamicEvalConfig()
     ids = check_causal_lm(model, ids, what="dynamic evaluation")
     hf = hf_model(model)
     ranges = contexts(ids.numel() - 1, cfg.reset_every, model)
-    out = torch.empty(ids.numel() - 1, dtype=torch.float32)
-    windows = [
-        (c0, t, min(t + cfg.window, c1)) for c0, c1 in ranges for t in range(c0, c1, cfg.window)
-    ]
+    windows = sum(len(range(c0, c1, cfg.window)) for c0, c1 in ranges)
     t0 = time.perf_counter()
+    bar = tqdm(total=windows, desc="DE windows", disable=not progress)
     with _weights_restored(hf) as (params, saved):
-        opt = None
-        for c0, t, e in tqdm(windows, desc="DE windows", disable=not progress):
-            if t == c0:  # a new context: the original weights and a fresh optimiser
-                with torch.no_grad():
-                    for p, s in zip(params, saved, strict=True):
-                        p.copy_(s)
-                opt = _optimizer(params, cfg)
-            out[t:e] = _window_step(hf, opt, ids, c0, t, e).cpu()
-    return TokenScores(out, len(windows), time.perf_counter() - t0)
+
+        def one(idx: list[int]) -> list[tuple[torch.Tensor, int]]:
+            with torch.no_grad():  # every context starts from the original weights
+                for p, s in zip(params, saved, strict=True):
+                    p.copy_(s)
+            return [_context_nll(hf, ids, *ranges[i], cfg, bar) for i in idx]
+
+        if shard:
+            from gencraft.distributed import map_sharded
+
+            parts = map_sharded(one, len(ranges), 1)
+        else:
+            parts = [one([i])[0] for i in range(len(ranges))]
+    bar.close()
+    return TokenScores(
+        torch.cat([p[0] for p in parts]), sum(p[1] for p in parts), time.perf_counter() - t0
+    )

@@ -341,12 +341,16 @@ def hso_nll(
     *,
     progress: bool = False,
     batch_size: int | None = None,
+    shard: bool = False,
 ) -> TokenScores:
     """Per-target NLL of ``ids`` [1, N] (or [N]) under HSO with the weights frozen:
     ``token_nll`` [N - 1], each prediction recorded before the update that uses its target.
     With ``lr=0`` it equals the plain model's NLL over the same contexts. The batch of one of
     :func:`hso_nll_batch`; with ``reset_every``, the contexts are independent, and
-    ``batch_size`` of them run together (the same numbers, up to float rounding)."""
+    ``batch_size`` of them run together (the same numbers, up to float rounding). With
+    ``shard``, the batches of contexts are shared out among accelerate's processes
+    (:func:`gencraft.distributed.map_sharded`; the same batches as one process, so the same
+    numbers on any process count) and every process gets the whole result."""
     cfg = config or HSOConfig()
     ids = check_causal_lm(model, ids, what="HSO")
     if batch_size is not None and batch_size < 1:
@@ -354,16 +358,28 @@ def hso_nll(
     t0 = time.perf_counter()
     ranges = contexts(ids.numel() - 1, cfg.reset_every, model)
     size = batch_size or 1
-    if size == 1 or len(ranges) == 1:
+    if not shard and (size == 1 or len(ranges) == 1):
         nll, _, windows = _run(model, [ids], cfg, progress)
         return TokenScores(nll[0], windows[0], time.perf_counter() - t0)
     rows = [ids[c0 : c1 + 1] for c0, c1 in ranges]  # context j: its inputs and their targets
-    parts, total = [], 0
-    for i in tqdm(range(0, len(rows), size), desc="HSO contexts", disable=not progress):
-        nll, _, windows = _run(model, rows[i : i + size], cfg, False)
-        parts += nll
-        total += sum(windows)
-    return TokenScores(torch.cat(parts), total, time.perf_counter() - t0)
+
+    def batch(idx: list[int]) -> list[tuple[torch.Tensor, int]]:
+        nll, _, windows = _run(model, [rows[i] for i in idx], cfg, False)
+        return list(zip(nll, windows, strict=True))
+
+    bar = tqdm(total=len(rows), desc="HSO contexts", disable=not progress)
+    if shard:
+        from gencraft.distributed import map_sharded
+
+        parts = map_sharded(batch, len(rows), size, on_batch=bar.update)
+    else:
+        parts = []
+        for i in range(0, len(rows), size):
+            parts += batch(list(range(i, min(i + size, len(rows)))))
+            bar.update(len(parts) - bar.n)
+    bar.close()
+    nll = torch.cat([p[0] for p in parts])
+    return TokenScores(nll, sum(p[1] for p in parts), time.perf_counter() - t0)
 
 
 def hso_nll_batch(

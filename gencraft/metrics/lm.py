@@ -78,6 +78,25 @@ def check_positions(model: nn.Module, inputs: int, setting: str) -> None:
     )
 
 
+def _window_nll(model: nn.Module, ids: torch.Tensor, chunk: list[Window]) -> list[torch.Tensor]:
+    """The scored NLLs of each window of ``chunk`` (one forward per window length: only the
+    last window can be shorter), each a CPU float tensor [end - first + 1]."""
+    by_length: dict[int, list[int]] = {}
+    for i, w in enumerate(chunk):
+        by_length.setdefault(w.end - w.start, []).append(i)
+    out: list[torch.Tensor] = [torch.empty(0)] * len(chunk)
+    for group in by_length.values():
+        inputs = torch.stack([ids[chunk[i].start : chunk[i].end] for i in group])  # [n, T]
+        with torch.no_grad():  # scoring only: no graph through the model's weights
+            logits = model(input_ids=inputs).logits  # [n, T, V]
+        for row, i in enumerate(group):
+            w = chunk[i]
+            rows = logits[row, w.first - 1 - w.start : w.end - w.start].float()
+            nll = nn.functional.cross_entropy(rows, ids[w.first : w.end + 1], reduction="none")
+            out[i] = nll.cpu()
+    return out
+
+
 def windowed_nll(
     model: nn.Module,
     ids: torch.Tensor,
@@ -86,6 +105,7 @@ def windowed_nll(
     overlap: int = 0,
     progress: bool = False,
     batch_size: int = 1,
+    shard: bool = False,
 ) -> torch.Tensor:
     """Per-target NLL (nats) of ``ids`` [1, N] (or [N]) under windowed evaluation
     (:func:`window_schedule`): a float tensor [N - 1] whose entry j - 1 is
@@ -94,7 +114,10 @@ def windowed_nll(
     ``model`` is a causal LM returning ``.logits`` [1, T, V], each window a fresh forward
     pass (``batch_size`` windows of one length per forward: they are independent), or a
     :class:`WindowedScorer` that carries its own state across the windows (one at a time:
-    each window needs the state the previous one left)."""
+    each window needs the state the previous one left). With ``shard``, a plain LM's batches
+    of windows are shared out among accelerate's processes
+    (:func:`gencraft.distributed.map_sharded`) and every process gets the whole result: the
+    same batches as one process, so the same numbers."""
     if isinstance(model, WindowedScorer):
         window_schedule(ids.shape[-1], window, overlap)  # the same checks
         return model.windowed_token_nll(ids, window=window, overlap=overlap)
@@ -103,28 +126,22 @@ def windowed_nll(
         check(ids.shape[0] == 1, f"ids must be [1, N] or [N], got shape {tuple(ids.shape)}")
         ids = ids[0]
     check(ids.dim() == 1, f"ids must be [1, N] or [N], got shape {tuple(ids.shape)}")
-    device = next(model.parameters()).device
-    ids = ids.to(device)
+    ids = ids.to(next(model.parameters()).device)
     schedule = window_schedule(ids.numel(), window, overlap)  # checks N >= 2 first
     check_positions(model, min(window, ids.numel() - 1), "window")
-    out = torch.empty(ids.numel() - 1, dtype=torch.float32)
-    chunks = [schedule[i : i + batch_size] for i in range(0, len(schedule), batch_size)]
     bar = tqdm(total=len(schedule), desc="windows", disable=not progress, leave=False)
-    for chunk in chunks:
-        by_length: dict[int, list[Window]] = {}
-        for w in chunk:  # only the last window can be shorter
-            by_length.setdefault(w.end - w.start, []).append(w)
-        for group in by_length.values():
-            inputs = torch.stack([ids[w.start : w.end] for w in group])  # [n, T]
-            with torch.no_grad():  # scoring only: no graph through the model's weights
-                logits = model(input_ids=inputs).logits  # [n, T, V]
-            for i, w in enumerate(group):
-                rows = logits[i, w.first - 1 - w.start : w.end - w.start].float()
-                nll = nn.functional.cross_entropy(rows, ids[w.first : w.end + 1], reduction="none")
-                out[w.first - 1 : w.end] = nll.cpu()
-        bar.update(len(chunk))
+    score = lambda idx: _window_nll(model, ids, [schedule[i] for i in idx])  # noqa: E731
+    if shard:
+        from gencraft.distributed import map_sharded
+
+        parts = map_sharded(score, len(schedule), batch_size, on_batch=bar.update)
+    else:
+        parts = []
+        for i in range(0, len(schedule), batch_size):
+            parts += score(range(i, min(i + batch_size, len(schedule))))
+            bar.update(len(parts) - bar.n)
     bar.close()
-    return out
+    return torch.cat(parts)  # the windows score consecutive, disjoint runs of targets
 
 
 def causal_lm_nll(

@@ -33,6 +33,20 @@ def flops_per_token(model: nn.Module, window: int, overlap: int = 0) -> float:
     return per_window / (window - overlap)
 
 
+def _overlap_row(
+    model: nn.Module, ids: torch.Tensor, words: int, window: int, o: int, **kw: Any
+) -> dict[str, Any]:
+    """One overlap's row: perplexities, seconds, FLOPs/token and the block NLLs."""
+    t0 = time.perf_counter()
+    nll = windowed_nll(model, ids, window=window, overlap=o, **kw)
+    return {
+        "overlap": o,
+        **stream_perplexities(nll, words, time.perf_counter() - t0),
+        "flops/token": flops_per_token(model, window, o),
+        "block_nll": block_means(nll, BLOCK),
+    }
+
+
 def evaluate(
     model: torch.nn.Module,
     tok: Any,
@@ -45,27 +59,39 @@ def evaluate(
     data_dir: str | None = None,
     progress: bool = False,
     batch_size: int = 1,
+    shard: bool = False,
 ) -> list[dict[str, Any]]:
     """Per-token and per-word perplexity and FLOPs/token of ``model`` (a :class:`RecurrentLM`
     carries its state, window after window; a plain LM runs each window alone, ``batch_size``
-    windows per forward) at each overlap."""
+    windows per forward) at each overlap. With ``shard`` (accelerate's processes), a plain
+    LM's batches of windows are shared out; a recurrent model's windows cannot be (each needs
+    the state of the one before), so its overlaps are, one per process at a time."""
     ids, words = subword_stream(corpus, split, tok, data_dir=data_dir, max_words=max_words)
-    rows = []
-    for o in overlaps:
-        t0 = time.perf_counter()
-        nll = windowed_nll(
-            model, ids, window=window, overlap=o, progress=progress, batch_size=batch_size
-        )
-        scores = stream_perplexities(nll, words, time.perf_counter() - t0)
-        rows.append(
-            {
-                "overlap": o,
-                **scores,
-                "flops/token": flops_per_token(model, window, o),
-                "block_nll": block_means(nll, BLOCK),
-            }
-        )
-    return rows
+    kw = {"progress": progress, "batch_size": batch_size, "shard": shard}
+    return score_overlaps(model, ids, words, window=window, overlaps=overlaps, **kw)
+
+
+def score_overlaps(
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    words: int,
+    *,
+    window: int,
+    overlaps: tuple[int, ...],
+    **kw: Any,
+) -> list[dict[str, Any]]:
+    """:func:`evaluate`'s rows for the stream ``ids`` [N] of ``words`` words (``kw``:
+    ``progress``, ``batch_size``, ``shard``)."""
+    from gencraft.metrics.lm import WindowedScorer
+
+    if kw.get("shard") and isinstance(model, WindowedScorer):
+        from gencraft.distributed import map_sharded
+
+        def one(idx: list[int]) -> list[dict[str, Any]]:
+            return [_overlap_row(model, ids, words, window, overlaps[i]) for i in idx]
+
+        return map_sharded(one, len(overlaps), 1)
+    return [_overlap_row(model, ids, words, window, o, **kw) for o in overlaps]
 
 
 #: tokens per block of ``block_nll``: the unit two models' losses are paired on
