@@ -3771,6 +3771,27 @@ M = [
         "if False:  # every process has the whole result",
         "tests/test_distributed_scoring.py -m multiprocess",
     ),
+    (
+        "generate --cad-alpha: CAD not attached",
+        "gencraft/cli/main.py",
+        "extra = {} if settings.cad_alpha is None else _cad_kwargs(settings.cad_alpha)",
+        "extra = {}",
+        "tests/cli/test_generate_cad.py",
+    ),
+    (
+        "generate --cad-alpha: the context-free stream keeps the context",
+        "gencraft/cli/main.py",
+        "        return inputs, prompts\n",
+        "        return inputs, inputs\n",
+        "tests/cli/test_generate_cad.py",
+    ),
+    (
+        "generate --cad-alpha: an encoder-decoder's empty source is not the tokenizer's",
+        "gencraft/models/generate.py",
+        "list(ids) or [tokenizer.eos_token_id]",
+        "list(ids)[:0] or [tokenizer.eos_token_id]",
+        "tests/cli/test_generate_cad.py",
+    ),
 ]
 
 

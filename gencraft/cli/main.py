@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gencraft.config import REQUIRED, option
 from gencraft.errors import GencraftError, Interrupted
@@ -61,6 +62,15 @@ class GenerateCommand:
     model: str = option(REQUIRED, "registered name, local path or hub id")
     prompt: list[str] = option([], "a prompt (repeatable)", repeat=True)
     prompt_file: str | None = option(None, "a text file with one prompt per line")
+    context: list[str] = option(
+        [],
+        "a context (source) put before the prompt by --context-template: one per prompt "
+        "(repeatable, in order) or one for all; --cad-alpha contrasts with the prompt alone",
+        repeat=True,
+    )
+    context_template: str = option(
+        "{context}\n\n{prompt}", "how a context and its prompt make the model's input"
+    )
 
 
 @dataclass
@@ -183,6 +193,48 @@ def cmd_models(args: argparse.Namespace) -> None:
     print(json.dumps(rows, indent=2) if args.json else format_table(rows))
 
 
+def _with_contexts(
+    args: argparse.Namespace, prompts: list[str], settings: Any, model: Any
+) -> tuple[list[str], list[str] | None]:
+    """The model's inputs (each prompt with its ``--context`` by ``--context-template``) and,
+    with ``--cad-alpha``, CAD's context-free inputs: the prompts alone, or an empty source for
+    an encoder-decoder without ``--context``."""
+    from gencraft.models.introspect import is_encoder_decoder
+
+    contexts = list(args.context)
+    if contexts and len(contexts) not in (1, len(prompts)):
+        raise GencraftError(
+            f"give one --context per prompt ({len(prompts)}) or one for all, not {len(contexts)}"
+        )
+    if contexts and not all(k in args.context_template for k in ("{context}", "{prompt}")):
+        raise GencraftError("--context-template must hold {context} and {prompt}")
+    contexts = contexts * len(prompts) if len(contexts) == 1 else contexts
+    inputs = (
+        [
+            args.context_template.replace("{context}", c).replace("{prompt}", p)
+            for c, p in zip(contexts, prompts, strict=True)
+        ]
+        if contexts
+        else prompts
+    )
+    if settings.cad_alpha is None:
+        return inputs, None
+    if contexts:
+        return inputs, prompts
+    if is_encoder_decoder(model):
+        return inputs, [""] * len(prompts)
+    raise GencraftError(
+        "--cad-alpha needs --context for a decoder-only model: CAD contrasts the prompt with "
+        "its context against the prompt alone"
+    )
+
+
+def _cad_kwargs(alpha: float) -> dict[str, Any]:
+    from gencraft.search.custom_generate import context_aware
+
+    return {"custom_generate": context_aware, "cad_alpha": alpha}
+
+
 def cmd_generate(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.models import load_model
@@ -211,11 +263,15 @@ def cmd_generate(args: argparse.Namespace) -> None:
     from gencraft.cli.options import JsonLines
     from gencraft.distributed import announce, is_main, map_sharded
 
+    inputs, negatives = _with_contexts(args, prompts, settings, model)
+    extra = {} if settings.cad_alpha is None else _cad_kwargs(settings.cad_alpha)
+
     def batch_texts(indices: list[int]) -> list[str]:  # one generate call per batch
         return generate_text(
-            model, tok, [prompts[i] for i in indices], chat=chat, seed=settings.seed + indices[0],
+            model, tok, [inputs[i] for i in indices], chat=chat, seed=settings.seed + indices[0],
             mbr=settings.mbr, mbr_utility=settings.mbr_utility, epsilon=settings.epsilon,
-            **settings.generate_kwargs(),
+            negative_prompts=None if negatives is None else [negatives[i] for i in indices],
+            **settings.generate_kwargs(), **extra,
         )  # fmt: skip
 
     size = args.batch_size

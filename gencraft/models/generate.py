@@ -18,23 +18,27 @@ def build_inputs(
     max_input_tokens: int | None = None,
     left: bool = True,
     pad_token_id: int | None = None,
+    allow_empty: bool = False,
 ) -> dict:
     """Tokenise ``prompts`` as one padded batch (``input_ids``/``attention_mask`` [B, T]) with
     the shared prompt encoder and pad rule (:mod:`gencraft.models.prompts`): each prompt one
     user turn (chat template when the tokenizer has one, ``chat=None``); padded on the left for
     a causal LM to continue (``left=False`` for an encoder's input). ``pad_token_id``: default
     the tokenizer's, else its EOS (``generate_text`` passes
-    :func:`gencraft.models.introspect.pad_id`)."""
+    :func:`gencraft.models.introspect.pad_id`). ``allow_empty``: an empty prompt is the
+    tokenizer's encoding of "" (its special tokens; EOS when it has none), as CAD's empty
+    source for an encoder-decoder."""
     from gencraft.models.prompts import encode_user_turn, pad_batch
 
     if isinstance(prompts, str) or not prompts:
         raise GencraftError("prompts must be a non-empty list of strings")
     empty = [i for i, p in enumerate(prompts) if not p.strip()]
-    if empty:
+    if empty and not allow_empty:
         raise GencraftError(f"prompt(s) {empty} are empty; give text to continue")
     rows = []
     for p in prompts:
-        ids = encode_user_turn(tokenizer, p, chat=chat)
+        ids = encode_user_turn(tokenizer, p, chat=chat) if p.strip() else tokenizer("")["input_ids"]
+        ids = list(ids) or [tokenizer.eos_token_id]
         if max_input_tokens is not None:
             ids = ids[-max_input_tokens:] if left else ids[:max_input_tokens]
         rows.append({"input_ids": ids})
@@ -58,16 +62,32 @@ def generate_text(
     mbr: int = 0,
     mbr_utility: str = "chrf",
     epsilon: float | None = None,
+    negative_prompts: Sequence[str] | None = None,
     **generate_kw,
 ) -> list[str]:
     """Generate one continuation per prompt and return only the new text.
 
     ``generate_kw`` goes to ``model.generate`` (``max_new_tokens``, ``num_beams``,
-    ``do_sample``, ``top_k``, ``top_p``, ``logits_processor``...). ``seed`` seeds sampling.
-    ``mbr`` N > 0: minimum Bayes risk decoding (:func:`mbr_generate_text`) with ``mbr_utility``;
-    ``epsilon``: its samples' epsilon cutoff.
+    ``do_sample``, ``top_k``, ``top_p``, ``logits_processor``, ``custom_generate``...).
+    ``seed`` seeds sampling. ``mbr`` N > 0: minimum Bayes risk decoding
+    (:func:`mbr_generate_text`) with ``mbr_utility``; ``epsilon``: its samples' epsilon
+    cutoff. ``negative_prompts``: one per prompt, encoded as the prompts are (chat template,
+    padding side) and passed as ``negative_input_ids``/``negative_attention_mask`` (a
+    contrastive ``custom_generate`` such as CAD's context-free stream).
     """
     enc = _prepared(model, tokenizer, prompts, chat, max_input_tokens, generate_kw)
+    if negative_prompts is not None:
+        if mbr or len(negative_prompts) != len(prompts):
+            raise GencraftError(
+                f"negative_prompts: one per prompt ({len(prompts)}, got "
+                f"{len(negative_prompts)}), and not with MBR"
+            )
+        neg = _prepared(
+            model, tokenizer, negative_prompts, chat, max_input_tokens, dict(generate_kw), True
+        )
+        generate_kw.update(
+            negative_input_ids=neg["input_ids"], negative_attention_mask=neg["attention_mask"]
+        )
     if mbr:
         return mbr_generate_text(
             model, tokenizer, enc, n=mbr, utility=mbr_utility, seed=seed or 0, epsilon=epsilon,
@@ -89,7 +109,9 @@ def _decoded(
     return [t.strip() for t in tokenizer.batch_decode(out, skip_special_tokens=True)]
 
 
-def _prepared(model, tokenizer, prompts, chat, max_input_tokens, generate_kw: dict) -> dict:
+def _prepared(
+    model, tokenizer, prompts, chat, max_input_tokens, generate_kw: dict, allow_empty=False
+) -> dict:
     """The padded batch on the model's device, checked against the model's context; sets
     ``generate_kw``'s default pad id."""
     from gencraft.models.introspect import (
@@ -113,6 +135,7 @@ def _prepared(model, tokenizer, prompts, chat, max_input_tokens, generate_kw: di
         max_input_tokens=max_input_tokens,
         left=not is_encoder_decoder(model),
         pad_token_id=pad_id(model, tokenizer),
+        allow_empty=allow_empty,
     )
     enc = {k: v.to(model.device) for k, v in enc.items()}
     n_in, n_new = enc["input_ids"].shape[1], int(generate_kw.get("max_new_tokens") or 20)

@@ -39,6 +39,14 @@ class GenerationSettings:
         default=None,
         metadata={"help": "epsilon sampling cutoff in (0, 1) for --mbr's samples"},
     )
+    cad_alpha: float | None = field(
+        default=None,
+        metadata={
+            "help": "context-aware decoding (CAD): greedy or beam search on (1 + A)·log "
+            "p(y | context, prompt) - A·log p(y | prompt); the context comes from --context "
+            "(an encoder-decoder's context-free stream is an empty source without it)"
+        },
+    )
     chat: Literal["auto", "on", "off"] = field(
         default="auto",
         metadata={"help": "wrap prompts in the tokenizer's chat template (auto: when it has one)"},
@@ -63,6 +71,11 @@ class GenerationSettings:
             raise GencraftError("--epsilon applies to --mbr's samples: give --mbr N --do-sample")
         if self.epsilon is not None and not 0 < self.epsilon < 1:
             raise GencraftError(f"epsilon must lie in (0, 1), got {self.epsilon}")
+        if self.cad_alpha is not None and (self.cad_alpha < 0 or self.do_sample or self.mbr):
+            raise GencraftError(
+                f"--cad-alpha takes A >= 0 (got {self.cad_alpha}) and decodes greedily or with "
+                "beam search: leave out --do-sample and --mbr"
+            )
 
     def generate_kwargs(self) -> dict:
         kw: dict = {
