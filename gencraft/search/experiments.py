@@ -653,7 +653,7 @@ def _sample_resumable(model, tok, texts: list[str], args, path: Path) -> list[di
     prompts = [encode_prompt(tok, t) for t in texts]
     partial = path.with_name(path.name + ".partial")
     if path.is_file():
-        return attach_hidden(model, torch.load(path), prompts)
+        return attach_hidden(model, torch.load(path), prompts, progress=True)
     done, rows = 0, []
     if partial.is_file():
         saved = torch.load(partial)
@@ -681,7 +681,7 @@ def _sample_resumable(model, tok, texts: list[str], args, path: Path) -> list[di
     bar.close()
     torch.save(rows, path)
     partial.unlink(missing_ok=True)
-    return attach_hidden(model, rows, prompts)
+    return attach_hidden(model, rows, prompts, progress=True)
 
 
 def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path) -> dict:

@@ -195,6 +195,7 @@ def attach_hidden(
     prompts: Sequence[torch.Tensor],
     *,
     first: int = 0,
+    progress: bool = False,
 ) -> list[dict[str, torch.Tensor]]:
     """``rows`` (of :func:`sample_training_data`, stored without states) with their
     ``hidden`` [T, M + 1, H] float16 states: one model call per prompt over its samples.
@@ -204,7 +205,7 @@ def attach_hidden(
     for j, r in enumerate(rows):
         groups.setdefault(int(r["prompt_index"]), []).append(j)
     out = list(rows)
-    for index, members in groups.items():
+    for index, members in tqdm(groups.items(), desc="hidden states", disable=not progress):
         if not 0 <= index - first < len(prompts):
             raise GencraftError(f"a row names prompt {index}, outside the {len(prompts)} given")
         states = sampler.hidden(prompts[index - first], [rows[j]["tokens"] for j in members])
