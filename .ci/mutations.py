@@ -3792,6 +3792,13 @@ M = [
         "list(ids)[:0] or [tokenizer.eos_token_id]",
         "tests/cli/test_generate_cad.py",
     ),
+    (
+        "reproduce on several processes: not refused",
+        "gencraft/experiments.py",
+        "    if processes > 1:  # every process",
+        "    if processes > 99:  # every process",
+        "tests/test_distributed.py",
+    ),
 ]
 
 

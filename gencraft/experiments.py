@@ -309,8 +309,17 @@ def reproduce(
     the path of ``report.md``."""
     import shutil
 
+    from gencraft import distributed
+
     exp = get_experiment(name)
     settings = exp.settings_for(scale, overrides)
+    processes = distributed.process_info()[1]
+    if processes > 1:  # every process would run every unit and write the same files
+        raise GencraftError(
+            f"gencraft reproduce {name} runs on one process: experiments do not share their "
+            f"units among {processes} processes yet; run it without accelerate launch/torchrun "
+            "(eval and generate commands do shard)"
+        )
     out = Path(output or f"outputs/reproduce/{name}-{scale}")
     if out.exists() and not out.is_dir():
         raise GencraftError(f"--output {out} is a file; an experiment writes a directory there")
