@@ -3799,6 +3799,13 @@ M = [
         "    if processes > 99:  # every process",
         "tests/test_distributed.py",
     ),
+    (
+        "search errors: every process prints",
+        "gencraft/cli/search.py",
+        "    if not is_main():  # only the main process prints\n        return\n    for i, r in enumerate(rows):",
+        "    if False:  # only the main process prints\n        return\n    for i, r in enumerate(rows):",
+        "tests/test_distributed.py -m multiprocess",
+    ),
 ]
 
 

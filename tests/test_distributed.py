@@ -165,3 +165,14 @@ def test_reproduce_refuses_several_processes_before_any_work(monkeypatch, tmp_pa
     with pytest.raises(GencraftError, match=r"runs on one process: .* among 2 processes"):
         reproduce("hso-fewshot", scale="tiny", output=tmp_path / "r")
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.multiprocess
+def test_search_errors_on_two_processes_prints_what_one_prints(capsys):
+    """Greedy, beam 2 and exact search on 5 prompts in batches of 2 (2 batches and 1) on 2
+    gloo processes: one process's lines and summary, printed once."""
+    args = ["search", "errors", "--model", "tiny-llama", "a", "bb", "ccc", "dddd", "eeeee"]
+    args += ["--batch-size", "2", "--max-nodes", "50", "--max-new-tokens", "3", "--beams", "1", "2"]
+    one, two = _cli_runs(args, capsys)
+    assert "search errors: 5 inputs on 2 processes, batches of 2 per process" in two.stderr
+    assert two.stdout == one and one.count('"input"') == 5 and one.count('"summary"') == 3

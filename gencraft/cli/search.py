@@ -40,12 +40,25 @@ def _load(args: argparse.Namespace) -> tuple[Any, Any, list[list[int]]]:
     return model, tok, prompts
 
 
-def _batches(model: Any, tok: Any, prompts: list[list[int]], size: int):
-    """(first row index, ids [b, P], attention mask [b, P]) per batch of ``size`` prompts,
-    left-padded."""
+def _sharded(model: Any, tok: Any, prompts: list[list[int]], args: Any, desc: str, decode):
+    """``decode(ids [b, P], mask [b, P]) -> one result per row`` over the prompts in
+    left-padded batches of ``--batch-size``, shared among accelerate's processes
+    (:func:`gencraft.distributed.map_sharded`: the one-process batches); every process gets
+    every result, in prompt order."""
+    from gencraft.distributed import announce, map_sharded
     from gencraft.models.prompts import left_padded_batches
+    from gencraft.progress import tqdm
 
-    yield from left_padded_batches(model, tok, prompts, size)
+    announce(f"search {desc}", len(prompts), args.batch_size)
+    bar = tqdm(total=len(prompts), desc=desc, disable=len(prompts) < 2)
+
+    def batch(idx: list[int]) -> list[Any]:
+        _, ids, mask = next(left_padded_batches(model, tok, [prompts[i] for i in idx], len(idx)))
+        return list(decode(ids, mask))
+
+    out = map_sharded(batch, len(prompts), args.batch_size, on_batch=bar.update)
+    bar.close()
+    return out
 
 
 def _classifier(args: argparse.Namespace, model: Any) -> Any:
@@ -86,104 +99,89 @@ def _classifier(args: argparse.Namespace, model: Any) -> Any:
 
 
 def cmd_beam(args: argparse.Namespace) -> None:
-    from gencraft.progress import tqdm
+    from gencraft.distributed import is_main
     from gencraft.search import beam_search_batch
 
     model, tok, prompts = _load(args)
     clf = _classifier(args, model)
     several = len(prompts) > 1
-    bar = tqdm(total=len(prompts), desc="beam", disable=not several)
-    for first, ids, mask in _batches(model, tok, prompts, args.batch_size):
-        rows = beam_search_batch(
-            model,
-            ids,
-            mask,
-            num_beams=args.num_beams,
-            max_new_tokens=args.max_new_tokens,
+
+    def decode(ids: Any, mask: Any) -> list[Any]:
+        return beam_search_batch(
+            model, ids, mask, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
             finished=args.finished or ("aside" if clf is None else "on_beam"),
-            force_length=args.force_length,
-            forced_eos=args.forced_eos,
-            classifier=clf,
-            k=args.k if clf is not None else None,
-            length_includes_eos=args.length_includes_eos,
+            force_length=args.force_length, forced_eos=args.forced_eos, classifier=clf,
+            k=args.k if clf is not None else None, length_includes_eos=args.length_includes_eos,
             forced_ranking=args.forced_ranking,
-        )
-        for j, hyps in enumerate(rows):
-            for h in hyps:
-                row = {
-                    "text": tok.decode(h.tokens),
-                    "log_prob": round(h.score, 4),
-                    "tokens": len(h.tokens),
-                    "finished": h.finished,
-                }
-                print(
-                    json.dumps({"input": first + j, **row} if several else row, ensure_ascii=False)
-                )
-        bar.update(len(rows))
-    bar.close()
+        )  # fmt: skip
+
+    found = _sharded(model, tok, prompts, args, "beam", decode)
+    for i, hyps in enumerate(found if is_main() else []):  # only the main process prints
+        for h in hyps:
+            row = {
+                "text": tok.decode(h.tokens),
+                "log_prob": round(h.score, 4),
+                "tokens": len(h.tokens),
+                "finished": h.finished,
+            }
+            print(json.dumps({"input": i, **row} if several else row, ensure_ascii=False))
 
 
 def cmd_mode(args: argparse.Namespace) -> None:
-    from gencraft.progress import tqdm
+    from gencraft.distributed import is_main
     from gencraft.search import exact_mode_batch
 
     model, tok, prompts = _load(args)
     several = len(prompts) > 1
-    bar = tqdm(total=len(prompts), desc="mode", disable=not several)
-    for first, ids, mask in _batches(model, tok, prompts, args.batch_size):
-        found = exact_mode_batch(
-            model,
-            ids,
-            mask,
-            max_new_tokens=args.max_new_tokens,
-            length=args.length,
-            max_nodes=args.max_nodes,
-            length_includes_eos=args.length_includes_eos,
-        )
-        for j, r in enumerate(found):
-            row = {
-                "text": tok.decode(r.tokens),
-                "log_prob": round(r.log_prob, 4),
-                "tokens": len(r.tokens),
-                "exact": r.exact,
-                "nodes": r.nodes,
-                "seconds": round(r.seconds, 2),
-            }
-            print(json.dumps({"input": first + j, **row} if several else row, ensure_ascii=False))
-        bar.update(len(found))
-    bar.close()
+
+    def decode(ids: Any, mask: Any) -> list[Any]:
+        return exact_mode_batch(
+            model, ids, mask, max_new_tokens=args.max_new_tokens, length=args.length,
+            max_nodes=args.max_nodes, length_includes_eos=args.length_includes_eos,
+        )  # fmt: skip
+
+    found = _sharded(model, tok, prompts, args, "mode", decode)
+    for i, r in enumerate(found if is_main() else []):  # only the main process prints
+        row = {
+            "text": tok.decode(r.tokens),
+            "log_prob": round(r.log_prob, 4),
+            "tokens": len(r.tokens),
+            "exact": r.exact,
+            "nodes": r.nodes,
+            "seconds": round(r.seconds, 2),
+        }
+        print(json.dumps({"input": i, **row} if several else row, ensure_ascii=False))
 
 
 def cmd_errors(args: argparse.Namespace) -> None:
     """One JSON line per prompt: whether its mode was proven, the mode, and each width's
     output with its verdict (cut, unknown, equal, below); then the summary table."""
-    from gencraft.progress import tqdm
+    from gencraft.distributed import is_main
     from gencraft.search.errors import check_beams, error_table, search_errors
 
     check_beams(args.beams)  # checked before the model loads
     model, tok, prompts = _load(args)
-    rows = []
-    bar = tqdm(total=len(prompts), desc="search errors", disable=len(prompts) < 2)
-    for first, ids, mask in _batches(model, tok, prompts, args.batch_size):
-        found = search_errors(
+
+    def decode(ids: Any, mask: Any) -> list[Any]:
+        return search_errors(
             model, ids, mask, beams=args.beams, max_nodes=args.max_nodes,
             max_new_tokens=args.max_new_tokens, seed=args.seed_bound,
         )  # fmt: skip
-        for j, r in enumerate(found):
-            line = {
-                "input": first + j, "proven": r.proven, "mode": tok.decode(r.mode_tokens),
-                "mode_logprob": round(r.mode_logprob, 4), "mode_empty": r.mode_empty,
-                "nodes": r.nodes,
-                "searches": {
-                    k: {"text": tok.decode(o.tokens), "logprob": round(o.logprob, 4),
-                        "error": o.error}
-                    for k, o in r.searches.items()
-                },
-            }  # fmt: skip
-            print(json.dumps(line, ensure_ascii=False))
-        rows += found
-        bar.update(len(found))
-    bar.close()
+
+    rows = _sharded(model, tok, prompts, args, "errors", decode)
+    if not is_main():  # only the main process prints
+        return
+    for i, r in enumerate(rows):
+        line = {
+            "input": i, "proven": r.proven, "mode": tok.decode(r.mode_tokens),
+            "mode_logprob": round(r.mode_logprob, 4), "mode_empty": r.mode_empty,
+            "nodes": r.nodes,
+            "searches": {
+                k: {"text": tok.decode(o.tokens), "logprob": round(o.logprob, 4), "error": o.error}
+                for k, o in r.searches.items()
+            },
+        }  # fmt: skip
+        print(json.dumps(line, ensure_ascii=False))
     for line in error_table(rows):
         print(json.dumps({"summary": True, **line}, ensure_ascii=False))
 
