@@ -3806,6 +3806,13 @@ M = [
         "    if False:  # only the main process prints\n        return\n    for i, r in enumerate(rows):",
         "tests/test_distributed.py -m multiprocess",
     ),
+    (
+        "custom_generate: a given cache is silently ignored",
+        "gencraft/search/custom_generate.py",
+        "    if given:  # e.g. a prefix",
+        "    if False:  # e.g. a prefix",
+        "tests/test_custom_generate_calls.py",
+    ),
 ]
 
 

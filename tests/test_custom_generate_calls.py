@@ -290,3 +290,23 @@ def test_the_hub_entry_point_takes_generates_raw_arguments(model):
     for name in ("streamer", "synced_gpus"):
         got = _message(lambda n=name: cg.hub_generate(cg.exact_mode, model, ids, **{n: True}))
         assert got == f"gencraft's exact_mode from generate() takes no {name}"
+
+
+def test_a_given_cache_is_refused_not_ignored():
+    """A filled past_key_values (a prefix model's virtual tokens, HSO's states) would be
+    dropped by a decoder that runs the prompt itself: refused in one line; generate's own
+    empty cache passes."""
+    from transformers import DynamicCache
+
+    from gencraft.errors import GencraftError
+    from gencraft.models import load_model
+    from gencraft.search.custom_generate import beam_search
+
+    model, _ = load_model("tiny-llama")
+    ids = torch.tensor([[5, 6, 7]])
+    kw = dict(custom_generate=beam_search, num_beams=2, max_new_tokens=2, do_sample=False)
+    model.generate(ids, attention_mask=torch.ones_like(ids), **kw)  # no cache given: runs
+    with torch.no_grad():
+        cache = model(ids[:, :2], past_key_values=DynamicCache(), use_cache=True).past_key_values
+    with pytest.raises(GencraftError, match="ignore the given past_key_values \\(2 positions"):
+        model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, **kw)

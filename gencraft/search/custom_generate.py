@@ -87,6 +87,13 @@ def _expand_size(generation_config: Any) -> int:
     return max(beams, int(generation_config.num_return_sequences or 1))
 
 
+def _cache_length(cache: Any) -> int:
+    """Positions a ``Cache`` (or legacy tuple of per-layer (key, value)) holds."""
+    if hasattr(cache, "get_seq_length"):
+        return int(cache.get_seq_length())
+    return int(cache[0][0].shape[-2]) if len(cache) else 0
+
+
 def _stepper(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -97,6 +104,14 @@ def _stepper(
     """One stepper for the whole batch: a causal LM's left-padded prompts with their mask; an
     encoder-decoder's encoder outputs and mask (its input ids are then not read). generate()
     repeated each input ``every`` times: one copy of each is kept."""
+    cache = model_kwargs.get("past_key_values")
+    given = 0 if cache is None else _cache_length(cache)
+    if given:  # e.g. a prefix model's virtual tokens, or HSO's optimised states
+        raise GencraftError(
+            f"gencraft's decoders from generate() run {type(model).__name__} on the prompt "
+            f"itself and would ignore the given past_key_values ({given} positions: a prefix "
+            "model's or an optimised cache); decode without them"
+        )
     every = _expand_size(generation_config)
     mask = model_kwargs.get("attention_mask")
     mask = mask[::every] if mask is not None else None
