@@ -3813,6 +3813,13 @@ M = [
         "    if False:  # e.g. a prefix",
         "tests/test_custom_generate_calls.py",
     ),
+    (
+        "nar generate: every process prints",
+        "gencraft/cli/nar.py",
+        "    if not is_main():  # only the main process prints\n",
+        "    if False:  # only the main process prints\n",
+        "tests/test_distributed.py -m multiprocess -k nar",
+    ),
 ]
 
 

@@ -176,3 +176,21 @@ def test_search_errors_on_two_processes_prints_what_one_prints(capsys):
     one, two = _cli_runs(args, capsys)
     assert "search errors: 5 inputs on 2 processes, batches of 2 per process" in two.stderr
     assert two.stdout == one and one.count('"input"') == 5 and one.count('"summary"') == 3
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    "method", [["sundae", "--samples", "2"], ["mask-predict", "--threshold", "0.5"]]
+)
+def test_nar_generate_on_two_processes_prints_what_one_prints(method, capsys):
+    """SUNDAE (its samples seeded from each source) and threshold Mask-Predict on 5 sources in
+    batches of 2 on 2 gloo processes: one process's outputs, scores and call counts, once."""
+    args = ["nar", "generate", "tiny-bert", "--sources", "a b", "c d e", "f", "g h", "i j k l"]
+    args += ["--batch-size", "2", "--steps", "3", "--method", *method, "--json", "--quiet"]
+    one, two = _cli_runs(args, capsys)
+    assert "nar generate: 5 inputs on 2 processes" in two.stderr
+
+    def drop(text: str) -> list[dict]:
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in json.loads(text)]
+
+    assert drop(two.stdout) == drop(one) and len(drop(one)) == 5
