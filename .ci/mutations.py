@@ -3820,6 +3820,20 @@ M = [
         "    if False:  # only the main process prints\n",
         "tests/test_distributed.py -m multiprocess -k nar",
     ),
+    (
+        "focus --mbr-utility: the MBR choice is not put first",
+        "gencraft/cli/focus.py",
+        "return [[g[i], *g[:i], *g[i + 1 :]] for g, i",
+        "return [[g[0], *g[:0], *g[0 + 1 :]] for g, i",
+        "tests/focus/test_focus_mbr.py",
+    ),
+    (
+        "focus eval --mbr-utility: scores the samples' diversity",
+        "gencraft/cli/focus.py",
+        "if args.samples > 1 and args.mbr_utility is None:",
+        "if args.samples > 1:",
+        "tests/focus/test_focus_mbr.py",
+    ),
 ]
 
 

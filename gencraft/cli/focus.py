@@ -106,12 +106,13 @@ def _summaries(
                 [t]
                 for t in _cad_batch(model, tok, [docs[i].document for i in indices], decode, args)
             ]
-        return summarize(
+        groups = summarize(
             model, tok, [docs[i].document for i in indices], decoding=decode.decoding,
             samples=decode.samples, focus_k=decode.focus_k, num_beams=args.num_beams,
             max_source=decode.max_source, max_new_tokens=args.max_new_tokens,
             batch_size=len(indices), seed=args.seed + indices[0], progress=False,
         )  # fmt: skip
+        return groups if decode.mbr_utility is None else _mbr_first(groups, decode.mbr_utility)
 
     bar = tqdm(total=len(docs), desc=f"summarize ({decode.decoding})", disable=args.quiet)
     groups = map_sharded(
@@ -119,6 +120,14 @@ def _summaries(
     )
     bar.close()
     return docs, groups
+
+
+def _mbr_first(groups: list[list[str]], utility: str) -> list[list[str]]:
+    """Each document's summaries with MBR's choice among them moved first (the prediction)."""
+    from gencraft.metrics.mbr import mbr_select
+
+    best = mbr_select(groups, utility).index
+    return [[g[i], *g[:i], *g[i + 1 :]] for g, i in zip(groups, best, strict=True)]
 
 
 def _cad_batch(model: Any, tok: Any, texts: list[str], decode: Any, args: argparse.Namespace):
@@ -188,7 +197,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
             file=sys.stderr,
         )
     bs = args.bertscore
-    if args.samples > 1:
+    if args.samples > 1 and args.mbr_utility is None:
         row = diversity_metrics(groups, refs, texts, with_bertscore=bs, task=args.task)
     else:
         firsts = [g[0] for g in groups]
@@ -200,6 +209,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         "documents": len(docs),
         "decoding": args.decoding,
         "samples": args.samples,
+        **({"mbr_utility": args.mbr_utility} if args.mbr_utility else {}),
         **row,
     }
     if args.output:

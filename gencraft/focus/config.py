@@ -129,10 +129,24 @@ class FocusDecodeConfig:
         "context-aware decoding (CAD) with this alpha: beam search against the same model given "
         "an empty source (FAME + CAD with a FAME model; docs/focus.md)",
     )
+    mbr_utility: str | None = option(
+        None,
+        "minimum Bayes risk: put first (the prediction) the one of the --samples summaries "
+        "with the highest mean utility against the others: chrf, bleu, rouge or bertscore",
+    )
 
     def __post_init__(self) -> None:
         positive(self, "samples", "max_source")
         positive(self, "focus_k", allow_none=True)
+        check(
+            self.mbr_utility is None or (self.samples > 1 and self.cad_alpha is None),
+            "--mbr-utility selects among the --samples summaries: give --samples N > 1 "
+            "(and no --cad-alpha)",
+        )
+        if self.mbr_utility is not None:
+            from gencraft.metrics.mbr import check_utility
+
+            check_utility(self.mbr_utility)
         check(
             self.cad_alpha is None or self.cad_alpha >= 0,
             f"cad_alpha must be >= 0, got {self.cad_alpha}",
