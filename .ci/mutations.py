@@ -3834,6 +3834,20 @@ M = [
         "if args.samples > 1:",
         "tests/focus/test_focus_mbr.py",
     ),
+    (
+        "launched processes all default to GPU 0",
+        "gencraft/utils.py",
+        '    return "cuda" if world_size() == 1 else f"cuda:{local_gpu()}"',
+        '    return "cuda"',
+        "tests/models/test_placement.py",
+    ),
+    (
+        "launched processes: --device cuda means GPU 0 for all",
+        "gencraft/models/placement.py",
+        "        if dev.index is None and world_size() > 1:",
+        "        if dev.index is None and world_size() > 99:",
+        "tests/models/test_placement.py",
+    ),
 ]
 
 

@@ -39,8 +39,21 @@ def seed_everything(seed: int) -> None:
 
 
 def default_device() -> str:
-    """``"cuda"`` when a GPU is there, else ``"cpu"`` (where experiments run by default)."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """``"cuda"`` when a GPU is there (``"cuda:<local rank>"`` under a launcher: one GPU per
+    process, not all on GPU 0), else ``"cpu"`` (where experiments run by default)."""
+    if not torch.cuda.is_available():
+        return "cpu"
+    return "cuda" if world_size() == 1 else f"cuda:{local_gpu()}"
+
+
+def local_gpu() -> int:
+    """This process's GPU under ``accelerate launch``/torchrun: ``LOCAL_RANK`` modulo the
+    visible GPUs (0 alone)."""
+    try:
+        rank = int(os.environ.get("LOCAL_RANK") or 0)
+    except ValueError:
+        rank = 0
+    return rank % max(1, torch.cuda.device_count())
 
 
 def world_size() -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from gencraft.errors import ConfigError
-from gencraft.utils import default_device
+from gencraft.utils import default_device, local_gpu, world_size
 
 DTYPES: dict[str, torch.dtype | None] = {
     "auto": None,
@@ -47,6 +47,8 @@ def check_device(device: str | torch.device | None) -> torch.device:
             raise ConfigError(
                 f"--device {device}: this machine has {count} GPU(s) (cuda:0 to cuda:{count - 1})"
             )
+        if dev.index is None and world_size() > 1:  # one GPU per launched process
+            dev = torch.device("cuda", local_gpu())
     elif dev.type == "mps" and not torch.backends.mps.is_available():
         raise ConfigError(f"--device {device}: MPS is not available on this machine")
     elif dev.type not in ("cpu", "cuda", "mps", "xpu", "meta"):

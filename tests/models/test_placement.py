@@ -1,10 +1,12 @@
 """``--device`` / ``--dtype`` checks (gencraft.models.placement) over drawn machines and
 arguments, against a reference written from the docs: which device a string names, which ones
 are refused on a machine with or without a CUDA build, GPUs and MPS, and which dtype a name
-gives (float16 refused on a CPU)."""
+gives (float16 refused on a CPU); under a launcher, an unnumbered GPU is the process's own
+(``LOCAL_RANK`` modulo the GPUs), not GPU 0 for every process."""
 
 from __future__ import annotations
 
+import os
 from contextlib import ExitStack
 from unittest import mock
 
@@ -49,10 +51,15 @@ def machine(cuda_built: bool, gpus: int, mps: bool) -> ExitStack:
     return stack
 
 
-def reference_device(device, cuda_built: bool, gpus: int, mps: bool) -> str | torch.device:
-    """The device, or the start of the one-line refusal (docs/core.md, 'devices')."""
+def reference_device(
+    device, cuda_built: bool, gpus: int, mps: bool, launch: tuple[int, int] = (1, 0)
+) -> str | torch.device:
+    """The device, or the start of the one-line refusal (docs/core.md, 'devices'); under a
+    launcher of ``launch`` = (processes, local rank), an unnumbered GPU is the process's own."""
+    world, rank = launch
+    own = torch.device("cuda", rank % gpus) if world > 1 and gpus else torch.device("cuda")
     if device is None:
-        return torch.device("cuda" if cuda_built and gpus > 0 else "cpu")
+        return own if cuda_built and gpus > 0 else torch.device("cpu")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
@@ -64,7 +71,7 @@ def reference_device(device, cuda_built: bool, gpus: int, mps: bool) -> str | to
             return f"--device {device}: no CUDA GPU is visible"
         if dev.index is not None and dev.index >= gpus:
             return f"--device {device}: this machine has {gpus} GPU(s) (cuda:0 to cuda:{gpus - 1})"
-        return dev
+        return dev if dev.index is not None else own
     if dev.type == "mps":
         return dev if mps else f"--device {device}: MPS is not available"
     if dev.type in ("cpu", "xpu", "meta"):
@@ -92,10 +99,12 @@ def reference_dtype(dtype, device: torch.device) -> str | torch.dtype | None:
     cuda_built=st.booleans(),
     gpus=st.integers(0, 3),
     mps=st.booleans(),
+    launch=st.sampled_from([(1, 0), (2, 0), (2, 1), (4, 3), (8, 5)]),
 )
-def test_device_and_dtype_checks_match_the_reference(device, dtype, cuda_built, gpus, mps):
-    want_dev = reference_device(device, cuda_built, gpus, mps)
-    with machine(cuda_built, gpus, mps):
+def test_device_and_dtype_checks_match_the_reference(device, dtype, cuda_built, gpus, mps, launch):
+    want_dev = reference_device(device, cuda_built, gpus, mps, launch)
+    env = {"WORLD_SIZE": str(launch[0]), "LOCAL_RANK": str(launch[1])}
+    with machine(cuda_built, gpus, mps), mock.patch.dict(os.environ, env):
         if isinstance(want_dev, str):
             for check in (lambda: check_device(device), lambda: check_placement(device, dtype)):
                 with pytest.raises(ConfigError) as err:
