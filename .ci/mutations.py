@@ -3795,9 +3795,9 @@ M = [
     (
         "reproduce on several processes: not refused",
         "gencraft/experiments.py",
-        "    if processes > 1:  # every process",
-        "    if processes > 99:  # every process",
-        "tests/test_distributed.py",
+        "    if processes > 1 and not exp.shardable:",
+        "    if processes > 99 and not exp.shardable:",
+        "tests/test_experiment_shards.py",
     ),
     (
         "search errors: every process prints",
@@ -3847,6 +3847,34 @@ M = [
         "        if dev.index is None and world_size() > 1:",
         "        if dev.index is None and world_size() > 99:",
         "tests/models/test_placement.py",
+    ),
+    (
+        "sharded experiment: every process computes every unit",
+        "gencraft/experiment_shards.py",
+        "    if owner != shard.process:",
+        "    if False:",
+        "tests/test_experiment_shards.py -m multiprocess",
+    ),
+    (
+        "sharded experiment: a stand-in reads as a value",
+        "gencraft/experiment_shards.py",
+        "def _blocked(self: Any, *args: Any, **kwargs: Any) -> Any:\n    raise Blocked",
+        "def _blocked(self: Any, *args: Any, **kwargs: Any) -> Any:\n    return 0",
+        "tests/test_experiment_shards.py",
+    ),
+    (
+        "sharded experiment: passes end before every unit is done",
+        "gencraft/experiment_shards.py",
+        "        if not any(handed for _, _, handed, _ in every):",
+        "        if True:",
+        "tests/test_experiment_shards.py -m multiprocess",
+    ),
+    (
+        "sharded experiment: kept units of another run are taken",
+        "gencraft/experiment_shards.py",
+        "        if any(old.get(k) != run._settings.get(k)",
+        "        if False and any(old.get(k) != run._settings.get(k)",
+        "tests/test_experiment_shards.py",
     ),
 ]
 

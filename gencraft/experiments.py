@@ -70,6 +70,9 @@ class Experiment:
     verdict: Callable[[Any, dict[str, Any]], list[dict[str, Any]]] | None = None
     #: settings besides VOLATILE that a resumed run may change
     volatile: tuple[str, ...] = ()
+    #: its units may be shared among accelerate's processes (:mod:`gencraft.experiment_shards`):
+    #: all its costly work is in units, and no unit calls a collective
+    shardable: bool = False
 
     def settings_for(self, scale: str, overrides: dict[str, Any] | None = None) -> Any:
         if scale not in self.scales:
@@ -92,15 +95,16 @@ def register(
     units: Callable[[Any], list[str]] | None = None,
     verdict: Callable[[Any, dict[str, Any]], list[dict[str, Any]]] | None = None,
     volatile: tuple[str, ...] = (),
+    shardable: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Decorator: ``@register("search-speed", ...)`` on ``def run(settings, out)``; see
-    :class:`Experiment` for ``units``, ``verdict`` and ``volatile``."""
+    :class:`Experiment` for ``units``, ``verdict``, ``volatile`` and ``shardable``."""
 
     def wrap(fn: Callable) -> Callable:
         doc = (fn.__doc__ or "").strip().splitlines()
         _REGISTRY[name] = Experiment(
             name, title, settings, fn, scales, cpu_minutes, doc[0] if doc else "", units,
-            verdict, volatile,
+            verdict, volatile, shardable,
         )  # fmt: skip
         return fn
 
@@ -212,6 +216,10 @@ class ExperimentRun:
                 )
             self.units = saved.get("units", {})
             self.seconds = saved.get("unit_seconds", {})
+        from gencraft.experiment_shards import load_unit_files
+
+        load_unit_files(self, set(VOLATILE) | set(experiment.volatile))  # a sharded run's
+        self.shard: Any = None  # set during a sharded run's passes
         self.blocks: list[str] = []
         self.resumed = bool(self.units)
 
@@ -219,6 +227,10 @@ class ExperimentRun:
         """The result of unit ``key``: from an earlier run if it finished there, else computed
         now and saved at once (JSON-able values). Under a :func:`time_budget`, a unit whose
         estimate does not fit raises :class:`OutOfTime` instead of starting."""
+        if key not in self.units and self.shard is not None:
+            from gencraft.experiment_shards import shard_unit
+
+            return shard_unit(self, key, compute)
         if key not in self.units:
             clock = _CLOCK.get()
             if clock is not None:
@@ -314,11 +326,12 @@ def reproduce(
     exp = get_experiment(name)
     settings = exp.settings_for(scale, overrides)
     processes = distributed.process_info()[1]
-    if processes > 1:  # every process would run every unit and write the same files
+    if processes > 1 and not exp.shardable:  # each process would run every unit
+        shardable = ", ".join(n for n, e in experiments().items() if e.shardable)
         raise GencraftError(
-            f"gencraft reproduce {name} runs on one process: experiments do not share their "
-            f"units among {processes} processes yet; run it without accelerate launch/torchrun "
-            "(eval and generate commands do shard)"
+            f"gencraft reproduce {name} runs on one process: its units are not shared among "
+            f"{processes} processes (those of {shardable} are); run it without accelerate "
+            "launch/torchrun"
         )
     out = Path(output or f"outputs/reproduce/{name}-{scale}")
     if out.exists() and not out.is_dir():
@@ -327,6 +340,12 @@ def reproduce(
         shutil.rmtree(out)
     run = ExperimentRun(out, exp, settings, scale)
     t0 = time.perf_counter()
+    if processes > 1:
+        from gencraft.experiment_shards import sharded_passes
+
+        writes, _ = sharded_passes(exp, settings, run)
+        if not writes:  # the main process writes the report
+            return out / "report.md"
     exp.run(settings, run)
     return run.write_report(time.perf_counter() - t0)
 

@@ -155,18 +155,6 @@ def test_focus_generate_on_two_processes_writes_what_one_writes(shared_data, cap
     assert two.stdout == one and one.count('"prediction"') == 5
 
 
-def test_reproduce_refuses_several_processes_before_any_work(monkeypatch, tmp_path):
-    """Experiments do not share their units yet: on N > 1 processes ``reproduce`` stops with
-    one line, before writing anything (every process would run every unit)."""
-    from gencraft import distributed
-    from gencraft.experiments import reproduce
-
-    monkeypatch.setattr(distributed, "process_info", lambda: (1, 2))
-    with pytest.raises(GencraftError, match=r"runs on one process: .* among 2 processes"):
-        reproduce("hso-fewshot", scale="tiny", output=tmp_path / "r")
-    assert not (tmp_path / "r").exists()
-
-
 @pytest.mark.multiprocess
 def test_search_errors_on_two_processes_prints_what_one_prints(capsys):
     """Greedy, beam 2 and exact search on 5 prompts in batches of 2 (2 batches and 1) on 2

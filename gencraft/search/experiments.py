@@ -292,6 +292,7 @@ class EmptySettings:
         "cpu": {},
         "gpu": {"max_nodes": 2000},
     },
+    shardable=True,
     cpu_minutes=75,
 )
 def empty(s: EmptySettings, run: ExperimentRun) -> None:
@@ -303,9 +304,9 @@ def empty(s: EmptySettings, run: ExperimentRun) -> None:
     }
     if s.e2e_prompts:
         sets["e2e MR"] = instruction_texts("e2e", s.e2e_prompts, s.data_dir)
-    summary = []
+    parts: dict[str, list] = {}  # every unit asked for before any is read (sharding)
     for name, texts in sets.items():
-        rows = []
+        parts[name] = []
         for i in tqdm(range(0, len(texts), s.batch_size), desc=name):
 
             def some(i=i, texts=texts):
@@ -327,7 +328,10 @@ def empty(s: EmptySettings, run: ExperimentRun) -> None:
                 ]
 
             last = min(i + s.batch_size, len(texts)) - 1
-            rows += run.unit(f"{name} #{i}-{last}", some)
+            parts[name].append(run.unit(f"{name} #{i}-{last}", some))
+    summary = []
+    for name, got in parts.items():
+        rows = [r for part in got for r in part]
         n = len(rows)
         summary.append(
             {
@@ -422,6 +426,7 @@ class ErrorSettings:
             "budgets": (100, 1000, 3000, 10000),
         },
     },
+    shardable=True,
     cpu_minutes=150,
 )
 def search_error_study(s: ErrorSettings, run: ExperimentRun) -> None:
@@ -436,7 +441,7 @@ def search_error_study(s: ErrorSettings, run: ExperimentRun) -> None:
     sets = {f"xsum, {w} words": ("xsum", s.prompts, w) for w in s.words}
     if s.e2e_prompts:
         sets["e2e MR"] = ("e2e", s.e2e_prompts, 0)
-    every, lengths, task_rows = [], [], {"xsum": [], "e2e": []}
+    every, lengths, task_rows, asked = [], [], {"xsum": [], "e2e": []}, []
     for name, (kind, n, words) in sets.items():
         texts = instruction_texts(kind, n, s.data_dir, max_source_words=words or 200)
         refs = instruction_references(kind, n, s.data_dir, every=True)
@@ -444,10 +449,12 @@ def search_error_study(s: ErrorSettings, run: ExperimentRun) -> None:
             last = min(i + s.batch_size, len(texts)) - 1
             batch = texts[i : last + 1]
             found = run.unit(f"{name} #{i}-{last}", lambda b=batch: _error_unit(model, tok, b, s))
-            for j, entry in enumerate(found):
-                every.append(SearchErrorRow.from_json(entry["row"]))
-                lengths.append(entry["prompt_tokens"])
-                task_rows[kind].append((entry, refs[i + j]))
+            asked.append((kind, refs[i : last + 1], found))
+    for kind, refs, found in asked:  # read once every unit is asked for (sharding)
+        for entry, ref in zip(found, refs, strict=True):
+            every.append(SearchErrorRow.from_json(entry["row"]))
+            lengths.append(entry["prompt_tokens"])
+            task_rows[kind].append((entry, ref))
     run.text(
         f"{s.model}: beam widths {list(s.beams)} (1: greedy; length penalty 0, early stopping), "
         f"exact search with at most {s.max_nodes} nodes per prompt"
@@ -1077,6 +1084,7 @@ class MbrSettings:
         "cpu": {},
         "gpu": {"prompts": 500, "batch_size": 32},
     },
+    shardable=True,
     cpu_minutes=150,
 )
 def mbr_study(s: MbrSettings, run: ExperimentRun) -> None:
@@ -1087,7 +1095,7 @@ def mbr_study(s: MbrSettings, run: ExperimentRun) -> None:
     from gencraft.search.prompts import instruction_references
 
     model, tok = load_model(s.model, device=default_device())
-    rows = []
+    rows, asked = [], []
     for task in s.tasks:
         texts = instruction_texts(task, s.prompts, s.data_dir, max_source_words=s.max_source_words)
         refs = instruction_references(task, s.prompts, s.data_dir, every=True)
@@ -1104,12 +1112,13 @@ def mbr_study(s: MbrSettings, run: ExperimentRun) -> None:
                     )  # fmt: skip
                 return {"outputs": outs, "seconds": time.perf_counter() - t0}
 
-            got = run.unit(f"{task} {name}", unit)
-            # metrics other than the utility: BLEU and ROUGE-L (E2E), ROUGE-1/2/L (XSum)
-            scores = score_task(task, got["outputs"], refs)
-            keep = {k: v for k, v in scores.items() if isinstance(v, float)}
-            per = got["seconds"] / len(texts)
-            rows.append({"task": task, "decoder": name, **keep, "s/output": per})
+            asked.append((task, name, refs, len(texts), run.unit(f"{task} {name}", unit)))
+    for task, name, refs, n, got in asked:  # read once every unit is asked for (sharding)
+        # metrics other than the utility: BLEU and ROUGE-L (E2E), ROUGE-1/2/L (XSum)
+        scores = score_task(task, got["outputs"], refs)
+        keep = {k: v for k, v in scores.items() if isinstance(v, float)}
+        per = got["seconds"] / n
+        rows.append({"task": task, "decoder": name, **keep, "s/output": per})
     run.text(
         f"{s.model}: beam {s.beams} against MBR over N epsilon-{s.epsilon} samples with the "
         f"{s.utility} utility, {s.prompts} test prompts per task, up to {s.max_new_tokens} new "
