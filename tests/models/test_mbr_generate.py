@@ -107,3 +107,26 @@ def test_the_mbr_study_runs_at_tiny_scale(shared_data, tmp_path):
     assert sorted(units) == sorted(f"{t} {d}" for t in ("e2e", "xsum") for d in ("beam", "MBR N=2"))
     assert all(len(u["outputs"]) == 1 for u in units.values())  # 1 prompt per task
     assert "| xsum | MBR N=2 |" in report and "| e2e | beam |" in report
+
+
+def test_the_mbr_table_pairs_each_n_with_beam_search_by_prompt_and_task():
+    from gencraft.metrics.text import rouge_per_example
+    from gencraft.search.experiments import mbr_differences
+
+    refs = {"e2e": [["the cat sat"], ["a dog ran", "dog runs"], ["birds fly high"]],
+            "xsum": [["one two three"], ["four five"]]}  # fmt: skip
+    outs = {("e2e", "beam"): ["the cat", "a cat ran", "fly"],
+            ("e2e", "MBR N=8"): ["the cat sat", "a dog", "birds"],
+            ("xsum", "beam"): ["one two three", "four"],
+            ("xsum", "MBR N=8"): ["one", "four five"]}  # fmt: skip
+    asked = [(t, d, refs[t], len(refs[t]), {"outputs": o}) for (t, d), o in outs.items()]
+    rows = mbr_differences(asked)
+    assert [(r["task"], r["decoder"], r["prompts"]) for r in rows] == [
+        ("e2e", "MBR N=8", 3), ("xsum", "MBR N=8", 2)]  # fmt: skip
+    for r in rows:
+        beam = rouge_per_example(outs[(r["task"], "beam")], refs[r["task"]])
+        mbr = rouge_per_example(outs[(r["task"], "MBR N=8")], refs[r["task"]])
+        diffs = [m - b for m, b in zip(mbr, beam, strict=True)]
+        assert r["RL diff"] == pytest.approx(sum(diffs) / len(diffs))
+        assert r["worse"] == sum(d < 0 for d in diffs)
+    assert rows[1]["worse"] == 1  # "one" is worse than "one two three"
