@@ -25,6 +25,7 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
                 "name": e.name,
                 "scales": ",".join(e.scales),
                 "CPU min (2 cores)": e.cpu_minutes,
+                "processes": "N" if e.shardable else "1",
                 "what": e.title,
             }
             for e in experiments().values()

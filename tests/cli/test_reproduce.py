@@ -28,6 +28,11 @@ def test_list_names_every_documented_experiment(capsys):
     for e in experiments().values():  # every experiment has the three scales and an estimate
         want = {"tiny", "cpu", "slot"} if e.name == "campaign" else {"tiny", "cpu", "gpu"}
         assert set(e.scales) == want and e.cpu_minutes > 0
+        # the processes column: N for the experiments whose units shard, 1 for the rest
+        line = next(row for row in out.splitlines() if row.split() and row.split()[0] == e.name)
+        assert line.split()[3] == ("N" if e.shardable else "1"), line
+    shards = {e.name for e in experiments().values() if e.shardable}
+    assert shards == {"search-empty", "search-errors", "search-mbr"}
 
 
 def test_search_empty_runs_end_to_end_and_resumes(shared_data, tmp_path, capsys):
