@@ -3883,6 +3883,20 @@ M = [
         "        t = paired_t([m - b for m, b in zip(scores, scores, strict=True)])",
         "tests/models/test_mbr_generate.py",
     ),
+    (
+        "nar threshold target: the priciest reaching tau",
+        "gencraft/nar/experiments.py",
+        '        best = min(reach, key=lambda r: r["calls/output"]) if reach else None',
+        '        best = max(reach, key=lambda r: r["calls/output"]) if reach else None',
+        "tests/nar/test_nar_threshold.py",
+    ),
+    (
+        "nar threshold target: against the fewest steps",
+        "gencraft/nar/experiments.py",
+        '        ref = max(fixed, key=lambda r: r["max steps"])',
+        '        ref = min(fixed, key=lambda r: r["max steps"])',
+        "tests/nar/test_nar_threshold.py",
+    ),
 ]
 
 

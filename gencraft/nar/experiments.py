@@ -256,7 +256,35 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
         )
         cols = ["model", "max steps", "threshold", "BLEU", "ROUGE-L", "calls/output"]
         run.table(curve, [*cols, "seconds/output"])
+        run.text(
+            "Threshold decoding against each model's fixed schedule at its most steps: the "
+            "fewest calls per output of a threshold that reaches that BLEU (none: no threshold "
+            "reaches it):"
+        )
+        run.table(threshold_target(curve))
         _plot(run, curve, s)
+
+
+def threshold_target(curve: list[dict]) -> list[dict]:
+    """Per model: its fixed-step point with the most steps, and the threshold point with the
+    fewest calls per output among those whose BLEU reaches it (``curve``: ``_curve``'s rows)."""
+    rows = []
+    for name in dict.fromkeys(r["model"] for r in curve):
+        fixed = [r for r in curve if r["model"] == name and r["threshold"] == "-"]
+        taus = [r for r in curve if r["model"] == name and r["threshold"] != "-"]
+        if not fixed or not taus:
+            continue
+        ref = max(fixed, key=lambda r: r["max steps"])
+        reach = [r for r in taus if r["BLEU"] >= ref["BLEU"]]
+        best = min(reach, key=lambda r: r["calls/output"]) if reach else None
+        rows.append(
+            {"model": name, "fixed steps": ref["max steps"], "BLEU": ref["BLEU"],
+             "calls/output": ref["calls/output"],
+             "threshold reaching it": best["threshold"] if best else "none",
+             "its BLEU": best["BLEU"] if best else max(r["BLEU"] for r in taus),
+             "its calls/output": best["calls/output"] if best else "-"}
+        )  # fmt: skip
+    return rows
 
 
 def _curve(s: NARTasksSettings, run: ExperimentRun, temperatures: dict) -> list[dict]:

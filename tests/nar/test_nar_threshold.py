@@ -231,3 +231,28 @@ def test_most_confident_rule_and_refusals():
             SamplingConfig(threshold=bad)
     with pytest.raises(GencraftError, match="proportion does not apply with threshold"):
         SamplingConfig(threshold=0.5, proportion=0.5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    fixed=st.lists(st.tuples(st.integers(1, 20), st.integers(0, 100)), min_size=1, max_size=4,
+                   unique_by=lambda x: x[0]),
+    taus=st.lists(st.tuples(st.integers(0, 100), st.integers(1, 64)), min_size=1, max_size=4),
+)  # fmt: skip
+def test_the_threshold_target_is_the_cheapest_tau_reaching_the_most_steps_bleu(fixed, taus):
+    from gencraft.nar.experiments import threshold_target
+
+    curve = [{"model": "mp", "max steps": n, "threshold": "-", "BLEU": b / 4, "calls/output": n}
+             for n, b in fixed]  # fmt: skip
+    curve += [{"model": "mp", "max steps": 64, "threshold": i / 10, "BLEU": b / 4,
+               "calls/output": c} for i, (b, c) in enumerate(taus)]  # fmt: skip
+    curve += [{"model": "fixed only", "max steps": 3, "threshold": "-", "BLEU": 1.0,
+               "calls/output": 3}]  # fmt: skip
+    (row,) = threshold_target(curve)  # a model without threshold points has no row
+    ref = max(fixed)[1] / 4  # the most steps' BLEU
+    cheapest = sorted((c, i) for i, (b, c) in enumerate(taus) if b / 4 >= ref)
+    assert (row["model"], row["fixed steps"], row["BLEU"]) == ("mp", max(fixed)[0], ref)
+    if cheapest:
+        assert row["its calls/output"] == cheapest[0][0] and row["its BLEU"] >= ref
+    else:
+        assert row["threshold reaching it"] == "none" and row["its BLEU"] < ref
