@@ -431,6 +431,7 @@ def test_nar_experiment_runs_at_tiny_scale(shared_data, tmp_path, monkeypatch):
         assert units[key]["calls/output"] >= 1
     assert units["curve rum-sundae tau=0.5"]["calls/output"] <= 8  # threshold_steps caps it
     assert (tmp_path / "quality_vs_steps.png").is_file()
+    assert "| model | fixed steps | BLEU | calls/output | threshold reaching it |" in text
     assert math.isfinite(float(text.split("| rum-sundae | MLM | 3 |")[1].split("|")[3]))
 
 
