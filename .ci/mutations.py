@@ -384,13 +384,6 @@ M = [
         "tests/recurrence/test_recurrence_model.py -k flops",
     ),
     (
-        "dynamic evaluation does not reset the weights at a new context",
-        "gencraft/hso/dynamic.py",
-        "            if t == c0:  # a new context",
-        "            if t == 0:  # a new context",
-        "tests/hso/test_hso.py -k resets_the_weights",
-    ),
-    (
         "Mask-Predict re-masks the most confident tokens",
         "gencraft/nar/decoding.py",
         "    rank = logp.masked_fill(~mask, torch.inf).argsort(dim=1, stable=True).argsort(dim=1)",
@@ -1148,8 +1141,8 @@ M = [
     (
         "batched windows all read the first window's logits",
         "gencraft/metrics/lm.py",
-        "                rows = logits[i, w.first - 1 - w.start : w.end - w.start].float()",
-        "                rows = logits[0, w.first - 1 - w.start : w.end - w.start].float()",
+        "            rows = logits[row, w.first - 1 - w.start : w.end - w.start].float()",
+        "            rows = logits[0, w.first - 1 - w.start : w.end - w.start].float()",
         "tests/metrics/test_windowed_nll.py -k batched",
     ),
     # -- issue 37: your data, your models, your machines ----------------------------------
@@ -1555,8 +1548,8 @@ M = [
     (
         "no device means the CPU even with a GPU",
         "gencraft/utils.py",
-        '    return "cuda" if torch.cuda.is_available() else "cpu"',
-        '    return "cpu"',
+        '    if not torch.cuda.is_available():\n        return "cpu"',
+        '    if True:\n        return "cpu"',
         "tests/models/test_placement.py",
     ),
     (
@@ -1982,8 +1975,8 @@ M = [
     (
         "windowed NLL drops a chunk of windows",
         "gencraft/metrics/lm.py",
-        "for i in range(0, len(schedule), batch_size)]",
-        "for i in range(0, len(schedule) - 1, batch_size)]",
+        "for i in range(0, len(schedule), batch_size):",
+        "for i in range(0, len(schedule) - 1, batch_size):",
         "tests/metrics/test_windowed_nll.py -k drawn_schedule",
     ),
     (
@@ -2178,8 +2171,8 @@ M = [
     (
         "HSO batches one-at-a-time contexts",
         "gencraft/hso/functional.py",
-        "if size == 1 or len(ranges) == 1:",
-        "if size == 1 and len(ranges) == 1:",
+        "if not shard and (size == 1 or len(ranges) == 1):",
+        "if not shard and (size == 1 and len(ranges) == 1):",
         "tests/hso/test_hso_checks.py::test_progress_is_off_by_default_and_names_its_bars",
     ),
     (
@@ -3494,7 +3487,7 @@ M = [
     (
         "samples-file-not-loaded",
         "gencraft/search/experiments.py",
-        "    if path.is_file():\n        return attach_hidden(model, torch.load(path), prompts)\n",
+        "    if path.is_file():\n        return attach_hidden(model, torch.load(path), prompts, progress=True)\n",
         "",
         "tests/search/test_search_classifier.py -k unsampled_chunk",
     ),
