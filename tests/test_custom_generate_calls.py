@@ -300,6 +300,7 @@ def test_a_given_cache_is_refused_not_ignored():
 
     from gencraft.errors import GencraftError
     from gencraft.models import load_model
+    from gencraft.models.compat import cache_kwargs, output_cache
     from gencraft.search.custom_generate import beam_search
 
     model, _ = load_model("tiny-llama")
@@ -307,6 +308,7 @@ def test_a_given_cache_is_refused_not_ignored():
     kw = dict(custom_generate=beam_search, num_beams=2, max_new_tokens=2, do_sample=False)
     model.generate(ids, attention_mask=torch.ones_like(ids), **kw)  # no cache given: runs
     with torch.no_grad():
-        cache = model(ids[:, :2], past_key_values=DynamicCache(), use_cache=True).past_key_values
+        out = model(ids[:, :2], **cache_kwargs(DynamicCache()), use_cache=True)
+    cache = output_cache(out)
     with pytest.raises(GencraftError, match="ignore the given past_key_values \\(2 positions"):
-        model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, **kw)
+        model.generate(ids, attention_mask=torch.ones_like(ids), **cache_kwargs(cache), **kw)

@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
+from gencraft.models.compat import given_cache
 from gencraft.models.introspect import eos_ids, pad_id
 from gencraft.models.stepping import ContrastStepper, HFStepper
 from gencraft.search.beam import BeamResult, beam_search_tensors
@@ -104,7 +105,7 @@ def _stepper(
     """One stepper for the whole batch: a causal LM's left-padded prompts with their mask; an
     encoder-decoder's encoder outputs and mask (its input ids are then not read). generate()
     repeated each input ``every`` times: one copy of each is kept."""
-    cache = model_kwargs.get("past_key_values")
+    cache = given_cache(model_kwargs)  # past_key_values, or cache from transformers 5.24
     given = 0 if cache is None else _cache_length(cache)
     if given:  # e.g. a prefix model's virtual tokens, or HSO's optimised states
         raise GencraftError(
