@@ -285,7 +285,10 @@ def cmd_generate(args: argparse.Namespace) -> None:
         return
     with JsonLines(args.output) as out:
         for i, (prompt, text) in enumerate(zip(prompts, texts, strict=True)):
-            out.write({"id": i, "prompt": prompt, "output": text})
+            given = args.context[i if len(args.context) > 1 else 0] if args.context else None
+            out.write(
+                {"id": i, "prompt": prompt, **({"context": given} if given else {}), "output": text}
+            )
     if partial is not None:
         shutil.rmtree(partial, ignore_errors=True)
         print(f"{len(out.lines)} outputs -> {args.output}")

@@ -47,6 +47,9 @@ def test_a_causal_lm_contrasts_each_prompt_with_its_context_against_the_prompt_a
         args += ["--prompt", p, "--context", c]
     inputs = [f"{c}\n\n{p}" for p, c in zip(PROMPTS, CONTEXTS, strict=True)]
     assert _cli(args, capsys) == _by_hand("tiny-llama", inputs, PROMPTS, beams)
+    assert main(["generate", *args, "--max-new-tokens", "2", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["prompt"], r["context"]) for r in rows] == list(zip(PROMPTS, CONTEXTS, strict=True))
 
 
 def test_an_encoder_decoder_contrasts_with_an_empty_source_and_one_context_serves_all(capsys):
