@@ -29,14 +29,31 @@ def _fit_default_contexts(cfg: Any, model: Any, args: argparse.Namespace) -> Non
         cfg.reset_every = positions
 
 
+def _scorers(args: argparse.Namespace, model: Any, ids: Any, cfg: Any, context: int) -> list:
+    """(name, per-target NLL) of each method ``hso eval`` compares, each sharded over
+    accelerate's processes."""
+    from gencraft.hso import DynamicEvalConfig, dynamic_eval_nll, hso_nll
+    from gencraft.metrics import windowed_nll
+
+    kw = {"progress": not args.quiet, "shard": True}
+    size = args.batch_size
+    runs = [
+        ("baseline", lambda: windowed_nll(model, ids, window=context, batch_size=size, **kw)),
+        ("hso", lambda: hso_nll(model, ids, cfg, batch_size=size, **kw).token_nll),
+    ]
+    if args.dynamic_eval:
+        de = DynamicEvalConfig(window=cfg.window, lr=args.de_lr, reset_every=cfg.reset_every)
+        runs.append(("dynamic eval", lambda: dynamic_eval_nll(model, ids, de, **kw).token_nll))
+    return runs
+
+
 def cmd_eval(args: argparse.Namespace) -> None:
     from gencraft.cli.evaluate import format_table
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.data import subword_stream
     from gencraft.distributed import announce, is_main
-    from gencraft.hso import DynamicEvalConfig, HSOConfig, dynamic_eval_nll, hso_nll
+    from gencraft.hso import HSOConfig
     from gencraft.hso.functional import check_causal_lm, contexts
-    from gencraft.metrics import windowed_nll
     from gencraft.metrics.lm import stream_perplexities
     from gencraft.models import load_model
 
@@ -48,51 +65,11 @@ def cmd_eval(args: argparse.Namespace) -> None:
         args.corpus, args.split, tok, data_dir=args.data_dir, max_words=args.max_words
     )
     check_causal_lm(model, ids, what="HSO")  # before the baseline: a clear refusal
-    contexts(ids.numel() - 1, cfg.reset_every, model)  # refuses contexts past the positions
+    spans = contexts(ids.numel() - 1, cfg.reset_every, model)  # refuses contexts too long
     context = cfg.reset_every or ids.numel()
-    runs = [
-        (
-            "baseline",
-            lambda: windowed_nll(
-                model,
-                ids,
-                window=context,
-                progress=not args.quiet,
-                batch_size=args.batch_size,
-                shard=True,
-            ),
-        ),
-        (
-            "hso",
-            lambda: (
-                hso_nll(
-                    model,
-                    ids,
-                    cfg,
-                    progress=not args.quiet,
-                    batch_size=args.batch_size,
-                    shard=True,
-                ).token_nll
-            ),
-        ),
-    ]
-    if args.dynamic_eval:
-        de = DynamicEvalConfig(window=cfg.window, lr=args.de_lr, reset_every=cfg.reset_every)
-        runs.append(
-            (
-                "dynamic eval",
-                lambda: (
-                    dynamic_eval_nll(model, ids, de, progress=not args.quiet, shard=True).token_nll
-                ),
-            )
-        )
-    announce(
-        "hso eval (contexts)",
-        len(contexts(ids.numel() - 1, cfg.reset_every, model)),
-        args.batch_size,
-    )
+    announce("hso eval (contexts)", len(spans), args.batch_size)
     rows = []
-    for name, fn in runs:
+    for name, fn in _scorers(args, model, ids, cfg, context):
         t0 = time.perf_counter()
         nll = fn()
         rows.append({"method": name, **stream_perplexities(nll, words, time.perf_counter() - t0)})
