@@ -684,8 +684,8 @@ M = [
     (
         "hso eval scores the baseline before checking its contexts",
         "gencraft/cli/hso.py",
-        "    contexts(ids.numel() - 1, cfg.reset_every, model)  # refuses contexts past the positions\n",
-        "",
+        "    spans = contexts(ids.numel() - 1, cfg.reset_every, model)  # refuses contexts too long\n",
+        "    spans = range(1)\n",
         "tests/cli/test_bad_input.py -k first_contact",
     ),
     (
@@ -1821,8 +1821,8 @@ M = [
     (
         "generate --output numbers each batch from 0",
         "gencraft/cli/main.py",
-        'out.write({"id": i, "prompt": prompt, "output": text})',
-        'out.write({"id": i % size, "prompt": prompt, "output": text})',
+        '{"id": i, "prompt": prompt, **({"context": given} if given else {}), "output": text}',
+        '{"id": i % size, "prompt": prompt, **({"context": given} if given else {}), "output": text}',
         "tests/cli/test_new_user_trial.py -k generate_output_writes",
     ),
     (
