@@ -178,3 +178,23 @@ def map_sharded(
         if on_batch is not None:
             on_batch(len(batch))
     return gather_in_order(pairs, total)
+
+
+def map_batches(
+    fn: Callable[[list[int]], list[Any]],
+    total: int,
+    batch_size: int,
+    *,
+    shard: bool,
+    on_batch: Callable[[int], None] | None = None,
+) -> list[Any]:
+    """``fn`` over the batches of ``total`` inputs in order: :func:`map_sharded` with
+    ``shard``, else this process alone, with no launcher state touched (a library call)."""
+    if shard:
+        return map_sharded(fn, total, batch_size, on_batch=on_batch)
+    out: list[Any] = []
+    for batch in share_of(total, 0, 1, batch_size).batches():
+        out += fn(batch)
+        if on_batch is not None:
+            on_batch(len(batch))
+    return out

@@ -131,12 +131,9 @@ def dynamic_eval_nll(
                     p.copy_(s)
             return [_context_nll(hf, ids, *ranges[i], cfg, bar) for i in idx]
 
-        if shard:
-            from gencraft.distributed import map_sharded
+        from gencraft.distributed import map_batches
 
-            parts = map_sharded(one, len(ranges), 1)
-        else:
-            parts = [one([i])[0] for i in range(len(ranges))]
+        parts = map_batches(one, len(ranges), 1, shard=shard)
     bar.close()
     return TokenScores(
         torch.cat([p[0] for p in parts]), sum(p[1] for p in parts), time.perf_counter() - t0

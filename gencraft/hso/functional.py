@@ -368,15 +368,9 @@ def hso_nll(
         return list(zip(nll, windows, strict=True))
 
     bar = tqdm(total=len(rows), desc="HSO contexts", disable=not progress)
-    if shard:
-        from gencraft.distributed import map_sharded
+    from gencraft.distributed import map_batches
 
-        parts = map_sharded(batch, len(rows), size, on_batch=bar.update)
-    else:
-        parts = []
-        for i in range(0, len(rows), size):
-            parts += batch(list(range(i, min(i + size, len(rows)))))
-            bar.update(len(parts) - bar.n)
+    parts = map_batches(batch, len(rows), size, shard=shard, on_batch=bar.update)
     bar.close()
     nll = torch.cat([p[0] for p in parts])
     return TokenScores(nll, sum(p[1] for p in parts), time.perf_counter() - t0)

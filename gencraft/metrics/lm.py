@@ -131,15 +131,9 @@ def windowed_nll(
     check_positions(model, min(window, ids.numel() - 1), "window")
     bar = tqdm(total=len(schedule), desc="windows", disable=not progress, leave=False)
     score = lambda idx: _window_nll(model, ids, [schedule[i] for i in idx])  # noqa: E731
-    if shard:
-        from gencraft.distributed import map_sharded
+    from gencraft.distributed import map_batches
 
-        parts = map_sharded(score, len(schedule), batch_size, on_batch=bar.update)
-    else:
-        parts = []
-        for i in range(0, len(schedule), batch_size):
-            parts += score(range(i, min(i + batch_size, len(schedule))))
-            bar.update(len(parts) - bar.n)
+    parts = map_batches(score, len(schedule), batch_size, shard=shard, on_batch=bar.update)
     bar.close()
     return torch.cat(parts)  # the windows score consecutive, disjoint runs of targets
 
