@@ -3487,7 +3487,7 @@ M = [
     (
         "samples-file-not-loaded",
         "gencraft/search/experiments.py",
-        "    if path.is_file():\n        return attach_hidden(model, torch.load(path), prompts, progress=True)\n",
+        "    if path.is_file():\n        rows = torch.load(path)\n        return attach_hidden(model, rows, prompts, progress=True) if hidden else rows\n",
         "",
         "tests/search/test_search_classifier.py -k unsampled_chunk",
     ),
@@ -3889,6 +3889,27 @@ M = [
         '        ref = max(fixed, key=lambda r: r["max steps"])',
         '        ref = min(fixed, key=lambda r: r["max steps"])',
         "tests/nar/test_nar_threshold.py",
+    ),
+    (
+        "a kept classifier is saved in float32, not its kept dtype",
+        "gencraft/search/experiments.py",
+        "        copy.to(getattr(torch, dtype)).save_pretrained(kept)\n",
+        "        copy.save_pretrained(kept)\n",
+        "tests/search/test_search_classifier.py::test_a_trained_classifier_is_kept_in_its_dtype_and_not_trained_again",
+    ),
+    (
+        "a kept classifier is trained again on a rerun",
+        "gencraft/search/experiments.py",
+        "    if not record_path.is_file():\n        clf = classifier_for(model, attr)\n",
+        "    if True:\n        clf = classifier_for(model, attr)\n",
+        "tests/search/test_search_classifier.py::test_a_trained_classifier_is_kept_in_its_dtype_and_not_trained_again",
+    ),
+    (
+        "the first study uses the trained, not the kept weights",
+        "gencraft/search/experiments.py",
+        "    clf = AttributeClassifier.from_pretrained(kept, model).float().eval()\n    return clf,",
+        '    clf = clf if "clf" in dir() else AttributeClassifier.from_pretrained(kept, model)\n    return clf.eval(),',
+        "tests/search/test_search_classifier.py::test_a_trained_classifier_is_kept_in_its_dtype_and_not_trained_again",
     ),
 ]
 

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
+from typing import Any
 
 import torch
 
@@ -534,6 +535,9 @@ class ConditionalSettings:
     )
     studies: tuple[str, ...] = settings_field(("degenerate", "length"), "which studies")
     classifiers: str | None = settings_field(None, "a previous run's folder: reuse its classifiers")
+    kept_dtype: str = settings_field(
+        "float16", "dtype the trained classifiers are kept and used in (float32 doubles 11 MB)"
+    )
     batch_size: int = settings_field(8, "test prompts searched together")
     data_dir: str | None = settings_field(None, "datasets directory")
     work_dir: str | None = settings_field(None, "working folder (default: the run's)")
@@ -582,7 +586,6 @@ def conditional_study(args) -> dict:
     from gencraft.models.introspect import eos_ids
     from gencraft.search.train import (
         ClassifierTrainConfig,
-        classifier_for,
         relabel_degenerate,
         train_classifier,
     )
@@ -593,10 +596,12 @@ def conditional_study(args) -> dict:
     if args.classifiers:  # reuse trained classifiers: skip sampling and training
         from gencraft.search.classifier import AttributeClassifier
 
+        def saved(a: str) -> Path:  # the kept weights where the run kept them, else best/
+            kept = Path(args.classifiers, f"clf-{a}", "kept")
+            return kept if kept.is_dir() else Path(args.classifiers, f"clf-{a}", "best")
+
         clfs = {
-            a: AttributeClassifier.from_pretrained(
-                Path(args.classifiers, f"clf-{a}", "best"), model
-            )
+            a: AttributeClassifier.from_pretrained(saved(a), model).float().eval()
             for a in args.studies
         }
         result: dict = {"model": args.model, **machine(), "classifiers": args.classifiers}
@@ -611,7 +616,13 @@ def conditional_study(args) -> dict:
     )
     # kept in the work folder by default, so a stopped run resumes without resampling
     samples = Path(args.samples) if args.samples else out_dir / "samples.pt"
-    rows = _sample_resumable(model, tok, train_texts, args, samples)
+    if args.kept_dtype not in ("float32", "float16", "bfloat16"):
+        raise GencraftError(
+            f"kept_dtype must be float32, float16 or bfloat16, not {args.kept_dtype!r}"
+        )
+    # the hidden states (2 MB a sample) only where a classifier is still to train
+    untrained = [a for a in args.studies if not (out_dir / f"clf-{a}/kept/record.json").is_file()]
+    rows = _sample_resumable(model, tok, train_texts, args, samples, hidden=bool(untrained))
     if not args.censored:  # cut samples carry no length labels then
         rows = [
             {**r, "labels": torch.full_like(r["labels"], -100), "censored": torch.tensor(False)}
@@ -632,35 +643,60 @@ def conditional_study(args) -> dict:
     clfs = {}
     for attr in args.studies:
         data = rows if attr == "length" else relabel_degenerate(rows, tok, train_texts, eos)
-        clf = classifier_for(model, attr)
-        result[f"{attr}_classifier"] = {
-            k: v
-            for k, v in train_classifier(clf, data, cfg, out_dir / f"clf-{attr}").items()
-            if k != "config"
-        }
+
+        def train(clf, data=data, attr=attr) -> dict:
+            record = train_classifier(clf, data, cfg, out_dir / f"clf-{attr}")
+            return {k: v for k, v in record.items() if k != "config"}
+
+        clfs[attr], result[f"{attr}_classifier"] = kept_classifier(
+            model, attr, train, out_dir / f"clf-{attr}" / "kept", args.kept_dtype
+        )
         if attr == "degenerate":
             result["degenerate_training_rate"] = sum(int(r["labels"][0]) for r in data) / len(data)
-        clfs[attr] = clf.eval()
         (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
     return _conditional_eval(args, model, tok, clfs, result, out_dir)
+
+
+def kept_classifier(model, attr: str, train, kept: Path, dtype: str) -> tuple[Any, dict]:
+    """The ``attr`` classifier of ``model``, trained once by ``train(clf) -> record`` and kept
+    in ``kept`` in ``dtype`` with its training record; a rerun loads it from there. It is
+    always used as kept (float16 weights read back into float32), so a study resumed in a later
+    session reads the same weights as the batches before. Returns (classifier, record)."""
+    from gencraft.search.classifier import AttributeClassifier
+    from gencraft.search.train import classifier_for
+
+    record_path = kept / "record.json"
+    if not record_path.is_file():
+        clf = classifier_for(model, attr)
+        record = train(clf)
+        copy = AttributeClassifier(clf.config)
+        copy.load_state_dict(clf.state_dict())
+        copy.to(getattr(torch, dtype)).save_pretrained(kept)
+        record_path.write_text(json.dumps(record, indent=2))
+    clf = AttributeClassifier.from_pretrained(kept, model).float().eval()
+    return clf, json.loads(record_path.read_text())
 
 
 #: training prompts sampled between saves of the partial samples
 SAMPLE_CHUNK = 32
 
 
-def _sample_resumable(model, tok, texts: list[str], args, path: Path) -> list[dict]:
+def _sample_resumable(
+    model, tok, texts: list[str], args, path: Path, hidden: bool = True
+) -> list[dict]:
     """The model's samples of every training prompt, with their hidden states. Drawn
     ``SAMPLE_CHUNK`` prompts at a time and saved after each chunk (``path`` + ``.partial``),
     so a stopped run resumes at its first unsampled prompt; written to ``path`` when complete
     (a file there already is loaded instead). Both files hold the rows without their states
-    (about 1 KB a sample, not 2 MB), and the states are computed once every row is drawn."""
+    (about 1 KB a sample, not 2 MB), and the states are computed once every row is drawn
+    (unless ``hidden`` is False: no classifier will train on them)."""
     from gencraft.search.train import attach_hidden, sample_training_data
 
     prompts = [encode_prompt(tok, t) for t in texts]
     partial = path.with_name(path.name + ".partial")
     if path.is_file():
-        return attach_hidden(model, torch.load(path), prompts, progress=True)
+        rows = torch.load(path)
+        return attach_hidden(model, rows, prompts, progress=True) if hidden else rows
     done, rows = 0, []
     if partial.is_file():
         saved = torch.load(partial)
@@ -688,7 +724,7 @@ def _sample_resumable(model, tok, texts: list[str], args, path: Path) -> list[di
     bar.close()
     torch.save(rows, path)
     partial.unlink(missing_ok=True)
-    return attach_hidden(model, rows, prompts, progress=True)
+    return attach_hidden(model, rows, prompts, progress=True) if hidden else rows
 
 
 def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path) -> dict:

@@ -487,6 +487,9 @@ def test_the_study_resumes_sampling_at_its_first_unsampled_chunk(tmp_path, monke
     calls.clear()
     assert _same_rows(ex._sample_resumable(model, tok, texts, args, tmp_path / "b.pt"), whole)
     assert calls == []
+    # no classifier left to train: the rows without their states
+    bare = ex._sample_resumable(model, tok, texts, args, tmp_path / "b.pt", hidden=False)
+    assert _same_rows(bare, stored) and calls == []
 
 
 def _drawn(rows: list[dict]) -> list[tuple]:
@@ -541,3 +544,40 @@ def test_samples_follow_the_model_s_next_token_distribution():
         toks = r["tokens"].tolist()
         assert 0 not in toks[:-1] and (toks[-1] == 0 or len(toks) == 3)
         assert bool(r["finished"]) == (toks[-1] == 0)
+
+
+def test_a_trained_classifier_is_kept_in_its_dtype_and_not_trained_again(tmp_path):
+    """The conditional study trains each classifier once and keeps it (float16 by default):
+    the first call already uses the kept (rounded) weights, a rerun loads them without
+    training, and the file holds float16 tensors (half the float32 size)."""
+    from safetensors import safe_open
+
+    from gencraft.models import load_model
+    from gencraft.search.experiments import kept_classifier
+
+    model, tok = load_model("tiny-llama")
+    calls = []
+
+    def train(clf):
+        calls.append(1)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p in clf.parameters():
+                p.add_(torch.randn_like(p) * 1e-2)
+        trained.append({k: v.clone() for k, v in clf.state_dict().items()})
+        return {"best_valid_loss": 0.5}
+
+    trained: list = []
+    kept = tmp_path / "clf-length" / "kept"
+    first, record = kept_classifier(model, "length", train, kept, "float16")
+    again, record2 = kept_classifier(model, "length", train, kept, "float16")
+    assert calls == [1] and record == record2 == {"best_valid_loss": 0.5}
+    for k, v in trained[0].items():
+        want = v.to(torch.float16).float()
+        assert torch.equal(first.state_dict()[k], want), k
+        assert torch.equal(again.state_dict()[k], want), k
+    assert first.in_proj.weight.dtype == torch.float32 and not first.training
+    assert first._embedding and first._embedding[0] is model.get_input_embeddings()
+    (weights,) = kept.glob("*.safetensors")
+    with safe_open(str(weights), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
