@@ -3911,6 +3911,27 @@ M = [
         '    clf = clf if "clf" in dir() else AttributeClassifier.from_pretrained(kept, model)\n    return clf.eval(),',
         "tests/search/test_search_classifier.py::test_a_trained_classifier_is_kept_in_its_dtype_and_not_trained_again",
     ),
+    (
+        "score differences: the proven set is every prompt",
+        "gencraft/search/errors.py",
+        '"proven": [i for i, p in enumerate(proven) if p]',
+        '"proven": list(range(len(outputs)))',
+        "tests/search/test_search_errors.py -k score_differences",
+    ),
+    (
+        "score differences: exact minus the search",
+        "gencraft/search/errors.py",
+        "per[name][i] - per[against][i]",
+        "per[against][i] - per[name][i]",
+        "tests/search/test_search_errors.py -k score_differences",
+    ),
+    (
+        "score differences: ties counted as higher",
+        "gencraft/search/errors.py",
+        '"higher": sum(d > 0 for d in diffs)',
+        '"higher": sum(d >= 0 for d in diffs)',
+        "tests/search/test_search_errors.py -k score_differences",
+    ),
 ]
 
 

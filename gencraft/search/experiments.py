@@ -433,7 +433,13 @@ class ErrorSettings:
 def search_error_study(s: ErrorSettings, run: ExperimentRun) -> None:
     """Greedy, beam and exact search per prompt: search errors, empty and bad modes."""
     from gencraft.metrics.tasks import score_task
-    from gencraft.search.errors import SearchErrorRow, budget_table, error_table, length_table
+    from gencraft.search.errors import (
+        SearchErrorRow,
+        budget_table,
+        error_table,
+        length_table,
+        score_differences,
+    )
     from gencraft.search.prompts import instruction_references
 
     if not s.budgets or max(s.budgets) > s.max_nodes:
@@ -481,6 +487,12 @@ def search_error_study(s: ErrorSettings, run: ExperimentRun) -> None:
             f"**{kind}** ({len(rows)} prompts, {per:.1f} references each; task score: {metric})"
         )
         run.table(error_table(rows, scores))
+        run.text(
+            f"**{kind}**, paired by prompt: each search's ROUGE-L minus exact search's (all "
+            "prompts: exact's best found; proven: the mode)"
+        )
+        outs = [e["outputs"] for e, _ in pairs]
+        run.table(score_differences(outs, refs, [r.proven for r in rows]))
     run.text("By prompt length (all prompts):")
     run.table(length_table(every, lengths, list(s.length_bins)))
     run.text("Proven share and empty modes at smaller node budgets (read off this run):")

@@ -555,7 +555,7 @@ def test_a_trained_classifier_is_kept_in_its_dtype_and_not_trained_again(tmp_pat
     from gencraft.models import load_model
     from gencraft.search.experiments import kept_classifier
 
-    model, tok = load_model("tiny-llama")
+    model, _ = load_model("tiny-llama")
     calls = []
 
     def train(clf):
@@ -580,4 +580,4 @@ def test_a_trained_classifier_is_kept_in_its_dtype_and_not_trained_again(tmp_pat
     assert first._embedding and first._embedding[0] is model.get_input_embeddings()
     (weights,) = kept.glob("*.safetensors")
     with safe_open(str(weights), "pt") as f:
-        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}  # noqa: SIM118

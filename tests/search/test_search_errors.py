@@ -25,6 +25,7 @@ from gencraft.search.errors import (
     empty_bounds,
     error_table,
     length_table,
+    score_differences,
 )
 
 SETTINGS = dict(
@@ -345,6 +346,9 @@ def test_reproduce_search_errors_reports_both_tasks_and_resumes(shared_data, tmp
     assert ", seeded with the best finished beam output," in report
     header = next(x for x in report.splitlines() if x.startswith("| search |"))
     assert "| empty % (bounds, all) |" in header  # the exact line's column, in every table
+    # the paired table: per task, each search against exact over all prompts (4 XSum, 2 E2E)
+    paired = [x for x in report.splitlines() if "| exact | all |" in x]
+    assert len(paired) == 4 and sum("| exact | all | 4 |" in x for x in paired) == 2
     results = json.loads((tmp_path / "results.json").read_text())
     assert sorted(results["units"]) == ["e2e MR #0-1", "xsum, 10 words #0-1", "xsum, 20 words #0-1"]
     units = results["units"]
@@ -413,3 +417,59 @@ def test_a_time_budget_stops_exact_search_like_a_node_budget():
     assert strip(timed) == strip(free) and all(r.proven for r in timed)
     with pytest.raises(GencraftError, match="max_seconds must be >= 0, got -1"):
         exact_mode(model, torch.tensor([[1]]), eos_token_id=0, max_new_tokens=2, max_seconds=-1)
+
+
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran"]
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(st.lists(st.sampled_from(WORDS), max_size=5), min_size=3, max_size=3),
+            st.lists(st.lists(st.sampled_from(WORDS), min_size=1, max_size=5), min_size=1,
+                     max_size=2),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=6,
+    )
+)  # fmt: skip
+def test_score_differences_pair_each_search_with_exact_prompt_by_prompt(drawn):
+    """Each line's mean, interval and counts are those of the per-prompt ROUGE-L differences
+    computed one prompt at a time with rouge_score, over all prompts and the proven ones."""
+    from rouge_score import rouge_scorer
+
+    from gencraft.metrics.stats import paired_t
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    names = ["greedy", "beam 4", "exact"]
+    outputs = [{n: " ".join(o) for n, o in zip(names, outs, strict=True)} for outs, _, _ in drawn]
+    refs = [[" ".join(r) for r in rs] for _, rs, _ in drawn]
+    proven = [p for _, _, p in drawn]
+    table = score_differences(outputs, refs, proven)
+    assert [(r["search"], r["prompts"]) for r in table] == [
+        (n, w) for n in names[:2] for w in ("all", "proven")
+    ]
+    for line in table:
+        idx = [i for i in range(len(drawn)) if line["prompts"] == "all" or proven[i]]
+
+        def rl(i, n):
+            return 100 * scorer.score_multi(refs[i], outputs[i][n])["rougeL"].fmeasure
+
+        diffs = [rl(i, line["search"]) - rl(i, "exact") for i in idx]
+        assert line["n"] == len(idx) and line["minus"] == "exact"
+        assert line["higher"] == sum(d > 0 for d in diffs)
+        assert line["lower"] == sum(d < 0 for d in diffs)
+        if not idx:
+            assert line["RL diff"] == line["95% interval"] == line["p"] == "-"
+            continue
+        t = paired_t(diffs)
+        assert line["RL diff"] == round(t["mean"], 2) and line["p"] == float(f"{t['p']:.3g}")
+        if len(idx) > 1:
+            assert line["95% interval"] == f"[{t['low']:.2f}, {t['high']:.2f}]"
+
+
+def test_score_differences_refuse_unparallel_inputs():
+    with pytest.raises(GencraftError, match="one of each per prompt"):
+        score_differences([{"exact": "a"}], [["a"], ["b"]], [True])
