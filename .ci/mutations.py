@@ -3932,6 +3932,20 @@ M = [
         '"higher": sum(d >= 0 for d in diffs)',
         "tests/search/test_search_errors.py -k score_differences",
     ),
+    (
+        "budget table: the run's own budget keeps the loose bound",
+        "gencraft/search/errors.py",
+        "        own = max_nodes is not None and budget >= max_nodes\n",
+        "        own = False\n",
+        "tests/search/test_search_errors.py -k smaller_budget",
+    ),
+    (
+        "budget table: smaller budgets use the run's best found",
+        "gencraft/search/errors.py",
+        "        own = max_nodes is not None and budget >= max_nodes\n",
+        "        own = True\n",
+        "tests/search/test_search_errors.py -k smaller_budget",
+    ),
 ]
 
 

@@ -305,25 +305,31 @@ def length_table(
     return table
 
 
-def budget_table(rows: Sequence[SearchErrorRow], budgets: Sequence[int]) -> list[dict[str, Any]]:
+def budget_table(
+    rows: Sequence[SearchErrorRow], budgets: Sequence[int], max_nodes: int | None = None
+) -> list[dict[str, Any]]:
     """The proven share and the empty-mode rate at smaller node budgets, read off one run.
 
     The DFS is deterministic and checks its budget before each expansion, so a prompt proven
     with ``nodes`` expansions is proven under any budget >= ``nodes`` and under none below it:
     one run at the largest budget gives every smaller budget's line. A budget above that
-    run's ``max_nodes`` would need a new run (its line shows the run's share)."""
+    run's ``max_nodes`` would need a new run (its line shows the run's share).
+
+    The upper bound on empty modes counts every prompt unproven at a smaller budget (what
+    that search would have found is not recorded); at the run's own budget (``max_nodes``,
+    when given) it is :func:`empty_bounds`'s, from the best outputs the run found."""
     table = []
     for budget in budgets:
         proven = [r for r in rows if r.proven and r.nodes <= budget]
         empty = sum(r.mode_empty for r in proven)
+        own = max_nodes is not None and budget >= max_nodes
+        bounds = empty_bounds(rows) if own else (empty, empty + len(rows) - len(proven))
         table.append(
             {
                 "node budget": budget,
                 "proven %": _pct(len(proven), len(rows)),
                 "empty mode % (of proven)": _pct(empty, len(proven)),
-                "empty mode % (bounds, all)": _bound(
-                    empty, empty + len(rows) - len(proven), len(rows)
-                ),
+                "empty mode % (bounds, all)": _bound(*bounds, len(rows)),
                 "n": len(rows),
             }
         )

@@ -496,7 +496,7 @@ def search_error_study(s: ErrorSettings, run: ExperimentRun) -> None:
     run.text("By prompt length (all prompts):")
     run.table(length_table(every, lengths, list(s.length_bins)))
     run.text("Proven share and empty modes at smaller node budgets (read off this run):")
-    run.table(budget_table(every, s.budgets))
+    run.table(budget_table(every, s.budgets, s.max_nodes))
 
 
 def _error_unit(model, tok, texts: list[str], s: ErrorSettings) -> list[dict]:

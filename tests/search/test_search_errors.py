@@ -390,6 +390,7 @@ def test_one_run_gives_the_proven_share_at_every_smaller_budget(seed, prompts):
     big = search_errors(model, ids, mask, max_nodes=60, **kw)
     budgets = [1, 3, 6, 12, 30]
     table = budget_table(big, budgets)
+    truth = sum(_brute_mode(model, p, 3)[0] == [] for p in prompts)
     for budget, line in zip(budgets, table, strict=True):
         small = search_errors(model, ids, mask, max_nodes=budget, **kw)
         assert [r.proven and r.nodes <= budget for r in big] == [r.proven for r in small]
@@ -397,6 +398,18 @@ def test_one_run_gives_the_proven_share_at_every_smaller_budget(seed, prompts):
         assert line["proven %"].startswith(f"{100 * len(proven) / len(prompts):.1f} [")
         assert line["empty mode % (of proven)"] == error_table(small)[-1]["empty %"]
         assert line["n"] == len(prompts)
+        # every unproven prompt may have an empty mode: the truth lies within the bounds
+        parts = line["empty mode % (bounds, all)"].split(" to ")  # one number when equal
+        low, high = float(parts[0]), float(parts[-1])
+        empty = sum(r.mode_empty for r in proven)
+        assert (low, high) == (
+            round(100 * empty / len(prompts), 1),
+            round(100 * (empty + len(prompts) - len(proven)) / len(prompts), 1),
+        )
+        assert low - 0.05 <= 100 * truth / len(prompts) <= high + 0.05  # printed to 0.1
+        # read at a run's own budget, the bounds are that run's (its best outputs found)
+        (own,) = budget_table(small, [budget], max_nodes=budget)
+        assert own["empty mode % (bounds, all)"] == error_table(small)[-1]["empty % (bounds, all)"]
 
 
 def test_a_time_budget_stops_exact_search_like_a_node_budget():
