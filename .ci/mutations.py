@@ -3907,7 +3907,7 @@ M = [
     (
         "the first study uses the trained, not the kept weights",
         "gencraft/search/experiments.py",
-        "    clf = AttributeClassifier.from_pretrained(kept, model).float().eval()\n    return clf,",
+        "    clf = AttributeClassifier.from_pretrained(kept, model).float().to(device).eval()\n    return clf,",
         '    clf = clf if "clf" in dir() else AttributeClassifier.from_pretrained(kept, model)\n    return clf.eval(),',
         "tests/search/test_search_classifier.py::test_a_trained_classifier_is_kept_in_its_dtype_and_not_trained_again",
     ),
@@ -3945,6 +3945,13 @@ M = [
         "        own = max_nodes is not None and budget >= max_nodes\n",
         "        own = True\n",
         "tests/search/test_search_errors.py -k smaller_budget",
+    ),
+    (
+        "a bad kept dtype is not refused",
+        "gencraft/search/experiments.py",
+        '    if args.kept_dtype not in ("float32", "float16", "bfloat16"):\n',
+        "    if False:\n",
+        "tests/search/test_search_classifier.py -k bad_kept_dtype",
     ),
 ]
 

@@ -603,6 +603,10 @@ def conditional_study(args) -> dict:
         train_classifier,
     )
 
+    if args.kept_dtype not in ("float32", "float16", "bfloat16"):
+        raise GencraftError(
+            f"kept_dtype must be float32, float16 or bfloat16, not {args.kept_dtype!r}"
+        )
     model, tok = load_model(args.model, device=default_device())
     eos = eos_ids(model, None)
     out_dir = Path(args.work_dir)
@@ -613,8 +617,9 @@ def conditional_study(args) -> dict:
             kept = Path(args.classifiers, f"clf-{a}", "kept")
             return kept if kept.is_dir() else Path(args.classifiers, f"clf-{a}", "best")
 
+        device = next(model.parameters()).device
         clfs = {
-            a: AttributeClassifier.from_pretrained(saved(a), model).float().eval()
+            a: AttributeClassifier.from_pretrained(saved(a), model).float().to(device).eval()
             for a in args.studies
         }
         result: dict = {"model": args.model, **machine(), "classifiers": args.classifiers}
@@ -629,10 +634,6 @@ def conditional_study(args) -> dict:
     )
     # kept in the work folder by default, so a stopped run resumes without resampling
     samples = Path(args.samples) if args.samples else out_dir / "samples.pt"
-    if args.kept_dtype not in ("float32", "float16", "bfloat16"):
-        raise GencraftError(
-            f"kept_dtype must be float32, float16 or bfloat16, not {args.kept_dtype!r}"
-        )
     # the hidden states (2 MB a sample) only where a classifier is still to train
     untrained = [a for a in args.studies if not (out_dir / f"clf-{a}/kept/record.json").is_file()]
     rows = _sample_resumable(model, tok, train_texts, args, samples, hidden=bool(untrained))
@@ -686,7 +687,8 @@ def kept_classifier(model, attr: str, train, kept: Path, dtype: str) -> tuple[An
         copy.load_state_dict(clf.state_dict())
         copy.to(getattr(torch, dtype)).save_pretrained(kept)
         record_path.write_text(json.dumps(record, indent=2))
-    clf = AttributeClassifier.from_pretrained(kept, model).float().eval()
+    device = next(model.parameters()).device  # loaded on the CPU; the search runs there
+    clf = AttributeClassifier.from_pretrained(kept, model).float().to(device).eval()
     return clf, json.loads(record_path.read_text())
 
 

@@ -581,3 +581,26 @@ def test_a_trained_classifier_is_kept_in_its_dtype_and_not_trained_again(tmp_pat
     (weights,) = kept.glob("*.safetensors")
     with safe_open(str(weights), "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}  # noqa: SIM118
+
+
+@pytest.mark.gpu
+def test_a_kept_classifier_runs_where_the_model_runs(tmp_path):
+    """Loaded from its files on the CPU, the kept classifier moves to the model's device."""
+    from gencraft.models import load_model
+    from gencraft.search.experiments import kept_classifier
+
+    model, _ = load_model("tiny-llama")
+    model = model.to("cuda")
+    clf, _ = kept_classifier(model, "length", lambda c: {}, tmp_path / "kept", "float16")
+    assert clf.in_proj.weight.device.type == "cuda"
+
+
+def test_a_bad_kept_dtype_stops_before_the_model_loads(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    import gencraft.search.experiments as ex
+
+    monkeypatch.setattr(ex, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    args = SimpleNamespace(kept_dtype="float8", model="tiny-llama", work_dir=str(tmp_path))
+    with pytest.raises(GencraftError, match="kept_dtype must be float32, float16 or bfloat16"):
+        ex.conditional_study(args)
