@@ -3953,6 +3953,20 @@ M = [
         "    if False:\n",
         "tests/search/test_search_classifier.py -k bad_kept_dtype",
     ),
+    (
+        "conditional size line counts the beams as ratios",
+        "gencraft/search/experiments.py",
+        'f"length study on {n} prompts x {len(args.ratios)} ratios x beams "',
+        'f"length study on {n} prompts x {len(args.beams)} ratios x beams "',
+        "tests/search/test_search_classifier.py -k reproduce_search_conditional",
+    ),
+    (
+        "a study's batch log is not read back",
+        "gencraft/search/experiments.py",
+        '                if entry["size"] == size:\n',
+        "                if False:\n",
+        "tests/search/test_search_classifier.py -k reproduce_search_conditional",
+    ),
 ]
 
 

@@ -471,6 +471,12 @@ def search_error_study(s: ErrorSettings, run: ExperimentRun) -> None:
         f"{s.max_new_tokens} tokens before EOS. Search errors % is over the proven prompts "
         "(95% Wilson interval); the bounds columns are over all prompts."
     )
+    run.text(
+        f"Size: {len(every)} prompts, exact search cut at {s.max_nodes} nodes. Against "
+        "Stahlberg & Byrne's 2,169 WMT15 news-test sentences (Transformer-base) and the "
+        "thesis's 2,002 WMT17 zh-en dev sources (MarianMT) and 1,571 ROC validation stories "
+        "(GPT-2-345M), every search run to proof."
+    )
     for kind, pairs in task_rows.items():
         if not pairs:
             continue
@@ -763,7 +769,7 @@ def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path)
     if "length" in args.studies:
         _length_study(args, model, tok, clfs["length"], prompts, result, out_dir)
     (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
-    md = []
+    md = [_conditional_size(args, result, len(tests)), ""]
     if "degenerate" in result:
         d = result["degenerate"]
         md += [
@@ -793,6 +799,33 @@ def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path)
     (out_dir / "conditional.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return result
+
+
+#: the thesis's sizes (ch. 6-7), beside which every search report states its own
+THESIS_SIZES = (
+    "the thesis: classifiers on 300K GPT-2-345M samples (8 epochs) and 1.1M MarianMT zh-en "
+    "sources (3 epochs); searches on the 2,002 WMT17 zh-en dev sources and the 1,571 ROC "
+    "validation stories, beams 5 and 20"
+)
+
+
+def _conditional_size(args, result: dict, n_tests: int) -> str:
+    """The run's size against the thesis's, one line."""
+    trained = (
+        f"classifiers trained on {result['samples']} samples of the model (epochs: {args.epochs})"
+        if "samples" in result
+        else f"classifiers from {result.get('classifiers')}"
+    )
+    studies = []
+    if "degenerate" in args.studies:
+        studies.append(f"degenerate study on {n_tests} test prompts (beam {args.beams[0]})")
+    if "length" in args.studies:
+        n = args.length_prompts or args.test_prompts
+        studies.append(
+            f"length study on {n} prompts x {len(args.ratios)} ratios x beams "
+            f"{', '.join(map(str, args.beams))}"
+        )
+    return f"Size: {trained}; {'; '.join(studies)}. Against {THESIS_SIZES}."
 
 
 class _BatchLog:

@@ -604,3 +604,35 @@ def test_a_bad_kept_dtype_stops_before_the_model_loads(tmp_path, monkeypatch):
     args = SimpleNamespace(kept_dtype="float8", model="tiny-llama", work_dir=str(tmp_path))
     with pytest.raises(GencraftError, match="kept_dtype must be float32, float16 or bfloat16"):
         ex.conditional_study(args)
+
+
+def test_reproduce_search_conditional_reports_both_studies_and_resumes(
+    shared_data, tmp_path, monkeypatch
+):
+    """The tiny run samples, trains and keeps both classifiers, runs both studies and states
+    its size; a rerun trains nothing and decodes nothing it has."""
+    import json
+
+    import gencraft.search.train as train
+    from gencraft.experiments import reproduce
+
+    kw = dict(scale="tiny", output=tmp_path, overrides={"data_dir": str(shared_data)})
+    report = reproduce("search-conditional", **kw).read_text()
+    assert (
+        "Size: classifiers trained on 8 samples of the model (epochs: 1); degenerate study "
+        in report
+    )
+    assert "on 2 test prompts (beam 2); length study on 2 prompts x 5 ratios x beams 2." in report
+    assert "Degenerate outputs (beam 2, 2 test prompts): beam (on_beam) " in report
+    assert "| beams | length / reference |" in report
+    for a in ("degenerate", "length"):
+        assert (tmp_path / f"clf-{a}" / "kept" / "record.json").is_file()
+    first = json.loads((tmp_path / "conditional.json").read_text())
+    lines = {f: (tmp_path / f).read_text() for f in ("degenerate_rows.jsonl", "length_rows.jsonl")}
+    monkeypatch.setattr(train, "train_classifier", lambda *a, **k: pytest.fail("trained again"))
+    (tmp_path / "results.json").unlink()  # the study's own unit: only its files are kept
+    again = reproduce("search-conditional", **kw).read_text()
+    assert again.split("Machine:")[0] == report.split("Machine:")[0]
+    assert {f: (tmp_path / f).read_text() for f in lines} == lines  # no batch decoded again
+    second = json.loads((tmp_path / "conditional.json").read_text())
+    assert second["degenerate"] == first["degenerate"] and second["length"] == first["length"]

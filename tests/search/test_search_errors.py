@@ -344,6 +344,7 @@ def test_reproduce_search_errors_reports_both_tasks_and_resumes(shared_data, tmp
     assert "| greedy |" in report and "| beam 2 |" in report and "| exact |" in report
     assert "| node budget |" in report and "| 5 |" in report and "| 20 |" in report
     assert ", seeded with the best finished beam output," in report
+    assert "Size: 6 prompts, exact search cut at 20 nodes. Against Stahlberg & Byrne's" in report
     header = next(x for x in report.splitlines() if x.startswith("| search |"))
     assert "| empty % (bounds, all) |" in header  # the exact line's column, in every table
     # the paired table: per task, each search against exact over all prompts (4 XSum, 2 E2E)
