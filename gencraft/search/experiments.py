@@ -579,6 +579,7 @@ class ConditionalSettings:
             "k": 5,
             "max_new_tokens": 6,
             "max_source_words": 20,
+            "ratios": (0.1, 0.2),  # lengths of a few tokens: the length study stays short
         },
         "cpu": {},
         "gpu": {"train_prompts": 2000, "samples_per_prompt": 16},

@@ -622,7 +622,7 @@ def test_reproduce_search_conditional_reports_both_studies_and_resumes(
         "Size: classifiers trained on 8 samples of the model (epochs: 1); degenerate study "
         in report
     )
-    assert "on 2 test prompts (beam 2); length study on 2 prompts x 5 ratios x beams 2." in report
+    assert "on 2 test prompts (beam 2); length study on 2 prompts x 2 ratios x beams 2." in report
     assert "Degenerate outputs (beam 2, 2 test prompts): beam (on_beam) " in report
     assert "| beams | length / reference |" in report
     for a in ("degenerate", "length"):
