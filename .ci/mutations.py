@@ -3967,6 +3967,27 @@ M = [
         "                if False:\n",
         "tests/search/test_search_classifier.py -k reproduce_search_conditional",
     ),
+    (
+        "corpus cache: a rewritten file is not read again",
+        "gencraft/data/lm.py",
+        "*((s, str(files[s]), *_stamp(files[s])) for s in wanted))",
+        "*((s, str(files[s])) for s in wanted))",
+        "tests/data/test_own_data.py -k tokenised_once",
+    ),
+    (
+        "corpus cache: other splits share a key",
+        "gencraft/data/lm.py",
+        "    key = (name, tuple(keep), *(",
+        "    key = (name, *(",
+        "tests/data/test_own_data.py -k tokenised_once",
+    ),
+    (
+        "corpus cache: the cached corpus itself is returned",
+        "gencraft/data/lm.py",
+        "        return LMCorpus(hit.name, hit.vocab, dict(hit.splits), dict(hit.lines))\n",
+        "        return hit\n",
+        "tests/data/test_own_data.py -k tokenised_once",
+    ),
 ]
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -172,13 +172,38 @@ def load_lm_corpus(
         pattern = _FILES[name]
         root = dataset_dir(name, data_dir, pattern.format(split="train"))
         files = {s: root / pattern.format(split=s) for s in wanted}
+    for split in wanted:
+        if not files[split].is_file():
+            raise DataError(f"{name}: missing {files[split]}")
+    key = (name, tuple(keep), *((s, str(files[s]), *_stamp(files[s])) for s in wanted))
+    if key in _CORPORA:  # the same unchanged files: tokenised once per process
+        _CORPORA.move_to_end(key)
+        hit = _CORPORA[key]
+        return LMCorpus(hit.name, hit.vocab, dict(hit.splits), dict(hit.lines))
+    corpus = _tokenise(name, files, wanted, keep, own)
+    _CORPORA[key] = corpus
+    while len(_CORPORA) > _CORPORA_KEPT:
+        _CORPORA.popitem(last=False)
+    return LMCorpus(corpus.name, corpus.vocab, dict(corpus.splits), dict(corpus.lines))
+
+
+#: tokenised corpora kept in memory, by their files' paths, sizes and modification times
+_CORPORA: OrderedDict[tuple, LMCorpus] = OrderedDict()
+_CORPORA_KEPT = 4
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+def _tokenise(
+    name: str, files: dict[str, Path], wanted: list[str], keep: list[str], own: bool
+) -> LMCorpus:
     lines: dict[str, list[str]] = {}
     tokens: dict[str, list[str]] = {}
     for split in wanted:
-        path = files[split]
-        if not path.is_file():
-            raise DataError(f"{name}: missing {path}")
-        lines[split], tokens[split] = _read_split(path)
+        lines[split], tokens[split] = _read_split(files[split])
     if own:
         empty = [str(files[s]) for s in wanted if not any(t != EOS for t in tokens[s])]
         if empty:

@@ -307,3 +307,37 @@ def test_own_task_takes_a_name_or_a_path_and_refuses_anything_else(tmp_path, mon
         own_task("e3e", ("e2e", "dart"))
     with pytest.raises(ConfigError, match=r"corpus must be one of ptb or a path .*a text file"):
         own_task("wiki", ("ptb",), "corpus")
+
+
+def test_a_corpus_is_tokenised_once_until_its_files_change(tmp_path, monkeypatch):
+    """A second load of the same unchanged files reuses the tokenised corpus (equal to a
+    fresh load, in new containers); a rewritten file, other splits or another path load
+    again."""
+    import os
+
+    import gencraft.data.lm as lm
+
+    folder = tmp_path / "c"
+    folder.mkdir()
+    for split, text in (("train", "a b c\nb c\n"), ("valid", "a z\n"), ("test", "c c\n")):
+        (folder / f"{split}.txt").write_text(text)
+    calls = []
+    real = lm._tokenise
+    monkeypatch.setattr(lm, "_tokenise", lambda *a: calls.append(a[2]) or real(*a))
+    first = load_lm_corpus(str(folder))
+    again = load_lm_corpus(str(folder))
+    assert len(calls) == 1 and again is not first and again.splits is not first.splits
+    assert again.vocab.itos == first.vocab.itos
+    assert all(again[s].tolist() == first[s].tolist() for s in ("train", "valid", "test"))
+    again.splits.pop("test")  # a caller's changes stay with its copy
+    assert load_lm_corpus(str(folder))["test"].tolist() == first["test"].tolist()
+    assert len(calls) == 1
+    assert list(load_lm_corpus(str(folder), splits=("valid",)).splits) == ["valid"]
+    both = load_lm_corpus(str(folder), splits=("train", "valid"))  # the same files read
+    assert list(both.splits) == ["train", "valid"] and len(calls) == 3
+    (folder / "valid.txt").write_text("a b\nzz\n")
+    st = (folder / "train.txt").stat()
+    os.utime(folder / "valid.txt", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    changed = load_lm_corpus(str(folder))
+    assert len(calls) == 4 and changed["valid"].tolist() != first["valid"].tolist()
+    assert changed.text("valid", detokenize=False) == f"a b\n{UNK}"  # zz: unseen in train
