@@ -46,6 +46,7 @@ class NARTasksSettings:
     scratch_steps: int = settings_field(600, "optimizer steps of SUNDAE from scratch")
     batch_size: int = settings_field(16, "pairs per batch")
     train_examples: int | None = settings_field(None, "the first N training pairs (None: all)")
+    valid_examples: int = settings_field(256, "validation pairs for the loss")
     lr: float = settings_field(2e-4, "learning rate of a pretrained start")
     scratch_lr: float = settings_field(5e-4, "learning rate from scratch")
     max_target_length: int = settings_field(96, "the length predictor's range")
@@ -146,6 +147,7 @@ def tasks_verdict(runs: list[tuple[NARTasksSettings, dict]]) -> list[dict]:
             "curve_thresholds": (0.5,),
             "threshold_steps": 8,
             "train_examples": 64,
+            "valid_examples": 16,
         },
         "cpu": {},
         "gpu": {
@@ -173,6 +175,7 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
             model=s.model,
             task=s.task,
             train_examples=s.train_examples,
+            valid_examples=s.valid_examples,
             lr=s.scratch_lr if scratch else s.lr,
             fit=FitConfig(
                 batch_size=s.batch_size,
