@@ -3907,8 +3907,8 @@ M = [
     (
         "the first study uses the trained, not the kept weights",
         "gencraft/search/experiments.py",
-        "    clf = AttributeClassifier.from_pretrained(kept, model).float().to(device).eval()\n    return clf,",
-        '    clf = clf if "clf" in dir() else AttributeClassifier.from_pretrained(kept, model)\n    return clf.eval(),',
+        "    clf = _load_classifier(kept, model)\n    return clf,",
+        '    clf = clf if "clf" in dir() else _load_classifier(kept, model)\n    return clf.eval(),',
         "tests/search/test_search_classifier.py::test_a_trained_classifier_is_kept_in_its_dtype_and_not_trained_again",
     ),
     (

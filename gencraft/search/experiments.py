@@ -618,17 +618,12 @@ def conditional_study(args) -> dict:
     eos = eos_ids(model, None)
     out_dir = Path(args.work_dir)
     if args.classifiers:  # reuse trained classifiers: skip sampling and training
-        from gencraft.search.classifier import AttributeClassifier
 
         def saved(a: str) -> Path:  # the kept weights where the run kept them, else best/
             kept = Path(args.classifiers, f"clf-{a}", "kept")
             return kept if kept.is_dir() else Path(args.classifiers, f"clf-{a}", "best")
 
-        device = next(model.parameters()).device
-        clfs = {
-            a: AttributeClassifier.from_pretrained(saved(a), model).float().to(device).eval()
-            for a in args.studies
-        }
+        clfs = {a: _load_classifier(saved(a), model) for a in args.studies}
         result: dict = {"model": args.model, **machine(), "classifiers": args.classifiers}
         return _conditional_eval(args, model, tok, clfs, result, out_dir)
     half = args.train_prompts // 2
@@ -694,9 +689,17 @@ def kept_classifier(model, attr: str, train, kept: Path, dtype: str) -> tuple[An
         copy.load_state_dict(clf.state_dict())
         copy.to(getattr(torch, dtype)).save_pretrained(kept)
         record_path.write_text(json.dumps(record, indent=2))
-    device = next(model.parameters()).device  # loaded on the CPU; the search runs there
-    clf = AttributeClassifier.from_pretrained(kept, model).float().to(device).eval()
+    clf = _load_classifier(kept, model)
     return clf, json.loads(record_path.read_text())
+
+
+def _load_classifier(path: Path, model) -> Any:
+    """A saved classifier in float32, bound to ``model`` and on its device (it loads on the
+    CPU; the search runs where the model is)."""
+    from gencraft.search.classifier import AttributeClassifier
+
+    device = next(model.parameters()).device
+    return AttributeClassifier.from_pretrained(path, model).float().to(device).eval()
 
 
 #: training prompts sampled between saves of the partial samples
