@@ -433,14 +433,7 @@ class ErrorSettings:
 )
 def search_error_study(s: ErrorSettings, run: ExperimentRun) -> None:
     """Greedy, beam and exact search per prompt: search errors, empty and bad modes."""
-    from gencraft.metrics.tasks import score_task
-    from gencraft.search.errors import (
-        SearchErrorRow,
-        budget_table,
-        error_table,
-        length_table,
-        score_differences,
-    )
+    from gencraft.search.errors import SearchErrorRow, budget_table, length_table
     from gencraft.search.prompts import instruction_references
 
     if not s.budgets or max(s.budgets) > s.max_nodes:
@@ -478,32 +471,38 @@ def search_error_study(s: ErrorSettings, run: ExperimentRun) -> None:
         "(GPT-2-345M), every search run to proof."
     )
     for kind, pairs in task_rows.items():
-        if not pairs:
-            continue
-        metric = "rougeL" if kind == "xsum" else "BLEU"
-        refs = [r for _, r in pairs]
-        scores = {
-            name: score_task(kind, [e["outputs"][name] for e, _ in pairs], refs, metrics=[metric])[
-                metric
-            ]
-            for name in pairs[0][0]["outputs"]
-        }
-        rows = [SearchErrorRow.from_json(e["row"]) for e, _ in pairs]
-        per = sum(map(len, refs)) / len(refs)
-        run.text(
-            f"**{kind}** ({len(rows)} prompts, {per:.1f} references each; task score: {metric})"
-        )
-        run.table(error_table(rows, scores))
-        run.text(
-            f"**{kind}**, paired by prompt: each search's ROUGE-L minus exact search's (all "
-            "prompts: exact's best found; proven: the mode)"
-        )
-        outs = [e["outputs"] for e, _ in pairs]
-        run.table(score_differences(outs, refs, [r.proven for r in rows]))
+        if pairs:
+            _task_tables(run, kind, pairs)
     run.text("By prompt length (all prompts):")
     run.table(length_table(every, lengths, list(s.length_bins)))
     run.text("Proven share and empty modes at smaller node budgets (read off this run):")
     run.table(budget_table(every, s.budgets, s.max_nodes))
+
+
+def _task_tables(run: ExperimentRun, kind: str, pairs: list[tuple[dict, list[str]]]) -> None:
+    """One task's tables: Stahlberg & Byrne's (with the task score) and each search's
+    per-prompt ROUGE-L against exact search's. ``pairs``: (unit entry, references) per prompt."""
+    from gencraft.metrics.tasks import score_task
+    from gencraft.search.errors import SearchErrorRow, error_table, score_differences
+
+    metric = "rougeL" if kind == "xsum" else "BLEU"
+    refs = [r for _, r in pairs]
+    scores = {
+        name: score_task(kind, [e["outputs"][name] for e, _ in pairs], refs, metrics=[metric])[
+            metric
+        ]
+        for name in pairs[0][0]["outputs"]
+    }
+    rows = [SearchErrorRow.from_json(e["row"]) for e, _ in pairs]
+    per = sum(map(len, refs)) / len(refs)
+    run.text(f"**{kind}** ({len(rows)} prompts, {per:.1f} references each; task score: {metric})")
+    run.table(error_table(rows, scores))
+    run.text(
+        f"**{kind}**, paired by prompt: each search's ROUGE-L minus exact search's (all "
+        "prompts: exact's best found; proven: the mode)"
+    )
+    outs = [e["outputs"] for e, _ in pairs]
+    run.table(score_differences(outs, refs, [r.proven for r in rows]))
 
 
 def _error_unit(model, tok, texts: list[str], s: ErrorSettings) -> list[dict]:
