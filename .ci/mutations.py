@@ -3988,6 +3988,27 @@ M = [
         "        return hit\n",
         "tests/data/test_own_data.py -k tokenised_once",
     ),
+    (
+        "payload: the gguf package travels without its dist-info",
+        "gencraft/payload.py",
+        '        ours = (top == name or top.endswith(".dist-info")) and "__pycache__" not in f.parts\n',
+        '        ours = top == name and "__pycache__" not in f.parts\n',
+        "tests/test_payload.py -k travels_with_its_version",
+    ),
+    (
+        "campaign estimate: another seed's unit ignored",
+        "gencraft/experiments.py",
+        "    same = [t for k, t in seconds.items() if _unseeded(k) == bare]\n",
+        "    same = []\n",
+        "tests/test_campaign.py -k own_work_under_another_seed",
+    ),
+    (
+        "campaign estimate: the seed kept in the key",
+        "gencraft/experiments.py",
+        '    return " ".join(w for w in key.split() if not w.startswith("seed="))\n',
+        "    return key\n",
+        "tests/test_campaign.py -k own_work_under_another_seed",
+    ),
 ]
 
 

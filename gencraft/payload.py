@@ -19,6 +19,7 @@ more finished units.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import io
 import json
 import lzma
@@ -61,14 +62,7 @@ def weight_entries(models: set[str]) -> list[Entry]:
     if "smollm2" in models:
         gguf = pretrained.smollm2_gguf_path()
         out.append(Entry(f"weights/{gguf.name}", "weights", gguf))
-        import gguf as gguf_pkg
-
-        root = Path(gguf_pkg.__file__).parent
-        out += [
-            Entry(f"python/gguf/{p.relative_to(root)}", "python", p)
-            for p in sorted(root.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts
-        ]
+        out += package_entries("gguf")
     if "minilm" in models:
         src = pretrained.minilm_dir()
         for p in sorted(src.rglob("*")):
@@ -79,6 +73,23 @@ def weight_entries(models: set[str]) -> list[Entry]:
                 out.append(Entry(name, "weights", data=_bfloat16(p)))
             else:
                 out.append(Entry(name, "weights", p))
+    return out
+
+
+def package_entries(name: str) -> list[Entry]:
+    """An installed package's files and its ``.dist-info``, under ``python/``.
+
+    The ``.dist-info`` travels too: ``transformers`` asks ``importlib.metadata`` for the
+    ``gguf`` version before it reads a GGUF, and a bare package has none (a 2026-11-27 H100
+    lease stopped on "Invalid version: 'N/A'")."""
+    dist = importlib.metadata.distribution(name)
+    out = []
+    for f in sorted(dist.files or [], key=str):
+        path = Path(str(dist.locate_file(f)))
+        top = f.parts[0]
+        ours = (top == name or top.endswith(".dist-info")) and "__pycache__" not in f.parts
+        if ours and path.is_file():
+            out.append(Entry(f"python/{f.as_posix()}", "python", path))
     return out
 
 

@@ -159,6 +159,24 @@ def test_a_clock_estimates_a_unit_by_the_longest_of_its_kind(tmp_path):
     assert run.unit("train c", lambda: 4) == 4  # no budget outside
 
 
+def test_a_unit_is_estimated_by_its_own_work_under_another_seed_first(tmp_path):
+    """hso-fewshot's units share their first word (``n=4``) across methods of very different
+    costs: the same method's unit under another seed estimates it, the kind only otherwise."""
+    run = ExperimentRun(tmp_path, get_experiment("campaign"), CampaignSettings(), "tiny")
+    run.seconds = {
+        "n=4 seed=0 baseline": 2.0,
+        "n=4 seed=0 dynamic eval": 240.0,
+        "n=4 seed=1 dynamic eval": 200.0,
+        "n=4 seed=1 hso": 36.0,
+    }
+    assert run.estimate("n=4 seed=2 baseline", 7.0) == 2.0
+    assert run.estimate("n=4 seed=2 dynamic eval", 7.0) == 240.0
+    assert run.estimate("n=4 seed=2 hso", 7.0) == 36.0
+    assert run.estimate("n=4 seed=2 hso2", 7.0) == 240.0  # none of its own: the kind's longest
+    assert run.estimate("n=8 seed=0 hso", 7.0) == 7.0
+    assert run.estimate("n=4 seed=0 hso", 7.0) == 36.0  # seed 0 from seed 1
+
+
 def _correct(pattern: list[int]) -> dict:
     return {"correct": pattern, "seconds": 1.0, "mean prompt tokens": 9.0}
 

@@ -4,6 +4,7 @@ campaign state never replaced by a run with fewer finished units."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import random
 
@@ -14,7 +15,7 @@ from gencraft.cli.main import main
 from gencraft.errors import GencraftError
 from gencraft.models.pretrained import minilm_dir as _minilm_dir
 from gencraft.models.pretrained import smollm2_gguf_path as _gguf_path
-from gencraft.payload import Entry, campaign_entries, pack, unpack
+from gencraft.payload import Entry, campaign_entries, pack, package_entries, unpack
 
 
 def _noise(n: int, seed: int) -> bytes:
@@ -133,3 +134,19 @@ def test_a_campaign_packs_the_data_and_state_its_claims_read(shared_data, tmp_pa
     assert main(["unpack", str(out), "--into", str(tmp_path / "s")]) == 0
     assert "restored " in capsys.readouterr().out
     assert (tmp_path / "s" / "data" / "xsum").is_dir()
+
+
+def test_the_gguf_package_travels_with_its_version(tmp_path, monkeypatch):
+    """transformers reads the installed ``gguf``'s version through ``importlib.metadata``
+    before it loads a GGUF: the unpacked folder must answer it (a bare package gives 'N/A')."""
+    monkeypatch.setenv("GENCRAFT_CACHE", str(tmp_path / "cache"))
+    entries = package_entries("gguf")
+    pack(entries, tmp_path / "out", piece_mb=60)
+    unpack(tmp_path / "out", tmp_path / "stage", None)
+    found = {
+        d.metadata["Name"]: d.version
+        for d in importlib.metadata.distributions(path=[str(tmp_path / "stage" / "python")])
+    }
+    assert found == {"gguf": importlib.metadata.version("gguf")}
+    assert (tmp_path / "stage" / "python" / "gguf" / "gguf_reader.py").is_file()
+    assert not any("__pycache__" in e.name or ".." in e.name for e in entries)
