@@ -4009,6 +4009,41 @@ M = [
         "    return key\n",
         "tests/test_campaign.py -k own_work_under_another_seed",
     ),
+    (
+        "batched DE: every row steps in every window",
+        "gencraft/hso/dynamic.py",
+        "                _row_step(w, grads, keep.any(1), cfg)\n",
+        "                _row_step(w, grads, keep.any(1) | True, cfg)\n",
+        "tests/hso/test_dynamic_batch.py -k alone",
+    ),
+    (
+        "batched DE: the logits read one token early",
+        "gencraft/hso/dynamic.py",
+        "    return logits[torch.arange(len(rows), device=dev), n]\n",
+        "    return logits[torch.arange(len(rows), device=dev), n - 1]\n",
+        "tests/hso/test_dynamic_batch.py -k alone",
+    ),
+    (
+        "batched DE: rows aligned on the right",
+        "gencraft/hso/dynamic.py",
+        "        x[b, : r.numel()] = r\n",
+        "        x[b, x.shape[1] - r.numel() :] = r\n",
+        "tests/hso/test_dynamic_batch.py -k alone",
+    ),
+    (
+        "batched DE: Adam without its first bias correction",
+        "gencraft/hso/dynamic.py",
+        "    size, root = cfg.lr / (1 - b1**t), (1 - b2**t).sqrt()\n",
+        "    size, root = cfg.lr / (1 - b1), (1 - b2**t).sqrt()\n",
+        "tests/hso/test_dynamic_batch.py -k alone",
+    ),
+    (
+        "few-shot DE: de_batch_size ignored",
+        "gencraft/hso/fewshot.py",
+        '    if method == "dynamic eval" and de_batch_size == 1:\n',
+        '    if method == "dynamic eval" and de_batch_size >= 1:\n',
+        "tests/hso/test_dynamic_batch.py -k any_size",
+    ),
 ]
 
 

@@ -30,6 +30,8 @@ import torch
 from gencraft.experiments import ExperimentRun, machine, register, settings_field
 
 DECODERS = ("beam", "conditional", "exact", "sundae", "mask-predict", "hso")
+#: run only when named: b copies of the model's weights and their gradients in memory
+OPT_IN = ("dynamic-eval",)
 
 
 @dataclass
@@ -156,6 +158,8 @@ def _lm_cases(s: ThroughputSettings, name: str, b: int, ctx: dict) -> dict[str, 
             "loop": lambda: [exact_mode(model, r, **kw) for r in rows],
         }
         return {"cases": cases, "same": modes_agree}
+    if name == "dynamic-eval":
+        return _dynamic_eval_cases(model, ctx["seqs"][:b])
     # hso: sequences of hso_tokens tokens
     seqs = ctx["seqs"][:b]
     cfg = HSOConfig()
@@ -177,6 +181,34 @@ def _lm_cases(s: ThroughputSettings, name: str, b: int, ctx: dict) -> dict[str, 
         "peer": plain,
     }
     return {"cases": cases, "same": hso_agree}
+
+
+def _dynamic_eval_cases(model: Any, seqs: torch.Tensor) -> dict[str, Any]:
+    """Dynamic evaluation as the few-shot runs it (a step per 10 tokens, SGD 1e-4) of each
+    sequence [b, T], read at its last token: the rows' own weight copies against one row at a
+    time; the peer is the plain model's forward."""
+    from gencraft.hso.config import DynamicEvalConfig
+    from gencraft.hso.dynamic import dynamic_eval_last_logits, dynamically_evaluated
+
+    cfg = DynamicEvalConfig(window=10, lr=1e-4)
+
+    def loop() -> list[torch.Tensor]:
+        out = []
+        for r in seqs:
+            with dynamically_evaluated(model, r[None], cfg):
+                out.append(model(input_ids=r[None]).logits[0, -1].float())
+        return out
+
+    def agree() -> bool:
+        got = dynamic_eval_last_logits(model, seqs, None, cfg)
+        return all(torch.allclose(g, w, atol=1e-4) for g, w in zip(got, loop(), strict=True))
+
+    cases = {
+        "batched": lambda: dynamic_eval_last_logits(model, seqs, None, cfg),
+        "loop": loop,
+        "peer": lambda: model(input_ids=seqs).logits,
+    }
+    return {"cases": cases, "same": agree}
 
 
 def _nar_cases(s: ThroughputSettings, name: str, b: int, ctx: dict) -> dict[str, Any]:
@@ -252,9 +284,9 @@ def throughput(s: ThroughputSettings, run: ExperimentRun) -> None:
     """Outputs per second of each decoder at each batch size, as ratios in one run."""
     from gencraft.errors import GencraftError
 
-    bad = [d for d in s.decoders if d not in DECODERS]
+    bad = [d for d in s.decoders if d not in DECODERS + OPT_IN]
     if bad:
-        raise GencraftError(f"unknown decoders {bad}; choose from {', '.join(DECODERS)}")
+        raise GencraftError(f"unknown decoders {bad}; choose from {', '.join(DECODERS + OPT_IN)}")
     if s.threads:
         torch.set_num_threads(s.threads)
     ctx = _context(s)
@@ -279,7 +311,9 @@ def throughput(s: ThroughputSettings, run: ExperimentRun) -> None:
         f"{s.beams}, {s.new_tokens} new tokens; conditional: a classifier scoring 0, k = {s.k}; "
         f"exact: {s.exact_tokens} tokens at most, {s.exact_nodes} nodes per prompt; NAR: "
         f"outputs of {s.nar_length} tokens, {s.nar_steps} steps, SUNDAE {s.nar_samples} "
-        f"samples, AR beam {s.beams}; HSO: {s.hso_tokens}-token sequences, k = 25."
+        f"samples, AR beam {s.beams}; HSO: {s.hso_tokens}-token sequences, k = 25; dynamic "
+        "evaluation (when named): the same sequences, a step per 10 tokens, each row its own "
+        "weights (logits within 1e-4 of the loop's)."
     )
     run.table(rows)
 
@@ -297,7 +331,7 @@ def _context(s: ThroughputSettings) -> dict[str, Any]:
     dtype = dtype or torch.float32
     top = max(s.batch_sizes)
     ctx: dict[str, Any] = {"device": device}
-    lm_used = any(d in s.decoders for d in ("beam", "conditional", "exact", "hso"))
+    lm_used = any(d in s.decoders for d in ("beam", "conditional", "exact", "hso", *OPT_IN))
     if lm_used:
         model, tok = load_model(s.model, device=device, dtype=dtype)
         texts = instruction_texts("e2e", (top + 1) // 2, s.data_dir) + instruction_texts(

@@ -29,6 +29,16 @@ def test_throughput_runs_every_decoder_and_checks_its_outputs(shared_data, tmp_p
     assert "threads" in report and "load average" in report
 
 
+def test_dynamic_evaluation_is_timed_when_named(shared_data, tmp_path):
+    out = tmp_path / "de"
+    args = ["reproduce", "throughput", "--scale", "tiny", "--decoders", "dynamic-eval"]
+    assert main([*args, "--output", str(out), "--data-dir", str(shared_data)]) == 0
+    units = json.loads((out / "results.json").read_text())["units"]
+    assert sorted(units) == ["dynamic-eval b=1", "dynamic-eval b=4"]
+    for key, row in units.items():
+        assert row["same"] is True and row["vs loop"] > 0 and "time / peer" in row, key
+
+
 def test_zero_scorer_and_peak_memory():
     import torch
 

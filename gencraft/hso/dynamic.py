@@ -7,8 +7,10 @@ the weights are restored at the start of every context and at the end.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,7 +18,7 @@ from torch import nn
 
 from gencraft.errors import GencraftError
 from gencraft.hso.config import DynamicEvalConfig
-from gencraft.hso.functional import TokenScores, check_causal_lm, contexts
+from gencraft.hso.functional import TokenScores, check_batch, check_causal_lm, contexts
 from gencraft.models.introspect import hf_model
 from gencraft.progress import tqdm
 
@@ -138,3 +140,101 @@ def dynamic_eval_nll(
     return TokenScores(
         torch.cat([p[0] for p in parts]), sum(p[1] for p in parts), time.perf_counter() - t0
     )
+
+
+# ------------------------------------------------------------------------------ batched
+@dataclass
+class _RowWeights:
+    """Each row's own copy of the weights and optimiser state, stacked on a first axis [B]."""
+
+    params: dict[str, torch.Tensor]
+    m: dict[str, torch.Tensor]  # Adam's moments (empty under SGD)
+    v: dict[str, torch.Tensor]
+    steps: torch.Tensor  # [B] the steps each row took (Adam's bias correction)
+
+
+def _row_weights(hf: nn.Module, rows: int, adam: bool) -> _RowWeights:
+    params = {k: p.detach()[None].repeat(rows, *[1] * p.dim()) for k, p in hf.named_parameters()}
+
+    def zeros() -> dict[str, torch.Tensor]:
+        return {k: torch.zeros_like(p) for k, p in params.items()} if adam else {}
+
+    dev = next(iter(params.values())).device
+    return _RowWeights(params, zeros(), zeros(), torch.zeros(rows, device=dev))
+
+
+def _row_step(w: _RowWeights, grads: dict, active: torch.Tensor, cfg: DynamicEvalConfig) -> None:
+    """One optimiser step for each ``active`` row [B] (bool), by torch.optim's SGD / Adam
+    formulas; the other rows' weights and state stay as they are."""
+    w.steps += active.to(w.steps.dtype)
+    b1, b2 = cfg.betas
+    t = w.steps.clamp_min(1).double()  # the bias corrections in float64, as torch.optim's
+    size, root = cfg.lr / (1 - b1**t), (1 - b2**t).sqrt()
+    for k, p in w.params.items():
+        shape = (-1, *[1] * (p.dim() - 1))
+        on = active.view(shape).to(p.dtype)
+        g = grads[k].to(p.dtype)
+        if cfg.optimizer == "sgd":
+            p.sub_(cfg.lr * g * on)
+            continue
+        m = torch.where(on.bool(), w.m[k].lerp(g, 1 - b1), w.m[k])
+        v = torch.where(on.bool(), w.v[k] * b2 + (1 - b2) * g * g, w.v[k])
+        w.m[k], w.v[k] = m, v
+        denom = (v.sqrt() / root.view(shape).to(p.dtype)).add_(1e-8)
+        p.sub_(on * size.view(shape).to(p.dtype) * m / denom)
+
+
+def dynamic_eval_last_logits(
+    model: nn.Module,
+    ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    config: DynamicEvalConfig | None = None,
+) -> torch.Tensor:
+    """Each row's logits [B, V] at its last token after dynamic evaluation on that row alone
+    (what :func:`dynamically_evaluated` gives one prompt), for ``ids`` [B, N] padded on either
+    side (``attention_mask`` [B, N]), in one batched forward and backward per window.
+
+    Each row keeps its own weights and optimiser state (``torch.func``: the weights stacked on
+    a first axis, B copies in memory). The rows are re-padded on the right, so that window k
+    covers the same columns of every row; a row with no target left in a window takes no
+    step. The model's own weights are not changed."""
+    from torch.func import functional_call, grad, vmap
+
+    cfg = config or DynamicEvalConfig()
+    rows = check_batch(model, ids, attention_mask, what="dynamic evaluation")
+    hf = hf_model(model)
+    dev = rows[0].device
+    n = torch.tensor([r.numel() - 1 for r in rows], device=dev)  # each row's targets
+    x = torch.zeros(len(rows), int(n.max()) + 1, dtype=torch.long, device=dev)
+    for b, r in enumerate(rows):
+        x[b, : r.numel()] = r
+    w = _row_weights(hf, len(rows), cfg.optimizer == "adam")
+
+    def forward(p: dict, xb: torch.Tensor) -> torch.Tensor:
+        # a mask of ones (no vmap dimension: the mask code may branch on it); without one,
+        # GPT-2 looks for padding in the ids, which vmap cannot branch on
+        ones = torch.ones(1, xb.shape[-1], dtype=torch.long, device=dev)
+        kw = {"use_cache": False, "attention_mask": ones}
+        return functional_call(hf, p, (xb[None],), kw).logits[0].float()
+
+    def loss(p: dict, xb: torch.Tensor, yb: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        nll = nn.functional.cross_entropy(forward(p, xb)[-yb.numel() :], yb, reduction="none")
+        return (nll * keep).sum()
+
+    was_training = hf.training
+    hf.eval()
+    with warnings.catch_warnings():
+        # attention under vmap falls back to a loop over the rows, with a warning per call
+        warnings.filterwarnings("ignore", message="There is a performance drop because")
+        try:
+            for t in range(0, int(n.max()), cfg.window):
+                e = min(t + cfg.window, int(n.max()))
+                keep = (torch.arange(t, e, device=dev)[None] < n[:, None]).float()  # [B, e-t]
+                # causal attention: the columns past a row's own window end do not reach it
+                grads = vmap(grad(loss))(w.params, x[:, :e], x[:, t + 1 : e + 1], keep)
+                _row_step(w, grads, keep.any(1), cfg)
+            with torch.no_grad():
+                logits = vmap(forward)(w.params, x)
+        finally:
+            hf.train(was_training)
+    return logits[torch.arange(len(rows), device=dev), n]

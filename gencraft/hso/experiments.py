@@ -196,6 +196,9 @@ class FewShotSettings:
     max_example_tokens: int = settings_field(35, "longest text put in a prompt (the thesis: 35)")
     max_test_tokens: int | None = settings_field(None, "longest test text (None: any)")
     batch_size: int = settings_field(8, "prompts per batch (dynamic evaluation: one at a time)")
+    de_batch_size: int = settings_field(
+        1, "prompts adapted together by dynamic evaluation, each with its own copy of the weights"
+    )
     data_dir: str | None = settings_field(None, "datasets directory")
 
 
@@ -319,6 +322,7 @@ def fewshot_verdict(runs: list[tuple[FewShotSettings, dict]]) -> list[dict]:
             "de_examples": 2,
             "max_example_tokens": 80,
             "max_test_tokens": 120,
+            "de_batch_size": 2,
         },
         "cpu": {},
         "gpu": {"examples": 400, "de_examples": 100, "seeds": (0, 1, 2)},
@@ -326,6 +330,7 @@ def fewshot_verdict(runs: list[tuple[FewShotSettings, dict]]) -> list[dict]:
     cpu_minutes=35,
     units=_fewshot_units,
     verdict=fewshot_verdict,
+    volatile=("de_batch_size",),  # the same predictions (tested), another memory and speed
 )
 def hso_fewshot(s: FewShotSettings, run: ExperimentRun) -> None:
     """Accuracy and seconds per example of each method, per n, mean over seeds."""
@@ -353,8 +358,9 @@ def hso_fewshot(s: FewShotSettings, run: ExperimentRun) -> None:
                 k = s.de_examples if m == "dynamic eval" else len(prompts)
                 t0 = time.perf_counter()
                 found = classify_batch(
-                    model, prompts[:k], label_ids, m, hso, de, batch_size=s.batch_size
-                )
+                    model, prompts[:k], label_ids, m, hso, de,
+                    batch_size=s.batch_size, de_batch_size=s.de_batch_size,
+                )  # fmt: skip
                 return {
                     "correct": [int(p == y) for p, (_, y) in zip(found, tests[:k], strict=True)],
                     "seconds": time.perf_counter() - t0,
@@ -373,8 +379,12 @@ def hso_fewshot(s: FewShotSettings, run: ExperimentRun) -> None:
         f"{list(s.seeds)}. HSO: k = {s.hso_window}, η = {s.hso_lr}, β = {tuple(s.hso_betas)}; "
         f"HSO-2 two steps per window; dynamic evaluation: SGD η = {s.de_lr}, a step per "
         f"{s.hso_window} tokens, hidden states recomputed. Chance: {100 / len(task.labels):.0f} %. "
-        f"Batches of {s.batch_size} prompts (left-padded; dynamic evaluation one prompt at a "
-        "time, as it updates the shared weights)."
+        f"Batches of {s.batch_size} prompts (left-padded); dynamic evaluation "
+        + (
+            "one prompt at a time."
+            if s.de_batch_size == 1
+            else f"{s.de_batch_size} prompts together, each with its own copy of the weights."
+        )
     )
     run.table(rows)
     run.text(

@@ -26,7 +26,7 @@ from torch import nn
 
 from gencraft.errors import GencraftError
 from gencraft.hso.config import DynamicEvalConfig, HSOConfig
-from gencraft.hso.dynamic import dynamically_evaluated
+from gencraft.hso.dynamic import dynamic_eval_last_logits, dynamically_evaluated
 from gencraft.hso.functional import hso_prefill
 from gencraft.models.compat import cache_kwargs
 
@@ -172,21 +172,31 @@ def classify_batch(
     de: DynamicEvalConfig,
     *,
     batch_size: int = 8,
+    de_batch_size: int = 1,
 ) -> list[int]:
     """:func:`classify` for many prompts (each [1, P]): ``batch_size`` of them at a time,
     left-padded, in one forward (baseline) or one batched HSO prefill and one step (HSO,
-    HSO-2). Dynamic evaluation updates the shared weights per prompt, so it runs one prompt
-    at a time."""
+    HSO-2). Dynamic evaluation adapts the weights to each prompt: one prompt at a time, or
+    ``de_batch_size`` together, each with its own copy of the weights
+    (:func:`~gencraft.hso.dynamic.dynamic_eval_last_logits`: that many copies in memory)."""
     from gencraft.models.prompts import left_padded_batches
     from gencraft.models.stepping import HFStepper
 
     if method not in METHODS:
         raise GencraftError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
-    if batch_size < 1:
-        raise GencraftError(f"batch_size must be >= 1, got {batch_size}")
+    for name, value in (("batch_size", batch_size), ("de_batch_size", de_batch_size)):
+        if value < 1:
+            raise GencraftError(f"{name} must be >= 1, got {value}")
     dev = next(model.parameters()).device  # prompts are drawn on the CPU
-    if method == "dynamic eval":
+    if method == "dynamic eval" and de_batch_size == 1:
         return [classify(model, p.to(dev), label_ids, method, hso, de) for p in prompts]
+    if method == "dynamic eval":
+        out = []
+        for _, ids, mask in left_padded_batches(model, None, prompts, de_batch_size):
+            with torch.enable_grad():
+                logits = dynamic_eval_last_logits(model, ids.to(dev), mask.to(dev), de)
+            out += logits[:, label_ids].argmax(1).tolist()
+        return out
     labels = torch.tensor(label_ids)
     out: list[int] = []
     for _, ids, mask in left_padded_batches(model, None, prompts, batch_size):
