@@ -201,7 +201,9 @@ def _dynamic_eval_cases(model: Any, seqs: torch.Tensor) -> dict[str, Any]:
 
     def agree() -> bool:
         got = dynamic_eval_last_logits(model, seqs, None, cfg)
-        return all(torch.allclose(g, w, atol=1e-4) for g, w in zip(got, loop(), strict=True))
+        # 0.05: float32 rounding grows over the steps; on SmolLM2 (100 random tokens) a 1e-7
+        # relative change of the weights moved the loop's own logits by up to 1.6e-2
+        return all(torch.allclose(g, w, atol=0.05) for g, w in zip(got, loop(), strict=True))
 
     cases = {
         "batched": lambda: dynamic_eval_last_logits(model, seqs, None, cfg),
@@ -313,7 +315,7 @@ def throughput(s: ThroughputSettings, run: ExperimentRun) -> None:
         f"outputs of {s.nar_length} tokens, {s.nar_steps} steps, SUNDAE {s.nar_samples} "
         f"samples, AR beam {s.beams}; HSO: {s.hso_tokens}-token sequences, k = 25; dynamic "
         "evaluation (when named): the same sequences, a step per 10 tokens, each row its own "
-        "weights (logits within 1e-4 of the loop's)."
+        "weights (logits within 0.05 of the loop's: rounding grows over the steps)."
     )
     run.table(rows)
 
