@@ -75,7 +75,9 @@ def test_the_classifier_gives_the_same_labels_in_batches_of_any_size(monkeypatch
     monkeypatch.setattr(fewshot, "dynamic_eval_last_logits", spy)
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 60, (1, n), generator=g) for n in (9, 4, 15, 7, 12)]
-    de = DynamicEvalConfig(window=3, lr=0.5)  # large: the labels move
+    # the labels move (3 of 5), and every label's lead is >= 0.047 where batched and alone
+    # differ by < 1e-6 at 1 and 2 threads (lr 0.5 was chaotic: a label flipped with the load)
+    de = DynamicEvalConfig(window=3, lr=0.1)
     hso = HSOConfig()
     labels = [5, 17, 40]
     one = classify_batch(model, prompts, labels, "dynamic eval", hso, de, de_batch_size=1)
