@@ -195,7 +195,7 @@ class FewShotSettings:
     de_lr: float = settings_field(1e-4, "dynamic evaluation's SGD rate (the thesis: 1e-4)")
     max_example_tokens: int = settings_field(35, "longest text put in a prompt (the thesis: 35)")
     max_test_tokens: int | None = settings_field(None, "longest test text (None: any)")
-    batch_size: int = settings_field(8, "prompts per batch (dynamic evaluation: one at a time)")
+    batch_size: int = settings_field(8, "prompts per batch (dynamic evaluation: de_batch_size)")
     de_batch_size: int = settings_field(
         1, "prompts adapted together by dynamic evaluation, each with its own copy of the weights"
     )
