@@ -184,13 +184,15 @@ def _lm_cases(s: ThroughputSettings, name: str, b: int, ctx: dict) -> dict[str, 
 
 
 def _dynamic_eval_cases(model: Any, seqs: torch.Tensor) -> dict[str, Any]:
-    """Dynamic evaluation as the few-shot runs it (a step per 10 tokens, SGD 1e-4) of each
+    """Dynamic evaluation as the few-shot runs it (its default window and SGD rate) of each
     sequence [b, T], read at its last token: the rows' own weight copies against one row at a
     time; the peer is the plain model's forward."""
     from gencraft.hso.config import DynamicEvalConfig
     from gencraft.hso.dynamic import dynamic_eval_last_logits, dynamically_evaluated
+    from gencraft.hso.experiments import FewShotSettings
 
-    cfg = DynamicEvalConfig(window=10, lr=1e-4)
+    few = FewShotSettings()
+    cfg = DynamicEvalConfig(window=few.hso_window, lr=few.de_lr)
 
     def loop() -> list[torch.Tensor]:
         out = []

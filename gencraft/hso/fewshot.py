@@ -193,8 +193,8 @@ def classify_batch(
     if method == "dynamic eval":
         out = []
         for _, ids, mask in left_padded_batches(model, None, prompts, de_batch_size):
-            with torch.enable_grad():
-                logits = dynamic_eval_last_logits(model, ids.to(dev), mask.to(dev), de)
+            # torch.func.grad inside takes its gradients under this function's no_grad too
+            logits = dynamic_eval_last_logits(model, ids.to(dev), mask.to(dev), de)
             out += logits[:, label_ids].argmax(1).tolist()
         return out
     labels = torch.tensor(label_ids)
