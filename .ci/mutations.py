@@ -4044,6 +4044,27 @@ M = [
         '    if method == "dynamic eval" and de_batch_size >= 1:\n',
         "tests/hso/test_dynamic_batch.py -k any_size",
     ),
+    (
+        "campaign-verdict-no-interim-mark",
+        "gencraft/campaign.py",
+        'interim = "" if len(done) == len(states) else _interim(states)',
+        'interim = ""',
+        'tests/test_campaign.py -k "interim or tiny_campaign"',
+    ),
+    (
+        "campaign-verdict-only-whole-runs",
+        "gencraft/campaign.py",
+        "exp.verdict([(st.settings, st.units) for st in started])",
+        "exp.verdict([(st.settings, st.units) for st in done])",
+        'tests/test_campaign.py -k "interim or tiny_campaign"',
+    ),
+    (
+        "campaign-interim-counts-all-expected",
+        "gencraft/campaign.py",
+        "len(st.expected) - len(st.left) if st.expected",
+        "len(st.expected) if st.expected",
+        'tests/test_campaign.py -k "interim or tiny_campaign"',
+    ),
 ]
 
 

@@ -271,7 +271,9 @@ def run_claims(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, An
 
 
 def verdict_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any]]:
-    """Each claim's size reached and its verdicts, from the runs' finished units."""
+    """Each claim's size reached and its verdicts, from the runs' finished units. Until every
+    run of a claim is whole, the verdict is computed on the units finished so far and marked
+    interim (the experiments' verdicts pool what is finished and skip what is not)."""
     rows = []
     for name in s.claims:
         claim = CLAIMS[name]
@@ -287,13 +289,29 @@ def verdict_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, 
         if not claim.runs[scale]:
             rows.append({**size, "verdict": "not run at this scale"})
             continue
-        if not done or exp.verdict is None:
-            why = "no run finished yet" if not done else "the experiment gives no verdict"
+        started = [st for st in states if st.units]
+        if not started or exp.verdict is None:
+            why = "no unit finished yet" if not started else "the experiment gives no verdict"
             rows.append({**size, "verdict": why})
             continue
-        for v in exp.verdict([(st.settings, st.units) for st in done]):
-            rows.append({**size, **_verdict_cells(v)})
+        verdicts = exp.verdict([(st.settings, st.units) for st in started])
+        interim = "" if len(done) == len(states) else _interim(states)
+        if not verdicts:
+            rows.append({**size, "verdict": f"{interim}no comparison finished yet"})
+        for v in verdicts:
+            cells = _verdict_cells(v)
+            rows.append({**size, **cells, "verdict": interim + cells["verdict"]})
     return rows
+
+
+def _interim(states: list[RunState]) -> str:
+    """The mark of a verdict on unfinished runs: how many of their units it rests on."""
+    expected = sum(len(st.expected) if st.expected is not None else 1 for st in states)
+    done = sum(
+        len(st.expected) - len(st.left) if st.expected is not None else int(bool(st.units))
+        for st in states
+    )
+    return f"interim ({done} of {expected} units): "
 
 
 def _verdict_cells(v: dict[str, Any]) -> dict[str, Any]:
@@ -335,6 +353,8 @@ def campaign(s: CampaignSettings, run: ExperimentRun) -> None:
             + " (estimates: the longest finished unit of a kind, else the claim's estimate):"
         )
         run.table(plan_rows(s, run.scale, root))
+        run.text("Verdicts on what is finished (95% intervals; p two-sided):")
+        run.table(verdict_rows(s, run.scale, root))
         return
     ended = run_claims(s, run.scale, root)
     run.text("This invocation:")

@@ -99,8 +99,10 @@ def test_a_time_budget_stops_before_a_unit_that_would_not_fit(shared_data, tmp_p
 def test_the_slot_plan_lists_every_run_with_its_units_and_the_budget(tmp_path, capsys):
     args = ["reproduce", "campaign", "--scale", "slot", "--output", str(tmp_path), "--plan"]
     assert main([*args, "--minutes", "15"]) == 0
-    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("| ")]
+    plan, verdicts = capsys.readouterr().out.split("Verdicts on what is finished")
+    lines = [x for x in plan.splitlines() if x.startswith("| ")]
     rows = [[c.strip() for c in x.strip("|").split("|")] for x in lines[1:]]
+    assert verdicts.count("| no unit finished yet |") == len(CLAIM_ORDER)
     assert [r[:2] for r in rows] == [
         ["hso-fewshot", "run"],
         *[["recurrence", f"overlap0-seed{k}"] for k in range(3)],
@@ -341,6 +343,46 @@ def test_a_whole_unit_saved_before_a_split_covers_its_parts(tmp_path):
     state.expected = ["n=2 seed=0 baseline", "n=2 seed=0 hso", "n=2 seed=1 baseline"]
     state.units = {"n=2 seed=0": {}, "n=2 seed=1 hso": {}}
     assert state.left == ["n=2 seed=1 baseline"]
+
+
+def test_the_verdict_on_unfinished_runs_is_computed_so_far_and_marked_interim(tmp_path, capsys):
+    from gencraft.campaign import _verdict_cells
+    from gencraft.hso.experiments import FewShotSettings, fewshot_verdict
+
+    folder = tmp_path / "hso-fewshot" / "run"
+    folder.mkdir(parents=True)
+    units = {  # the tiny run: n = 2, seeds 0 and 1, four methods; seed 1 has its baseline only
+        "n=2 seed=0 baseline": _correct([0, 1, 0, 1]),
+        "n=2 seed=0 dynamic eval": _correct([1, 1, 0, 1]),
+        "n=2 seed=0 hso": _correct([1, 1, 1, 1]),
+        "n=2 seed=0 hso2": _correct([1, 0, 1, 1]),
+        "n=2 seed=1 baseline": _correct([1, 1, 1, 1]),
+    }
+
+    def plan() -> list[list[str]]:
+        (folder / "results.json").write_text(json.dumps({"units": units}))
+        args = ["reproduce", "campaign", "--scale", "tiny", "--output", str(tmp_path), "--plan"]
+        assert main([*args, "--claims", "hso-fewshot", "recurrence"]) == 0
+        table = capsys.readouterr().out.split("Verdicts on what is finished")[1]
+        lines = [x for x in table.splitlines() if x.startswith("| ")][1:]
+        return [[c.strip() for c in x.strip("|").split("|")] for x in lines]
+
+    s = FewShotSettings(shots=(2,), seeds=(0, 1))
+    hso, hso2, rec = plan()
+    for row, want in zip((hso, hso2), fewshot_verdict([(s, units)]), strict=True):
+        cells = _verdict_cells(want)
+        assert want["n"] == 4 and row[:4] == ["hso-fewshot", "0 of 1", "5", "0"]
+        assert row[4:] == [
+            *list(cells.values())[:-1],
+            "interim (5 of 8 units): " + cells["verdict"],
+        ]
+    assert rec == ["recurrence", "0 of 2", "0", "0", "", "", "", "", "no unit finished yet"]
+    units.update({f"n=2 seed=1 {m}": _correct([0, 0, 0, 1]) for m in ("dynamic eval", "hso")})
+    units["n=2 seed=1 hso2"] = _correct([1, 1, 1, 1])
+    hso, hso2, _ = plan()  # whole: the verdict is final, over both seeds
+    assert hso[1:3] == ["1 of 1", "8"] and hso[5] == "8 (example, n, seed) pairs"
+    assert hso[-1] == _verdict_cells(fewshot_verdict([(s, units)])[0])["verdict"]
+    assert not any("interim" in c for c in hso + hso2)
 
 
 def test_dasp_scores_only_the_metrics_asked_for_and_rescores_a_narrower_cache(
