@@ -4065,6 +4065,55 @@ M = [
         "len(st.expected) if st.expected",
         'tests/test_campaign.py -k "interim or tiny_campaign"',
     ),
+    (
+        "paired-cad-plain-copy-free",
+        "gencraft/models/contrast.py",
+        "return torch.cat([mixed, mixed]).to(scores.dtype)",
+        "return torch.cat([mixed, lp[n:]]).to(scores.dtype)",
+        "tests/search/test_cad_paired.py",
+    ),
+    (
+        "paired-cad-streams-swapped",
+        "gencraft/models/contrast.py",
+        "mixed = contrast(lp[:n], lp[n:], self.alpha, self.adaptive)",
+        "mixed = contrast(lp[n:], lp[:n], self.alpha, self.adaptive)",
+        "tests/search/test_cad_paired.py",
+    ),
+    (
+        "paired-cad-keeps-pair-padding",
+        "gencraft/models/contrast.py",
+        "return out[:, width - t :] if left_padding else out",
+        "return out",
+        "tests/search/test_cad_paired.py",
+    ),
+    (
+        "paired-cad-context-pads-left-always",
+        "gencraft/models/contrast.py",
+        "a = _padded(input_ids, attention_mask, width, pad_token_id, left_padding)",
+        "a = _padded(input_ids, attention_mask, width, pad_token_id, True)",
+        "tests/search/test_cad_paired.py",
+    ),
+    (
+        "prefix-cad-free-stream-keeps-source",
+        "gencraft/prefix/evaluate.py",
+        'free = None if cad_alpha is None else [{"input_ids": end} for _ in indices]',
+        "free = None if cad_alpha is None else rows",
+        "tests/prefix/test_prefix_cad.py",
+    ),
+    (
+        "prefix-cad-eval-drops-alpha",
+        "gencraft/cli/prefix.py",
+        "        partial_dir=partial,\n        cad_alpha=args.cad_alpha,\n",
+        "        partial_dir=partial,\n",
+        "tests/prefix/test_prefix_cad.py",
+    ),
+    (
+        "prefix-cad-generate-drops-alpha",
+        "gencraft/cli/prefix.py",
+        "            progress=not args.quiet,\n            cad_alpha=args.cad_alpha,\n",
+        "            progress=not args.quiet,\n",
+        "tests/prefix/test_prefix_cad.py",
+    ),
 ]
 
 

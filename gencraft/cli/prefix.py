@@ -26,6 +26,21 @@ class PrefixGenerateCommand:
 
 
 @dataclass
+class PrefixDecodeCommand:
+    cad_alpha: float | None = option(
+        None,
+        "context-aware decoding (CAD): contrast with the same model on the input without its "
+        "source, weight A >= 0 (greedy or beam search)",
+    )
+
+    def __post_init__(self) -> None:
+        if self.cad_alpha is not None and not self.cad_alpha >= 0:
+            from gencraft.errors import GencraftError
+
+            raise GencraftError(f"--cad-alpha takes A >= 0, got {self.cad_alpha}")
+
+
+@dataclass
 class PrefixBaseInput:
     base: str | None = option(
         None,
@@ -116,10 +131,12 @@ def _run(args: argparse.Namespace, command: str, partial: Path | None = None) ->
         lowercase=getattr(args, "lowercase", False),
         **fields,
         partial_dir=partial,
+        cad_alpha=args.cad_alpha,
     )
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
+    PrefixDecodeCommand(args.cad_alpha)  # refused in one line before anything loads
     if args.source is not None:
         empty = [str(i + 1) for i, s in enumerate(args.source) if not s.strip()]
         if empty:
@@ -136,6 +153,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
             num_beams=args.num_beams,
             max_new_tokens=args.max_new_tokens or 64,
             progress=not args.quiet,
+            cad_alpha=args.cad_alpha,
         )
         from gencraft.distributed import is_main
 
@@ -162,6 +180,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
+    PrefixDecodeCommand(args.cad_alpha)
     from gencraft.cli.evaluate import format_table
     from gencraft.distributed import is_main
 
@@ -182,6 +201,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         print(
             f"{result['task']} {result['split']}, {result['examples']} inputs, "
             f"beam {args.num_beams}"
+            + ("" if args.cad_alpha is None else f", CAD alpha {args.cad_alpha:g}")
         )
         print(format_table([row]))
         print(f"scored by score_task: {convention}")
@@ -269,6 +289,7 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         add_dataclass_arguments(g, DataOptions, only=data)
         decode = {"num_beams": 5, "max_new_tokens": 64, "batch_size": 16}  # the paper's beam
         add_dataclass_arguments(g, DecodeOptions, defaults=decode)
+        add_dataclass_arguments(g, PrefixDecodeCommand)
         add_dataclass_arguments(g, PrefixBaseInput)
         add_dataclass_arguments(g, RunOptions, only=("output", "quiet", "json", "device", "dtype"))
         if name == "generate":

@@ -390,6 +390,19 @@ def js_divergence(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (0.5 * (kl_a + kl_b) / torch.log(torch.tensor(2.0))).clamp(0.0, 1.0)
 
 
+def contrast(
+    with_context: torch.Tensor, without: torch.Tensor, alpha: float, adaptive: bool = False
+) -> torch.Tensor:
+    """[N, V]: log_softmax((1 + α)·a − α·b) of the two streams' log-probabilities a, b [N, V],
+    α fixed or (``adaptive``) each row's :func:`js_divergence` of a and b."""
+    if adaptive:
+        a = js_divergence(with_context, without)[:, None]
+    else:
+        a = torch.tensor(alpha, device=with_context.device)
+    mixed = (1 + a) * with_context - a * without.clamp_min(_RULED_OUT)
+    return torch.log_softmax(mixed, dim=-1)
+
+
 class ContrastStepper:
     """Context-aware decoding's two streams as one ``Stepper`` (Shi et al. 2023): the same
     hypotheses stepped with the context (``context``: its prompts, padding, positions and
@@ -432,12 +445,7 @@ class ContrastStepper:
 
     def mix(self, with_context: torch.Tensor, without: torch.Tensor) -> torch.Tensor:
         """[N, V]: the contrasted log-probabilities of the two streams' [N, V]."""
-        if self.adaptive:
-            alpha = js_divergence(with_context, without)[:, None]
-        else:
-            alpha = torch.tensor(self.alpha, device=with_context.device)
-        mixed = (1 + alpha) * with_context - alpha * without.clamp_min(_RULED_OUT)
-        return torch.log_softmax(mixed, dim=-1)
+        return contrast(with_context, without, self.alpha, self.adaptive)
 
     def _both(self, a: StepOutput, b: StepOutput) -> StepOutput:
         return StepOutput(self.mix(a.log_probs, b.log_probs), (a.cache, b.cache), a.hidden)

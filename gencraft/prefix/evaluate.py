@@ -12,6 +12,7 @@ from torch import nn
 
 from gencraft.data.tasks import pick_examples, references_of, source_of, task_examples
 from gencraft.metrics import score_task
+from gencraft.models.contrast import paired_contrast_generate
 from gencraft.models.introspect import eos_ids, is_encoder_decoder, pad_id
 from gencraft.models.prompts import pad_batch
 from gencraft.prefix.data import SEPARATOR
@@ -30,13 +31,17 @@ def generate_outputs(
     batch_size: int = 16,
     progress: bool = True,
     partial_dir: str | Path | None = None,
+    cad_alpha: float | None = None,
     **generate_kw: Any,
 ) -> list[str]:
     """Outputs for ``sources`` (beam 5 as the paper); batches are left-padded for causal LMs.
     Under several processes each decodes its share of the batches
     (:func:`gencraft.distributed.map_sharded`; the outputs, gathered in input order on every
     process, are one process's). ``partial_dir``: each process's finished batches are kept
-    there, so an interrupted run resumes."""
+    there, so an interrupted run resumes. ``cad_alpha``: context-aware decoding against the
+    same model on the input without its source (the separator alone; an encoder-decoder's
+    empty source), by paired rows (:func:`gencraft.models.contrast.paired_contrast_generate`:
+    both streams keep the prefixes, each its own block tables)."""
     from gencraft.distributed import map_sharded
 
     base = getattr(model, "base", model)
@@ -45,22 +50,17 @@ def generate_outputs(
     pad = pad_id(base, tokenizer)
     sep = tokenizer(SEPARATOR, add_special_tokens=False)["input_ids"]
     dev = next(model.parameters()).device
+    end = [eos] if ed else sep  # what follows the source; alone, the context-free input
 
     def batch_outputs(indices: list[int]) -> list[str]:
         rows = []
         for i in indices:
             ids = tokenizer(sources[i], add_special_tokens=False)["input_ids"][:max_source_tokens]
-            rows.append({"input_ids": ids + ([eos] if ed else sep)})
+            rows.append({"input_ids": ids + end})
         batch = pad_batch(rows, pad, left=not ed)
-        seq = model.generate(
-            input_ids=batch["input_ids"].to(dev),
-            attention_mask=batch["attention_mask"].to(dev),
-            max_new_tokens=max_new_tokens,
-            num_beams=num_beams,
-            pad_token_id=pad,
-            eos_token_id=eos,
-            **generate_kw,
-        )
+        kw = dict(max_new_tokens=max_new_tokens, num_beams=num_beams, eos_token_id=eos)
+        free = None if cad_alpha is None else [{"input_ids": end} for _ in indices]
+        seq = _generate(model, batch, free, pad, cad_alpha, dev, {**kw, **generate_kw})
         if not ed:
             seq = seq[:, batch["input_ids"].shape[1] :]
         return [t.strip() for t in tokenizer.batch_decode(seq, skip_special_tokens=True)]
@@ -71,6 +71,28 @@ def generate_outputs(
     )
     bar.close()
     return outs
+
+
+def _generate(
+    model: nn.Module,
+    batch: dict,
+    free: list[dict] | None,
+    pad: int,
+    cad_alpha: float | None,
+    dev: Any,
+    kw: dict,
+) -> torch.Tensor:
+    """One batch's ``generate`` ([B, T] inputs, padded), or with ``free`` (the context-free
+    inputs, one per input) CAD by paired rows."""
+    ed = is_encoder_decoder(getattr(model, "base", model))
+    ids, mask = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
+    if free is None:
+        return model.generate(input_ids=ids, attention_mask=mask, pad_token_id=pad, **kw)
+    neg = pad_batch(free, pad, left=not ed)
+    return paired_contrast_generate(
+        model.generate, ids, mask, neg["input_ids"].to(dev), neg["attention_mask"].to(dev),
+        cad_alpha=cad_alpha, left_padding=not ed, pad_token_id=pad, **kw,
+    )  # fmt: skip
 
 
 def evaluate(
@@ -92,6 +114,7 @@ def evaluate(
     target_field: str = "target",
     partial_dir: str | Path | None = None,
     metrics: tuple[str, ...] | None = None,
+    cad_alpha: float | None = None,
 ) -> dict[str, Any]:
     """Generate for a task's split and score: data-to-text metrics (E2E/DART, all references)
     or ROUGE-1/2/L (XSum). ``limit`` inputs are the split's first ones, or with ``spread``
@@ -99,7 +122,8 @@ def evaluate(
     outputs and references lower-cased (:func:`gencraft.metrics.score_task`). ``task`` may be
     a path to your own data, whose fields ``source_field`` and ``target_field`` name.
     ``partial_dir``: finished batches kept there (see :func:`generate_outputs`).
-    ``metrics``: the scores computed (default: all of the task's)."""
+    ``metrics``: the scores computed (default: all of the task's). ``cad_alpha``: context-aware
+    decoding (see :func:`generate_outputs`)."""
     fields = {"source_field": source_field, "target_field": target_field}
     examples = pick_examples(task_examples(task, split, data_dir, **fields), limit, spread)
     sources = [source_of(e) for e in examples]
@@ -116,6 +140,7 @@ def evaluate(
         batch_size=batch_size,
         progress=progress,
         partial_dir=partial_dir,
+        cad_alpha=cad_alpha,
     )
     seconds = time.time() - start
     kw = {} if not metrics else {"metrics": tuple(metrics)}
@@ -126,6 +151,7 @@ def evaluate(
         "examples": len(examples),
         "num_beams": num_beams,
         "max_new_tokens": new,
+        **({} if cad_alpha is None else {"cad_alpha": cad_alpha}),
         "scores": scores,
         "generate_seconds": seconds,
         "outputs": outputs,
