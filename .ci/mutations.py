@@ -4114,6 +4114,27 @@ M = [
         "            progress=not args.quiet,\n",
         "tests/prefix/test_prefix_cad.py",
     ),
+    (
+        "campaign-other-runs-not-read",
+        "gencraft/campaign.py",
+        "if other != name and saved.is_file():",
+        "if other == name and saved.is_file():",
+        'tests/test_campaign.py -k "other_runs or estimated or clock"',
+    ),
+    (
+        "run-budget-ignores-other-runs",
+        "gencraft/experiments.py",
+        "estimate = self.estimate(key, clock.default_seconds, clock.known)",
+        "estimate = self.estimate(key, clock.default_seconds)",
+        'tests/test_campaign.py -k "other_runs or estimated or clock"',
+    ),
+    (
+        "estimate-kind-before-other-runs-unit",
+        "gencraft/experiments.py",
+        "    for pool in (seconds, known or {}):\n        same = [t for k, t in pool.items() if _unseeded(k) == bare]",
+        "    for pool in (seconds,):\n        same = [t for k, t in pool.items() if _unseeded(k) == bare]",
+        'tests/test_campaign.py -k "other_runs or estimated or clock"',
+    ),
 ]
 
 

@@ -189,6 +189,18 @@ def run_states(claim: Claim, scale: str, root: Path, data_dir: str | None) -> li
     return out
 
 
+def _other_runs(claim: Claim, scale: str, root: Path, name: str) -> dict[str, float]:
+    """Unit seconds of ``claim``'s runs other than ``name`` (each unit's longest), read now:
+    a run's units are estimated by the same units of the claim's other seeds and overlaps."""
+    known: dict[str, float] = {}
+    for other, _ in claim.runs[scale]:
+        saved = root / claim.name / other / "results.json"
+        if other != name and saved.is_file():
+            for k, t in json.loads(saved.read_text()).get("unit_seconds", {}).items():
+                known[k] = max(t, known.get(k, 0.0))
+    return known
+
+
 def _placed(settings: type, folder: Path, data_dir: str | None) -> dict[str, Any]:
     """The location settings a run inside ``folder`` takes (those its settings have)."""
     names = set(settings.__dataclass_fields__)
@@ -197,9 +209,10 @@ def _placed(settings: type, folder: Path, data_dir: str | None) -> dict[str, Any
 
 
 def plan_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any]]:
-    """One row per run: units done and left, and the minutes left by the estimates (the
-    longest finished unit of a kind, else the claim's per-unit estimate), cumulated in order,
-    and whether the run would start within ``s.minutes``."""
+    """One row per run: units done and left, and the minutes left by the estimates
+    (:func:`~gencraft.experiments.unit_estimate` over the run and the claim's other runs, else
+    the claim's per-unit estimate), cumulated in order, and whether the run would start within
+    ``s.minutes``."""
     rows, total = [], 0.0
     for name in s.claims:
         claim = CLAIMS[name]
@@ -208,11 +221,12 @@ def plan_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any
             continue
         for state in run_states(claim, scale, root, s.data_dir):
             default = 60 * claim.unit_minutes[scale]
+            known = _other_runs(claim, scale, root, state.name)
             left = state.left
             need = (
                 default
                 if left is None
-                else sum(unit_estimate(state.seconds, k, default) for k in left)
+                else sum(unit_estimate(state.seconds, k, default, known) for k in left)
             )
             rows.append(
                 {
@@ -242,7 +256,8 @@ def run_claims(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, An
             if out_of_time:
                 rows.append({"claim": name, "run": state.name, "ended": "not started"})
                 continue
-            clock = Clock(deadline, 60 * claim.unit_minutes[scale])
+            known = _other_runs(claim, scale, root, state.name)
+            clock = Clock(deadline, 60 * claim.unit_minutes[scale], known=known)
             t0 = time.perf_counter()
             try:
                 with time_budget(clock):
@@ -350,7 +365,8 @@ def campaign(s: CampaignSettings, run: ExperimentRun) -> None:
         run.text(
             f"Plan at scale `{run.scale}`"
             + ("" if s.minutes is None else f" within {s.minutes:g} minutes")
-            + " (estimates: the longest finished unit of a kind, else the claim's estimate):"
+            + " (estimates: the same unit under another seed, in its run or the claim's other"
+            " runs, else the longest of its kind, else the claim's estimate):"
         )
         run.table(plan_rows(s, run.scale, root))
         run.text("Verdicts on what is finished (95% intervals; p two-sided):")

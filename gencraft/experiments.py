@@ -156,6 +156,8 @@ class Clock:
     deadline: float
     default_seconds: float = 0.0
     started: list[str] = field(default_factory=list)  # the units computed under this clock
+    # unit seconds of other runs of the same work (a campaign claim's other seeds)
+    known: dict[str, float] = field(default_factory=dict)
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -184,15 +186,25 @@ def _unseeded(key: str) -> str:
     return " ".join(w for w in key.split() if not w.startswith("seed="))
 
 
-def unit_estimate(seconds: dict[str, float], key: str, default: float) -> float:
-    """Seconds unit ``key`` is expected to take (``seconds``: unit key -> wall time): the
-    longest finished unit that differs from it only in its seed, else the longest of its kind,
-    else ``default``. A seed's unit costs what another seed's did; a kind may mix costs
+def unit_estimate(
+    seconds: dict[str, float], key: str, default: float, known: dict[str, float] | None = None
+) -> float:
+    """Seconds unit ``key`` is expected to take (``seconds``: unit key -> wall time in its run;
+    ``known``: the same in other runs of the same work, such as a campaign claim's other
+    seeds): the longest finished unit that differs from it only in its seed, in its run, else
+    in the other runs; else the longest of its kind, in its run, else in the others; else
+    ``default``. A seed's unit costs what another seed's did; a kind may mix costs
     (hso-fewshot's ``n=4 seed=0 baseline`` took 2 s where its ``dynamic eval`` took 240)."""
     bare, kind = _unseeded(key), unit_kind(key)
-    same = [t for k, t in seconds.items() if _unseeded(k) == bare]
-    same = same or [t for k, t in seconds.items() if unit_kind(k) == kind]
-    return max(same) if same else default
+    for pool in (seconds, known or {}):
+        same = [t for k, t in pool.items() if _unseeded(k) == bare]
+        if same:
+            return max(same)
+    for pool in (seconds, known or {}):
+        same = [t for k, t in pool.items() if unit_kind(k) == kind]
+        if same:
+            return max(same)
+    return default
 
 
 class ExperimentRun:
@@ -242,7 +254,7 @@ class ExperimentRun:
         if key not in self.units:
             clock = _CLOCK.get()
             if clock is not None:
-                estimate = self.estimate(key, clock.default_seconds)
+                estimate = self.estimate(key, clock.default_seconds, clock.known)
                 if estimate > clock.left():
                     raise OutOfTime(key, estimate, clock.left())
                 clock.started.append(f"{self.experiment.name}: {key}")
@@ -252,9 +264,9 @@ class ExperimentRun:
             self._save()
         return self.units[key]
 
-    def estimate(self, key: str, default: float) -> float:
+    def estimate(self, key: str, default: float, known: dict[str, float] | None = None) -> float:
         """Seconds unit ``key`` is expected to take (:func:`unit_estimate`)."""
-        return unit_estimate(self.seconds, key, default)
+        return unit_estimate(self.seconds, key, default, known)
 
     def _save(self) -> None:
         write_json(

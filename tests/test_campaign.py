@@ -179,6 +179,51 @@ def test_a_unit_is_estimated_by_its_own_work_under_another_seed_first(tmp_path):
     assert run.estimate("n=4 seed=0 hso", 7.0) == 36.0  # seed 0 from seed 1
 
 
+def test_the_claims_other_runs_estimate_a_unit_before_its_kind(tmp_path, capsys):
+    """FAME's ten slot seeds are ten runs: seed 0's measured units estimate seeds 1-9."""
+    run = ExperimentRun(tmp_path / "r", get_experiment("campaign"), CampaignSettings(), "tiny")
+    run.seconds = {"train a": 500.0, "n=2 seed=0 hso": 9.0}
+    known = {"train b": 40.0, "eval a": 3.0, "n=2 seed=1 hso": 30.0, "n=2 seed=1 hso2": 60.0}
+    assert run.estimate("n=2 seed=2 hso", 7.0, known) == 9.0  # its own run first
+    assert run.estimate("n=2 seed=2 hso2", 7.0, known) == 60.0  # then the same unit elsewhere
+    assert run.estimate("train b", 7.0, known) == 40.0  # the same unit before its run's kind
+    assert run.estimate("train c", 7.0, known) == 500.0  # then the kind in its run
+    assert run.estimate("eval b", 7.0, known) == 3.0  # then the kind elsewhere
+    assert run.estimate("test a", 7.0, known) == 7.0
+    args = ["reproduce", "campaign", "--scale", "slot", "--output", str(tmp_path), "--plan"]
+    fame = CLAIMS["fame"]
+    (seed0,) = [st for st in run_states(fame, "slot", tmp_path, None) if st.name == "seed0"]
+    (tmp_path / "fame" / "seed0").mkdir(parents=True)
+    seconds = {k: 90.0 for k in seed0.expected}  # seed 0 finished, 1.5 min a unit
+    table = {m: {"RL": 30.0, "R1_precision_doc": 70.0} for m in ("fame", "baseline")}
+    (tmp_path / "fame" / "seed0" / "results.json").write_text(
+        json.dumps({"units": {k: {"table1": table} for k in seconds}, "unit_seconds": seconds})
+    )
+    assert main([*args, "--claims", "fame"]) == 0
+    rows = [x.split("|")[1:5] for x in capsys.readouterr().out.split("Verdicts")[0].splitlines()]
+    rows = [[c.strip() for c in r] for r in rows if len(r) == 4 and r[0].strip() == "fame"]
+    n = len(seed0.expected)
+    assert rows[0] == ["fame", "seed0", f"{n} done, 0 left", "0"]
+    want = ["fame", "seed1", f"0 done, {n} left", f"{1.5 * n:g}"]
+    assert rows[1] == want and len(rows) == 10  # not the claim's 7-minute guess
+
+
+def test_a_budget_reads_the_claims_other_runs(shared_data, tmp_path, capsys):
+    """Recurrence seed 1's training is estimated by seed 0's, measured in an earlier call."""
+    args = ["reproduce", "campaign", "--scale", "tiny", "--output", str(tmp_path)]
+    args += ["--data-dir", str(shared_data), "--claims", "recurrence"]
+    assert main(args) == 0
+    seed0 = tmp_path / "recurrence" / "seed0" / "results.json"
+    saved = json.loads(seed0.read_text())
+    saved["unit_seconds"]["train baseline"] = 1200.0
+    seed0.write_text(json.dumps(saved))
+    (tmp_path / "recurrence" / "seed1" / "results.json").unlink()
+    capsys.readouterr()
+    assert main([*args, "--minutes", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "| recurrence | seed1 | stopped before 'train baseline' (needs ~20.0 min) | 0 |" in out
+
+
 def _correct(pattern: list[int]) -> dict:
     return {"correct": pattern, "seconds": 1.0, "mean prompt tokens": 9.0}
 
