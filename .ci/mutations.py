@@ -4135,6 +4135,20 @@ M = [
         "    for pool in (seconds,):\n        same = [t for k, t in pool.items() if _unseeded(k) == bare]",
         'tests/test_campaign.py -k "other_runs or estimated or clock"',
     ),
+    (
+        "unit-partial-time-dropped",
+        "gencraft/experiments.py",
+        "self.seconds[key] = self.partial.pop(key, 0.0) + time.perf_counter() - t0",
+        "self.seconds[key] = time.perf_counter() - t0",
+        'tests/test_campaign.py -k "interrupted_units_time"',
+    ),
+    (
+        "unit-partial-time-not-loaded",
+        "gencraft/experiments.py",
+        'self.partial = saved.get("unit_partial_seconds", {})',
+        "self.partial = {}",
+        'tests/test_campaign.py -k "interrupted_units_time"',
+    ),
 ]
 
 

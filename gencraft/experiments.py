@@ -220,6 +220,9 @@ class ExperimentRun:
         self._settings = json.loads(json.dumps(dataclasses.asdict(settings), default=str))
         self.units: dict[str, Any] = {}
         self.seconds: dict[str, float] = {}  # each unit's wall time, as it was computed
+        # the wall time of units interrupted so far (a training resumes from its checkpoint):
+        # added to the unit's seconds when it finishes
+        self.partial: dict[str, float] = {}
         if self.results_path.is_file():
             saved = json.loads(self.results_path.read_text())
             old = saved.get("settings", {})
@@ -236,6 +239,7 @@ class ExperimentRun:
                 )
             self.units = saved.get("units", {})
             self.seconds = saved.get("unit_seconds", {})
+            self.partial = saved.get("unit_partial_seconds", {})
         from gencraft.experiment_shards import load_unit_files
 
         load_unit_files(self, set(VOLATILE) | set(experiment.volatile))  # a sharded run's
@@ -259,8 +263,14 @@ class ExperimentRun:
                     raise OutOfTime(key, estimate, clock.left())
                 clock.started.append(f"{self.experiment.name}: {key}")
             t0 = time.perf_counter()
-            self.units[key] = json.loads(json.dumps(compute(), default=float))
-            self.seconds[key] = time.perf_counter() - t0
+            try:
+                value = json.loads(json.dumps(compute(), default=float))
+            except BaseException:  # Ctrl-C, a time limit, a failure: the time spent is kept
+                self.partial[key] = self.partial.get(key, 0.0) + time.perf_counter() - t0
+                self._save()
+                raise
+            self.units[key] = value
+            self.seconds[key] = self.partial.pop(key, 0.0) + time.perf_counter() - t0
             self._save()
         return self.units[key]
 
@@ -278,6 +288,7 @@ class ExperimentRun:
                 "machine": machine(),
                 "units": self.units,
                 "unit_seconds": self.seconds,
+                **({"unit_partial_seconds": self.partial} if self.partial else {}),
             },
         )
 

@@ -161,6 +161,28 @@ def test_a_clock_estimates_a_unit_by_the_longest_of_its_kind(tmp_path):
     assert run.unit("train c", lambda: 4) == 4  # no budget outside
 
 
+def test_an_interrupted_units_time_counts_when_it_finishes(tmp_path, monkeypatch):
+    """A training cut by Ctrl-C (or a lease's end) resumes from its checkpoint: its seconds are
+    those of every invocation that worked on it, kept across processes."""
+    import types
+
+    import gencraft.experiments as ex
+
+    ticks = iter([0.0, 100.0, 1000.0, 1030.0])  # start, interrupted; start again, finished
+    monkeypatch.setattr(ex, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+
+    def cut():
+        raise KeyboardInterrupt
+
+    run = ExperimentRun(tmp_path, get_experiment("campaign"), CampaignSettings(), "tiny")
+    with pytest.raises(KeyboardInterrupt):
+        run.unit("train a", cut)
+    assert _results(tmp_path)["unit_partial_seconds"] == {"train a": 100.0}
+    again = ExperimentRun(tmp_path, get_experiment("campaign"), CampaignSettings(), "tiny")
+    assert again.unit("train a", lambda: 7) == 7 and again.seconds == {"train a": 130.0}
+    assert "unit_partial_seconds" not in _results(tmp_path)
+
+
 def test_a_unit_is_estimated_by_its_own_work_under_another_seed_first(tmp_path):
     """hso-fewshot's units share their first word (``n=4``) across methods of very different
     costs: the same method's unit under another seed estimates it, the kind only otherwise."""
