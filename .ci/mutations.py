@@ -4149,6 +4149,13 @@ M = [
         "self.partial = {}",
         'tests/test_campaign.py -k "interrupted_units_time"',
     ),
+    (
+        "cad-speed-no-paired-table",
+        "gencraft/search/experiments.py",
+        'if all("paired" in r for r in rounds):',
+        "if False:",
+        "tests/search/test_cad.py -k speed",
+    ),
 ]
 
 

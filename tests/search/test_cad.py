@@ -198,6 +198,7 @@ def test_the_cad_speed_benchmark_runs_at_tiny_scale(shared_data, tmp_path):
         "search-cad-speed", scale="tiny", output=tmp_path, overrides={"data_dir": str(shared_data)}
     ).read_text()
     assert "| beam s | CAD beam s | ratio | target |" in report
+    assert "| generate beam s | paired CAD s | ratio | target |" in report
     assert "2 prompts in left-padded batches of 8" in report
 
 
