@@ -4156,6 +4156,27 @@ M = [
         "if False:",
         "tests/search/test_cad.py -k speed",
     ),
+    (
+        "paired-cad-adaptive-not-passed",
+        "gencraft/models/contrast.py",
+        "            PairedContrast(cad_alpha, cad_adaptive),",
+        "            PairedContrast(cad_alpha, False),",
+        "tests/search/test_cad_paired.py",
+    ),
+    (
+        "paired-cad-processor-ignores-adaptive",
+        "gencraft/models/contrast.py",
+        "mixed = contrast(lp[:n], lp[n:], self.alpha, self.adaptive)",
+        "mixed = contrast(lp[:n], lp[n:], self.alpha)",
+        "tests/search/test_cad_paired.py",
+    ),
+    (
+        "paired-cad-one-sequence-per-input",
+        "gencraft/models/contrast.py",
+        'out = out[: b * int(generate_kw.get("num_return_sequences") or 1)]',
+        "out = out[:b]",
+        "tests/search/test_cad_paired.py",
+    ),
 ]
 
 

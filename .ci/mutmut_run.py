@@ -51,6 +51,10 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
         ["tests/models", "tests/test_methods.py"],
     ),
     "models/placement": (["gencraft/models/placement.py"], ["tests/models/test_placement.py"]),
+    "models/contrast": (
+        ["gencraft/models/contrast.py"],
+        ["tests/search/test_cad_paired.py", "tests/prefix/test_prefix_cad.py"],
+    ),
     "data/own": (["gencraft/data/own.py"], ["tests/data/test_own_data.py"]),
     "training/checkpoint": (["gencraft/training/checkpoint.py"], ["tests/training"]),
     "nar/decoding": (["gencraft/nar/decoding.py"], ["tests/nar"]),

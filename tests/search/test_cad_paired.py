@@ -88,15 +88,45 @@ def test_paired_contrast_refusals():
     model = _model("llama", 0)
     ids, mask = torch.tensor([[3, 4]]), torch.ones(1, 2, dtype=torch.long)
     kw = dict(left_padding=True, pad_token_id=0, max_new_tokens=2)
-    with pytest.raises(GencraftError, match="sampling would draw the two copies"):
+    with pytest.raises(GencraftError, match=r"^CAD by paired rows decodes greedily or with beam"):
         paired_contrast_generate(model.generate, ids, mask, ids, mask, do_sample=True, **kw)
+    with pytest.raises(GencraftError, match=r"^CAD by paired rows returns token ids, not gen"):
+        paired_contrast_generate(
+            model.generate, ids, mask, ids, mask, return_dict_in_generate=True, **kw
+        )
     with pytest.raises(GencraftError, match="2 context-free inputs for 1 inputs"):
         two = torch.tensor([[3], [4]])
         paired_contrast_generate(model.generate, ids, mask, two, torch.ones_like(two), **kw)
     with pytest.raises(GencraftError, match="cad alpha must be >= 0"):
         PairedContrast(-0.5)
-    with pytest.raises(GencraftError, match="an even number of rows, got 3"):
+    with pytest.raises(GencraftError, match=r"an even number of rows, got 3$"):
         PairedContrast()(ids, torch.zeros(3, 5))
+    assert PairedContrast().alpha == 0.5 and not PairedContrast().adaptive  # CAD's usual α
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_the_processor_gives_both_halves_the_contrast_by_its_definition(adaptive):
+    """Scores [2N, V] (some ruled out) against (1 + α)·a − α·b renormalised, computed in
+    float64 from the definitions (α: the JSD of a and b in bits when adaptive)."""
+    import math
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(6, 7, generator=g) * 3
+    scores[1, 2] = scores[4, 5] = -float("inf")  # ruled out in a context row and a free row
+    got = PairedContrast(0.75, adaptive)(None, scores)
+    assert torch.equal(got[:3], got[3:])
+    lp = torch.log_softmax(scores.double(), -1)
+    for r in range(3):
+        a, b = lp[r], lp[r + 3].clamp_min(-1e4)
+        alpha = 0.75
+        if adaptive:
+            pa, pb = lp[r].exp(), lp[r + 3].exp()
+            m = (pa + pb) / 2
+            kl = [sum(float(x * math.log(x / y)) for x, y in zip(p, m, strict=True) if x > 0)
+                  for p in (pa, pb)]  # fmt: skip
+            alpha = (kl[0] + kl[1]) / 2 / math.log(2)
+        want = torch.log_softmax((1 + alpha) * a - alpha * b, -1)
+        torch.testing.assert_close(got[r].double(), want, rtol=1e-6, atol=1e-5)
 
 
 @pytest.mark.parametrize("left", [True, False])
@@ -107,7 +137,7 @@ def test_the_pairing_pads_both_halves_on_the_models_side(left):
 
     def spy(**kw):
         seen.update(kw)
-        return kw["input_ids"]
+        return kw["input_ids"].repeat_interleave(kw.get("num_return_sequences", 1), 0)
 
     ids, neg = torch.tensor([[3, 4], [5, 6]]), torch.tensor([[7, 8, 9], [10, 11, 12]])
     mask = torch.tensor([[1, 1], [0, 1]])
@@ -121,5 +151,16 @@ def test_the_pairing_pads_both_halves_on_the_models_side(left):
     assert seen["attention_mask"].tolist() == [*m, [1, 1, 1], [1, 1, 1]]
     first, last = seen["logits_processor"]
     assert first == 42 and isinstance(last, PairedContrast)  # after generate's own
+    assert (last.alpha, last.adaptive) == (0.5, False)  # CAD's usual α by default
     assert seen["num_beams"] == 2 and seen["pad_token_id"] == 0
     assert out.tolist() == (ids.tolist() if left else pad)
+    out = paired_contrast_generate(
+        spy, ids, mask, neg, torch.ones_like(neg), left_padding=left, pad_token_id=0,
+        cad_alpha=0.25, cad_adaptive=True, num_return_sequences=3,
+    )  # fmt: skip
+    assert (seen["logits_processor"][-1].alpha, seen["logits_processor"][-1].adaptive) == (
+        0.25,
+        True,
+    )
+    want = torch.tensor(ids.tolist() if left else pad).repeat_interleave(3, 0)
+    assert out.tolist() == want.tolist()  # each input's 3 sequences, the context rows only
