@@ -3207,8 +3207,8 @@ M = [
     (
         "clock-shortest",
         "gencraft/experiments.py",
-        "    return max(same) if same else default\n",
-        "    return min(same) if same else default\n",
+        "        same = [t for k, t in pool.items() if unit_kind(k) == kind]\n        if same:\n            return max(same)\n",
+        "        same = [t for k, t in pool.items() if unit_kind(k) == kind]\n        if same:\n            return min(same)\n",
         'tests/test_campaign.py -k "not interrupted"',
     ),
     (
@@ -3221,7 +3221,7 @@ M = [
     (
         "unit-seconds-zero",
         "gencraft/experiments.py",
-        "self.seconds[key] = time.perf_counter() - t0",
+        "self.seconds[key] = self.partial.pop(key, 0.0) + time.perf_counter() - t0",
         "self.seconds[key] = 0.0",
         'tests/test_campaign.py -k "not interrupted"',
     ),
@@ -3557,8 +3557,8 @@ M = [
     (
         "cad-no-context-weight",
         "gencraft/models/stepping.py",
-        "mixed = (1 + alpha) * with_context - alpha * without.clamp_min(_RULED_OUT)",
-        "mixed = with_context - alpha * without.clamp_min(_RULED_OUT)",
+        "mixed = (1 + a) * with_context - a * without.clamp_min(_RULED_OUT)",
+        "mixed = with_context - a * without.clamp_min(_RULED_OUT)",
         "tests/search/test_cad.py -k brute_force",
     ),
     (
@@ -3571,8 +3571,8 @@ M = [
     (
         "cad-adaptive-ignored",
         "gencraft/models/stepping.py",
-        "        if self.adaptive:\n            alpha = js_divergence",
-        "        if False:\n            alpha = js_divergence",
+        "    if adaptive:\n        a = js_divergence",
+        "    if False:\n        a = js_divergence",
         "tests/search/test_cad.py -k brute_force",
     ),
     (
@@ -3998,8 +3998,8 @@ M = [
     (
         "campaign estimate: another seed's unit ignored",
         "gencraft/experiments.py",
-        "    same = [t for k, t in seconds.items() if _unseeded(k) == bare]\n",
-        "    same = []\n",
+        "        same = [t for k, t in pool.items() if _unseeded(k) == bare]\n",
+        "        same = []\n",
         "tests/test_campaign.py -k own_work_under_another_seed",
     ),
     (
