@@ -39,6 +39,7 @@ from gencraft.experiments import (
     time_budget,
     unit_estimate,
 )
+from gencraft.folder_lock import FolderInUse, read_holder
 
 #: the claims in the order of their value per minute (issue 43)
 CLAIM_ORDER = ("hso-fewshot", "recurrence", "fame", "rum-sundae", "dasp")
@@ -241,10 +242,19 @@ def plan_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any
                     "in budget": "-"
                     if s.minutes is None
                     else ("yes" if total < 60 * s.minutes else "no"),
+                    **_held_by(state.folder),
                 }
             )
             total += need
     return rows
+
+
+def _held_by(folder: Path) -> dict[str, str]:
+    """The plan's note on a run another process is working on now (none if it is free)."""
+    holder = read_holder(folder)
+    if holder is None or holder.alive() is False:
+        return {}
+    return {"in use by": holder.describe()}
 
 
 def run_claims(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any]]:
@@ -275,6 +285,8 @@ def run_claims(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, An
                     True,
                     f"stopped before {stop.key!r} (needs ~{stop.estimate / 60:.1f} min)",
                 )
+            except FolderInUse as busy:  # another campaign process runs it: go on to the next
+                ended = f"skipped: in use by {busy.holder.describe()}"
             rows.append(
                 {
                     "claim": name,
@@ -354,6 +366,7 @@ def _verdict_cells(v: dict[str, Any]) -> dict[str, Any]:
     scales={"tiny": {}, "cpu": {}, "slot": {}},
     cpu_minutes=600,
     volatile=("minutes", "plan", "claims"),
+    exclusive=False,  # each run holds its own folder: two campaign processes share the runs
 )
 def campaign(s: CampaignSettings, run: ExperimentRun) -> None:
     """Run (or with ``plan``, only plan) the claims in order within ``minutes``."""

@@ -73,6 +73,9 @@ class Experiment:
     #: its units may be shared among accelerate's processes (:mod:`gencraft.experiment_shards`):
     #: all its costly work is in units, and no unit calls a collective
     shardable: bool = False
+    #: a run holds its folder, one process at a time (:mod:`gencraft.folder_lock`); False for
+    #: a coordinator whose runs hold their own folders (the campaign)
+    exclusive: bool = True
 
     def settings_for(self, scale: str, overrides: dict[str, Any] | None = None) -> Any:
         if scale not in self.scales:
@@ -96,15 +99,17 @@ def register(
     verdict: Callable[[Any, dict[str, Any]], list[dict[str, Any]]] | None = None,
     volatile: tuple[str, ...] = (),
     shardable: bool = False,
+    exclusive: bool = True,
 ) -> Callable[[Callable], Callable]:
     """Decorator: ``@register("search-speed", ...)`` on ``def run(settings, out)``; see
-    :class:`Experiment` for ``units``, ``verdict``, ``volatile`` and ``shardable``."""
+    :class:`Experiment` for ``units``, ``verdict``, ``volatile``, ``shardable`` and
+    ``exclusive``."""
 
     def wrap(fn: Callable) -> Callable:
         doc = (fn.__doc__ or "").strip().splitlines()
         _REGISTRY[name] = Experiment(
             name, title, settings, fn, scales, cpu_minutes, doc[0] if doc else "", units,
-            verdict, volatile, shardable,
+            verdict, volatile, shardable, exclusive,
         )  # fmt: skip
         return fn
 
@@ -349,9 +354,8 @@ def reproduce(
 ) -> Path:
     """Run experiment ``name`` at ``scale`` into ``output`` (default
     ``outputs/reproduce/NAME-SCALE``), resuming what an earlier run there finished; returns
-    the path of ``report.md``."""
-    import shutil
-
+    the path of ``report.md``. Another process working in ``output`` is refused
+    (:class:`~gencraft.folder_lock.FolderInUse`) before anything is read or cleared."""
     from gencraft import distributed
 
     exp = get_experiment(name)
@@ -367,18 +371,46 @@ def reproduce(
     out = Path(output or f"outputs/reproduce/{name}-{scale}")
     if out.exists() and not out.is_dir():
         raise GencraftError(f"--output {out} is a file; an experiment writes a directory there")
-    if restart and out.exists():
-        shutil.rmtree(out)
-    run = ExperimentRun(out, exp, settings, scale)
-    t0 = time.perf_counter()
-    if processes > 1:
-        from gencraft.experiment_shards import sharded_passes
+    with _working_in(out, exp):  # before --restart clears it: another process may work there
+        if restart and out.exists():
+            _clear(out)
+        run = ExperimentRun(out, exp, settings, scale)
+        t0 = time.perf_counter()
+        if processes > 1:
+            from gencraft.experiment_shards import sharded_passes
 
-        writes, _ = sharded_passes(exp, settings, run)
-        if not writes:  # the main process writes the report
-            return out / "report.md"
-    exp.run(settings, run)
-    return run.write_report(time.perf_counter() - t0)
+            writes, _ = sharded_passes(exp, settings, run)
+            if not writes:  # the main process writes the report
+                return out / "report.md"
+        exp.run(settings, run)
+        return run.write_report(time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def _working_in(out: Path, exp: Experiment) -> Iterator[None]:
+    """Hold ``out`` while ``exp`` works there (:mod:`gencraft.folder_lock`): process 0 holds it
+    for a launch's processes, which share it; a coordinator (the campaign) does not."""
+    from gencraft import distributed
+    from gencraft.folder_lock import folder_lock
+
+    if not exp.exclusive or not distributed.is_main():
+        yield
+        return
+    with folder_lock(out):
+        yield
+
+
+def _clear(out: Path) -> None:
+    """Remove what ``out`` holds but its lock (``--restart``)."""
+    import shutil
+
+    from gencraft.folder_lock import LOCK_NAME
+
+    for path in out.iterdir():
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.name != LOCK_NAME:
+            path.unlink()
 
 
 #: a settings-dataclass field with its help text (the CLI flag's)
