@@ -4199,10 +4199,24 @@ M = [
         "tests/test_folder_lock.py",
     ),
     (
-        "lock-same-process-may-take-twice",
+        "lock-reentry-takes-it-again",
         "gencraft/folder_lock.py",
-        "    path, me = folder / LOCK_NAME, this_process()\n",
-        "    path, me = folder / LOCK_NAME, this_process()\n    if read_holder(folder) is not None and read_holder(folder).pid == me.pid:\n        return me\n",
+        "        if holder is not None and holder.same_process(me):\n            return None\n",
+        "        if holder is not None and holder.same_process(me):\n            return me\n",
+        "tests/test_folder_lock.py",
+    ),
+    (
+        "lock-same-process-by-pid-alone",
+        "gencraft/folder_lock.py",
+        "return (self.pid, self.host, self.pid_start) == (other.pid, other.host, other.pid_start)",
+        "return self.pid == other.pid",
+        "tests/test_folder_lock.py",
+    ),
+    (
+        "fit-does-not-hold-its-folder",
+        "gencraft/training/fit.py",
+        "    if loop.out is None or not loop.acc.is_main_process:\n",
+        "    if True:\n",
         "tests/test_folder_lock.py",
     ),
     (
@@ -4215,8 +4229,8 @@ M = [
     (
         "lock-release-of-anothers",
         "gencraft/folder_lock.py",
-        "    if read_holder(folder) == me:\n",
-        "    if True:\n",
+        "    if me is not None and read_holder(folder) == me:\n",
+        "    if me is not None:\n",
         "tests/test_folder_lock.py",
     ),
     (

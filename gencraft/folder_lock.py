@@ -48,6 +48,9 @@ class Holder:
         start = _pid_start(self.pid)
         return self.pid_start is None or start is None or start == self.pid_start
 
+    def same_process(self, other: Holder) -> bool:
+        return (self.pid, self.host, self.pid_start) == (other.pid, other.host, other.pid_start)
+
     def describe(self) -> str:
         return f"process {self.pid} on {self.host} (since {self.since})"
 
@@ -133,9 +136,10 @@ def _break_stale(path: Path, stale: Holder | None) -> None:
         mark.unlink(missing_ok=True)
 
 
-def acquire(folder: str | Path) -> Holder:
+def acquire(folder: str | Path) -> Holder | None:
     """Take ``folder`` (created if absent) for this process, or raise :class:`FolderInUse`
-    naming the live holder. Taking a folder this process already holds is refused too."""
+    naming the live holder. None when this process holds it already (an experiment that
+    trains into a folder it holds): the outer holder gives it back."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path, me = folder / LOCK_NAME, this_process()
@@ -143,6 +147,8 @@ def acquire(folder: str | Path) -> Holder:
         if _try_create(path, me):
             return me
         holder = read_holder(folder)
+        if holder is not None and holder.same_process(me):
+            return None
         alive = None if holder is None else holder.alive()
         if holder is not None and alive is not False:
             raise FolderInUse(folder, holder, checkable=alive is True)
@@ -150,14 +156,14 @@ def acquire(folder: str | Path) -> Holder:
     raise GencraftError(f"could not take {path}: it kept changing hands")
 
 
-def release(folder: str | Path, me: Holder) -> None:
-    """Give ``folder`` back if the lock still names ``me``."""
-    if read_holder(folder) == me:
+def release(folder: str | Path, me: Holder | None) -> None:
+    """Give ``folder`` back if the lock still names ``me`` (None: re-entered, nothing to do)."""
+    if me is not None and read_holder(folder) == me:
         (Path(folder) / LOCK_NAME).unlink(missing_ok=True)
 
 
 @contextmanager
-def folder_lock(folder: str | Path) -> Iterator[Holder]:
+def folder_lock(folder: str | Path) -> Iterator[Holder | None]:
     """Hold ``folder`` while the block runs (:func:`acquire`), and give it back after."""
     me = acquire(folder)
     try:

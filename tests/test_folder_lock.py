@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
+import time
 from dataclasses import asdict, replace
 
 import pytest
@@ -69,8 +69,9 @@ def test_a_live_holder_is_refused_by_name_and_the_folder_is_free_once_it_lets_go
     (tmp_path / LOCK_NAME).unlink()
     with folder_lock(tmp_path) as me:
         assert read_holder(tmp_path) == me and me.pid == this_process().pid
-        with pytest.raises(FolderInUse):  # nor twice by the same process
-            acquire(tmp_path)
+        with folder_lock(tmp_path) as inner:  # this process again (training inside a run)
+            assert inner is None
+        assert read_holder(tmp_path) == me  # the outer holder still holds it
     assert not (tmp_path / LOCK_NAME).exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no temporary file left
 
@@ -90,61 +91,52 @@ def test_a_lock_whose_process_is_gone_or_whose_pid_was_reused_is_taken_over(tmp_
 
 def test_another_hosts_lock_is_refused_and_names_the_file_to_remove(tmp_path):
     _write(tmp_path, Holder(1, "elsewhere.example", None, "2026-11-27 10:00:00"))
-    with pytest.raises(FolderInUse, match="on elsewhere.example") as err:
+    with pytest.raises(FolderInUse, match=r"on elsewhere\.example") as err:
         acquire(tmp_path)
     assert f"if that process is gone, remove {tmp_path / LOCK_NAME}" in str(err.value)
 
 
 def test_the_lock_is_given_back_when_the_work_fails(tmp_path):
-    with pytest.raises(RuntimeError):
-        with folder_lock(tmp_path / "new"):
-            raise RuntimeError("a unit failed")
+    with pytest.raises(RuntimeError), folder_lock(tmp_path / "new"):
+        raise RuntimeError("a unit failed")
     assert not (tmp_path / "new" / LOCK_NAME).exists()
 
 
-@settings(max_examples=12, deadline=None)
-@given(contenders=st.integers(2, 8), stale=st.booleans())
-def test_of_contenders_started_together_exactly_one_wins(tmp_path_factory, contenders, stale):
+_CONTENDER = """
+import os, sys, time
+from gencraft.folder_lock import FolderInUse, folder_lock
+folder, start, marks, others = sys.argv[1], float(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+while time.time() < start:  # all start together
+    time.sleep(0.001)
+try:
+    with folder_lock(folder):
+        print("held", flush=True)
+        deadline = time.time() + 60
+        while len(os.listdir(marks)) < others and time.time() < deadline:
+            time.sleep(0.01)  # held until every other process has tried, however late
+except FolderInUse:
+    open(os.path.join(marks, str(os.getpid())), "w").close()
+    print("refused", flush=True)
+"""
+
+
+@settings(max_examples=4, deadline=None)
+@given(contenders=st.integers(2, 5), stale=st.booleans())
+def test_of_processes_started_together_exactly_one_holds_the_folder(
+    tmp_path_factory, contenders, stale
+):
     folder = tmp_path_factory.mktemp("contended")
     if stale:
         _write(folder, Holder(_dead_pid(), this_process().host, None, "2026-11-27 10:00:00"))
-    start, outcomes = threading.Barrier(contenders), []
-
-    def contend():
-        start.wait()
-        try:
-            outcomes.append(acquire(folder))
-        except FolderInUse as busy:
-            outcomes.append(busy)
-
-    threads = [threading.Thread(target=contend) for _ in range(contenders)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    won = [o for o in outcomes if isinstance(o, Holder)]
-    assert len(outcomes) == contenders and len(won) == 1
-    assert read_holder(folder) == won[0]
-    assert [p.name for p in folder.iterdir()] == [LOCK_NAME]
-
-
-def test_processes_started_together_never_both_hold_a_folder(tmp_path):
-    script = (
-        "import sys, time\n"
-        "from gencraft.folder_lock import acquire, FolderInUse\n"
-        "try:\n"
-        "    acquire(sys.argv[1])\n"
-        "    print('held', flush=True)\n"
-        "    time.sleep(3)\n"
-        "except FolderInUse:\n"
-        "    print('refused', flush=True)\n"
-    )
+    marks = tmp_path_factory.mktemp("marks")
+    args = [str(folder), str(time.time() + 1.0), str(marks), str(contenders - 1)]
     procs = [
-        subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE)
-        for _ in range(4)
+        subprocess.Popen([sys.executable, "-c", _CONTENDER, *args], stdout=subprocess.PIPE)
+        for _ in range(contenders)
     ]
     said = sorted(p.communicate(timeout=60)[0].decode().strip() for p in procs)
-    assert said == ["held", "refused", "refused", "refused"]
+    assert said == ["held"] + ["refused"] * (contenders - 1)
+    assert [p.name for p in folder.iterdir()] == []  # the holder gave it back, nothing left
 
 
 def test_reproduce_refuses_a_held_folder_before_reading_or_clearing_it(
@@ -161,9 +153,7 @@ def test_reproduce_refuses_a_held_folder_before_reading_or_clearing_it(
         reproduce("hso-fewshot", scale="tiny", output=tmp_path)
 
 
-def test_a_run_holds_its_folder_while_it_works_and_a_restart_keeps_the_lock(
-    tmp_path, monkeypatch
-):
+def test_a_run_holds_its_folder_while_it_works_and_a_restart_keeps_the_lock(tmp_path, monkeypatch):
     (tmp_path / "old").mkdir()
     (tmp_path / "results.json").write_text("{}")
     seen = []
@@ -172,6 +162,38 @@ def test_a_run_holds_its_folder_while_it_works_and_a_restart_keeps_the_lock(
     reproduce("hso-fewshot", scale="tiny", output=tmp_path, restart=True)
     assert seen[0] is not None and seen[0].pid == this_process().pid
     assert not (tmp_path / "old").exists() and not (tmp_path / LOCK_NAME).exists()
+
+
+def test_a_training_refuses_a_folder_another_process_holds_and_holds_its_own(
+    tmp_path, other_process, capsys
+):
+    import torch
+
+    from gencraft.training import FitConfig, fit
+
+    def train(out):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(2, 1)
+        data = [(torch.randn(2), torch.randn(())) for _ in range(4)]
+        seen = []
+        fit(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), data,
+            loss_fn=lambda m, b: ((m(b[0]).squeeze(-1) - b[1]) ** 2).mean(),
+            config=FitConfig(epochs=1, batch_size=2), output_dir=out, progress=False,
+            on_step=lambda step, batch: seen.append(read_holder(out)),
+        )  # fmt: skip
+        return seen
+
+    _write(tmp_path / "held", other_process)
+    with pytest.raises(FolderInUse, match=f"in use by process {other_process.pid}"):
+        train(tmp_path / "held")
+    assert not (tmp_path / "held" / "checkpoint").exists()  # refused before any work
+    seen = train(tmp_path / "free")
+    assert len(seen) == 2 and all(h.same_process(this_process()) for h in seen)
+    assert not (tmp_path / "free" / LOCK_NAME).exists()
+    with folder_lock(tmp_path / "mine"):  # a folder this process holds: trains inside it
+        assert len(train(tmp_path / "mine")) == 2
+        assert read_holder(tmp_path / "mine").same_process(this_process())
 
 
 def test_the_campaign_skips_a_run_another_process_holds_and_runs_the_rest(

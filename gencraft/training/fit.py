@@ -24,6 +24,7 @@ keeps its own state and may act after each validation.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
@@ -277,11 +278,22 @@ def fit(
         raise GencraftError("fit needs a loss_fn for a dataset (or a Steps plug-in as train)")
     loop = _Loop(model, optimizer, loss_fn, config, accelerator, output_dir, progress)
     loop.evaluate_fn, loop.save_fn, loop.on_step = evaluate_fn, save_fn, on_step
-    loop.open_run(settings, resume=resume, restart=restart)
-    loop.prepare(train, valid, collate_fn)
-    if resume and not restart:
-        loop.restore()
-    return loop.run()
+    with _holding(loop):  # before the run is opened: a restart clears the folder
+        loop.open_run(settings, resume=resume, restart=restart)
+        loop.prepare(train, valid, collate_fn)
+        if resume and not restart:
+            loop.restore()
+        return loop.run()
+
+
+def _holding(loop: _Loop) -> contextlib.AbstractContextManager:
+    """The run's folder held by this process while it trains (:mod:`gencraft.folder_lock`:
+    a second process training into it is refused); process 0 holds it for a launch."""
+    from gencraft.folder_lock import folder_lock
+
+    if loop.out is None or not loop.acc.is_main_process:
+        return contextlib.nullcontext()
+    return folder_lock(loop.out)
 
 
 class _Loop:
