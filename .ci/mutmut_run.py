@@ -56,6 +56,7 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
         ["tests/search/test_cad_paired.py", "tests/prefix/test_prefix_cad.py"],
     ),
     "data/own": (["gencraft/data/own.py"], ["tests/data/test_own_data.py"]),
+    "folder_lock": (["gencraft/folder_lock.py"], ["tests/test_folder_lock.py"]),
     "training/checkpoint": (["gencraft/training/checkpoint.py"], ["tests/training"]),
     "nar/decoding": (["gencraft/nar/decoding.py"], ["tests/nar"]),
     "search/beam": (
