@@ -4275,6 +4275,62 @@ M = [
         "    return {}",
         "tests/test_folder_lock.py",
     ),
+    (
+        "unit-parts-not-saved-per-part",
+        "gencraft/experiments.py",
+        "                self._bank(key)\n                self._save()\n            self._bank(key)\n",
+        "                self._bank(key)\n            self._bank(key)\n",
+        "tests/test_unit_parts.py",
+    ),
+    (
+        "unit-parts-resume-from-zero",
+        "gencraft/experiments.py",
+        '            items = done["items"]\n',
+        '            items = done["items"] = []\n',
+        "tests/test_unit_parts.py",
+    ),
+    (
+        "unit-parts-estimated-whole",
+        "gencraft/experiments.py",
+        '        if done is None or not done["total"]:\n            return whole\n',
+        "        if True:\n            return whole\n",
+        "tests/test_unit_parts.py",
+    ),
+    (
+        "unit-parts-kept-after-the-unit",
+        "gencraft/experiments.py",
+        "            self.parts.pop(key, None)\n",
+        "",
+        "tests/test_unit_parts.py",
+    ),
+    (
+        "unit-parts-seconds-of-this-call",
+        "gencraft/experiments.py",
+        "            return combine(items, self.partial[key])\n",
+        "            return combine(items, 0.0)\n",
+        "tests/test_unit_parts.py",
+    ),
+    (
+        "unit-parts-size-change-unchecked",
+        "gencraft/experiments.py",
+        '            if done["total"] != total:\n',
+        "            if False:\n",
+        "tests/test_unit_parts.py",
+    ),
+    (
+        "unit-parts-short-part-unchecked",
+        "gencraft/experiments.py",
+        "                if len(part) != min(step, total - start):\n",
+        "                if False:\n",
+        "tests/test_unit_parts.py",
+    ),
+    (
+        "fewshot-unit-in-one-part",
+        "gencraft/hso/experiments.py",
+        "    step = s.de_batch_size if de_unit else s.batch_size  # a part is one batch\n",
+        "    step = max(total, 1)\n",
+        "tests/test_unit_parts.py",
+    ),
 ]
 
 

@@ -228,6 +228,9 @@ class ExperimentRun:
         # the wall time of units interrupted so far (a training resumes from its checkpoint):
         # added to the unit's seconds when it finishes
         self.partial: dict[str, float] = {}
+        # the finished items of units computed in parts (:meth:`unit_over`), until whole
+        self.parts: dict[str, dict[str, Any]] = {}
+        self._mark = 0.0  # when the running unit's time was last added to ``partial``
         if self.results_path.is_file():
             saved = json.loads(self.results_path.read_text())
             old = saved.get("settings", {})
@@ -245,6 +248,7 @@ class ExperimentRun:
             self.units = saved.get("units", {})
             self.seconds = saved.get("unit_seconds", {})
             self.partial = saved.get("unit_partial_seconds", {})
+            self.parts = saved.get("unit_parts", {})
         from gencraft.experiment_shards import load_unit_files
 
         load_unit_files(self, set(VOLATILE) | set(experiment.volatile))  # a sharded run's
@@ -267,21 +271,74 @@ class ExperimentRun:
                 if estimate > clock.left():
                     raise OutOfTime(key, estimate, clock.left())
                 clock.started.append(f"{self.experiment.name}: {key}")
-            t0 = time.perf_counter()
+            self._mark = time.perf_counter()
             try:
                 value = json.loads(json.dumps(compute(), default=float))
             except BaseException:  # Ctrl-C, a time limit, a failure: the time spent is kept
-                self.partial[key] = self.partial.get(key, 0.0) + time.perf_counter() - t0
+                self._bank(key)
                 self._save()
                 raise
+            self._bank(key)
             self.units[key] = value
-            self.seconds[key] = self.partial.pop(key, 0.0) + time.perf_counter() - t0
+            self.seconds[key] = self.partial.pop(key)
+            self.parts.pop(key, None)
             self._save()
         return self.units[key]
 
+    def _bank(self, key: str) -> None:
+        """Add the running unit's time since the last mark to its ``partial`` seconds."""
+        now = time.perf_counter()
+        self.partial[key] = self.partial.get(key, 0.0) + now - self._mark
+        self._mark = now
+
+    def unit_over(
+        self,
+        key: str,
+        total: int,
+        step: int,
+        compute: Callable[[int, int], list[Any]],
+        combine: Callable[[list[Any], float], Any],
+    ) -> Any:
+        """:meth:`unit` ``key`` computed over items ``[0, total)`` in parts of ``step``:
+        ``compute(start, stop)`` gives the parts' items (a list of ``stop - start``), each part
+        saved as it finishes, so an interrupted unit resumes at its first unfinished part;
+        ``combine(items, seconds)`` makes the unit's value from all of them and the seconds
+        spent on them (over every invocation). Under a budget, a unit with saved parts is
+        estimated at the share of its items left."""
+
+        def whole() -> Any:
+            if self.shard is not None:  # a sharded run keeps whole units (experiment_shards)
+                t0 = time.perf_counter()
+                items = [x for a in range(0, total, step) for x in compute(a, min(a + step, total))]
+                return combine(items, time.perf_counter() - t0)
+            done = self.parts.setdefault(key, {"total": total, "items": []})
+            if done["total"] != total:
+                raise GencraftError(
+                    f"{self.results_path} holds {len(done['items'])} of {done['total']} items "
+                    f"of unit {key!r}, which now has {total}; use another --output or --restart"
+                )
+            items = done["items"]
+            while len(items) < total:
+                start = len(items)
+                part = compute(start, min(start + step, total))
+                if len(part) != min(step, total - start):
+                    raise GencraftError(f"unit {key!r}: a part gave {len(part)} items")
+                items += json.loads(json.dumps(part, default=float))
+                self._bank(key)
+                self._save()
+            self._bank(key)
+            return combine(items, self.partial[key])
+
+        return self.unit(key, whole)
+
     def estimate(self, key: str, default: float, known: dict[str, float] | None = None) -> float:
-        """Seconds unit ``key`` is expected to take (:func:`unit_estimate`)."""
-        return unit_estimate(self.seconds, key, default, known)
+        """Seconds unit ``key`` is expected to take (:func:`unit_estimate`), at the share of
+        its items left when it has saved parts."""
+        whole = unit_estimate(self.seconds, key, default, known)
+        done = self.parts.get(key)
+        if done is None or not done["total"]:
+            return whole
+        return whole * (1 - len(done["items"]) / done["total"])
 
     def _save(self) -> None:
         write_json(
@@ -294,6 +351,7 @@ class ExperimentRun:
                 "units": self.units,
                 "unit_seconds": self.seconds,
                 **({"unit_partial_seconds": self.partial} if self.partial else {}),
+                **({"unit_parts": self.parts} if self.parts else {}),
             },
         )
 

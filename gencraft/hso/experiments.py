@@ -14,7 +14,8 @@ import math
 import random
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -309,6 +310,68 @@ def fewshot_verdict(runs: list[tuple[FewShotSettings, dict]]) -> list[dict]:
     return rows
 
 
+@dataclass
+class _FewShot:
+    """What every few-shot unit of a run reads: the model, the task and its test examples
+    ([(text, label index)]), and the methods' configurations."""
+
+    model: torch.nn.Module
+    tok: Any
+    task: Any
+    shared: list[int]
+    label_ids: list[int]
+    tests: list[tuple[str, int]]
+    hso: HSOConfig
+    de: DynamicEvalConfig
+
+
+@dataclass
+class _Cell:
+    """One (n, seed): its prompts ([1, P] each, one per test example), drawn once when a unit
+    first needs them (a resumed run whose units are finished draws none)."""
+
+    n: int
+    seed: int
+    drawn: list[torch.Tensor] = field(default_factory=list)
+
+    def prompts(self, s: FewShotSettings, setup: _FewShot) -> list[torch.Tensor]:
+        if not self.drawn:
+            rng = random.Random(self.seed * 7919 + self.n)
+            self.drawn += [
+                draw_prompt(setup.task, setup.tok, self.n, text, rng, s.max_example_tokens,
+                            setup.shared)
+                for text, _ in setup.tests
+            ]  # fmt: skip
+        return self.drawn
+
+
+def _method_unit(
+    run: ExperimentRun, s: FewShotSettings, setup: _FewShot, cell: _Cell, m: str
+) -> dict:
+    """Unit ``n=N seed=S METHOD``: each test example's correctness under method ``m`` (dynamic
+    evaluation on the first ``de_examples``), computed and saved one batch at a time."""
+
+    def labels(a: int, b: int) -> list[int]:
+        return classify_batch(
+            setup.model, cell.prompts(s, setup)[a:b], setup.label_ids, m, setup.hso, setup.de,
+            batch_size=s.batch_size, de_batch_size=s.de_batch_size,
+        )  # fmt: skip
+
+    def combine(found: list[int], seconds: float) -> dict:
+        prompts = cell.prompts(s, setup)
+        return {
+            "correct": [int(p == y) for p, (_, y) in zip(found, setup.tests, strict=False)],
+            "seconds": seconds,
+            "mean prompt tokens": statistics.mean(p.shape[1] for p in prompts),
+        }
+
+    de_unit = m == "dynamic eval"
+    total = s.de_examples if de_unit else len(setup.tests)
+    step = s.de_batch_size if de_unit else s.batch_size  # a part is one batch
+    key = f"n={cell.n} seed={cell.seed} {m}"
+    return run.unit_over(key, min(total, len(setup.tests)), step, labels, combine)
+
+
 @register(
     "hso-fewshot",
     title="few-shot classification: baseline, dynamic evaluation, HSO, HSO-2 (Table 3.4)",
@@ -341,6 +404,7 @@ def hso_fewshot(s: FewShotSettings, run: ExperimentRun) -> None:
     tests = _test_examples(task, s.examples, tok, s.max_test_tokens)
     hso = HSOConfig(window=s.hso_window, lr=s.hso_lr, betas=tuple(s.hso_betas))
     de = DynamicEvalConfig(window=s.hso_window, lr=s.de_lr)
+    setup = _FewShot(model, tok, task, shared, label_ids, tests, hso, de)
     units = {}
     for n in s.shots:
         for seed in s.seeds:
@@ -349,26 +413,9 @@ def hso_fewshot(s: FewShotSettings, run: ExperimentRun) -> None:
                 units[n, seed] = run.units[key]
                 continue
 
-            def one(m, n=n, seed=seed):
-                rng = random.Random(seed * 7919 + n)
-                prompts = [
-                    draw_prompt(task, tok, n, text, rng, s.max_example_tokens, shared)
-                    for text, _ in tests
-                ]
-                k = s.de_examples if m == "dynamic eval" else len(prompts)
-                t0 = time.perf_counter()
-                found = classify_batch(
-                    model, prompts[:k], label_ids, m, hso, de,
-                    batch_size=s.batch_size, de_batch_size=s.de_batch_size,
-                )  # fmt: skip
-                return {
-                    "correct": [int(p == y) for p, (_, y) in zip(found, tests[:k], strict=True)],
-                    "seconds": time.perf_counter() - t0,
-                    "mean prompt tokens": statistics.mean(p.shape[1] for p in prompts),
-                }
-
-            # one unit per method, so a run stopped inside (n, seed) keeps the methods done
-            parts = {m: run.unit(f"{key} {m}", lambda m=m, one=one: one(m)) for m in METHODS}
+            # a unit per method, each saved batch by batch: a stopped run loses one batch
+            cell = _Cell(n, seed)
+            parts = {m: _method_unit(run, s, setup, cell, m) for m in METHODS}
             units[n, seed] = _combine(parts)
     rows = _fewshot_rows(s, units)
     run.text(

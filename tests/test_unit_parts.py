@@ -1,0 +1,163 @@
+"""A unit computed in parts (``ExperimentRun.unit_over``): each part saved as it finishes, so
+a unit cut anywhere resumes at its first unfinished part with the value an uninterrupted run
+gives; its time counts every invocation; a budget sees only the share left. hso-fewshot's
+units are saved batch by batch this way."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gencraft.campaign import CampaignSettings
+from gencraft.errors import GencraftError
+from gencraft.experiments import (
+    Clock,
+    ExperimentRun,
+    OutOfTime,
+    get_experiment,
+    reproduce,
+    time_budget,
+)
+
+
+def _run(folder) -> ExperimentRun:
+    return ExperimentRun(folder, get_experiment("campaign"), CampaignSettings(), "tiny")
+
+
+def _saved(folder) -> dict:
+    return json.loads((folder / "results.json").read_text())
+
+
+def _items(start: int, stop: int) -> list[int]:
+    return [i * i + 1 for i in range(start, stop)]
+
+
+def _combine(items: list[int], seconds: float) -> dict:
+    return {"items": items, "sum": sum(items)}
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    total=st.integers(0, 30),
+    step=st.integers(1, 7),
+    cuts=st.lists(st.integers(0, 6), max_size=3),
+)
+def test_a_unit_cut_in_any_part_resumes_there_and_equals_the_uncut_unit(
+    tmp_path_factory, total, step, cuts
+):
+    """``cuts``: at which part (counted within each invocation) each invocation is cut."""
+    folder = tmp_path_factory.mktemp("parts")
+    asked: list[tuple[int, int]] = []
+    for cut in cuts:
+        calls = []
+
+        def compute(a, b, cut=cut, calls=calls):
+            calls.append(1)
+            if a:  # what a process killed now (no Ctrl-C, nothing saved on the way out) keeps
+                assert len(_saved(folder)["unit_parts"]["test u"]["items"]) == a
+            if len(calls) == cut + 1:
+                raise KeyboardInterrupt
+            asked.append((a, b))
+            return _items(a, b)
+
+        run = _run(folder)
+        try:
+            run.unit_over("test u", total, step, compute, _combine)
+        except KeyboardInterrupt:
+            saved = _saved(folder)["unit_parts"]["test u"]
+            assert saved == {"total": total, "items": _items(0, len(saved["items"]))}
+            assert "test u" in _saved(folder)["unit_partial_seconds"]
+    value = _run(folder).unit_over("test u", total, step, lambda a, b: _items(a, b), _combine)
+    assert value == _combine(_items(0, total), 0.0)
+    # no part was computed twice, and the finished ones were not computed again
+    starts = [a for a, _ in asked]
+    assert starts == sorted(set(starts)) and all(a % step == 0 for a in starts)
+    saved = _saved(folder)
+    assert "unit_parts" not in saved and "unit_partial_seconds" not in saved
+    assert saved["units"]["test u"] == value
+
+
+def test_the_seconds_count_every_invocation_and_reach_combine(tmp_path, monkeypatch):
+    import types
+
+    import gencraft.experiments as ex
+
+    # mark; part 1 saved; (cut) banked | mark; part 2 saved; banked at the end; unit's bank
+    ticks = iter([0.0, 10.0, 25.0, 100.0, 140.0, 141.0, 142.0])
+    monkeypatch.setattr(ex, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    seen = []
+
+    def cut(a, b):
+        if a == 2:
+            raise KeyboardInterrupt
+        return _items(a, b)
+
+    with pytest.raises(KeyboardInterrupt):
+        _run(tmp_path).unit_over("u", 4, 2, cut, _combine)
+    assert _saved(tmp_path)["unit_partial_seconds"] == {"u": 25.0}
+
+    def combine(items, seconds):
+        seen.append(seconds)
+        return sum(items)
+
+    run = _run(tmp_path)
+    assert run.unit_over("u", 4, 2, _items, combine) == sum(_items(0, 4))
+    assert seen == [25.0 + 41.0] and run.seconds == {"u": 25.0 + 42.0}
+
+
+def test_a_budget_sees_the_share_of_items_left(tmp_path):
+    import time
+
+    run = _run(tmp_path)
+    run.seconds = {"u seed=0": 1000.0}  # the whole unit, under another seed
+    run.parts = {"u seed=1": {"total": 10, "items": list(range(8))}}
+    assert run.estimate("u seed=1", 0.0) == pytest.approx(200.0)
+    assert run.estimate("u seed=2", 0.0) == 1000.0
+    with time_budget(Clock(time.monotonic() + 500)):
+        with pytest.raises(OutOfTime):
+            run.unit_over("u seed=2", 10, 2, _items, _combine)
+        value = run.unit_over("u seed=1", 10, 2, lambda a, b: [0] * (b - a), _combine)
+        assert value["items"] == [0, 1, 2, 3, 4, 5, 6, 7, 0, 0]
+
+
+def test_a_unit_whose_size_changed_or_whose_part_is_short_is_refused(tmp_path):
+    run = _run(tmp_path)
+    run.parts = {"u": {"total": 10, "items": [1, 2]}}
+    with pytest.raises(GencraftError, match="holds 2 of 10 items of unit 'u', which now has 12"):
+        run.unit_over("u", 12, 2, _items, _combine)
+    with pytest.raises(GencraftError, match="unit 'v': a part gave 1 items"):
+        run.unit_over("v", 4, 2, lambda a, b: [0], _combine)
+
+
+def test_a_fewshot_run_cut_inside_a_unit_resumes_at_its_batch_and_equals_an_uncut_run(
+    shared_data, tmp_path, monkeypatch
+):
+    import gencraft.hso.experiments as hx
+
+    over = {"data_dir": str(shared_data), "batch_size": 2, "de_batch_size": 1, "seeds": (0,)}
+    reproduce("hso-fewshot", scale="tiny", output=tmp_path / "whole", overrides=over)
+    real, calls = hx.classify_batch, []
+
+    def cut(model, prompts, label_ids, method, *a, **kw):
+        calls.append((method, len(prompts)))
+        if method == "hso2" and len(calls) > 1 and calls[-2][0] == "hso2":
+            raise KeyboardInterrupt  # the second batch of HSO-2
+        return real(model, prompts, label_ids, method, *a, **kw)
+
+    monkeypatch.setattr(hx, "classify_batch", cut)
+    with pytest.raises(KeyboardInterrupt):
+        reproduce("hso-fewshot", scale="tiny", output=tmp_path / "cut", overrides=over)
+    parts = _saved(tmp_path / "cut")["unit_parts"]
+    assert list(parts) == ["n=2 seed=0 hso2"] and parts["n=2 seed=0 hso2"]["total"] == 4
+    assert len(parts["n=2 seed=0 hso2"]["items"]) == 2
+    calls.clear()
+    reproduce("hso-fewshot", scale="tiny", output=tmp_path / "cut", overrides=over)
+    assert calls == [("hso2", 2)]  # only the batch left
+    whole, cut_run = _saved(tmp_path / "whole")["units"], _saved(tmp_path / "cut")["units"]
+    assert {k: v["correct"] for k, v in cut_run.items()} == {
+        k: v["correct"] for k, v in whole.items()
+    }
+    assert [len(v["correct"]) for v in cut_run.values()] == [4, 2, 4, 4]
