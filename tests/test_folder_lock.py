@@ -64,6 +64,10 @@ def test_a_live_holder_is_refused_by_name_and_the_folder_is_free_once_it_lets_go
     assert f"process {other_process.pid} on {other_process.host}" in message
     assert "wait for it to finish or stop it" in message
     assert read_holder(tmp_path) == other_process  # not touched
+    _write(tmp_path, replace(other_process, pid_start=None))  # written where /proc is absent
+    with pytest.raises(FolderInUse):
+        acquire(tmp_path)
+    _write(tmp_path, other_process)
     release(tmp_path, this_process())  # not ours: stays
     assert read_holder(tmp_path) == other_process
     (tmp_path / LOCK_NAME).unlink()
@@ -97,9 +101,9 @@ def test_another_hosts_lock_is_refused_and_names_the_file_to_remove(tmp_path):
 
 
 def test_the_lock_is_given_back_when_the_work_fails(tmp_path):
-    with pytest.raises(RuntimeError), folder_lock(tmp_path / "new"):
+    with pytest.raises(RuntimeError), folder_lock(tmp_path / "new" / "run"):  # parents made
         raise RuntimeError("a unit failed")
-    assert not (tmp_path / "new" / LOCK_NAME).exists()
+    assert not (tmp_path / "new" / "run" / LOCK_NAME).exists()
 
 
 _CONTENDER = """
@@ -214,3 +218,42 @@ def test_the_campaign_skips_a_run_another_process_holds_and_runs_the_rest(
     assert not (held / "results.json").exists()
     assert not (tmp_path / "recurrence" / "seed1" / LOCK_NAME).exists()
     assert read_holder(tmp_path) == other_process  # the campaign's own folder is not held
+
+
+def test_this_process_names_its_pid_its_start_and_when(tmp_path):
+    import os
+    import time as clock
+
+    me = this_process()
+    assert me.pid == os.getpid() and me.pid_start == _pid_start(os.getpid())
+    assert me.pid_start is not None and me.pid_start.isdigit()  # Linux: /proc is there
+    when = clock.mktime(clock.strptime(me.since, "%Y-%m-%d %H:%M:%S"))
+    assert abs(when - clock.time()) < 60
+
+
+def test_the_pid_start_is_the_field_after_the_last_parenthesis(monkeypatch):
+    """A command's name may hold ") ": the fields are counted after the last one."""
+    import gencraft.folder_lock as fl
+
+    fields = " ".join(str(k) for k in range(3, 53))  # fields 3.. (state onwards); 22 is '22'
+    line = f"4242 (odd) 1 2) name) {fields}\n"
+
+    class FakePath:
+        def __init__(self, where):
+            self.where = where
+
+        def read_text(self):
+            assert self.where == "/proc/4242/stat"
+            return line
+
+    monkeypatch.setattr(fl, "Path", FakePath)
+    assert fl._pid_start(4242) == "22"
+
+
+def test_a_lock_that_keeps_changing_hands_is_one_line(tmp_path, monkeypatch):
+    import gencraft.folder_lock as fl
+
+    monkeypatch.setattr(fl, "_try_create", lambda path, me: False)
+    monkeypatch.setattr(fl, "read_holder", lambda folder: None)  # gone each time it is read
+    with pytest.raises(fl.GencraftError, match=r"could not take .*: it kept changing hands"):
+        acquire(tmp_path)
