@@ -3221,8 +3221,8 @@ M = [
     (
         "unit-seconds-zero",
         "gencraft/experiments.py",
-        "self.seconds[key] = self.partial.pop(key, 0.0) + time.perf_counter() - t0",
-        "self.seconds[key] = 0.0",
+        "self.seconds[key] = self.partial.pop(key)\n",
+        "self.seconds[key] = 0.0\n",
         'tests/test_campaign.py -k "not interrupted"',
     ),
     (
@@ -3249,8 +3249,8 @@ M = [
     (
         "campaign-goes-on-after-stop",
         "gencraft/campaign.py",
-        '                    True,\n                    f"stopped before',
-        '                    False,\n                    f"stopped before',
+        '                    True,\n                    f"stopped {stop.where()}',
+        '                    False,\n                    f"stopped {stop.where()}',
         'tests/test_campaign.py -k "not interrupted"',
     ),
     (
@@ -4138,8 +4138,8 @@ M = [
     (
         "unit-partial-time-dropped",
         "gencraft/experiments.py",
-        "self.seconds[key] = self.partial.pop(key, 0.0) + time.perf_counter() - t0",
-        "self.seconds[key] = time.perf_counter() - t0",
+        "the time spent is kept\n                self._bank(key)\n",
+        "the time spent is kept\n",
         'tests/test_campaign.py -k "interrupted_units_time"',
     ),
     (
@@ -4320,7 +4320,7 @@ M = [
     (
         "unit-parts-short-part-unchecked",
         "gencraft/experiments.py",
-        "                if len(part) != min(step, total - start):\n",
+        "                if len(part) != size:\n",
         "                if False:\n",
         "tests/test_unit_parts.py",
     ),
@@ -4329,6 +4329,48 @@ M = [
         "gencraft/hso/experiments.py",
         "    step = s.de_batch_size if de_unit else s.batch_size  # a part is one batch\n",
         "    step = max(total, 1)\n",
+        "tests/test_unit_parts.py",
+    ),
+    (
+        "unit-parts-budget-not-checked-per-part",
+        "gencraft/experiments.py",
+        "                self._part_fits(key, start, size, total)\n",
+        "",
+        "tests/test_unit_parts.py",
+    ),
+    (
+        "unit-parts-budget-whole-unit-at-start",
+        "gencraft/experiments.py",
+        "            if clock is not None and not in_parts:\n",
+        "            if clock is not None:\n",
+        "tests/test_unit_parts.py",
+    ),
+    (
+        "unit-parts-rate-ignores-measured",
+        "gencraft/experiments.py",
+        "        if done and spent > 0:\n",
+        "        if False:\n",
+        "tests/test_unit_parts.py",
+    ),
+    (
+        "unit-parts-rate-whole-unit",
+        "gencraft/experiments.py",
+        "            need *= size / total\n",
+        "",
+        "tests/test_unit_parts.py",
+    ),
+    (
+        "unit-parts-started-not-counted",
+        "gencraft/experiments.py",
+        "        if name not in clock.started:\n            clock.started.append(name)\n",
+        "",
+        "tests/test_unit_parts.py",
+    ),
+    (
+        "campaign-stop-always-before",
+        "gencraft/campaign.py",
+        'f"stopped {stop.where()} (needs',
+        'f"stopped before {stop.key!r} (needs',
         "tests/test_unit_parts.py",
     ),
 ]

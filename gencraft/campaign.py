@@ -283,7 +283,7 @@ def run_claims(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, An
             except OutOfTime as stop:
                 out_of_time, ended = (
                     True,
-                    f"stopped before {stop.key!r} (needs ~{stop.estimate / 60:.1f} min)",
+                    f"stopped {stop.where()} (needs ~{stop.estimate / 60:.1f} min)",
                 )
             except FolderInUse as busy:  # another campaign process runs it: go on to the next
                 ended = f"skipped: in use by {busy.holder.describe()}"

@@ -145,11 +145,22 @@ def machine() -> dict[str, Any]:
 
 class OutOfTime(Exception):
     """Raised by :meth:`ExperimentRun.unit` when the time budget in force (:func:`time_budget`)
-    leaves less than the next unit's estimate; every finished unit is saved already."""
+    leaves less than the next unit's estimate (a unit in parts: its next part's); every
+    finished unit and part is saved already. ``done``: the unit's items finished, of
+    ``total`` (0 of 0 for a unit not in parts)."""
 
-    def __init__(self, key: str, estimate: float, left: float) -> None:
+    def __init__(
+        self, key: str, estimate: float, left: float, done: int = 0, total: int = 0
+    ) -> None:
         super().__init__(f"unit {key!r} needs about {estimate:.0f} s, {left:.0f} s left")
         self.key, self.estimate, self.left = key, estimate, left
+        self.done, self.total = done, total
+
+    def where(self) -> str:
+        """``before 'KEY'``, or ``inside 'KEY' (k of N items done)``."""
+        if not self.done:
+            return f"before {self.key!r}"
+        return f"inside {self.key!r} ({self.done} of {self.total} items done)"
 
 
 @dataclass
@@ -256,17 +267,18 @@ class ExperimentRun:
         self.blocks: list[str] = []
         self.resumed = bool(self.units)
 
-    def unit(self, key: str, compute: Callable[[], Any]) -> Any:
+    def unit(self, key: str, compute: Callable[[], Any], *, in_parts: bool = False) -> Any:
         """The result of unit ``key``: from an earlier run if it finished there, else computed
         now and saved at once (JSON-able values). Under a :func:`time_budget`, a unit whose
-        estimate does not fit raises :class:`OutOfTime` instead of starting."""
+        estimate does not fit raises :class:`OutOfTime` instead of starting (``in_parts``:
+        ``compute`` checks the budget before each part itself, :meth:`unit_over`)."""
         if key not in self.units and self.shard is not None:
             from gencraft.experiment_shards import shard_unit
 
             return shard_unit(self, key, compute)
         if key not in self.units:
             clock = _CLOCK.get()
-            if clock is not None:
+            if clock is not None and not in_parts:
                 estimate = self.estimate(key, clock.default_seconds, clock.known)
                 if estimate > clock.left():
                     raise OutOfTime(key, estimate, clock.left())
@@ -274,6 +286,8 @@ class ExperimentRun:
             self._mark = time.perf_counter()
             try:
                 value = json.loads(json.dumps(compute(), default=float))
+            except OutOfTime:  # before a part: the parts done and their time are saved
+                raise
             except BaseException:  # Ctrl-C, a time limit, a failure: the time spent is kept
                 self._bank(key)
                 self._save()
@@ -303,15 +317,16 @@ class ExperimentRun:
         ``compute(start, stop)`` gives the parts' items (a list of ``stop - start``), each part
         saved as it finishes, so an interrupted unit resumes at its first unfinished part;
         ``combine(items, seconds)`` makes the unit's value from all of them and the seconds
-        spent on them (over every invocation). Under a budget, a unit with saved parts is
-        estimated at the share of its items left."""
+        spent on them (over every invocation). Under a budget, each part starts only if its
+        estimate fits (the unit's parts so far, per item, else the unit's estimate's share),
+        so a budget is used to its end; :meth:`estimate` gives the share of items left."""
 
         def whole() -> Any:
             if self.shard is not None:  # a sharded run keeps whole units (experiment_shards)
                 t0 = time.perf_counter()
                 items = [x for a in range(0, total, step) for x in compute(a, min(a + step, total))]
                 return combine(items, time.perf_counter() - t0)
-            done = self.parts.setdefault(key, {"total": total, "items": []})
+            done = self.parts.get(key, {"total": total, "items": []})
             if done["total"] != total:
                 raise GencraftError(
                     f"{self.results_path} holds {len(done['items'])} of {done['total']} items "
@@ -320,16 +335,38 @@ class ExperimentRun:
             items = done["items"]
             while len(items) < total:
                 start = len(items)
-                part = compute(start, min(start + step, total))
-                if len(part) != min(step, total - start):
+                size = min(step, total - start)
+                self._part_fits(key, start, size, total)
+                part = compute(start, start + size)
+                if len(part) != size:
                     raise GencraftError(f"unit {key!r}: a part gave {len(part)} items")
                 items += json.loads(json.dumps(part, default=float))
+                self.parts[key] = done
                 self._bank(key)
                 self._save()
             self._bank(key)
             return combine(items, self.partial[key])
 
-        return self.unit(key, whole)
+        return self.unit(key, whole, in_parts=True)
+
+    def _part_fits(self, key: str, done: int, size: int, total: int) -> None:
+        """Raise :class:`OutOfTime` unless the budget in force leaves time for the next
+        ``size`` items of unit ``key`` (``done`` of ``total`` finished); on the invocation's
+        first part, the unit counts as started under the clock."""
+        clock = _CLOCK.get()
+        if clock is None:
+            return
+        spent = self.partial.get(key, 0.0) + time.perf_counter() - self._mark
+        if done and spent > 0:
+            need = spent / done * size
+        else:
+            need = unit_estimate(self.seconds, key, clock.default_seconds, clock.known)
+            need *= size / total
+        if need > clock.left():
+            raise OutOfTime(key, need, clock.left(), done, total)
+        name = f"{self.experiment.name}: {key}"
+        if name not in clock.started:
+            clock.started.append(name)
 
     def estimate(self, key: str, default: float, known: dict[str, float] | None = None) -> float:
         """Seconds unit ``key`` is expected to take (:func:`unit_estimate`), at the share of

@@ -67,7 +67,8 @@ def test_a_unit_cut_in_any_part_resumes_there_and_equals_the_uncut_unit(
         try:
             run.unit_over("test u", total, step, compute, _combine)
         except KeyboardInterrupt:
-            saved = _saved(folder)["unit_parts"]["test u"]
+            none = {"total": total, "items": []}  # cut in its first part: no part saved
+            saved = _saved(folder).get("unit_parts", {}).get("test u", none)
             assert saved == {"total": total, "items": _items(0, len(saved["items"]))}
             assert "test u" in _saved(folder)["unit_partial_seconds"]
     value = _run(folder).unit_over("test u", total, step, lambda a, b: _items(a, b), _combine)
@@ -108,19 +109,47 @@ def test_the_seconds_count_every_invocation_and_reach_combine(tmp_path, monkeypa
     assert seen == [25.0 + 41.0] and run.seconds == {"u": 25.0 + 42.0}
 
 
-def test_a_budget_sees_the_share_of_items_left(tmp_path):
-    import time
+def test_a_budget_runs_parts_while_they_fit_and_stops_inside_the_unit(tmp_path, monkeypatch):
+    """Each part starts only if its estimate fits: the unit's own parts per item once it has
+    some, else its whole estimate's share; the parts done are kept when the budget ends."""
+    import types
 
+    import gencraft.experiments as ex
+
+    now = [0.0]
+    fake = types.SimpleNamespace(perf_counter=lambda: now[0], monotonic=lambda: now[0])
+    monkeypatch.setattr(ex, "time", fake)
     run = _run(tmp_path)
-    run.seconds = {"u seed=0": 1000.0}  # the whole unit, under another seed
+    run.seconds = {"u seed=0": 1000.0}  # the whole unit, under another seed: 100 s an item
     run.parts = {"u seed=1": {"total": 10, "items": list(range(8))}}
-    assert run.estimate("u seed=1", 0.0) == pytest.approx(200.0)
+    assert run.estimate("u seed=1", 0.0) == pytest.approx(200.0)  # the share left
     assert run.estimate("u seed=2", 0.0) == 1000.0
-    with time_budget(Clock(time.monotonic() + 500)):
-        with pytest.raises(OutOfTime):
-            run.unit_over("u seed=2", 10, 2, _items, _combine)
-        value = run.unit_over("u seed=1", 10, 2, lambda a, b: [0] * (b - a), _combine)
-        assert value["items"] == [0, 1, 2, 3, 4, 5, 6, 7, 0, 0]
+
+    def slow(a, b):  # 75 s an item
+        now[0] += 75.0 * (b - a)
+        return _items(a, b)
+
+    clock = Clock(500.0)
+    with time_budget(clock), pytest.raises(OutOfTime) as stop:
+        run.unit_over("u seed=2", 10, 2, slow, _combine)
+    # parts at 0 (200 s estimated), 150 (150 s measured), 300 (150): three fit; at 450 not
+    assert (stop.value.done, stop.value.total, stop.value.estimate) == (6, 10, 150.0)
+    assert stop.value.where() == "inside 'u seed=2' (6 of 10 items done)"
+    assert _saved(tmp_path)["unit_parts"]["u seed=2"]["items"] == _items(0, 6)
+    assert _saved(tmp_path)["unit_partial_seconds"]["u seed=2"] == 450.0
+    assert clock.started == ["campaign: u seed=2"]
+    second = Clock(now[0] + 100.0)  # 100 s: no part of 150 fits
+    with time_budget(second), pytest.raises(OutOfTime) as stop:
+        run.unit_over("u seed=2", 10, 2, slow, _combine)
+    assert stop.value.where().startswith("inside") and second.started == []
+    third = Clock(now[0] + 1.0)  # a unit with no part done: stopped before it, nothing saved
+    with time_budget(third), pytest.raises(OutOfTime) as stop:
+        run.unit_over("u seed=3", 10, 2, slow, _combine)
+    assert stop.value.where() == "before 'u seed=3'" and stop.value.estimate == 200.0
+    assert third.started == [] and "u seed=3" not in _saved(tmp_path)["unit_partial_seconds"]
+    assert "u seed=3" not in _saved(tmp_path)["unit_parts"]
+    value = run.unit_over("u seed=2", 10, 2, slow, _combine)  # no budget: the rest
+    assert value == _combine(_items(0, 10), 0.0) and run.seconds["u seed=2"] == 750.0
 
 
 def test_a_unit_whose_size_changed_or_whose_part_is_short_is_refused(tmp_path):
@@ -161,3 +190,18 @@ def test_a_fewshot_run_cut_inside_a_unit_resumes_at_its_batch_and_equals_an_uncu
         k: v["correct"] for k, v in whole.items()
     }
     assert [len(v["correct"]) for v in cut_run.values()] == [4, 2, 4, 4]
+
+
+def test_the_campaign_says_inside_which_unit_and_how_far_it_stopped(tmp_path, monkeypatch):
+    import gencraft.campaign as campaign
+
+    def stops(name, **kw):
+        raise OutOfTime("n=8 seed=1 hso2", 90.0, 30.0, 48, 200)
+
+    monkeypatch.setattr(campaign, "reproduce", stops)
+    s = CampaignSettings(claims=("hso-fewshot", "dasp"), minutes=5)
+    rows = campaign.run_claims(s, "tiny", tmp_path)
+    assert rows[0]["ended"] == (
+        "stopped inside 'n=8 seed=1 hso2' (48 of 200 items done) (needs ~1.5 min)"
+    )
+    assert rows[1] == {"claim": "dasp", "run": "run", "ended": "not started"}
