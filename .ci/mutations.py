@@ -4278,8 +4278,8 @@ M = [
     (
         "unit-parts-not-saved-per-part",
         "gencraft/experiments.py",
-        "                self._bank(key)\n                self._save()\n            self._bank(key)\n",
-        "                self._bank(key)\n            self._bank(key)\n",
+        "                self._bank(key)\n                self._save()\n                bar.update(size)\n",
+        "                self._bank(key)\n                bar.update(size)\n",
         "tests/test_unit_parts.py",
     ),
     (
@@ -4371,6 +4371,20 @@ M = [
         "gencraft/campaign.py",
         'f"stopped {stop.where()} (needs',
         'f"stopped before {stop.key!r} (needs',
+        "tests/test_unit_parts.py",
+    ),
+    (
+        "nar-test-unit-in-one-part",
+        "gencraft/nar/experiments.py",
+        "len(sources), s.decode_batch, rows, combine",
+        "len(sources), len(sources), rows, combine",
+        "tests/test_unit_parts.py",
+    ),
+    (
+        "nar-test-unit-rows-not-scored-whole",
+        "gencraft/nar/experiments.py",
+        "        r = summarize(s.task, done, refs, batch_size=s.decode_batch)\n",
+        "        r = summarize(s.task, done[-1:], refs[-1:], batch_size=s.decode_batch)\n",
         "tests/test_unit_parts.py",
     ),
 ]

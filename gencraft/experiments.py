@@ -312,6 +312,7 @@ class ExperimentRun:
         step: int,
         compute: Callable[[int, int], list[Any]],
         combine: Callable[[list[Any], float], Any],
+        progress: str | None = None,
     ) -> Any:
         """:meth:`unit` ``key`` computed over items ``[0, total)`` in parts of ``step``:
         ``compute(start, stop)`` gives the parts' items (a list of ``stop - start``), each part
@@ -319,7 +320,8 @@ class ExperimentRun:
         ``combine(items, seconds)`` makes the unit's value from all of them and the seconds
         spent on them (over every invocation). Under a budget, each part starts only if its
         estimate fits (the unit's parts so far, per item, else the unit's estimate's share),
-        so a budget is used to its end; :meth:`estimate` gives the share of items left."""
+        so a budget is used to its end; :meth:`estimate` gives the share of items left.
+        ``progress``: a progress bar's label (None: no bar)."""
 
         def whole() -> Any:
             if self.shard is not None:  # a sharded run keeps whole units (experiment_shards)
@@ -333,6 +335,7 @@ class ExperimentRun:
                     f"of unit {key!r}, which now has {total}; use another --output or --restart"
                 )
             items = done["items"]
+            bar = _items_bar(progress, total, len(items))
             while len(items) < total:
                 start = len(items)
                 size = min(step, total - start)
@@ -344,6 +347,8 @@ class ExperimentRun:
                 self.parts[key] = done
                 self._bank(key)
                 self._save()
+                bar.update(size)
+            bar.close()
             self._bank(key)
             return combine(items, self.partial[key])
 
@@ -437,6 +442,13 @@ class ExperimentRun:
         path = self.directory / "report.md"
         path.write_text("\n".join(head) + "\n\n" + "\n\n".join(self.blocks) + "\n")
         return path
+
+
+def _items_bar(label: str | None, total: int, done: int) -> Any:
+    """A unit's progress bar over its items, from those already done (none without a label)."""
+    from gencraft.progress import tqdm
+
+    return tqdm(total=total, initial=done, desc=label, disable=label is None)
 
 
 def reproduce(

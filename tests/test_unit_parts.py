@@ -205,3 +205,39 @@ def test_the_campaign_says_inside_which_unit_and_how_far_it_stopped(tmp_path, mo
         "stopped inside 'n=8 seed=1 hso2' (48 of 200 items done) (needs ~1.5 min)"
     )
     assert rows[1] == {"claim": "dasp", "run": "run", "ended": "not started"}
+
+
+def test_a_nar_test_unit_cut_in_its_second_batch_resumes_there_and_equals_an_uncut_one(
+    shared_data, tmp_path, monkeypatch
+):
+    import gencraft.nar.experiments as nx
+
+    over = {"data_dir": str(shared_data), "variants": ("mask-predict",), "test_limit": 5}
+    over |= {"decode_batch": 2, "curve_steps": (), "curve_thresholds": ()}
+    reproduce("nar-tasks", scale="tiny", output=tmp_path / "whole", overrides=over)
+    real, calls, cut_at = nx.decode_rows, [], [2]
+
+    def cut(model, tok, sources, *a, **kw):
+        calls.append(len(sources))
+        if len(calls) == cut_at[0]:
+            raise KeyboardInterrupt
+        return real(model, tok, sources, *a, **kw)
+
+    monkeypatch.setattr(nx, "decode_rows", cut)
+    with pytest.raises(KeyboardInterrupt):
+        reproduce("nar-tasks", scale="tiny", output=tmp_path / "cut", overrides=over)
+    parts = _saved(tmp_path / "cut")["unit_parts"]["test mask-predict"]
+    assert (
+        parts["total"] == 5
+        and [r["text"] for r in parts["items"]]
+        == (_saved(tmp_path / "whole")["units"]["test mask-predict"]["predictions"][:2])
+    )
+    calls.clear()
+    cut_at[0] = 0  # no more cuts
+    reproduce("nar-tasks", scale="tiny", output=tmp_path / "cut", overrides=over)
+    assert calls == [2, 1]  # the two batches left
+    whole = _saved(tmp_path / "whole")["units"]["test mask-predict"]
+    again = _saved(tmp_path / "cut")["units"]["test mask-predict"]
+    for k in ("predictions", "BLEU", "ROUGE-L", "outputs", "calls/output", "steps/output"):
+        assert again[k] == whole[k], k
+    assert again["lower-cased"] == whole["lower-cased"]

@@ -369,7 +369,8 @@ def _method_unit(
     total = s.de_examples if de_unit else len(setup.tests)
     step = s.de_batch_size if de_unit else s.batch_size  # a part is one batch
     key = f"n={cell.n} seed={cell.seed} {m}"
-    return run.unit_over(key, min(total, len(setup.tests)), step, labels, combine)
+    total = min(total, len(setup.tests))
+    return run.unit_over(key, total, step, labels, combine, progress=key)
 
 
 @register(

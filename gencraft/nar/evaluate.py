@@ -134,7 +134,7 @@ def decode(
     return texts, out
 
 
-def decode_sharded(
+def decode_rows(
     model: NARSeq2Seq,
     tok: Any,
     sources: list[str],
@@ -144,10 +144,11 @@ def decode_sharded(
     num_beams: int | None = None,
     progress: bool = False,
     batch_size: int | None = 16,
-) -> tuple[list[str], NAROutput]:
+) -> list[dict[str, Any]]:
     """:func:`decode` on this process's share of ``sources`` (whole batches of ``batch_size``;
-    :func:`gencraft.distributed.map_sharded`), gathered in input order on every process. One
-    process decodes the same batches, so the outputs do not depend on the process count."""
+    :func:`gencraft.distributed.map_sharded`), gathered in input order on every process: one
+    row per source (``text``, ``sequence``, ``score``, ``calls``, ``steps``, ``seconds``).
+    One process decodes the same batches, so the outputs do not depend on the process count."""
     from gencraft.distributed import map_sharded
     from gencraft.progress import tqdm
 
@@ -175,10 +176,68 @@ def decode_sharded(
     bar = tqdm(total=len(sources), desc=method, disable=not progress)
     rows = map_sharded(run, len(sources), batch_size or len(sources), on_batch=bar.update)
     bar.close()
+    return rows
+
+
+def decode_sharded(
+    model: NARSeq2Seq,
+    tok: Any,
+    sources: list[str],
+    sampling: SamplingConfig,
+    *,
+    method: str = "auto",
+    num_beams: int | None = None,
+    progress: bool = False,
+    batch_size: int | None = 16,
+) -> tuple[list[str], NAROutput]:
+    """:func:`decode_rows` as the outputs' texts and one :class:`NAROutput`."""
+    rows = decode_rows(
+        model, tok, sources, sampling, method=method, num_beams=num_beams, progress=progress,
+        batch_size=batch_size,
+    )  # fmt: skip
     out = NAROutput()
     for r in rows:
         out.add(r["sequence"], r["score"], r["calls"], r["steps"], r["seconds"])
     return [r["text"] for r in rows], out
+
+
+def task_inputs(
+    task: str,
+    split: str = "test",
+    limit: int | None = None,
+    data_dir: str | None = None,
+    source_field: str = "source",
+    target_field: str = "target",
+) -> tuple[list[str], list[list[str]]]:
+    """The sources and their references :func:`evaluate` scores (``limit``: evenly spaced)."""
+    fields = {"source_field": source_field, "target_field": target_field}  # own data's
+    examples = pick_examples(task_examples(task, split, data_dir, **fields), limit, spread=True)
+    return [source_of(e) for e in examples], [references_of(e) for e in examples]
+
+
+def summarize(
+    task: str,
+    rows: list[dict[str, Any]],
+    refs: list[list[str]],
+    *,
+    lowercase: bool = False,
+    batch_size: int | None = 16,
+) -> dict[str, Any]:
+    """:func:`evaluate`'s record from :func:`decode_rows`'s rows and their references: BLEU
+    and ROUGE-L by the task's one convention, time, calls, steps and tokens per call."""
+    n, texts = len(rows), [r["text"] for r in rows]
+    scores = score_task(task, texts, refs, lowercase=lowercase, metrics=("BLEU", "ROUGE-L"))
+    calls = sum(r["calls"] for r in rows)
+    return {
+        "outputs": n,
+        **scores,
+        "seconds/output": sum(r["seconds"] for r in rows) / n,
+        "calls/output": calls / n,
+        "steps/output": sum(r["steps"] for r in rows) / n,
+        "tokens/call": sum(len(r["sequence"]) for r in rows) / max(calls, 1),
+        "batch_size": batch_size or n,
+        "predictions": texts,
+    }
 
 
 def evaluate(
@@ -201,29 +260,9 @@ def evaluate(
     """BLEU and ROUGE-L of decoded outputs by the task's one convention
     (:func:`gencraft.metrics.score_task`; ``lowercase``: references lower-cased like the
     outputs of an uncased tokenizer), with decoding time and model calls per output."""
-    fields = {"source_field": source_field, "target_field": target_field}  # own data's
-    examples = pick_examples(task_examples(task, split, data_dir, **fields), limit, spread=True)
-    sources = [source_of(e) for e in examples]
-    refs = [references_of(e) for e in examples]
-    texts, out = decode_sharded(
-        model,
-        tok,
-        sources,
-        sampling or SamplingConfig(),
-        method=method,
-        num_beams=num_beams,
-        progress=progress,
-        batch_size=batch_size,
-    )
-    n = len(texts)
-    scores = score_task(task, texts, refs, lowercase=lowercase, metrics=("BLEU", "ROUGE-L"))
-    return {
-        "outputs": n,
-        **scores,
-        "seconds/output": sum(out.seconds) / n,
-        "calls/output": sum(out.model_calls) / n,
-        "steps/output": sum(out.steps) / n,
-        "tokens/call": sum(map(len, out.sequences)) / max(sum(out.model_calls), 1),
-        "batch_size": batch_size or n,
-        "predictions": texts,
-    }
+    sources, refs = task_inputs(task, split, limit, data_dir, source_field, target_field)
+    rows = decode_rows(
+        model, tok, sources, sampling or SamplingConfig(), method=method, num_beams=num_beams,
+        progress=progress, batch_size=batch_size,
+    )  # fmt: skip
+    return summarize(task, rows, refs, lowercase=lowercase, batch_size=batch_size)

@@ -23,7 +23,13 @@ from typing import Any
 
 from gencraft.experiments import ExperimentRun, register, settings_field
 from gencraft.nar.config import ConvertConfig, NARTrainConfig, ObjectiveConfig, SamplingConfig
-from gencraft.nar.evaluate import evaluate, sampling_for
+from gencraft.nar.evaluate import (
+    decode_rows,
+    evaluate,
+    sampling_for,
+    summarize,
+    task_inputs,
+)
 from gencraft.nar.train import train
 from gencraft.training import FitConfig, load_run
 
@@ -202,24 +208,7 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
             temperatures[name] = tuned["temperature"]
             sampling = SamplingConfig(**{**asdict(sampling), "temperature": tuned["temperature"]})
 
-        def score(out=out, sampling=sampling, method=method):
-            model, tok, _ = load_run(out / "best")
-            r = evaluate(
-                model,
-                tok,
-                task=s.task,
-                split="test",
-                limit=s.test_limit,
-                sampling=sampling,
-                method=method,
-                data_dir=s.data_dir,
-                progress=True,
-                batch_size=s.decode_batch,
-            )
-            r["lower-cased"] = _rescore(s, r["predictions"])
-            return r
-
-        r = run.unit(f"test {name}", score)
+        r = _test_unit(s, run, name, sampling, method)
         rows.append(
             {
                 "model": name,
@@ -266,6 +255,29 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
         )
         run.table(threshold_target(curve))
         _plot(run, curve, s)
+
+
+def _test_unit(
+    s: NARTasksSettings, run: ExperimentRun, name: str, sampling: SamplingConfig, method: str
+) -> dict[str, Any]:
+    """Unit ``test NAME``: the model's test outputs, scored (:func:`summarize`), with the
+    lower-cased convention beside them; decoded and saved one batch at a time, so a stopped
+    run resumes at its batch (``ExperimentRun.unit_over``)."""
+    sources, refs = task_inputs(s.task, "test", s.test_limit, s.data_dir)
+    loaded: list[Any] = []
+
+    def rows(a: int, b: int) -> list[dict[str, Any]]:
+        if not loaded:  # once, and only if a batch is left to decode
+            loaded.extend(load_run(Path(run.directory) / name / "best")[:2])
+        return decode_rows(*loaded, sources[a:b], sampling, method=method, batch_size=None)
+
+    def combine(done: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+        r = summarize(s.task, done, refs, batch_size=s.decode_batch)
+        r["lower-cased"] = _rescore(s, r["predictions"])
+        return r
+
+    key = f"test {name}"
+    return run.unit_over(key, len(sources), s.decode_batch, rows, combine, progress=key)
 
 
 def threshold_target(curve: list[dict]) -> list[dict]:
