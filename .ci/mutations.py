@@ -4278,8 +4278,8 @@ M = [
     (
         "unit-parts-not-saved-per-part",
         "gencraft/experiments.py",
-        "                self._bank(key)\n                self._save()\n                bar.update(size)\n",
-        "                self._bank(key)\n                bar.update(size)\n",
+        "                    self._bank(key)\n                    self._save()\n                    bar.update(size)\n",
+        "                    self._bank(key)\n                    bar.update(size)\n",
         "tests/test_unit_parts.py",
     ),
     (

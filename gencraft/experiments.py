@@ -335,20 +335,19 @@ class ExperimentRun:
                     f"of unit {key!r}, which now has {total}; use another --output or --restart"
                 )
             items = done["items"]
-            bar = _items_bar(progress, total, len(items))
-            while len(items) < total:
-                start = len(items)
-                size = min(step, total - start)
-                self._part_fits(key, start, size, total)
-                part = compute(start, start + size)
-                if len(part) != size:
-                    raise GencraftError(f"unit {key!r}: a part gave {len(part)} items")
-                items += json.loads(json.dumps(part, default=float))
-                self.parts[key] = done
-                self._bank(key)
-                self._save()
-                bar.update(size)
-            bar.close()
+            with _items_bar(progress, total, len(items)) as bar:
+                while len(items) < total:
+                    start = len(items)
+                    size = min(step, total - start)
+                    self._part_fits(key, start, size, total)
+                    part = compute(start, start + size)
+                    if len(part) != size:
+                        raise GencraftError(f"unit {key!r}: a part gave {len(part)} items")
+                    items += json.loads(json.dumps(part, default=float))
+                    self.parts[key] = done
+                    self._bank(key)
+                    self._save()
+                    bar.update(size)
             self._bank(key)
             return combine(items, self.partial[key])
 
