@@ -4320,8 +4320,8 @@ M = [
     (
         "unit-parts-short-part-unchecked",
         "gencraft/experiments.py",
-        "                if len(part) != size:\n",
-        "                if False:\n",
+        "                    if len(part) != size:\n",
+        "                    if False:\n",
         "tests/test_unit_parts.py",
     ),
     (
@@ -4334,7 +4334,7 @@ M = [
     (
         "unit-parts-budget-not-checked-per-part",
         "gencraft/experiments.py",
-        "                self._part_fits(key, start, size, total)\n",
+        "                    self._part_fits(key, start, size, total)\n",
         "",
         "tests/test_unit_parts.py",
     ),
