@@ -259,7 +259,8 @@ def _held_by(folder: Path) -> dict[str, str]:
 
 def run_claims(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any]]:
     """Run the claims in order until done or out of time; one row per run saying how it
-    ended (``done``, ``stopped`` before a unit that would not fit, or ``not started``)."""
+    ended (``done``; ``stopped`` before a unit, or inside a unit in parts, that would not
+    fit; ``skipped`` while another process holds its folder; or ``not started``)."""
     deadline = time.monotonic() + (60 * s.minutes if s.minutes is not None else float("inf"))
     rows, out_of_time = [], False
     for name in s.claims:

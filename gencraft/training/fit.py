@@ -268,7 +268,9 @@ def fit(
         resume / restart: continue from ``output_dir/checkpoint`` (default) / start over,
             removing the earlier run's checkpoint and results (``resume=False`` does the same).
         on_step: called after every optimizer step with ``(step, batch)``.
-    Returns a :class:`FitResult`. Raises :class:`Interrupted` after saving on Ctrl-C.
+    Returns a :class:`FitResult`. Raises :class:`Interrupted` after saving on Ctrl-C, and
+    :class:`~gencraft.folder_lock.FolderInUse` before any work when another live process
+    holds ``output_dir``.
     """
     if len(train) == 0:
         raise GencraftError("no training examples")
