@@ -32,12 +32,12 @@ from gencraft.experiments import (
     Clock,
     ExperimentRun,
     OutOfTime,
+    estimate_left,
     get_experiment,
     register,
     reproduce,
     settings_field,
     time_budget,
-    unit_estimate,
 )
 from gencraft.folder_lock import FolderInUse, read_holder
 
@@ -160,6 +160,9 @@ class RunState:
     units: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     expected: list[str] | None = None
+    # unfinished units' saved work: items of units in parts, steps of resumable units
+    parts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    progress: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def left(self) -> list[str] | None:
@@ -187,6 +190,7 @@ def run_states(claim: Claim, scale: str, root: Path, data_dir: str | None) -> li
         if saved.is_file():
             data = json.loads(saved.read_text())
             state.units, state.seconds = data.get("units", {}), data.get("unit_seconds", {})
+            state.parts, state.progress = data.get("unit_parts", {}), data.get("unit_progress", {})
         state.expected = exp.units(settings) if exp.units else None
         out.append(state)
     return out
@@ -213,9 +217,9 @@ def _placed(settings: type, folder: Path, data_dir: str | None) -> dict[str, Any
 
 def plan_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any]]:
     """One row per run: units done and left, and the minutes left by the estimates
-    (:func:`~gencraft.experiments.unit_estimate` over the run and the claim's other runs, else
-    the claim's per-unit estimate), cumulated in order, and whether the run would start within
-    ``s.minutes``."""
+    (:func:`~gencraft.experiments.estimate_left` over the run and the claim's other runs, else
+    the claim's per-unit estimate, at the share of a unit's work not yet saved), cumulated in
+    order, and whether the run would start within ``s.minutes``."""
     rows, total = [], 0.0
     for name in s.claims:
         claim = CLAIMS[name]
@@ -229,14 +233,16 @@ def plan_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any
             need = (
                 default
                 if left is None
-                else sum(unit_estimate(state.seconds, k, default, known) for k in left)
+                else sum(
+                    estimate_left(state.seconds, k, default, known, state.parts, state.progress)
+                    for k in left
+                )
             )
             rows.append(
                 {
                     "claim": name,
                     "run": state.name,
-                    "units": f"{len(state.units)} done"
-                    + ("" if left is None else f", {len(left)} left"),
+                    "units": f"{len(state.units)} done" + _left_note(state),
                     "minutes left (est.)": round(need / 60, 1),
                     "starts by minute": round(total / 60, 1),
                     "in budget": "-"
@@ -247,6 +253,15 @@ def plan_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any
             )
             total += need
     return rows
+
+
+def _left_note(state: RunState) -> str:
+    """The plan's count of a run's units left, and of those under way (work saved)."""
+    left = state.left
+    if left is None:
+        return ""
+    going = sum(k in state.parts or k in state.progress for k in left)
+    return f", {len(left)} left" + (f" ({going} under way)" if going else "")
 
 
 def _held_by(folder: Path) -> dict[str, str]:

@@ -223,6 +223,27 @@ def unit_estimate(
     return default
 
 
+def estimate_left(
+    seconds: dict[str, float],
+    key: str,
+    default: float,
+    known: dict[str, float] | None = None,
+    parts: dict[str, dict[str, Any]] | None = None,
+    progress: dict[str, list[int]] | None = None,
+) -> float:
+    """Seconds unit ``key`` still needs: :func:`unit_estimate` at the share of its work not
+    yet saved, the items of a unit in parts (``parts``: key -> ``{"total", "items"}``) or the
+    steps a resumable unit's checkpoint holds (``progress``: key -> ``[done, total]``)."""
+    whole = unit_estimate(seconds, key, default, known)
+    if parts and key in parts and parts[key]["total"]:
+        done, total = len(parts[key]["items"]), parts[key]["total"]
+    elif progress and key in progress and progress[key][1]:
+        done, total = progress[key]
+    else:
+        return whole
+    return whole * (1 - done / total)
+
+
 class ExperimentRun:
     """One experiment's output folder: resumable units, tables, plots and the report."""
 
@@ -241,6 +262,8 @@ class ExperimentRun:
         self.partial: dict[str, float] = {}
         # the finished items of units computed in parts (:meth:`unit_over`), until whole
         self.parts: dict[str, dict[str, Any]] = {}
+        # the steps saved of resumable units (a training's checkpoint), until whole
+        self.progress: dict[str, list[int]] = {}
         self._mark = 0.0  # when the running unit's time was last added to ``partial``
         if self.results_path.is_file():
             saved = json.loads(self.results_path.read_text())
@@ -260,6 +283,7 @@ class ExperimentRun:
             self.seconds = saved.get("unit_seconds", {})
             self.partial = saved.get("unit_partial_seconds", {})
             self.parts = saved.get("unit_parts", {})
+            self.progress = saved.get("unit_progress", {})
         from gencraft.experiment_shards import load_unit_files
 
         load_unit_files(self, set(VOLATILE) | set(experiment.volatile))  # a sharded run's
@@ -267,11 +291,21 @@ class ExperimentRun:
         self.blocks: list[str] = []
         self.resumed = bool(self.units)
 
-    def unit(self, key: str, compute: Callable[[], Any], *, in_parts: bool = False) -> Any:
+    def unit(
+        self,
+        key: str,
+        compute: Callable[[], Any],
+        *,
+        in_parts: bool = False,
+        resumes: bool = False,
+    ) -> Any:
         """The result of unit ``key``: from an earlier run if it finished there, else computed
         now and saved at once (JSON-able values). Under a :func:`time_budget`, a unit whose
         estimate does not fit raises :class:`OutOfTime` instead of starting (``in_parts``:
-        ``compute`` checks the budget before each part itself, :meth:`unit_over`)."""
+        ``compute`` checks the budget before each part itself, :meth:`unit_over`).
+        ``resumes``: ``compute`` is one job that resumes from its own checkpoint (a training),
+        whose saved steps (:func:`~gencraft.progress.progress_saved`) are kept as the unit's
+        progress, so that its estimate counts only the steps left."""
         if key not in self.units and self.shard is not None:
             from gencraft.experiment_shards import shard_unit
 
@@ -283,9 +317,12 @@ class ExperimentRun:
                 if estimate > clock.left():
                     raise OutOfTime(key, estimate, clock.left())
                 clock.started.append(f"{self.experiment.name}: {key}")
+            from gencraft.progress import saved_progress
+
             self._mark = time.perf_counter()
             try:
-                value = json.loads(json.dumps(compute(), default=float))
+                with saved_progress(self._saved_upto(key) if resumes else None):
+                    value = json.loads(json.dumps(compute(), default=float))
             except OutOfTime:  # before a part: the parts done and their time are saved
                 raise
             except BaseException:  # Ctrl-C, a time limit, a failure: the time spent is kept
@@ -296,8 +333,20 @@ class ExperimentRun:
             self.units[key] = value
             self.seconds[key] = self.partial.pop(key)
             self.parts.pop(key, None)
+            self.progress.pop(key, None)
             self._save()
         return self.units[key]
+
+    def _saved_upto(self, key: str) -> Callable[[int, int], None]:
+        """What a resumable unit's job calls when it saves its first ``done`` of ``total``
+        steps: the unit's progress and time so far are saved with it."""
+
+        def report(done: int, total: int) -> None:
+            self.progress[key] = [done, total]
+            self._bank(key)
+            self._save()
+
+        return report
 
     def _bank(self, key: str) -> None:
         """Add the running unit's time since the last mark to its ``partial`` seconds."""
@@ -373,13 +422,9 @@ class ExperimentRun:
             clock.started.append(name)
 
     def estimate(self, key: str, default: float, known: dict[str, float] | None = None) -> float:
-        """Seconds unit ``key`` is expected to take (:func:`unit_estimate`), at the share of
-        its items left when it has saved parts."""
-        whole = unit_estimate(self.seconds, key, default, known)
-        done = self.parts.get(key)
-        if done is None or not done["total"]:
-            return whole
-        return whole * (1 - len(done["items"]) / done["total"])
+        """Seconds unit ``key`` is expected to take (:func:`estimate_left`: the share of its
+        work left when it has saved parts or steps)."""
+        return estimate_left(self.seconds, key, default, known, self.parts, self.progress)
 
     def _save(self) -> None:
         write_json(
@@ -393,6 +438,7 @@ class ExperimentRun:
                 "unit_seconds": self.seconds,
                 **({"unit_partial_seconds": self.partial} if self.partial else {}),
                 **({"unit_parts": self.parts} if self.parts else {}),
+                **({"unit_progress": self.progress} if self.progress else {}),
             },
         )
 

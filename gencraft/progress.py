@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, TextIO
 
 from tqdm.auto import tqdm as _auto
@@ -101,3 +102,26 @@ class tqdm(_auto):
 
     def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
         super().set_description(desc, refresh=refresh and not getattr(self, "_plain", False))
+
+
+# A resumable job (a training) tells whoever runs it (an experiment's unit) how much of it is
+# saved, so that an estimate of what is left counts only the rest.
+_SAVED_TO: ContextVar[Callable[[int, int], None] | None] = ContextVar("saved_to", default=None)
+
+
+@contextmanager
+def saved_progress(report: Callable[[int, int], None] | None) -> Iterator[None]:
+    """Inside the block, :func:`progress_saved` calls ``report(done, total)`` (None: nothing,
+    also for jobs inside an outer block)."""
+    token = _SAVED_TO.set(report)
+    try:
+        yield
+    finally:
+        _SAVED_TO.reset(token)
+
+
+def progress_saved(done: int, total: int) -> None:
+    """``done`` of the job's ``total`` steps are saved: a resumed job starts after them."""
+    report = _SAVED_TO.get()
+    if report is not None:
+        report(done, total)

@@ -199,7 +199,7 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
             summary = train(cfg, convert, obj, out, data_dir=s.data_dir, progress=True)
             return {k: v for k, v in summary.items() if k != "history"}
 
-        summary = run.unit(f"train {name}", fit_one)
+        summary = run.unit(f"train {name}", fit_one, resumes=True)
         sampling = sampling_for(
             method, steps=s.decode_steps, samples=s.samples, length_candidates=s.length_candidates
         )

@@ -155,7 +155,7 @@ def recurrence_lm(s: RecurrenceLMSettings, run: ExperimentRun) -> None:
             summary = train(cfg, rec, out, data_dir=s.data_dir, progress=True)
             return {k: v for k, v in summary.items() if k != "history"}
 
-        summary = run.unit(f"train {name}", fit_one)
+        summary = run.unit(f"train {name}", fit_one, resumes=True)
         for split in s.splits:
 
             def score(split=split, out=out):

@@ -38,7 +38,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Sampler
 
 from gencraft.errors import ConfigError, GencraftError, Interrupted
-from gencraft.progress import tqdm
+from gencraft.progress import progress_saved, tqdm
 from gencraft.training.checkpoint import (
     InterruptGuard,
     RunCheckpoint,
@@ -465,6 +465,8 @@ class _Loop:
                         "rng": rng_state(),
                     }
                 )
+                if self.total:  # an experiment's unit counts only the steps left
+                    progress_saved(self.st.step, self.total)
             self.acc.wait_for_everyone()
         self.last_save = time.perf_counter()
 

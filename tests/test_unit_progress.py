@@ -1,0 +1,198 @@
+"""A unit that resumes from its own checkpoint (a training: ``ExperimentRun.unit(...,
+resumes=True)``) keeps the steps its checkpoint holds as its progress, so that an estimate (a
+budget's, the campaign plan's) counts only the steps left; the shared training loop reports
+each checkpoint it saves (:func:`gencraft.progress.progress_saved`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gencraft.campaign import CLAIMS, CampaignSettings, plan_rows, run_states
+from gencraft.experiments import (
+    Clock,
+    ExperimentRun,
+    OutOfTime,
+    estimate_left,
+    get_experiment,
+    reproduce,
+    time_budget,
+)
+from gencraft.progress import progress_saved, saved_progress
+from gencraft.training import FitConfig, Interrupted, fit
+
+
+def _run(folder) -> ExperimentRun:
+    return ExperimentRun(folder, get_experiment("campaign"), CampaignSettings(), "tiny")
+
+
+def _saved(folder) -> dict:
+    return json.loads((folder / "results.json").read_text())
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    whole=st.floats(1.0, 1e5),
+    total=st.integers(0, 40),
+    data=st.data(),
+    has_parts=st.booleans(),
+    has_steps=st.booleans(),
+)
+def test_the_estimate_left_is_the_share_of_the_work_not_saved(
+    whole, total, data, has_parts, has_steps
+):
+    """Items saved in parts count first, then a checkpoint's steps; other units (another
+    seed's, whose time is the estimate) count whole."""
+    items, steps = data.draw(st.integers(0, total)), data.draw(st.integers(0, total))
+    seconds = {"train a seed=0": whole}
+    parts = {"train a seed=1": {"total": total, "items": list(range(items))}} if has_parts else {}
+    progress = {"train a seed=1": [steps, total]} if has_steps else {}
+    got = estimate_left(seconds, "train a seed=1", 7.0, None, parts, progress)
+    if total and has_parts:
+        want = whole * (1 - items / total)
+    elif total and has_steps:
+        want = whole * (1 - steps / total)
+    else:
+        want = whole
+    assert got == pytest.approx(want)
+    assert estimate_left(seconds, "train a seed=2", 7.0, None, parts, progress) == whole
+    assert estimate_left({}, "train a seed=2", 7.0, None, parts, progress) == 7.0
+
+
+def test_a_resumable_unit_keeps_its_saved_steps_until_it_is_whole(tmp_path, monkeypatch):
+    import types
+
+    import gencraft.experiments as ex
+
+    now = [0.0]
+    fake = types.SimpleNamespace(perf_counter=lambda: now[0], monotonic=lambda: now[0])
+    monkeypatch.setattr(ex, "time", fake)
+
+    def cut():
+        for step in (2, 4):
+            now[0] += 30.0
+            progress_saved(step, 10)
+            # what a process killed now (no Ctrl-C, nothing saved on the way out) keeps
+            assert _saved(tmp_path)["unit_progress"] == {"t seed=1": [step, 10]}
+            assert _saved(tmp_path)["unit_partial_seconds"] == {"t seed=1": now[0]}
+        now[0] += 5.0
+        raise KeyboardInterrupt
+
+    run = _run(tmp_path)
+    run.seconds = {"t seed=0": 100.0}
+    with pytest.raises(KeyboardInterrupt):
+        run.unit("t seed=1", cut, resumes=True)
+    assert _saved(tmp_path)["unit_partial_seconds"] == {"t seed=1": 65.0}
+    run = _run(tmp_path)
+    assert run.estimate("t seed=1", 0.0) == pytest.approx(60.0)  # 6 of 10 steps left
+    with time_budget(Clock(now[0] + 50.0)), pytest.raises(OutOfTime) as stop:  # 60 s: no
+        run.unit("t seed=1", lambda: 1, resumes=True)
+    assert stop.value.estimate == pytest.approx(60.0)
+    with time_budget(Clock(now[0] + 61.0)):  # started, although the whole unit would not fit
+        assert run.unit("t seed=1", lambda: progress_saved(10, 10) or 1, resumes=True) == 1
+    saved = _saved(tmp_path)
+    assert "unit_progress" not in saved and saved["unit_seconds"]["t seed=1"] == 65.0
+
+    def ignored():
+        progress_saved(3, 10)
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # a unit that does not resume: its job's steps are
+        _run(tmp_path).unit("u", ignored)  # not its progress (it starts again from nothing)
+    assert "unit_progress" not in _saved(tmp_path)
+
+
+def _fit(out, stop_at: int | None = None) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    data = [torch.randn(3) for _ in range(6)]
+
+    def on_step(step, batch):
+        if step == stop_at:
+            os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, handled between steps
+
+    fit(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        data,
+        loss_fn=lambda m, batch: m(batch).pow(2).mean(),
+        config=FitConfig(max_steps=6, batch_size=1, eval_every=2),
+        valid=data[:2],
+        collate_fn=torch.stack,
+        output_dir=out,
+        progress=False,
+        on_step=on_step,
+    )
+
+
+def test_the_training_loop_reports_each_checkpoint_it_saves(tmp_path):
+    got: list[tuple[int, int]] = []
+    with saved_progress(lambda done, total: got.append((done, total))):
+        with pytest.raises(Interrupted):
+            _fit(tmp_path / "run", stop_at=3)
+        assert got == [(2, 6), (3, 6)]  # at the evaluation of step 2, and on the Ctrl-C
+        got.clear()
+        _fit(tmp_path / "run")  # resumed
+        assert got[0] == (4, 6) and got[-1] == (6, 6)
+        got.clear()
+        _fit(None)  # no checkpoint kept: nothing saved to resume from
+        with saved_progress(None):  # a job inside a unit that does not resume
+            _fit(tmp_path / "inner")
+    assert got == []
+
+
+def _cut_at(step: int, monkeypatch) -> None:
+    """The next training in this process gets a Ctrl-C after its optimizer step ``step``."""
+    import importlib
+
+    fit_module = importlib.import_module("gencraft.training.fit")
+    real, cut = fit_module._Loop.after_step, []
+
+    def after_step(loop, *a):
+        real(loop, *a)
+        if loop.st.step == step and not cut:
+            cut.append(1)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(fit_module._Loop, "after_step", after_step)
+
+
+def test_a_cut_training_shows_under_way_in_the_plan_and_resumes(shared_data, tmp_path, monkeypatch):
+    """The campaign's recurrence run, its baseline's training cut at step 2 of 4: the plan
+    counts that unit's half left, and the next invocation finishes it."""
+    s = CampaignSettings(claims=("recurrence",), data_dir=str(shared_data))
+    over = {"data_dir": str(shared_data), "claims": ("recurrence",)}
+    root = tmp_path / "campaign"
+    _cut_at(2, monkeypatch)
+    with pytest.raises(Interrupted):
+        reproduce("campaign", scale="tiny", output=root, overrides=over)
+    seed0 = root / "recurrence" / "seed0"
+    assert _saved(seed0)["unit_progress"] == {"train baseline": [2, 4]}
+    state = run_states(CLAIMS["recurrence"], "tiny", root, s.data_dir)[0]
+    monkeypatch.setitem(CLAIMS["recurrence"].unit_minutes, "tiny", 10.0)  # no rounding to hide
+    default = 600.0
+    row = plan_rows(s, "tiny", root)[0]
+    assert row["units"] == f"0 done, {len(state.left)} left (1 under way)"
+    assert row["minutes left (est.)"] == round(default * (len(state.left) - 0.5) / 60, 1)
+    reproduce("recurrence-lm", scale="tiny", output=seed0, overrides=state.overrides)  # seed 0
+    saved = _saved(seed0)
+    assert "unit_progress" not in saved and "train baseline" in saved["unit_seconds"]
+    assert plan_rows(s, "tiny", root)[0]["units"] == f"{len(state.expected)} done, 0 left"
+    history = json.loads((seed0 / "baseline" / "history.json").read_text())
+    assert history[-1]["step"] == 4  # trained on from its checkpoint to the end
+
+
+def test_a_nar_training_unit_keeps_its_saved_steps(shared_data, tmp_path, monkeypatch):
+    over = {"data_dir": str(shared_data), "variants": ("mask-predict",), "test_limit": 2}
+    over |= {"curve_steps": (), "curve_thresholds": ()}
+    _cut_at(1, monkeypatch)
+    with pytest.raises(Interrupted):
+        reproduce("nar-tasks", scale="tiny", output=tmp_path, overrides=over)
+    (key, (done, total)), *more = _saved(tmp_path)["unit_progress"].items()
+    assert (key, done, more) == ("train mask-predict", 1, []) and total > 1
