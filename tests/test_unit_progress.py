@@ -17,23 +17,14 @@ from hypothesis import strategies as st
 from gencraft.campaign import CLAIMS, CampaignSettings, plan_rows, run_states
 from gencraft.experiments import (
     Clock,
-    ExperimentRun,
     OutOfTime,
     estimate_left,
-    get_experiment,
     reproduce,
     time_budget,
 )
 from gencraft.progress import progress_saved, saved_progress
 from gencraft.training import FitConfig, Interrupted, fit
-
-
-def _run(folder) -> ExperimentRun:
-    return ExperimentRun(folder, get_experiment("campaign"), CampaignSettings(), "tiny")
-
-
-def _saved(folder) -> dict:
-    return json.loads((folder / "results.json").read_text())
+from tests.test_unit_parts import _run, _saved
 
 
 @settings(max_examples=60, deadline=None)
