@@ -147,20 +147,27 @@ class OutOfTime(Exception):
     """Raised by :meth:`ExperimentRun.unit` when the time budget in force (:func:`time_budget`)
     leaves less than the next unit's estimate (a unit in parts: its next part's); every
     finished unit and part is saved already. ``done``: the unit's items finished, of
-    ``total`` (0 of 0 for a unit not in parts)."""
+    ``total`` (0 of 0 for a unit not in parts), or its training's steps saved (``what``)."""
 
     def __init__(
-        self, key: str, estimate: float, left: float, done: int = 0, total: int = 0
+        self,
+        key: str,
+        estimate: float,
+        left: float,
+        done: int = 0,
+        total: int = 0,
+        what: str = "items",
     ) -> None:
         super().__init__(f"unit {key!r} needs about {estimate:.0f} s, {left:.0f} s left")
         self.key, self.estimate, self.left = key, estimate, left
-        self.done, self.total = done, total
+        self.done, self.total, self.what = done, total, what
 
     def where(self) -> str:
-        """``before 'KEY'``, or ``inside 'KEY' (k of N items done)``."""
+        """``before 'KEY'``, or ``inside 'KEY' (k of N items done)`` (``steps`` for a
+        training stopped at the deadline)."""
         if not self.done:
             return f"before {self.key!r}"
-        return f"inside {self.key!r} ({self.done} of {self.total} items done)"
+        return f"inside {self.key!r} ({self.done} of {self.total} {self.what} done)"
 
 
 @dataclass
@@ -305,7 +312,9 @@ class ExperimentRun:
         ``compute`` checks the budget before each part itself, :meth:`unit_over`).
         ``resumes``: ``compute`` is one job that resumes from its own checkpoint (a training),
         whose saved steps (:func:`~gencraft.progress.progress_saved`) are kept as the unit's
-        progress, so that its estimate counts only the steps left."""
+        progress, so that its estimate counts only the steps left; under a budget it stops,
+        saved, before a step that would end after the deadline (:class:`OutOfTime` inside the
+        unit)."""
         if key not in self.units and self.shard is not None:
             from gencraft.experiment_shards import shard_unit
 
@@ -317,13 +326,10 @@ class ExperimentRun:
                 if estimate > clock.left():
                     raise OutOfTime(key, estimate, clock.left())
                 clock.started.append(f"{self.experiment.name}: {key}")
-            from gencraft.progress import saved_progress
-
             self._mark = time.perf_counter()
             try:
-                with saved_progress(self._saved_upto(key) if resumes else None):
-                    value = json.loads(json.dumps(compute(), default=float))
-            except OutOfTime:  # before a part: the parts done and their time are saved
+                value = self._compute(key, compute, clock if resumes else None, resumes)
+            except OutOfTime:  # before a part or a step: what is done and its time are saved
                 raise
             except BaseException:  # Ctrl-C, a time limit, a failure: the time spent is kept
                 self._bank(key)
@@ -336,6 +342,22 @@ class ExperimentRun:
             self.progress.pop(key, None)
             self._save()
         return self.units[key]
+
+    def _compute(self, key: str, compute: Callable[[], Any], clock: Clock | None, resumes: bool):
+        """``compute()`` as JSON-able values; a resumable job reports its saved steps and stops
+        at ``clock``'s deadline, raising :class:`OutOfTime` inside unit ``key``."""
+        from gencraft.progress import JobOutOfTime, saved_progress
+
+        report = self._saved_upto(key) if resumes else None
+        try:
+            with saved_progress(report, clock.deadline if clock is not None else None):
+                return json.loads(json.dumps(compute(), default=float))
+        except JobOutOfTime as late:
+            assert clock is not None  # a job stops only at a deadline
+            self._bank(key)
+            self._save()
+            need = self.estimate(key, clock.default_seconds, clock.known)
+            raise OutOfTime(key, need, clock.left(), late.done, late.total, "steps") from None
 
     def _saved_upto(self, key: str) -> Callable[[int, int], None]:
         """What a resumable unit's job calls when it saves its first ``done`` of ``total``

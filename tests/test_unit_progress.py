@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ from gencraft.experiments import (
     reproduce,
     time_budget,
 )
-from gencraft.progress import progress_saved, saved_progress
+from gencraft.progress import JobOutOfTime, progress_saved, saved_progress
 from gencraft.training import FitConfig, Interrupted, fit
 from tests.test_unit_parts import _run, _saved
 
@@ -99,12 +100,14 @@ def test_a_resumable_unit_keeps_its_saved_steps_until_it_is_whole(tmp_path, monk
     assert "unit_progress" not in _saved(tmp_path)
 
 
-def _fit(out, stop_at: int | None = None) -> None:
+def _fit(out, stop_at: int | None = None, steps: list[int] | None = None) -> torch.nn.Module:
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
     data = [torch.randn(3) for _ in range(6)]
 
     def on_step(step, batch):
+        if steps is not None:
+            steps.append(step)
         if step == stop_at:
             os.kill(os.getpid(), signal.SIGINT)  # a real Ctrl-C, handled between steps
 
@@ -120,6 +123,7 @@ def _fit(out, stop_at: int | None = None) -> None:
         progress=False,
         on_step=on_step,
     )
+    return model
 
 
 def test_the_training_loop_reports_each_checkpoint_it_saves(tmp_path):
@@ -187,3 +191,77 @@ def test_a_nar_training_unit_keeps_its_saved_steps(shared_data, tmp_path, monkey
         reproduce("nar-tasks", scale="tiny", output=tmp_path, overrides=over)
     (key, (done, total)), *more = _saved(tmp_path)["unit_progress"].items()
     assert (key, done, more) == ("train mask-predict", 1, []) and total > 1
+
+
+def test_a_training_stops_saved_before_a_step_that_would_end_past_the_deadline(tmp_path):
+    got: list[tuple[int, int]] = []
+    ref = _fit(tmp_path / "ref")
+    report = lambda done, total: got.append((done, total))  # noqa: E731
+    with saved_progress(report, time.monotonic() - 1), pytest.raises(JobOutOfTime) as late:
+        _fit(tmp_path / "run")  # past already: one step, then saved
+    assert (late.value.done, late.value.total) == (1, 6) and got == [(1, 6)]
+    steps: list[int] = []
+    with saved_progress(None, time.monotonic() + 3600):  # an hour: it ends on its own
+        resumed = _fit(tmp_path / "run", steps=steps)
+    assert steps == [2, 3, 4, 5, 6]
+    assert torch.equal(resumed.weight, ref.weight) and torch.equal(resumed.bias, ref.bias)
+
+
+def test_a_ctrl_c_or_the_trainings_own_end_comes_before_the_deadline(tmp_path):
+    with pytest.raises(Interrupted), saved_progress(None, time.monotonic() - 1):
+        _fit(tmp_path / "run", stop_at=1)  # Ctrl-C and the deadline at step 1: the Ctrl-C
+    with pytest.raises(Interrupted):
+        _fit(tmp_path / "run", stop_at=5)
+    steps: list[int] = []
+    with saved_progress(None, time.monotonic() - 1):  # its last step, past the deadline: it
+        _fit(tmp_path / "run", steps=steps)  # finishes (no checkpoint left to resume from)
+    assert steps == [6]
+
+
+def test_a_resumable_unit_stops_inside_at_the_deadline_with_its_steps_saved(tmp_path, monkeypatch):
+    import types
+
+    import gencraft.experiments as ex
+    from gencraft.progress import _STOP_BY
+
+    now = [0.0]
+    fake = types.SimpleNamespace(perf_counter=lambda: now[0], monotonic=lambda: now[0])
+    monkeypatch.setattr(ex, "time", fake)
+    run, seen = _run(tmp_path), []
+    run.seconds = {"t seed=0": 100.0}
+
+    def job():
+        seen.append(_STOP_BY.get())
+        now[0] += 30.0
+        progress_saved(3, 10)
+        now[0] += 5.0  # after the checkpoint, before the stop: counted too
+        raise JobOutOfTime(3, 10)
+
+    clock = Clock(200.0)
+    with time_budget(clock), pytest.raises(OutOfTime) as stop:
+        run.unit("t seed=1", job, resumes=True)
+    assert seen == [200.0] and stop.value.where() == "inside 't seed=1' (3 of 10 steps done)"
+    assert stop.value.estimate == pytest.approx(70.0) and stop.value.left == 165.0
+    saved = _saved(tmp_path)
+    assert saved["unit_progress"] == {"t seed=1": [3, 10]}
+    assert saved["unit_partial_seconds"] == {"t seed=1": 35.0}
+    with time_budget(clock):  # a unit that does not resume runs to its end: no deadline
+        assert run.unit("u", lambda: _STOP_BY.get()) is None
+
+
+def test_the_campaign_says_how_far_a_training_got_when_its_budget_ended(
+    shared_data, tmp_path, monkeypatch
+):
+    import importlib
+
+    fit_module = importlib.import_module("gencraft.training.fit")
+    real = fit_module._Loop.next_is_late
+    monkeypatch.setattr(  # the deadline comes after step 2 (the real test of lateness above)
+        fit_module._Loop, "next_is_late", lambda loop: loop.st.step >= 2 or real(loop)
+    )
+    over = {"data_dir": str(shared_data), "claims": ("recurrence",), "minutes": 60}
+    report = reproduce("campaign", scale="tiny", output=tmp_path, overrides=over).read_text()
+    assert "| recurrence | seed0 | stopped inside 'train baseline' (2 of 4 steps done)" in report
+    assert "| recurrence | seed1 | not started |" in report
+    saved = _saved(tmp_path / "recurrence" / "seed0")
+    assert saved["unit_progress"] == {"train baseline": [2, 4]} and not saved["units"]

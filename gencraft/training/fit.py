@@ -38,7 +38,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Sampler
 
 from gencraft.errors import ConfigError, GencraftError, Interrupted
-from gencraft.progress import progress_saved, tqdm
+from gencraft.progress import JobOutOfTime, job_seconds_left, progress_saved, tqdm
 from gencraft.training.checkpoint import (
     InterruptGuard,
     RunCheckpoint,
@@ -589,17 +589,28 @@ class _Loop:
                 continue
             self.after_step(loss, parts, batch)
             since_save = time.perf_counter() - self.last_save
-            interrupt, save_now = _agree(
-                self.acc, [guard.requested, since_save > self.cfg.save_every]
+            interrupt, save_now, late = _agree(
+                self.acc, [guard.requested, since_save > self.cfg.save_every, self.next_is_late()]
             )
             stopped = self.budget_left() if st.batch_in_epoch < self.n_batches else None
-            if interrupt:
+            # a Ctrl-C, or the training's own end, comes before the experiment's deadline
+            self.late = late and not interrupt and stopped is None and st.step < self.total
+            if interrupt or self.late:
                 return stopped, True
             if stopped is not None:
                 return stopped, False
             if save_now:
                 self.save_checkpoint()
         return self.end_epoch(), False
+
+    def next_is_late(self) -> bool:
+        """Whether the next step, at this invocation's time per step so far, would end after
+        the deadline of an experiment's time budget (:func:`~gencraft.progress.saved_progress`)."""
+        left = job_seconds_left()
+        if left == float("inf"):
+            return False
+        steps = max(1, self.st.step - self.first_step)
+        return left < (time.perf_counter() - self.run_started) / steps
 
     def epoch_batches(self) -> Any:
         """The rest of the current epoch's batches (a plug-in's: its step indices)."""
@@ -669,6 +680,7 @@ class _Loop:
             unit="step",
         )
         self.last_save = time.perf_counter()
+        self.first_step, self.late, self.run_started = st.step, False, time.perf_counter()
         interrupted = False
         with InterruptGuard() as guard:
             while stopped is None and not interrupted:
@@ -676,6 +688,8 @@ class _Loop:
             self.bar.close()
             if interrupted:
                 self.save_checkpoint()
+                if self.late:  # the budget's end, not a Ctrl-C: the caller goes on
+                    raise JobOutOfTime(st.step, self.total)
                 directory = self.ckpt.directory if self.ckpt else Path(".")
                 raise Interrupted(directory, resume_command())
         if st.last_eval_step != st.step or not st.history:
