@@ -4527,6 +4527,13 @@ M = [
         "late.done, late.total)",
         "tests/test_unit_progress.py",
     ),
+    (
+        "deadline: stops a training that keeps no checkpoint",
+        "gencraft/training/fit.py",
+        'if left == float("inf") or self.ckpt is None:',
+        'if left == float("inf"):',
+        "tests/test_unit_progress.py",
+    ),
 ]
 
 

@@ -32,7 +32,11 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "progress": (
         ["gencraft/progress.py"],
-        ["tests/test_progress.py", "tests/test_islands_and_scales.py"],
+        [
+            "tests/test_progress.py",
+            "tests/test_islands_and_scales.py",
+            "tests/test_unit_progress.py",
+        ],
     ),
     "metrics/lm": (
         ["gencraft/metrics/lm.py"],

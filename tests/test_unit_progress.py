@@ -205,6 +205,10 @@ def test_a_training_stops_saved_before_a_step_that_would_end_past_the_deadline(t
         resumed = _fit(tmp_path / "run", steps=steps)
     assert steps == [2, 3, 4, 5, 6]
     assert torch.equal(resumed.weight, ref.weight) and torch.equal(resumed.bias, ref.bias)
+    steps.clear()
+    with saved_progress(None, time.monotonic() - 1):  # no checkpoint kept: it trains on
+        _fit(None, steps=steps)
+    assert steps == [1, 2, 3, 4, 5, 6]
 
 
 def test_a_ctrl_c_or_the_trainings_own_end_comes_before_the_deadline(tmp_path):

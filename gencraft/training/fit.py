@@ -607,7 +607,7 @@ class _Loop:
         """Whether the next step, at this invocation's time per step so far, would end after
         the deadline of an experiment's time budget (:func:`~gencraft.progress.saved_progress`)."""
         left = job_seconds_left()
-        if left == float("inf"):
+        if left == float("inf") or self.ckpt is None:  # no checkpoint: stopping would lose it
             return False
         steps = max(1, self.st.step - self.first_step)
         return left < (time.perf_counter() - self.run_started) / steps
