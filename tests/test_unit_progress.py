@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 
@@ -131,10 +132,16 @@ def test_the_training_loop_reports_each_checkpoint_it_saves(tmp_path):
     with saved_progress(lambda done, total: got.append((done, total))):
         with pytest.raises(Interrupted):
             _fit(tmp_path / "run", stop_at=3)
-        assert got == [(2, 6), (3, 6)]  # at the evaluation of step 2, and on the Ctrl-C
+        # at the start, the evaluation of step 2, and on the Ctrl-C
+        assert got == [(0, 6), (2, 6), (3, 6)]
         got.clear()
-        _fit(tmp_path / "run")  # resumed
-        assert got[0] == (4, 6) and got[-1] == (6, 6)
+        _fit(tmp_path / "run")  # resumed: where it starts, then as it saves
+        assert got[:2] == [(3, 6), (4, 6)] and got[-1] == (6, 6)
+        got.clear()
+        shutil.rmtree(tmp_path / "run" / "checkpoint")  # a checkpoint lost: from nothing
+        with pytest.raises(Interrupted):
+            _fit(tmp_path / "run", stop_at=1)
+        assert got == [(0, 6), (1, 6)]
         got.clear()
         _fit(None)  # no checkpoint kept: nothing saved to resume from
         with saved_progress(None):  # a job inside a unit that does not resume
@@ -199,7 +206,7 @@ def test_a_training_stops_saved_before_a_step_that_would_end_past_the_deadline(t
     report = lambda done, total: got.append((done, total))  # noqa: E731
     with saved_progress(report, time.monotonic() - 1), pytest.raises(JobOutOfTime) as late:
         _fit(tmp_path / "run")  # past already: one step, then saved
-    assert (late.value.done, late.value.total) == (1, 6) and got == [(1, 6)]
+    assert (late.value.done, late.value.total) == (1, 6) and got == [(0, 6), (1, 6)]
     steps: list[int] = []
     with saved_progress(None, time.monotonic() + 3600):  # an hour: it ends on its own
         resumed = _fit(tmp_path / "run", steps=steps)

@@ -681,6 +681,8 @@ class _Loop:
         )
         self.last_save = time.perf_counter()
         self.first_step, self.late, self.run_started = st.step, False, time.perf_counter()
+        if self.ckpt is not None and self.total and self.acc.is_main_process:
+            progress_saved(st.step, self.total)  # where it resumes (0: its checkpoint is gone)
         interrupted = False
         with InterruptGuard() as guard:
             while stopped is None and not interrupted:
