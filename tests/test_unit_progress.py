@@ -207,6 +207,7 @@ def test_a_training_stops_saved_before_a_step_that_would_end_past_the_deadline(t
     with saved_progress(report, time.monotonic() - 1), pytest.raises(JobOutOfTime) as late:
         _fit(tmp_path / "run")  # past already: one step, then saved
     assert (late.value.done, late.value.total) == (1, 6) and got == [(0, 6), (1, 6)]
+    assert str(late.value) == "out of time after step 1 of 6 (saved)"
     steps: list[int] = []
     with saved_progress(None, time.monotonic() + 3600):  # an hour: it ends on its own
         resumed = _fit(tmp_path / "run", steps=steps)
