@@ -270,7 +270,8 @@ def fit(
         on_step: called after every optimizer step with ``(step, batch)``.
     Returns a :class:`FitResult`. Raises :class:`Interrupted` after saving on Ctrl-C, and
     :class:`~gencraft.folder_lock.FolderInUse` before any work when another live process
-    holds ``output_dir``.
+    holds ``output_dir``; inside an experiment's resumable unit under a time budget,
+    :class:`~gencraft.progress.JobOutOfTime` after saving, before a step past its deadline.
     """
     if len(train) == 0:
         raise GencraftError("no training examples")
