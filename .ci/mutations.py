@@ -4446,8 +4446,8 @@ M = [
     (
         "progress: the plan estimates a cut training whole",
         "gencraft/campaign.py",
-        "estimate_left(state.seconds, k, default, known, state.parts, state.progress)",
-        "estimate_left(state.seconds, k, default, known, state.parts, {})",
+        "state.seconds, k, default, known, state.parts, state.progress, state.spent",
+        "state.seconds, k, default, known, state.parts, {}, state.spent",
         "tests/test_unit_progress.py",
     ),
     (
@@ -4540,6 +4540,41 @@ M = [
         "progress_saved(st.step, self.total)  # where it resumes",
         "pass  # where it resumes",
         "tests/test_unit_progress.py",
+    ),
+    (
+        "pace: a measured unit is estimated at the unit's own pace too",
+        "gencraft/experiments.py",
+        "    guessed = math.isnan(unit_estimate(seconds, key, math.nan, known))",
+        "    guessed = True",
+        "tests/test_unit_progress.py",
+    ),
+    (
+        "pace: the own pace divides by the total, not the steps saved",
+        "gencraft/experiments.py",
+        "        return spent[key] / done * (total - done)",
+        "        return spent[key] / total * (total - done)",
+        "tests/test_unit_progress.py",
+    ),
+    (
+        "pace: the own pace ignores the time spent",
+        "gencraft/experiments.py",
+        "    if guessed and done and spent and spent.get(key, 0.0) > 0:",
+        "    if False:",
+        "tests/test_unit_progress.py",
+    ),
+    (
+        "pace: the plan does not read a run's seconds so far",
+        "gencraft/campaign.py",
+        '            state.spent = data.get("unit_partial_seconds", {})',
+        "            state.spent = {}",
+        "tests/test_unit_progress.py",
+    ),
+    (
+        "pace: a run's estimate ignores its units' seconds so far",
+        "gencraft/experiments.py",
+        "            self.seconds, key, default, known, self.parts, self.progress, self.partial",
+        "            self.seconds, key, default, known, self.parts, self.progress",
+        "tests/test_unit_progress.py tests/test_unit_parts.py tests/test_campaign.py",
     ),
 ]
 

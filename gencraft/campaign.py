@@ -163,6 +163,7 @@ class RunState:
     # unfinished units' saved work: items of units in parts, steps of resumable units
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)
     progress: dict[str, list[int]] = field(default_factory=dict)
+    spent: dict[str, float] = field(default_factory=dict)  # unfinished units' seconds so far
 
     @property
     def left(self) -> list[str] | None:
@@ -191,6 +192,7 @@ def run_states(claim: Claim, scale: str, root: Path, data_dir: str | None) -> li
             data = json.loads(saved.read_text())
             state.units, state.seconds = data.get("units", {}), data.get("unit_seconds", {})
             state.parts, state.progress = data.get("unit_parts", {}), data.get("unit_progress", {})
+            state.spent = data.get("unit_partial_seconds", {})
         state.expected = exp.units(settings) if exp.units else None
         out.append(state)
     return out
@@ -234,7 +236,9 @@ def plan_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any
                 default
                 if left is None
                 else sum(
-                    estimate_left(state.seconds, k, default, known, state.parts, state.progress)
+                    estimate_left(
+                        state.seconds, k, default, known, state.parts, state.progress, state.spent
+                    )
                     for k in left
                 )
             )

@@ -21,6 +21,7 @@ import contextvars
 import dataclasses
 import importlib
 import json
+import math
 import platform
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -237,10 +238,15 @@ def estimate_left(
     known: dict[str, float] | None = None,
     parts: dict[str, dict[str, Any]] | None = None,
     progress: dict[str, list[int]] | None = None,
+    spent: dict[str, float] | None = None,
 ) -> float:
     """Seconds unit ``key`` still needs: :func:`unit_estimate` at the share of its work not
     yet saved, the items of a unit in parts (``parts``: key -> ``{"total", "items"}``) or the
-    steps a resumable unit's checkpoint holds (``progress``: key -> ``[done, total]``)."""
+    steps a resumable unit's checkpoint holds (``progress``: key -> ``[done, total]``).
+
+    When no finished unit measures it (the estimate would be ``default``, a guess), a unit
+    with saved work is estimated at its own pace instead: the seconds ``spent`` on it so far
+    (key -> seconds) per item or step saved, times those left."""
     whole = unit_estimate(seconds, key, default, known)
     if parts and key in parts and parts[key]["total"]:
         done, total = len(parts[key]["items"]), parts[key]["total"]
@@ -248,6 +254,9 @@ def estimate_left(
         done, total = progress[key]
     else:
         return whole
+    guessed = math.isnan(unit_estimate(seconds, key, math.nan, known))
+    if guessed and done and spent and spent.get(key, 0.0) > 0:
+        return spent[key] / done * (total - done)  # its own pace beats the claim's guess
     return whole * (1 - done / total)
 
 
@@ -446,7 +455,9 @@ class ExperimentRun:
     def estimate(self, key: str, default: float, known: dict[str, float] | None = None) -> float:
         """Seconds unit ``key`` is expected to take (:func:`estimate_left`: the share of its
         work left when it has saved parts or steps)."""
-        return estimate_left(self.seconds, key, default, known, self.parts, self.progress)
+        return estimate_left(
+            self.seconds, key, default, known, self.parts, self.progress, self.partial
+        )
 
     def _save(self) -> None:
         write_json(

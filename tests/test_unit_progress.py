@@ -58,6 +58,37 @@ def test_the_estimate_left_is_the_share_of_the_work_not_saved(
     assert estimate_left({}, "train a seed=2", 7.0, None, parts, progress) == 7.0
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    total=st.integers(1, 40),
+    data=st.data(),
+    spent=st.floats(0.0, 1e4),
+    measured=st.booleans(),
+    in_parts=st.booleans(),
+)
+def test_a_unit_no_finished_unit_measures_is_estimated_at_its_own_pace(
+    total, data, spent, measured, in_parts
+):
+    """With only the claim's guess to go on, a unit with saved work takes its seconds so far
+    per step (or item) saved, times those left; a measured unit of its kind, or no saved work
+    or time, keeps the share of the measurement or the guess."""
+    done = data.draw(st.integers(0, total))
+    seconds = {"train b": 500.0} if measured else {"eval a": 3.0}
+    parts = {"train a": {"total": total, "items": list(range(done))}} if in_parts else {}
+    progress = {} if in_parts else {"train a": [done, total]}
+    got = estimate_left(seconds, "train a", 7.0, None, parts, progress, {"train a": spent})
+    if measured:
+        want = 500.0 * (1 - done / total)
+    elif done and spent > 0:
+        want = spent / done * (total - done)
+    else:
+        want = 7.0 * (1 - done / total)
+    assert got == pytest.approx(want)
+    assert estimate_left(seconds, "train a", 7.0, None, parts, progress) == pytest.approx(
+        (500.0 if measured else 7.0) * (1 - done / total)
+    )
+
+
 def test_a_resumable_unit_keeps_its_saved_steps_until_it_is_whole(tmp_path, monkeypatch):
     import types
 
@@ -84,6 +115,9 @@ def test_a_resumable_unit_keeps_its_saved_steps_until_it_is_whole(tmp_path, monk
     assert _saved(tmp_path)["unit_partial_seconds"] == {"t seed=1": 65.0}
     run = _run(tmp_path)
     assert run.estimate("t seed=1", 0.0) == pytest.approx(60.0)  # 6 of 10 steps left
+    alone = _run(tmp_path)
+    alone.seconds = {}  # no other seed measures it: its own 65 s for 4 steps, 6 steps left
+    assert alone.estimate("t seed=1", 0.0) == pytest.approx(65.0 / 4 * 6)
     with time_budget(Clock(now[0] + 50.0)), pytest.raises(OutOfTime) as stop:  # 60 s: no
         run.unit("t seed=1", lambda: 1, resumes=True)
     assert stop.value.estimate == pytest.approx(60.0)
@@ -167,7 +201,7 @@ def _cut_at(step: int, monkeypatch) -> None:
 
 def test_a_cut_training_shows_under_way_in_the_plan_and_resumes(shared_data, tmp_path, monkeypatch):
     """The campaign's recurrence run, its baseline's training cut at step 2 of 4: the plan
-    counts that unit's half left, and the next invocation finishes it."""
+    counts that unit's steps left at its own pace, and the next invocation finishes it."""
     s = CampaignSettings(claims=("recurrence",), data_dir=str(shared_data))
     over = {"data_dir": str(shared_data), "claims": ("recurrence",)}
     root = tmp_path / "campaign"
@@ -178,10 +212,12 @@ def test_a_cut_training_shows_under_way_in_the_plan_and_resumes(shared_data, tmp
     assert _saved(seed0)["unit_progress"] == {"train baseline": [2, 4]}
     state = run_states(CLAIMS["recurrence"], "tiny", root, s.data_dir)[0]
     monkeypatch.setitem(CLAIMS["recurrence"].unit_minutes, "tiny", 10.0)  # no rounding to hide
-    default = 600.0
+    default, spent = 600.0, _saved(seed0)["unit_partial_seconds"]["train baseline"]
     row = plan_rows(s, "tiny", root)[0]
     assert row["units"] == f"0 done, {len(state.left)} left (1 under way)"
-    assert row["minutes left (est.)"] == round(default * (len(state.left) - 0.5) / 60, 1)
+    # no finished unit measures the training: its own pace, 2 steps left at its 2 steps' time
+    want = default * (len(state.left) - 1) + spent / 2 * 2
+    assert row["minutes left (est.)"] == round(want / 60, 1)
     reproduce("recurrence-lm", scale="tiny", output=seed0, overrides=state.overrides)  # seed 0
     saved = _saved(seed0)
     assert "unit_progress" not in saved and "train baseline" in saved["unit_seconds"]
