@@ -4576,6 +4576,41 @@ M = [
         "            self.seconds, key, default, known, self.parts, self.progress",
         "tests/test_unit_progress.py tests/test_unit_parts.py tests/test_campaign.py",
     ),
+    (
+        "verdict-eval: the run's units leave the verdict's evaluations out",
+        "gencraft/recurrence/experiments.py",
+        '    verdict = ("verdict",) if s.verdict_words != 0 else ()',
+        "    verdict = ()",
+        "tests/test_campaign.py -k 'verdict_prefers or takes_on_the_verdict or pairs_blocks'",
+    ),
+    (
+        "verdict-eval: the verdict ignores its own evaluation",
+        "gencraft/recurrence/experiments.py",
+        '        got = [units.get(f"eval {name} verdict") for name, _ in MODELS]',
+        '        got = [units.get(f"eval {name} none") for name, _ in MODELS]',
+        "tests/test_campaign.py -k 'verdict_prefers or takes_on_the_verdict or pairs_blocks'",
+    ),
+    (
+        "verdict-eval: taking on verdict_words refuses a started run",
+        "gencraft/recurrence/experiments.py",
+        '    volatile=("verdict_words",),',
+        "    volatile=(),",
+        "tests/test_campaign.py -k 'verdict_prefers or takes_on_the_verdict or pairs_blocks'",
+    ),
+    (
+        "verdict-eval: the verdict's evaluation runs at every overlap",
+        "gencraft/recurrence/experiments.py",
+        '            score = _scorer(s, out, "test", (s.train_overlap,), s.verdict_words)',
+        '            score = _scorer(s, out, "test", s.overlaps, s.verdict_words)',
+        "tests/test_campaign.py -k 'verdict_prefers or takes_on_the_verdict or pairs_blocks'",
+    ),
+    (
+        "verdict-eval: the verdict's evaluation reads eval_words",
+        "gencraft/recurrence/experiments.py",
+        '            score = _scorer(s, out, "test", (s.train_overlap,), s.verdict_words)',
+        '            score = _scorer(s, out, "test", (s.train_overlap,), s.eval_words)',
+        "tests/test_campaign.py -k 'verdict_prefers or takes_on_the_verdict or pairs_blocks'",
+    ),
 ]
 
 

@@ -298,6 +298,53 @@ def test_the_recurrence_verdict_pairs_blocks_at_the_trained_overlap():
     assert down["mean"] < 0 and down["verdict"] == "reproduced"  # lower NLL is the claim
 
 
+def test_the_recurrence_verdict_prefers_its_own_test_evaluation():
+    """With ``verdict_words``, both models' ``eval NAME verdict`` units are the pairs; a run
+    where only one model has it falls back to the test split."""
+    from gencraft.recurrence.experiments import RecurrenceLMSettings, lm_verdict
+
+    def rows(blocks):
+        return [{"overlap": 0, "block_nll": blocks}]
+
+    s = RecurrenceLMSettings(verdict_words=None)
+    test = {"eval baseline test": rows([3.0, 3.0]), "eval recurrent test": rows([2.0, 2.5])}
+    verdict = {"eval baseline verdict": rows([3.0] * 4), "eval recurrent verdict": rows([3.1] * 4)}
+    (v,) = lm_verdict([(s, {**test, **verdict})])
+    assert v["n"] == 4 and v["mean"] == pytest.approx(0.1)
+    del verdict["eval recurrent verdict"]
+    (v,) = lm_verdict([(s, {**test, **verdict})])
+    assert v["n"] == 2 and v["mean"] == pytest.approx(-0.75)
+
+
+def test_a_started_recurrence_run_takes_on_the_verdict_evaluation(shared_data, tmp_path):
+    """``verdict_words`` adds one test evaluation per model at the trained overlap alone, and
+    a run finished without it resumes with it: the trainings and the other evaluations are
+    kept, the two new units run, and the verdict pairs their blocks."""
+    from gencraft.experiments import get_experiment
+    from gencraft.recurrence.experiments import RecurrenceLMSettings, lm_verdict
+
+    over = {"data_dir": str(shared_data), "train_overlap": 4}
+    reproduce("recurrence-lm", scale="tiny", output=tmp_path, overrides=over)
+    before = json.loads((tmp_path / "results.json").read_text())
+    assert not any(k.endswith(" verdict") for k in before["units"])
+    over["verdict_words"] = 600
+    reproduce("recurrence-lm", scale="tiny", output=tmp_path, overrides=over)
+    after = json.loads((tmp_path / "results.json").read_text())
+    new = sorted(set(after["units"]) - set(before["units"]))
+    assert new == ["eval baseline verdict", "eval recurrent verdict"]
+    assert {k: after["unit_seconds"][k] for k in before["unit_seconds"]} == before["unit_seconds"]
+    base, rec = (after["units"][k] for k in new)
+    assert [r["overlap"] for r in base] == [4] == [r["overlap"] for r in rec]
+    assert base[0]["words"] == 600 and before["units"]["eval baseline test"][0]["words"] == 200
+    expected = get_experiment("recurrence-lm").units(RecurrenceLMSettings(**over))
+    assert sorted(expected) == sorted(after["units"])  # the plan counts the new units too
+    (v,) = lm_verdict([(RecurrenceLMSettings(**over), after["units"])])
+    diffs = [r - b for r, b in zip(rec[0]["block_nll"], base[0]["block_nll"], strict=True)]
+    assert v["n"] == len(diffs) and v["mean"] == pytest.approx(sum(diffs) / len(diffs))
+    report = (tmp_path / "report.md").read_text()
+    assert "| recurrent | test, verdict |" in report and "first 600 test words" in report
+
+
 def test_the_fame_and_dasp_verdicts_pair_seeds():
     from gencraft.focus.experiments import FocusQualitySettings, quality_verdict
     from gencraft.prefix.experiments import PrefixTaskSettings, tasks_verdict

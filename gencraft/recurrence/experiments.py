@@ -43,6 +43,11 @@ class RecurrenceLMSettings:
     )
     eval_words: int | None = settings_field(8000, "words of valid and test evaluated")
     splits: tuple[str, ...] = settings_field(("valid", "test"), "splits evaluated")
+    verdict_words: int | None = settings_field(
+        0,
+        "test words evaluated again at the trained overlap alone, for the verdict's pairs "
+        "(0: none; None: the whole split)",
+    )
     seed: int = settings_field(0, "training seed (both models)")
     epochs: int = settings_field(2, "epochs at most (max_steps may stop sooner)")
     data_dir: str | None = settings_field(None, "datasets directory")
@@ -52,22 +57,27 @@ MODELS = (("baseline", False), ("recurrent", True))
 
 
 def _lm_units(s: RecurrenceLMSettings) -> list[str]:
-    """The unit keys of a run: each model's training, then its evaluation on each split."""
+    """The unit keys of a run: each model's training, then its evaluation on each split, then
+    (``verdict_words`` ≠ 0) its test evaluation at the trained overlap for the verdict."""
+    verdict = ("verdict",) if s.verdict_words != 0 else ()
     return [
         k
         for name, _ in MODELS
-        for k in (f"train {name}", *(f"eval {name} {sp}" for sp in s.splits))
+        for k in (f"train {name}", *(f"eval {name} {sp}" for sp in (*s.splits, *verdict)))
     ]
 
 
 def lm_verdict(runs: list[tuple[RecurrenceLMSettings, dict]]) -> list[dict]:
     """Recurrent minus baseline NLL (nats/token) at the overlap the models were trained at,
-    paired block by block (``BLOCK`` tokens) on the test split (else the first evaluated),
+    paired block by block (``BLOCK`` tokens) on the verdict's test evaluation when both
+    models have it (``verdict_words``), else on the test split (else the first evaluated),
     pooled over runs (seeds)."""
     diffs: list[float] = []
     for s, units in runs:
         split = "test" if "test" in s.splits else s.splits[0]
-        got = [units.get(f"eval {name} {split}") for name, _ in MODELS]
+        got = [units.get(f"eval {name} verdict") for name, _ in MODELS]
+        if None in got:
+            got = [units.get(f"eval {name} {split}") for name, _ in MODELS]
         if None in got:
             continue
         base, rec = (next(r for r in rows if r["overlap"] == s.train_overlap) for rows in got)
@@ -117,38 +127,13 @@ def lm_verdict(runs: list[tuple[RecurrenceLMSettings, dict]]) -> list[dict]:
     cpu_minutes=70,
     units=_lm_units,
     verdict=lm_verdict,
+    volatile=("verdict_words",),  # adds units, changes none: a started run may take it on
 )
 def recurrence_lm(s: RecurrenceLMSettings, run: ExperimentRun) -> None:
     """Train baseline and recurrent; evaluate both at every overlap on each split."""
     rows = []
     for name, recurrent in MODELS:
-        rec = RecurrenceConfig(
-            window=s.window,
-            overlap=s.train_overlap,
-            insert_layer=s.insert_layer,
-            ffn_hidden=s.ffn_hidden,
-            bptt_windows=s.bptt_windows,
-            recurrent=recurrent,
-        )
-        cfg = RecurrenceTrainConfig(
-            model=s.model,
-            corpus=s.corpus,
-            lr=s.lr,
-            recurrence_lr=s.recurrence_lr,
-            eval_every_tokens=s.eval_every_tokens,
-            valid_words=s.valid_words,
-            train_words=s.train_words,
-            fit=FitConfig(
-                epochs=s.epochs,
-                seed=s.seed,
-                batch_size=1,
-                max_time=s.max_time,
-                max_steps=s.max_steps,
-                warmup=min(100, s.max_steps or 100),
-                decay="constant",
-                patience=3,
-            ),
-        )
+        cfg, rec = _configs(s, recurrent)
         out = Path(run.directory) / name
 
         def fit_one(cfg=cfg, rec=rec, out=out):
@@ -157,32 +142,88 @@ def recurrence_lm(s: RecurrenceLMSettings, run: ExperimentRun) -> None:
 
         summary = run.unit(f"train {name}", fit_one, resumes=True)
         for split in s.splits:
-
-            def score(split=split, out=out):
-                model, tok, _ = load_run(out / "best")
-                return evaluate(
-                    model,
-                    tok,
-                    corpus=s.corpus,
-                    split=split,
-                    window=s.window,
-                    overlaps=s.overlaps,
-                    max_words=s.eval_words,
-                    data_dir=s.data_dir,
-                    progress=True,
-                )
-
+            score = _scorer(s, out, split, s.overlaps, s.eval_words)
             for r in run.unit(f"eval {name} {split}", score):
                 rows.append({"model": name, "split": split, "steps": summary["steps"], **r})
+        if s.verdict_words != 0:  # its blocks are the verdict's pairs
+            score = _scorer(s, out, "test", (s.train_overlap,), s.verdict_words)
+            for r in run.unit(f"eval {name} verdict", score):
+                rows.append(
+                    {"model": name, "split": "test, verdict", "steps": summary["steps"], **r}
+                )
     run.text(
         f"{s.model} fine-tuned on {s.corpus} (windows of {s.window}, {s.bptt_windows} windows "
         f"per sequence, trained at overlap {s.train_overlap}, the same budget for both), "
         f"evaluated on the first {s.eval_words or 'all'} words of each split. A recurrent "
         "model evaluated at another overlap than it was trained at pools the T − o positions "
         "the next window does not repeat (the thesis trains one model per overlap)."
+        + (
+            f" The verdict pairs the {BLOCK}-token blocks of the first "
+            f"{s.verdict_words or 'all'} test words at overlap {s.train_overlap}."
+            if s.verdict_words != 0
+            else ""
+        )
     )
     run.table(rows, ["model", "split", "steps", "overlap", "token ppl", "word ppl", "flops/token"])
     _plot(run, rows, s)
+
+
+def _configs(
+    s: RecurrenceLMSettings, recurrent: bool
+) -> tuple[RecurrenceTrainConfig, RecurrenceConfig]:
+    """The training and the recurrence configuration of one model, under the same budget."""
+    rec = RecurrenceConfig(
+        window=s.window,
+        overlap=s.train_overlap,
+        insert_layer=s.insert_layer,
+        ffn_hidden=s.ffn_hidden,
+        bptt_windows=s.bptt_windows,
+        recurrent=recurrent,
+    )
+    fit = FitConfig(
+        epochs=s.epochs,
+        seed=s.seed,
+        batch_size=1,
+        max_time=s.max_time,
+        max_steps=s.max_steps,
+        warmup=min(100, s.max_steps or 100),
+        decay="constant",
+        patience=3,
+    )
+    cfg = RecurrenceTrainConfig(
+        model=s.model,
+        corpus=s.corpus,
+        lr=s.lr,
+        recurrence_lr=s.recurrence_lr,
+        eval_every_tokens=s.eval_every_tokens,
+        valid_words=s.valid_words,
+        train_words=s.train_words,
+        fit=fit,
+    )
+    return cfg, rec
+
+
+def _scorer(
+    s: RecurrenceLMSettings, out: Path, split: str, overlaps: tuple[int, ...], words: int | None
+):
+    """The evaluation unit of the model saved in ``out``: its best checkpoint on the first
+    ``words`` words of ``split`` (None: all) at each of ``overlaps``."""
+
+    def score():
+        model, tok, _ = load_run(out / "best")
+        return evaluate(
+            model,
+            tok,
+            corpus=s.corpus,
+            split=split,
+            window=s.window,
+            overlaps=overlaps,
+            max_words=words,
+            data_dir=s.data_dir,
+            progress=True,
+        )
+
+    return score
 
 
 def _plot(run: ExperimentRun, rows: list[dict], s: RecurrenceLMSettings) -> None:
