@@ -210,11 +210,11 @@ def test_the_campaign_skips_a_run_another_process_holds_and_runs_the_rest(
     args += ["--data-dir", str(shared_data), "--claims", "recurrence"]
     assert main([*args, "--plan"]) == 0
     plan = capsys.readouterr().out
-    assert f"| 0 done, 6 left | 0.3 | 0 | - | process {other_process.pid} on" in plan
+    assert f"| 0 done, 8 left | 0.4 | 0 | - | process {other_process.pid} on" in plan
     assert main(args) == 0
     out = capsys.readouterr().out
     assert f"| recurrence | seed0 | skipped: in use by process {other_process.pid} on" in out
-    assert "| recurrence | seed1 | done | 6 |" in out
+    assert "| recurrence | seed1 | done | 8 |" in out
     assert not (held / "results.json").exists()
     assert not (tmp_path / "recurrence" / "seed1" / LOCK_NAME).exists()
     assert read_holder(tmp_path) == other_process  # the campaign's own folder is not held
