@@ -247,14 +247,15 @@ def estimate_left(
     When no finished unit measures it (the estimate would be ``default``, a guess), a unit
     with saved work is estimated at its own pace instead: the seconds ``spent`` on it so far
     (key -> seconds) per item or step saved, times those left."""
-    whole = unit_estimate(seconds, key, default, known)
+    measured = unit_estimate(seconds, key, math.nan, known)
+    guessed = math.isnan(measured)
+    whole = default if guessed else measured
     if parts and key in parts and parts[key]["total"]:
         done, total = len(parts[key]["items"]), parts[key]["total"]
     elif progress and key in progress and progress[key][1]:
         done, total = progress[key]
     else:
         return whole
-    guessed = math.isnan(unit_estimate(seconds, key, math.nan, known))
     if guessed and done and spent and spent.get(key, 0.0) > 0:
         return spent[key] / done * (total - done)  # its own pace beats the claim's guess
     return whole * (1 - done / total)
