@@ -34,6 +34,7 @@ from gencraft.experiments import (
     OutOfTime,
     estimate_left,
     get_experiment,
+    lost_work,
     register,
     reproduce,
     settings_field,
@@ -167,6 +168,8 @@ class RunState:
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)
     progress: dict[str, list[int]] = field(default_factory=dict)
     spent: dict[str, float] = field(default_factory=dict)  # unfinished units' seconds so far
+    # finished units to compute again, their model gone from the folder (lost_work)
+    lost: dict[str, Any] = field(default_factory=dict)
 
     @property
     def left(self) -> list[str] | None:
@@ -196,9 +199,23 @@ def run_states(claim: Claim, scale: str, root: Path, data_dir: str | None) -> li
             state.units, state.seconds = data.get("units", {}), data.get("unit_seconds", {})
             state.parts, state.progress = data.get("unit_parts", {}), data.get("unit_progress", {})
             state.spent = data.get("unit_partial_seconds", {})
+            _forget_lost(state, exp)
         state.expected = exp.units(settings) if exp.units else None
         out.append(state)
     return out
+
+
+def _forget_lost(state: RunState, exp: Any) -> None:
+    """What the run will find gone when it starts (:meth:`ExperimentRun._forget_lost`): a unit
+    whose model is gone counts as left (estimated by its own seconds), a training whose
+    checkpoint is gone as not started."""
+    if exp.kept is None:
+        return
+    redo, restart = lost_work(exp.kept(state.settings), state.folder, state.units, state.progress)
+    state.lost = {k: state.units.pop(k) for k in redo}
+    for k in restart:
+        del state.progress[k]
+        state.spent.pop(k, None)
 
 
 def _other_runs(claim: Claim, scale: str, root: Path, name: str) -> dict[str, float]:
@@ -268,7 +285,9 @@ def _left_note(state: RunState) -> str:
     if left is None:
         return ""
     going = sum(k in state.parts or k in state.progress for k in left)
-    return f", {len(left)} left" + (f" ({going} under way)" if going else "")
+    notes = [f"{going} under way"] if going else []
+    notes += [f"{len(state.lost)} again, its model gone"] if state.lost else []
+    return f", {len(left)} left" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _held_by(folder: Path) -> dict[str, str]:

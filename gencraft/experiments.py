@@ -33,6 +33,7 @@ import torch
 
 from gencraft.config import option
 from gencraft.errors import GencraftError
+from gencraft.training.checkpoint import CHECKPOINT_DIR
 from gencraft.training.state import write_json
 
 #: modules whose import registers experiments (one per method; new methods add theirs)
@@ -52,6 +53,50 @@ SCALES = ("tiny", "cpu", "gpu")
 #: settings that say where things are or how long to run, not what is computed: a run resumes
 #: across a change of them (an offline GPU machine reads the same data from another folder)
 VOLATILE = ("data_dir", "runs_dir", "work_dir")
+
+
+@dataclass(frozen=True)
+class Kept:
+    """What a unit (a training) leaves in its run folder for later units to read."""
+
+    made: str  # the folder, under the run folder, the finished unit leaves (its model)
+    checkpoint: str  # the folder its unfinished work resumes from
+    readers: tuple[str, ...]  # the unit keys that read ``made``
+
+
+def kept_models(keys: list[str]) -> dict[str, Kept]:
+    """The :class:`Kept` of a run whose ``train NAME`` units save their model in folder NAME
+    (``NAME/best``, resumed from ``NAME/checkpoint``), read by every other unit whose key's
+    second word is NAME (``eval NAME test``, ``curve NAME 15``)."""
+    names = [k.split()[1] for k in keys if k.startswith("train ")]
+    return {
+        f"train {n}": Kept(
+            f"{n}/best",
+            f"{n}/{CHECKPOINT_DIR}",
+            tuple(k for k in keys if k.split()[1:2] == [n] and not k.startswith("train ")),
+        )
+        for n in names
+    }
+
+
+def lost_work(
+    kept: dict[str, Kept], folder: Path, units: dict[str, Any], progress: dict[str, Any]
+) -> tuple[list[str], list[str]]:
+    """Work a run's results.json records but its folder no longer holds (results copied to
+    another machine, a cleaned or new checkout): (finished units whose ``made`` is gone while
+    a unit that reads it is not finished: they are computed again; unfinished units whose
+    saved steps are gone with their ``checkpoint``: they start over)."""
+    redo = [
+        k
+        for k, keep in kept.items()
+        if k in units
+        and not (folder / keep.made).exists()
+        and any(r not in units for r in keep.readers)
+    ]
+    restart = [
+        k for k, keep in kept.items() if k in progress and not (folder / keep.checkpoint).exists()
+    ]
+    return redo, restart
 
 
 @dataclass
@@ -77,6 +122,8 @@ class Experiment:
     #: a run holds its folder, one process at a time (:mod:`gencraft.folder_lock`); False for
     #: a coordinator whose runs hold their own folders (the campaign)
     exclusive: bool = True
+    #: unit key -> what it leaves for later units (:class:`Kept`), from the settings
+    kept: Callable[[Any], dict[str, Kept]] | None = None
 
     def settings_for(self, scale: str, overrides: dict[str, Any] | None = None) -> Any:
         if scale not in self.scales:
@@ -101,16 +148,17 @@ def register(
     volatile: tuple[str, ...] = (),
     shardable: bool = False,
     exclusive: bool = True,
+    kept: Callable[[Any], dict[str, Kept]] | None = None,
 ) -> Callable[[Callable], Callable]:
     """Decorator: ``@register("search-speed", ...)`` on ``def run(settings, out)``; see
-    :class:`Experiment` for ``units``, ``verdict``, ``volatile``, ``shardable`` and
-    ``exclusive``."""
+    :class:`Experiment` for ``units``, ``verdict``, ``volatile``, ``shardable``,
+    ``exclusive`` and ``kept``."""
 
     def wrap(fn: Callable) -> Callable:
         doc = (fn.__doc__ or "").strip().splitlines()
         _REGISTRY[name] = Experiment(
             name, title, settings, fn, scales, cpu_minutes, doc[0] if doc else "", units,
-            verdict, volatile, shardable, exclusive,
+            verdict, volatile, shardable, exclusive, kept,
         )  # fmt: skip
         return fn
 
@@ -261,6 +309,18 @@ def estimate_left(
     return whole * (1 - done / total)
 
 
+def _changes(before: Any, now: Any) -> str:
+    """How a unit computed again differs from its result ``before``, wall times aside (a
+    training seeded alike on the same machine gives the same model)."""
+    if not (isinstance(before, dict) and isinstance(now, dict)):
+        return "the same result as before" if before == now else "another result than before"
+    keys = [k for k in {**before, **now} if not str(k).endswith("seconds")]
+    diff = [k for k in keys if before.get(k) != now.get(k)]
+    if not diff:
+        return "the same result as before"
+    return "; ".join(f"{k} {now.get(k)} (before: {before.get(k)})" for k in diff)
+
+
 class ExperimentRun:
     """One experiment's output folder: resumable units, tables, plots and the report."""
 
@@ -306,7 +366,33 @@ class ExperimentRun:
         load_unit_files(self, set(VOLATILE) | set(experiment.volatile))  # a sharded run's
         self.shard: Any = None  # set during a sharded run's passes
         self.blocks: list[str] = []
+        self.earlier: dict[str, Any] = {}  # results of units computed again (lost_work)
+        self._forget_lost()
         self.resumed = bool(self.units)
+
+    def _forget_lost(self) -> None:
+        """Forget the work :func:`lost_work` finds gone from the folder, saying so in one line
+        each: a finished unit whose model is gone is computed again (its earlier result is
+        kept in ``earlier`` to compare; its seconds still estimate it); an unfinished one whose
+        checkpoint is gone counts its steps from 0."""
+        if self.experiment.kept is None:
+            return
+        kept = self.experiment.kept(self.settings)
+        redo, restart = lost_work(kept, self.directory, self.units, self.progress)
+        for key in redo:
+            self.earlier[key] = self.units.pop(key)
+            readers = [r for r in kept[key].readers if r not in self.units]
+            print(
+                f"{self.experiment.name}: {key!r} runs again: {self.directory / kept[key].made} "
+                f"is gone, and {readers[0]!r} reads it"
+            )
+        for key in restart:
+            del self.progress[key]
+            self.partial.pop(key, None)  # the time spent went with the checkpoint
+            print(
+                f"{self.experiment.name}: {key!r} starts over: its checkpoint "
+                f"{self.directory / kept[key].checkpoint} is gone"
+            )
 
     def unit(
         self,
@@ -351,6 +437,10 @@ class ExperimentRun:
             self.parts.pop(key, None)
             self.progress.pop(key, None)
             self._save()
+            if key in self.earlier:
+                print(
+                    f"{self.experiment.name}: {key!r} again: {_changes(self.earlier[key], value)}"
+                )
         return self.units[key]
 
     def _compute(self, key: str, compute: Callable[[], Any], clock: Clock | None, resumes: bool):

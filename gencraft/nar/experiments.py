@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gencraft.experiments import ExperimentRun, register, settings_field
+from gencraft.experiments import ExperimentRun, kept_models, register, settings_field
 from gencraft.nar.config import ConvertConfig, NARTrainConfig, ObjectiveConfig, SamplingConfig
 from gencraft.nar.evaluate import (
     decode_rows,
@@ -168,6 +168,7 @@ def tasks_verdict(runs: list[tuple[NARTasksSettings, dict]]) -> list[dict]:
     },
     cpu_minutes=120,
     units=_tasks_units,
+    kept=lambda s: kept_models(_tasks_units(s)),
     verdict=tasks_verdict,
 )
 def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gencraft.experiments import ExperimentRun, register, settings_field
+from gencraft.experiments import ExperimentRun, kept_models, register, settings_field
 from gencraft.metrics.stats import decide
 from gencraft.recurrence.config import RecurrenceConfig, RecurrenceTrainConfig
 from gencraft.recurrence.evaluate import BLOCK, evaluate
@@ -126,6 +126,7 @@ def lm_verdict(runs: list[tuple[RecurrenceLMSettings, dict]]) -> list[dict]:
     },
     cpu_minutes=70,
     units=_lm_units,
+    kept=lambda s: kept_models(_lm_units(s)),
     verdict=lm_verdict,
     volatile=("verdict_words",),  # adds units, changes none: a started run may take it on
 )
