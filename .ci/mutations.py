@@ -4688,6 +4688,13 @@ M = [
         "    kept=None,",
         "tests/test_lost_work.py",
     ),
+    (
+        "verdict-table: a run's report has no verdict",
+        "gencraft/experiments.py",
+        "        _verdict_table(exp, settings, run)",
+        "        pass",
+        "tests/test_campaign.py::test_a_started_recurrence_run_takes_on_the_verdict_evaluation",
+    ),
 ]
 
 

@@ -41,6 +41,7 @@ from gencraft.experiments import (
     time_budget,
 )
 from gencraft.folder_lock import FolderInUse, read_holder
+from gencraft.metrics.stats import verdict_cells
 
 #: the claims in the order of their value per minute (issue 43)
 CLAIM_ORDER = ("hso-fewshot", "recurrence", "fame", "rum-sundae", "dasp")
@@ -370,7 +371,7 @@ def verdict_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, 
         if not verdicts:
             rows.append({**size, "verdict": f"{interim}no comparison finished yet"})
         for v in verdicts:
-            cells = _verdict_cells(v)
+            cells = verdict_cells(v)
             rows.append({**size, **cells, "verdict": interim + cells["verdict"]})
     return rows
 
@@ -383,22 +384,6 @@ def _interim(states: list[RunState]) -> str:
         for st in states
     )
     return f"interim ({done} of {expected} units): "
-
-
-def _verdict_cells(v: dict[str, Any]) -> dict[str, Any]:
-    """A verdict record as report cells: the effect with its 95% interval, p, and the pairs
-    that would decide it when it is not decided."""
-    cells = {
-        "comparison": v["comparison"],
-        "pairs": f"{v['n']} {v['pairs']}",
-        "effect [95% interval]": f"{v['mean']:+.3g} [{v['low']:+.3g}, {v['high']:+.3g}] "
-        + v["unit"],
-        "p": f"{v['p']:.3g}",
-        "verdict": v["verdict"],
-    }
-    if v.get("needed"):
-        cells["verdict"] += f" (about {v['needed']} {v['pairs']} would decide it)"
-    return cells
 
 
 @register(

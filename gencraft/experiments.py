@@ -659,7 +659,21 @@ def reproduce(
             if not writes:  # the main process writes the report
                 return out / "report.md"
         exp.run(settings, run)
+        _verdict_table(exp, settings, run)
         return run.write_report(time.perf_counter() - t0)
+
+
+def _verdict_table(exp: Experiment, settings: Any, run: ExperimentRun) -> None:
+    """The report's verdicts of the experiment's claims on this run's units (the campaign's,
+    paired, with their 95% intervals), when the experiment gives any."""
+    from gencraft.metrics.stats import verdict_cells
+
+    if exp.verdict is None:
+        return
+    rows = exp.verdict([(settings, run.units)])
+    if rows:
+        run.text("Verdicts on this run (95% intervals; p two-sided):")
+        run.table([verdict_cells(v) for v in rows])
 
 
 @contextlib.contextmanager

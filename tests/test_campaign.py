@@ -343,6 +343,9 @@ def test_a_started_recurrence_run_takes_on_the_verdict_evaluation(shared_data, t
     assert v["n"] == len(diffs) and v["mean"] == pytest.approx(sum(diffs) / len(diffs))
     report = (tmp_path / "report.md").read_text()
     assert "| recurrent | test, verdict |" in report and "first 600 test words" in report
+    # the run's own report carries the verdict, as the campaign's does
+    cells = f"| recurrent − baseline, test NLL | {v['n']} {v['pairs']} | {v['mean']:+.3g} ["
+    assert "Verdicts on this run" in report and cells in report
 
 
 def test_the_fame_and_dasp_verdicts_pair_seeds():
@@ -460,8 +463,8 @@ def test_a_whole_unit_saved_before_a_split_covers_its_parts(tmp_path):
 
 
 def test_the_verdict_on_unfinished_runs_is_computed_so_far_and_marked_interim(tmp_path, capsys):
-    from gencraft.campaign import _verdict_cells
     from gencraft.hso.experiments import FewShotSettings, fewshot_verdict
+    from gencraft.metrics.stats import verdict_cells
 
     folder = tmp_path / "hso-fewshot" / "run"
     folder.mkdir(parents=True)
@@ -484,7 +487,7 @@ def test_the_verdict_on_unfinished_runs_is_computed_so_far_and_marked_interim(tm
     s = FewShotSettings(shots=(2,), seeds=(0, 1))
     hso, hso2, rec = plan()
     for row, want in zip((hso, hso2), fewshot_verdict([(s, units)]), strict=True):
-        cells = _verdict_cells(want)
+        cells = verdict_cells(want)
         assert want["n"] == 4 and row[:4] == ["hso-fewshot", "0 of 1", "5", "0"]
         assert row[4:] == [
             *list(cells.values())[:-1],
@@ -495,7 +498,7 @@ def test_the_verdict_on_unfinished_runs_is_computed_so_far_and_marked_interim(tm
     units["n=2 seed=1 hso2"] = _correct([1, 1, 1, 1])
     hso, hso2, _ = plan()  # whole: the verdict is final, over both seeds
     assert hso[1:3] == ["1 of 1", "8"] and hso[5] == "8 (example, n, seed) pairs"
-    assert hso[-1] == _verdict_cells(fewshot_verdict([(s, units)])[0])["verdict"]
+    assert hso[-1] == verdict_cells(fewshot_verdict([(s, units)])[0])["verdict"]
     assert not any("interim" in c for c in hso + hso2)
 
 

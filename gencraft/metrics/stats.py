@@ -4,6 +4,7 @@ proportion and the exact two-sided sign test of paired wins and losses."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from gencraft.errors import GencraftError
 
@@ -160,3 +161,19 @@ def verdict_of(mean: float, p: float, expected: int = 1, alpha: float = 0.05) ->
     if p < alpha and mean != 0:
         return VERDICTS[0] if mean * expected > 0 else VERDICTS[1]
     return VERDICTS[2]
+
+
+def verdict_cells(v: dict[str, Any]) -> dict[str, Any]:
+    """A verdict record as report cells: the effect with its 95% interval, p, and the pairs
+    that would decide it when it is not decided."""
+    cells = {
+        "comparison": v["comparison"],
+        "pairs": f"{v['n']} {v['pairs']}",
+        "effect [95% interval]": f"{v['mean']:+.3g} [{v['low']:+.3g}, {v['high']:+.3g}] "
+        + v["unit"],
+        "p": f"{v['p']:.3g}",
+        "verdict": v["verdict"],
+    }
+    if v.get("needed"):
+        cells["verdict"] += f" (about {v['needed']} {v['pairs']} would decide it)"
+    return cells
