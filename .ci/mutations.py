@@ -4695,6 +4695,20 @@ M = [
         "        pass",
         "tests/test_campaign.py::test_a_started_recurrence_run_takes_on_the_verdict_evaluation",
     ),
+    (
+        "nar-seed: the seed is not passed to the training",
+        "gencraft/nar/experiments.py",
+        "                seed=s.seed or 0,",
+        "                seed=0,",
+        "tests/test_campaign.py::test_the_nar_training_seed_changes_the_models_and_none_is_the_earlier_zero",
+    ),
+    (
+        "nar-seed: the default is 0, refusing runs saved before the setting",
+        "gencraft/nar/experiments.py",
+        '        None, "training seed of every model (None: 0; runs saved before it had none)"',
+        '        0, "training seed of every model (None: 0; runs saved before it had none)"',
+        "tests/test_campaign.py::test_the_nar_training_seed_changes_the_models_and_none_is_the_earlier_zero",
+    ),
 ]
 
 

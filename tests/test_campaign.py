@@ -519,3 +519,28 @@ def test_dasp_scores_only_the_metrics_asked_for_and_rescores_a_narrower_cache(
         set(again["scores"]) == {"BLEU", "ROUGE-L"}
         and again["scores"]["BLEU"] == unit["scores"]["BLEU"]
     )
+
+
+def test_the_nar_training_seed_changes_the_models_and_none_is_the_earlier_zero(
+    shared_data, tmp_path
+):
+    """``seed`` seeds every model's training; None is the 0 every run used before the
+    setting, so a run saved without it resumes as it was, and another seed is refused there."""
+    from gencraft.errors import GencraftError
+
+    over = {"data_dir": str(shared_data), "variants": ("mask-predict",), "test_limit": 2}
+    over |= {"decode_batch": 2, "curve_steps": (), "curve_thresholds": ()}
+    loss = {}
+    for seed in (None, 0, 1):
+        out = tmp_path / str(seed)
+        reproduce("nar-tasks", scale="tiny", output=out, overrides={**over, "seed": seed})
+        loss[seed] = _results(out)["units"]["train mask-predict"]["best_valid_loss"]
+    assert loss[None] == loss[0] != loss[1]
+    old = tmp_path / "None"
+    data = _results(old)
+    del data["settings"]["seed"]  # as saved before the setting existed
+    (old / "results.json").write_text(json.dumps(data))
+    reproduce("nar-tasks", scale="tiny", output=old, overrides=over)
+    assert _results(old)["unit_seconds"] == data["unit_seconds"]  # nothing computed again
+    with pytest.raises(GencraftError, match="seed"):
+        reproduce("nar-tasks", scale="tiny", output=old, overrides={**over, "seed": 1})

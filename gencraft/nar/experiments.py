@@ -55,6 +55,9 @@ class NARTasksSettings:
     valid_examples: int = settings_field(256, "validation pairs for the loss")
     lr: float = settings_field(2e-4, "learning rate of a pretrained start")
     scratch_lr: float = settings_field(5e-4, "learning rate from scratch")
+    seed: int | None = settings_field(
+        None, "training seed of every model (None: 0; runs saved before it had none)"
+    )
     max_target_length: int = settings_field(96, "the length predictor's range")
     samples: int = settings_field(16, "SUNDAE samples per input (Appendix A: 16)")
     decode_steps: int = settings_field(15, "SUNDAE / Mask-Predict steps (Appendix A: 15)")
@@ -189,7 +192,7 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
                 max_steps=s.scratch_steps if scratch else s.steps,
                 eval_every=max(1, (s.scratch_steps if scratch else s.steps) // 4),
                 warmup=0.05,
-                seed=0,
+                seed=s.seed or 0,
             ),
         )
         convert = ConvertConfig(max_target_length=s.max_target_length, **convert_kw)
