@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -79,9 +79,16 @@ def kept_models(keys: list[str]) -> dict[str, Kept]:
     }
 
 
+class Lost(NamedTuple):
+    """:func:`lost_work`'s answer: the unit keys to compute again and to start over."""
+
+    redo: list[str]
+    restart: list[str]
+
+
 def lost_work(
     kept: dict[str, Kept], folder: Path, units: dict[str, Any], progress: dict[str, Any]
-) -> tuple[list[str], list[str]]:
+) -> Lost:
     """Work a run's results.json records but its folder no longer holds (results copied to
     another machine, a cleaned or new checkout): (finished units whose ``made`` is gone while
     a unit that reads it is not finished: they are computed again; unfinished units whose
@@ -96,7 +103,7 @@ def lost_work(
     restart = [
         k for k, keep in kept.items() if k in progress and not (folder / keep.checkpoint).exists()
     ]
-    return redo, restart
+    return Lost(redo, restart)
 
 
 @dataclass
