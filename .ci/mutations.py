@@ -3291,8 +3291,8 @@ M = [
     (
         "nar-verdict-cased",
         "gencraft/nar/experiments.py",
-        "r = bleu_paired(s.task, *outs, refs, lowercase=True)",
-        "r = bleu_paired(s.task, *outs, refs, lowercase=False)",
+        "r = bleu_paired_runs(s.task, *outs, refs, lowercase=True)",
+        "r = bleu_paired_runs(s.task, *outs, refs, lowercase=False)",
         'tests/test_campaign.py -k "not interrupted"',
     ),
     (
@@ -4708,6 +4708,55 @@ M = [
         '        None, "training seed of every model (None: 0; runs saved before it had none)"',
         '        0, "training seed of every model (None: 0; runs saved before it had none)"',
         "tests/test_campaign.py::test_the_nar_training_seed_changes_the_models_and_none_is_the_earlier_zero",
+    ),
+    (
+        "pooled-verdict: the runs are drawn with the inputs' generator",
+        "gencraft/metrics/tasks.py",
+        "np.random.default_rng(seed + 1).integers",
+        "np.random.default_rng(seed).integers",
+        "tests/test_pooled_verdicts.py::test_pooled_bleu_is_the_two_level_bootstrap_recomputed_by_brute_force",
+    ),
+    (
+        "pooled-verdict: one drawn run stands for all of them",
+        "gencraft/metrics/tasks.py",
+        "np.arange(resamples)[:, None]].mean(1)",
+        "np.arange(resamples)[:, None]][:, 0]",
+        "tests/test_pooled_verdicts.py::test_pooled_bleu_is_the_two_level_bootstrap_recomputed_by_brute_force",
+    ),
+    (
+        "pooled-verdict: the mean is the first run's",
+        "gencraft/metrics/tasks.py",
+        '"mean": float(np.mean(observed)),',
+        '"mean": float(observed[0]),',
+        "tests/test_pooled_verdicts.py::test_the_nar_verdict_pools_seeds_of_one_setup_and_keeps_others_apart",
+    ),
+    (
+        "pooled-verdict: runs set otherwise are pooled too",
+        "gencraft/experiments.py",
+        "        key = {k: v for k, v in dataclasses.asdict(s).items() if k not in but}\n",
+        "        key = {}\n",
+        "tests/test_pooled_verdicts.py::test_runs_group_by_their_settings_but_the_named_fields",
+    ),
+    (
+        "pooled-verdict: nar-tasks keeps the seeds apart",
+        "gencraft/nar/experiments.py",
+        'runs_by_settings(runs, but=("seed",))',
+        "runs_by_settings(runs)",
+        "tests/test_pooled_verdicts.py::test_the_nar_verdict_pools_seeds_of_one_setup_and_keeps_others_apart",
+    ),
+    (
+        "pooled-verdict: --data-dir is not applied",
+        "gencraft/experiments.py",
+        '            values["data_dir"] = data_dir\n',
+        "            pass\n",
+        "tests/test_pooled_verdicts.py::test_gencraft_verdict_pools_saved_runs_and_refuses_mixed_folders",
+    ),
+    (
+        "pooled-verdict: runs of other experiments are pooled",
+        "gencraft/experiments.py",
+        "    if len(names) > 1:\n        which",
+        "    if False:\n        which",
+        "tests/test_pooled_verdicts.py::test_gencraft_verdict_pools_saved_runs_and_refuses_mixed_folders",
     ),
 ]
 

@@ -106,6 +106,19 @@ def lost_work(
     return Lost(redo, restart)
 
 
+def runs_by_settings(
+    runs: Sequence[tuple[Any, dict[str, Any]]], but: tuple[str, ...] = ()
+) -> list[list[tuple[Any, dict[str, Any]]]]:
+    """A verdict's ``(settings, units)`` runs grouped by their settings, fields ``but``
+    aside (``("seed",)``: the runs of one setup under several seeds), in first-seen order.
+    Tuples and lists compare equal (a run read from results.json holds lists)."""
+    groups: dict[str, list[tuple[Any, dict[str, Any]]]] = {}
+    for s, units in runs:
+        key = {k: v for k, v in dataclasses.asdict(s).items() if k not in but}
+        groups.setdefault(json.dumps(key, sort_keys=True, default=str), []).append((s, units))
+    return list(groups.values())
+
+
 @dataclass
 class Experiment:
     """A registered experiment (see the module docstring)."""
@@ -668,6 +681,41 @@ def reproduce(
         exp.run(settings, run)
         _verdict_table(exp, settings, run)
         return run.write_report(time.perf_counter() - t0)
+
+
+def folder_verdicts(
+    folders: Sequence[str | Path], data_dir: str | None = None
+) -> tuple[Experiment, list[dict[str, Any]]]:
+    """The verdicts of one experiment's claims pooled over the runs saved in ``folders``
+    (each a ``gencraft reproduce`` output holding results.json; e.g. one per training seed),
+    as the campaign pools a claim's runs: on the units each has finished. Refuses, in one
+    line, a folder without results, runs of different experiments, and an experiment that
+    gives no verdict. ``data_dir`` replaces the runs' own (the runs were made elsewhere)."""
+    if not folders:
+        raise GencraftError("give the folders of one experiment's runs")
+    runs, names = [], {}
+    for folder in map(Path, folders):
+        saved = folder / "results.json"
+        if not saved.is_file():
+            raise GencraftError(f"{folder} holds no results.json: not a gencraft reproduce run")
+        data = json.loads(saved.read_text())
+        names.setdefault(data.get("experiment"), []).append(str(folder))
+        exp = get_experiment(data.get("experiment"))
+        known = {f.name for f in dataclasses.fields(exp.settings)}
+        values = {
+            k: tuple(v) if isinstance(v, list) else v
+            for k, v in data.get("settings", {}).items()
+            if k in known
+        }
+        if data_dir is not None and "data_dir" in known:
+            values["data_dir"] = data_dir
+        runs.append((exp.settings(**values), data.get("units", {})))
+    if len(names) > 1:
+        which = "; ".join(f"{n}: {', '.join(f)}" for n, f in names.items())
+        raise GencraftError(f"the folders hold runs of different experiments ({which})")
+    if exp.verdict is None:
+        raise GencraftError(f"{exp.name} gives no verdict (its claims are not paired)")
+    return exp, exp.verdict(runs)
 
 
 def _verdict_table(exp: Experiment, settings: Any, run: ExperimentRun) -> None:

@@ -90,6 +90,27 @@ class ReproduceCommand:
 
 
 @dataclass
+class VerdictCommand:
+    folders: tuple[str, ...] = option(
+        (), "the runs' output folders (each holding results.json)", positional=True
+    )
+
+
+def cmd_verdict(args: argparse.Namespace) -> None:
+    from gencraft.cli.evaluate import format_table
+    from gencraft.experiments import folder_verdicts
+    from gencraft.metrics.stats import verdict_cells
+
+    exp, rows = folder_verdicts(args.folders, args.data_dir)
+    runs = f"{len(args.folders)} run{'s' if len(args.folders) > 1 else ''}"
+    if not rows:
+        print(f"{exp.name}, {runs}: no comparison finished yet")
+        return
+    print(f"{exp.name}, {runs} (95% intervals; p two-sided):")
+    print(format_table([verdict_cells(v) for v in rows]))
+
+
+@dataclass
 class BenchmarkCommand:
     threads: int | None = option(None, "torch CPU threads")
 
@@ -108,6 +129,16 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
     add_dataclass_arguments(p, ReproduceCommand)
     add_dataclass_arguments(p, RunOptions, only=("output", "restart"))
     p.set_defaults(func=cmd_reproduce, takes_extra=True, output_kind="dir")
+    v = sub.add_parser(
+        "verdict",
+        help="the claims' verdicts pooled over saved runs (e.g. one per training seed)",
+        description="The paired verdicts of one experiment's claims, pooled over the runs "
+        "saved in FOLDERS (outputs of `gencraft reproduce`, e.g. the same command under "
+        "several --seed), as the campaign pools a claim's runs.",
+    )
+    add_dataclass_arguments(v, VerdictCommand)
+    add_data_dir(v)
+    v.set_defaults(func=cmd_verdict)
 
 
 def benchmark_main(doc: str, commands: dict[str, str], argv: list[str] | None = None) -> None:

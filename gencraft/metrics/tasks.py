@@ -236,39 +236,87 @@ def bleu_paired(
     over test inputs (Koehn 2004; sacrebleu's sufficient statistics, so each resample costs a
     sum): ``n`` inputs, ``mean`` the observed difference, ``low``/``high`` the 95% percentile
     interval of the resampled differences, ``p`` two-sided (twice the share of resamples on
-    the far side of 0, at least 1 / resamples)."""
+    the far side of 0, at least 1 / resamples). :func:`bleu_paired_runs` of one run."""
+    r = bleu_paired_runs(
+        task,
+        [outputs_a],
+        [outputs_b],
+        references,
+        lowercase=lowercase,
+        resamples=resamples,
+        seed=seed,
+    )
+    return {k: r[k] for k in ("n", "mean", "low", "high", "p")}
+
+
+def bleu_paired_runs(
+    task: str,
+    runs_a: Sequence[Sequence[str]],
+    runs_b: Sequence[Sequence[str]],
+    references: Sequence[str] | Sequence[Sequence[str]],
+    *,
+    lowercase: bool = False,
+    resamples: int = 1000,
+    seed: int = 12345,
+) -> dict[str, Any]:
+    """:func:`bleu_paired` pooled over K paired runs (``runs_a[k]`` and ``runs_b[k]``: system
+    A's and B's outputs on the same inputs under training seed k). ``mean`` is the mean over
+    runs of the corpus BLEU differences; the interval and ``p`` come from a two-level
+    bootstrap: each resample draws K runs with replacement and the inputs with replacement
+    (the same inputs for every drawn run), and averages the drawn runs' differences. The
+    interval so widens with the spread between seeds as well as between inputs (with K = 2
+    it still understates the seeds' share: a bootstrap over K values has variance (K-1)/K
+    of theirs). One run gives :func:`bleu_paired`'s numbers; ``run_means`` holds each run's
+    difference."""
     import numpy as np
 
-    sacrebleu = require("sacrebleu", "metrics", "BLEU and TER")
     if CONVENTIONS.get(task, _SUMM).family != "data-to-text":
         raise ConfigError(f"paired BLEU is for data-to-text tasks, not {task!r}")
-    if len(outputs_a) != len(outputs_b):
+    if not runs_a or len(runs_a) != len(runs_b):
         raise ConfigError(
-            f"paired BLEU needs as many outputs: {len(outputs_a)} and {len(outputs_b)}"
+            f"paired BLEU needs as many runs, at least one: {len(runs_a)} and {len(runs_b)}"
         )
-    refs = _references(task, references, len(outputs_a))
-    (a, refs_c), (b, _) = _cased(outputs_a, refs, lowercase), _cased(outputs_b, refs, lowercase)
-    width = max(len(r) for r in refs_c)
-    streams = [[r[j] if j < len(r) else None for r in refs_c] for j in range(width)]
-    metric = sacrebleu.BLEU()
-    score = {}
-    for name, outs in (("a", a), ("b", b)):
-        stats = np.array(metric._extract_corpus_statistics(outs, streams), dtype="float64")
-        score[name] = (metric._compute_score_from_stats(stats.sum(0)).score, stats)
-    idx = np.random.default_rng(seed).choice(len(a), size=(resamples, len(a)), replace=True)
-    diffs = np.array(
-        [
-            metric._compute_score_from_stats(score["a"][1][i].sum(0)).score
-            - metric._compute_score_from_stats(score["b"][1][i].sum(0)).score
-            for i in idx
-        ]
-    )
+    n = len(runs_a[0])
+    if any(len(o) != n for o in (*runs_a, *runs_b)):
+        sizes = sorted({len(o) for o in (*runs_a, *runs_b)})
+        raise ConfigError(f"paired BLEU needs as many outputs in every run, got {sizes}")
+    refs = _references(task, references, n)
+    idx = np.random.default_rng(seed).choice(n, size=(resamples, n), replace=True)
+    observed, resampled = [], []
+    for outs_a, outs_b in zip(runs_a, runs_b, strict=True):
+        (obs_a, got_a), (obs_b, got_b) = (
+            _bleu_resampled(o, refs, lowercase, idx) for o in (outs_a, outs_b)
+        )
+        observed.append(obs_a - obs_b)
+        resampled.append(got_a - got_b)
+    k = len(observed)
+    drawn = np.random.default_rng(seed + 1).integers(k, size=(resamples, k))
+    diffs = np.stack(resampled)[drawn, np.arange(resamples)[:, None]].mean(1)
     far = min((diffs <= 0).mean(), (diffs >= 0).mean())
     low, high = np.percentile(diffs, [2.5, 97.5])
     return {
-        "n": len(a),
-        "mean": score["a"][0] - score["b"][0],
+        "n": n,
+        "runs": k,
+        "mean": float(np.mean(observed)),
+        "run_means": observed,
         "low": float(low),
         "high": float(high),
         "p": float(min(1.0, max(2 * far, 1 / resamples))),
     }
+
+
+def _bleu_resampled(
+    outputs: Sequence[str], refs: list[list[str]], lowercase: bool, idx: Any
+) -> tuple[float, Any]:
+    """Corpus BLEU of ``outputs`` and its value on each row of input indices ``idx``
+    ``[R, n]`` (an array ``[R]``), from sacrebleu's per-input sufficient statistics."""
+    import numpy as np
+
+    sacrebleu = require("sacrebleu", "metrics", "BLEU and TER")
+    outs, refs_c = _cased(outputs, refs, lowercase)
+    width = max(len(r) for r in refs_c)
+    streams = [[r[j] if j < len(r) else None for r in refs_c] for j in range(width)]
+    metric = sacrebleu.BLEU()
+    stats = np.array(metric._extract_corpus_statistics(outs, streams), dtype="float64")
+    score = metric._compute_score_from_stats(stats.sum(0)).score
+    return score, np.array([metric._compute_score_from_stats(stats[i].sum(0)).score for i in idx])

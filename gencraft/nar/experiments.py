@@ -21,7 +21,13 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gencraft.experiments import ExperimentRun, kept_models, register, settings_field
+from gencraft.experiments import (
+    ExperimentRun,
+    kept_models,
+    register,
+    runs_by_settings,
+    settings_field,
+)
 from gencraft.nar.config import ConvertConfig, NARTrainConfig, ObjectiveConfig, SamplingConfig
 from gencraft.nar.evaluate import (
     decode_rows,
@@ -104,26 +110,31 @@ COMPARED = (("rum-sundae", "sundae-scratch"), ("rum-sundae-copy", "rum-sundae"))
 
 def tasks_verdict(runs: list[tuple[NARTasksSettings, dict]]) -> list[dict]:
     """Paired bootstrap of test BLEU (lower-cased convention) over the test inputs, for each
-    pair of :data:`COMPARED` that a run finished."""
+    pair of :data:`COMPARED` that a run finished. Runs whose settings differ only in ``seed``
+    (the training seed) are pooled: one row over their inputs and seeds
+    (:func:`~gencraft.metrics.tasks.bleu_paired_runs`); runs set otherwise get rows apart."""
     from gencraft.data.tasks import pick_examples, references_of, task_examples
     from gencraft.metrics.stats import verdict_of
-    from gencraft.metrics.tasks import bleu_paired
+    from gencraft.metrics.tasks import bleu_paired_runs
 
     rows = []
-    for s, units in runs:
+    for group in runs_by_settings(runs, but=("seed",)):
+        s = group[0][0]
         examples = pick_examples(
             task_examples(s.task, "test", s.data_dir), s.test_limit, spread=True
         )
         refs = [references_of(e) for e in examples]
         for a, b in COMPARED:
-            if f"test {a}" not in units or f"test {b}" not in units:
+            done = [u for _, u in group if f"test {a}" in u and f"test {b}" in u]
+            if not done:
                 continue
-            outs = [units[f"test {m}"]["predictions"] for m in (a, b)]
-            r = bleu_paired(s.task, *outs, refs, lowercase=True)
+            outs = [[u[f"test {m}"]["predictions"] for u in done] for m in (a, b)]
+            r = bleu_paired_runs(s.task, *outs, refs, lowercase=True)
+            seeds = f" × {r['runs']} training seeds" if r["runs"] > 1 else ""
             rows.append(
                 {
                     "comparison": f"{a} − {b}, BLEU",
-                    "pairs": "test inputs (paired bootstrap)",
+                    "pairs": f"test inputs{seeds} (paired bootstrap)",
                     "unit": "BLEU",
                     **r,
                     "verdict": verdict_of(r["mean"], r["p"]),
