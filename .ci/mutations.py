@@ -4758,6 +4758,20 @@ M = [
         "    if False:\n        which",
         "tests/test_pooled_verdicts.py::test_gencraft_verdict_pools_saved_runs_and_refuses_mixed_folders",
     ),
+    (
+        "pooled-verdict: a run alone gets an each-run cell",
+        "gencraft/metrics/stats.py",
+        '    if len(v.get("run_means", ())) > 1:',
+        '    if len(v.get("run_means", ())) > 0:',
+        "tests/test_pooled_verdicts.py::test_the_nar_verdict_pools_seeds_of_one_setup_and_keeps_others_apart",
+    ),
+    (
+        "pooled-verdict: the runs' effects are not shown",
+        "gencraft/metrics/stats.py",
+        '        cells["each run"] = ", ".join(f"{m:+.3g}" for m in v["run_means"])\n',
+        "        pass\n",
+        "tests/test_pooled_verdicts.py::test_gencraft_verdict_pools_saved_runs_and_refuses_mixed_folders",
+    ),
 ]
 
 

@@ -124,6 +124,7 @@ def _refs(data_dir):
 
 
 def test_the_nar_verdict_pools_seeds_of_one_setup_and_keeps_others_apart(shared_data):
+    from gencraft.metrics.stats import verdict_cells
     from gencraft.metrics.tasks import bleu_paired_runs as pooled
     from gencraft.nar.experiments import NARTasksSettings, tasks_verdict
 
@@ -148,6 +149,9 @@ def test_the_nar_verdict_pools_seeds_of_one_setup_and_keeps_others_apart(shared_
     apart = tasks_verdict([runs[0], (dataclasses.replace(base, seed=1, steps=7), units[1])])
     assert [r["runs"] for r in apart] == [1, 1]
     assert apart[0]["pairs"] == "test inputs (paired bootstrap)"
+    # a pooled row names each seed's effect; a run alone has no such cell
+    assert verdict_cells(v)["each run"] == ", ".join(f"{g:+.3g}" for g in gains)
+    assert "each run" not in verdict_cells(apart[0])
 
 
 def _save_run(folder, experiment, s, units):
@@ -174,6 +178,8 @@ def test_gencraft_verdict_pools_saved_runs_and_refuses_mixed_folders(shared_data
     assert out.startswith("nar-tasks, 2 runs (95% intervals; p two-sided):")
     assert "160" not in out and f"{v['mean']:+.3g} [{v['low']:+.3g}, {v['high']:+.3g}]" in out
     assert "12 test inputs × 2 training seeds" in out
+    each = ", ".join(f"{m:+.3g}" for m in v["run_means"])
+    assert v["run_means"][0] != v["run_means"][1] and each in out
     _save_run(tmp_path / "hso", "hso-fewshot", FewShotSettings(), {})
     _save_run(tmp_path / "speed", "nar-speed", NARSpeedSettings(), {})
     for args, why in (

@@ -164,8 +164,8 @@ def verdict_of(mean: float, p: float, expected: int = 1, alpha: float = 0.05) ->
 
 
 def verdict_cells(v: dict[str, Any]) -> dict[str, Any]:
-    """A verdict record as report cells: the effect with its 95% interval, p, and the pairs
-    that would decide it when it is not decided."""
+    """A verdict record as report cells: the effect with its 95% interval, p, the pairs
+    that would decide it when it is not decided, and each run's effect when it pools runs."""
     cells = {
         "comparison": v["comparison"],
         "pairs": f"{v['n']} {v['pairs']}",
@@ -176,4 +176,6 @@ def verdict_cells(v: dict[str, Any]) -> dict[str, Any]:
     }
     if v.get("needed"):
         cells["verdict"] += f" (about {v['needed']} {v['pairs']} would decide it)"
+    if len(v.get("run_means", ())) > 1:  # pooled over runs (seeds): each run's effect
+        cells["each run"] = ", ".join(f"{m:+.3g}" for m in v["run_means"])
     return cells
