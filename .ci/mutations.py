@@ -3234,8 +3234,8 @@ M = [
     ),
     (
         "campaign-left-whole",
-        "gencraft/campaign.py",
-        'and not any(k.startswith(u + " ") for u in self.units)',
+        "gencraft/experiments.py",
+        'and not any(k.startswith(u + " ") for u in units)',
         "and True",
         'tests/test_campaign.py -k "not interrupted"',
     ),
@@ -4770,6 +4770,13 @@ M = [
         "gencraft/metrics/stats.py",
         '        cells["each run"] = ", ".join(f"{m:+.3g}" for m in v["run_means"])\n',
         "        pass\n",
+        "tests/test_pooled_verdicts.py::test_gencraft_verdict_pools_saved_runs_and_refuses_mixed_folders",
+    ),
+    (
+        "pooled-verdict: unfinished units count as finished",
+        "gencraft/experiments.py",
+        "    return Pooled(exp, exp.verdict(runs), total - left, total)",
+        "    return Pooled(exp, exp.verdict(runs), total, total)",
         "tests/test_pooled_verdicts.py::test_gencraft_verdict_pools_saved_runs_and_refuses_mixed_folders",
     ),
 ]

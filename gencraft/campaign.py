@@ -39,6 +39,7 @@ from gencraft.experiments import (
     reproduce,
     settings_field,
     time_budget,
+    units_left,
 )
 from gencraft.folder_lock import FolderInUse, read_holder
 from gencraft.metrics.stats import verdict_cells
@@ -178,11 +179,7 @@ class RunState:
         covers the keys it prefixes); None when the experiment declares no units."""
         if self.expected is None:
             return None
-        return [
-            k
-            for k in self.expected
-            if k not in self.units and not any(k.startswith(u + " ") for u in self.units)
-        ]
+        return units_left(self.expected, self.units)
 
 
 def run_states(claim: Claim, scale: str, root: Path, data_dir: str | None) -> list[RunState]:

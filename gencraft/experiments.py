@@ -106,6 +106,22 @@ def lost_work(
     return Lost(redo, restart)
 
 
+def units_left(expected: Sequence[str], units: dict[str, Any]) -> list[str]:
+    """The ``expected`` unit keys a run has not finished; a unit saved whole, before an
+    experiment split it, covers the keys it prefixes."""
+    return [k for k in expected if k not in units and not any(k.startswith(u + " ") for u in units)]
+
+
+class Pooled(NamedTuple):
+    """:func:`folder_verdicts`' answer: the experiment, its verdict rows, and how many of
+    the runs' expected units had finished (``expected`` None: the experiment declares none)."""
+
+    experiment: Experiment
+    rows: list[dict[str, Any]]
+    finished: int
+    expected: int | None
+
+
 def runs_by_settings(
     runs: Sequence[tuple[Any, dict[str, Any]]], but: tuple[str, ...] = ()
 ) -> list[list[tuple[Any, dict[str, Any]]]]:
@@ -683,12 +699,11 @@ def reproduce(
         return run.write_report(time.perf_counter() - t0)
 
 
-def folder_verdicts(
-    folders: Sequence[str | Path], data_dir: str | None = None
-) -> tuple[Experiment, list[dict[str, Any]]]:
+def folder_verdicts(folders: Sequence[str | Path], data_dir: str | None = None) -> Pooled:
     """The verdicts of one experiment's claims pooled over the runs saved in ``folders``
     (each a ``gencraft reproduce`` output holding results.json; e.g. one per training seed),
-    as the campaign pools a claim's runs: on the units each has finished. Refuses, in one
+    as the campaign pools a claim's runs: on the units each has finished, counted against
+    those expected (:class:`Pooled`). Refuses, in one
     line, a folder without results, runs of different experiments, and an experiment that
     gives no verdict. ``data_dir`` replaces the runs' own (the runs were made elsewhere)."""
     if not folders:
@@ -715,7 +730,12 @@ def folder_verdicts(
         raise GencraftError(f"the folders hold runs of different experiments ({which})")
     if exp.verdict is None:
         raise GencraftError(f"{exp.name} gives no verdict (its claims are not paired)")
-    return exp, exp.verdict(runs)
+    if exp.units is None:
+        return Pooled(exp, exp.verdict(runs), sum(len(u) for _, u in runs), None)
+    expected = [exp.units(s) for s, _ in runs]
+    left = sum(len(units_left(e, u)) for e, (_, u) in zip(expected, runs, strict=True))
+    total = sum(map(len, expected))
+    return Pooled(exp, exp.verdict(runs), total - left, total)
 
 
 def _verdict_table(exp: Experiment, settings: Any, run: ExperimentRun) -> None:

@@ -162,8 +162,14 @@ def _save_run(folder, experiment, s, units):
 
 
 def test_gencraft_verdict_pools_saved_runs_and_refuses_mixed_folders(shared_data, tmp_path, capsys):
+    from gencraft.experiments import get_experiment
     from gencraft.hso.experiments import FewShotSettings
-    from gencraft.nar.experiments import NARSpeedSettings, NARTasksSettings, tasks_verdict
+    from gencraft.nar.experiments import (
+        NARSpeedSettings,
+        NARTasksSettings,
+        _tasks_units,
+        tasks_verdict,
+    )
 
     base = NARTasksSettings(test_limit=12, data_dir="/moved/away")
     refs = _refs(str(shared_data))
@@ -175,7 +181,9 @@ def test_gencraft_verdict_pools_saved_runs_and_refuses_mixed_folders(shared_data
     out = capsys.readouterr().out
     moved = [(dataclasses.replace(s, data_dir=str(shared_data)), u) for s, u in runs]
     (v,) = tasks_verdict(moved)
-    assert out.startswith("nar-tasks, 2 runs (95% intervals; p two-sided):")
+    expected = 2 * len(_tasks_units(base))  # each run finished its two test units
+    head = f"nar-tasks, 2 runs, 4 of {expected} units finished (interim) (95% intervals;"
+    assert out.startswith(head)
     assert "160" not in out and f"{v['mean']:+.3g} [{v['low']:+.3g}, {v['high']:+.3g}]" in out
     assert "12 test inputs × 2 training seeds" in out
     each = ", ".join(f"{m:+.3g}" for m in v["run_means"])
@@ -192,4 +200,9 @@ def test_gencraft_verdict_pools_saved_runs_and_refuses_mixed_folders(shared_data
         err = capsys.readouterr().err
         assert err.startswith("gencraft: error: ") and why in err and err.count("\n") == 1
     assert main(["verdict", str(tmp_path / "hso")]) == 0
-    assert capsys.readouterr().out == "hso-fewshot, 1 run: no comparison finished yet\n"
+    n = len(get_experiment("hso-fewshot").units(FewShotSettings()))
+    out = capsys.readouterr().out
+    assert (
+        out
+        == f"hso-fewshot, 1 run, 0 of {n} units finished (interim): no comparison finished yet\n"
+    )

@@ -101,13 +101,17 @@ def cmd_verdict(args: argparse.Namespace) -> None:
     from gencraft.experiments import folder_verdicts
     from gencraft.metrics.stats import verdict_cells
 
-    exp, rows = folder_verdicts(args.folders, args.data_dir)
+    got = folder_verdicts(args.folders, args.data_dir)
     runs = f"{len(args.folders)} run{'s' if len(args.folders) > 1 else ''}"
-    if not rows:
-        print(f"{exp.name}, {runs}: no comparison finished yet")
+    if got.expected is not None:
+        runs += f", {got.finished} of {got.expected} units finished"
+        if got.finished < got.expected:
+            runs += " (interim)"
+    if not got.rows:
+        print(f"{got.experiment.name}, {runs}: no comparison finished yet")
         return
-    print(f"{exp.name}, {runs} (95% intervals; p two-sided):")
-    print(format_table([verdict_cells(v) for v in rows]))
+    print(f"{got.experiment.name}, {runs} (95% intervals; p two-sided):")
+    print(format_table([verdict_cells(v) for v in got.rows]))
 
 
 @dataclass
