@@ -4779,6 +4779,13 @@ M = [
         "    return Pooled(exp, exp.verdict(runs), total, total)",
         "tests/test_pooled_verdicts.py::test_gencraft_verdict_pools_saved_runs_and_refuses_mixed_folders",
     ),
+    (
+        "pooled-verdict: a recurrence seed's effect is its first block",
+        "gencraft/recurrence/experiments.py",
+        "            means.append(sum(run) / len(run))",
+        "            means.append(run[0])",
+        "tests/test_pooled_verdicts.py::test_the_recurrence_verdict_names_each_seed_and_pools_their_blocks",
+    ),
 ]
 
 

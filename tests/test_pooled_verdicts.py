@@ -206,3 +206,22 @@ def test_gencraft_verdict_pools_saved_runs_and_refuses_mixed_folders(shared_data
         out
         == f"hso-fewshot, 1 run, 0 of {n} units finished (interim): no comparison finished yet\n"
     )
+
+
+def test_the_recurrence_verdict_names_each_seed_and_pools_their_blocks():
+    from gencraft.metrics.stats import decide, verdict_cells
+    from gencraft.recurrence.experiments import RecurrenceLMSettings, lm_verdict
+
+    def run(seed, base, rec):
+        rows = {"baseline": base, "recurrent": rec}
+        units = {f"eval {m} test": [{"overlap": 0, "block_nll": b}] for m, b in rows.items()}
+        return RecurrenceLMSettings(seed=seed), units
+
+    runs = [run(0, [3.0, 3.2, 2.9], [2.9, 3.1, 2.9]), run(1, [3.1, 3.0], [3.1, 2.95])]
+    (one,) = lm_verdict(runs[:1])
+    (v,) = lm_verdict([*runs, (RecurrenceLMSettings(seed=2), {})])  # unfinished: left out
+    assert v["run_means"] == pytest.approx([-0.2 / 3, -0.025])
+    assert v["mean"] == pytest.approx(decide([-0.1, -0.1, 0.0, 0.0, -0.05])["mean"])
+    assert v["n"] == 5 and one["run_means"] == pytest.approx([-0.2 / 3])
+    assert verdict_cells(v)["each run"] == "-0.0667, -0.025"
+    assert "each run" not in verdict_cells(one)

@@ -71,8 +71,9 @@ def lm_verdict(runs: list[tuple[RecurrenceLMSettings, dict]]) -> list[dict]:
     """Recurrent minus baseline NLL (nats/token) at the overlap the models were trained at,
     paired block by block (``BLOCK`` tokens) on the verdict's test evaluation when both
     models have it (``verdict_words``), else on the test split (else the first evaluated),
-    pooled over runs (seeds)."""
+    pooled over runs (seeds); ``run_means``: each run's mean difference."""
     diffs: list[float] = []
+    means: list[float] = []
     for s, units in runs:
         split = "test" if "test" in s.splits else s.splits[0]
         got = [units.get(f"eval {name} verdict") for name, _ in MODELS]
@@ -82,7 +83,9 @@ def lm_verdict(runs: list[tuple[RecurrenceLMSettings, dict]]) -> list[dict]:
             continue
         base, rec = (next(r for r in rows if r["overlap"] == s.train_overlap) for rows in got)
         if "block_nll" in base and "block_nll" in rec:
-            diffs += [r - b for r, b in zip(rec["block_nll"], base["block_nll"], strict=True)]
+            run = [r - b for r, b in zip(rec["block_nll"], base["block_nll"], strict=True)]
+            diffs += run
+            means.append(sum(run) / len(run))
     if not diffs:
         return []
     return [
@@ -91,6 +94,7 @@ def lm_verdict(runs: list[tuple[RecurrenceLMSettings, dict]]) -> list[dict]:
             "pairs": f"blocks of {BLOCK} tokens",
             "unit": "nats/token",
             **decide(diffs, expected=-1),
+            "run_means": means,
         }
     ]
 
