@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from gencraft.errors import ConfigError
 from gencraft.extras import require
@@ -284,11 +284,9 @@ def bleu_paired_runs(
     idx = np.random.default_rng(seed).choice(n, size=(resamples, n), replace=True)
     observed, resampled = [], []
     for outs_a, outs_b in zip(runs_a, runs_b, strict=True):
-        (obs_a, got_a), (obs_b, got_b) = (
-            _bleu_resampled(o, refs, lowercase, idx) for o in (outs_a, outs_b)
-        )
-        observed.append(obs_a - obs_b)
-        resampled.append(got_a - got_b)
+        a, b = (_bleu_resampled(o, refs, lowercase, idx) for o in (outs_a, outs_b))
+        observed.append(a.score - b.score)
+        resampled.append(a.resampled - b.resampled)
     k = len(observed)
     drawn = np.random.default_rng(seed + 1).integers(k, size=(resamples, k))
     diffs = np.stack(resampled)[drawn, np.arange(resamples)[:, None]].mean(1)
@@ -305,11 +303,18 @@ def bleu_paired_runs(
     }
 
 
+class _Resampled(NamedTuple):
+    """Corpus BLEU of some outputs, and its value on each bootstrap resample (array ``[R]``)."""
+
+    score: float
+    resampled: Any
+
+
 def _bleu_resampled(
     outputs: Sequence[str], refs: list[list[str]], lowercase: bool, idx: Any
-) -> tuple[float, Any]:
+) -> _Resampled:
     """Corpus BLEU of ``outputs`` and its value on each row of input indices ``idx``
-    ``[R, n]`` (an array ``[R]``), from sacrebleu's per-input sufficient statistics."""
+    ``[R, n]``, from sacrebleu's per-input sufficient statistics."""
     import numpy as np
 
     sacrebleu = require("sacrebleu", "metrics", "BLEU and TER")
@@ -319,4 +324,5 @@ def _bleu_resampled(
     metric = sacrebleu.BLEU()
     stats = np.array(metric._extract_corpus_statistics(outs, streams), dtype="float64")
     score = metric._compute_score_from_stats(stats.sum(0)).score
-    return score, np.array([metric._compute_score_from_stats(stats[i].sum(0)).score for i in idx])
+    again = [metric._compute_score_from_stats(stats[i].sum(0)).score for i in idx]
+    return _Resampled(score, np.array(again))
