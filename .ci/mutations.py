@@ -4775,8 +4775,8 @@ M = [
     (
         "pooled-verdict: unfinished units count as finished",
         "gencraft/experiments.py",
-        "    return Pooled(exp, exp.verdict(runs), total - left, total)",
-        "    return Pooled(exp, exp.verdict(runs), total, total)",
+        "    return Pooled(exp, rows, total - left, total)",
+        "    return Pooled(exp, rows, total, total)",
         "tests/test_pooled_verdicts.py::test_gencraft_verdict_pools_saved_runs_and_refuses_mixed_folders",
     ),
     (

@@ -703,9 +703,9 @@ def folder_verdicts(folders: Sequence[str | Path], data_dir: str | None = None) 
     """The verdicts of one experiment's claims pooled over the runs saved in ``folders``
     (each a ``gencraft reproduce`` output holding results.json; e.g. one per training seed),
     as the campaign pools a claim's runs: on the units each has finished, counted against
-    those expected (:class:`Pooled`). Refuses, in one
-    line, a folder without results, runs of different experiments, and an experiment that
-    gives no verdict. ``data_dir`` replaces the runs' own (the runs were made elsewhere)."""
+    those expected (:class:`Pooled`). Refuses, in one line, a folder without results, runs
+    of different experiments, and an experiment that gives no verdict. ``data_dir``
+    replaces the runs' own (the runs were made elsewhere)."""
     if not folders:
         raise GencraftError("give the folders of one experiment's runs")
     runs, names = [], {}
@@ -730,12 +730,13 @@ def folder_verdicts(folders: Sequence[str | Path], data_dir: str | None = None) 
         raise GencraftError(f"the folders hold runs of different experiments ({which})")
     if exp.verdict is None:
         raise GencraftError(f"{exp.name} gives no verdict (its claims are not paired)")
+    rows = exp.verdict(runs)
     if exp.units is None:
-        return Pooled(exp, exp.verdict(runs), sum(len(u) for _, u in runs), None)
+        return Pooled(exp, rows, sum(len(u) for _, u in runs), None)
     expected = [exp.units(s) for s, _ in runs]
     left = sum(len(units_left(e, u)) for e, (_, u) in zip(expected, runs, strict=True))
     total = sum(map(len, expected))
-    return Pooled(exp, exp.verdict(runs), total - left, total)
+    return Pooled(exp, rows, total - left, total)
 
 
 def _verdict_table(exp: Experiment, settings: Any, run: ExperimentRun) -> None:
