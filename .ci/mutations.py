@@ -4698,8 +4698,8 @@ M = [
     (
         "nar-seed: the seed is not passed to the training",
         "gencraft/nar/experiments.py",
-        "                seed=s.seed or 0,",
-        "                seed=0,",
+        "            seed=s.seed or 0,",
+        "            seed=0,",
         "tests/test_campaign.py::test_the_nar_training_seed_changes_the_models_and_none_is_the_earlier_zero",
     ),
     (

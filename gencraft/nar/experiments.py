@@ -190,51 +190,76 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
     conventions: list[dict[str, Any]] = []
     temperatures: dict[str, float] = {}  # each SUNDAE model decodes at its own tuned temperature
     for name in s.variants:
-        objective, convert_kw, method = VARIANTS[name]
-        scratch = convert_kw.get("pretrained") is False
-        cfg = NARTrainConfig(
-            model=s.model,
-            task=s.task,
-            train_examples=s.train_examples,
-            valid_examples=s.valid_examples,
-            lr=s.scratch_lr if scratch else s.lr,
-            fit=FitConfig(
-                batch_size=s.batch_size,
-                max_steps=s.scratch_steps if scratch else s.steps,
-                eval_every=max(1, (s.scratch_steps if scratch else s.steps) // 4),
-                warmup=0.05,
-                seed=s.seed or 0,
-            ),
-        )
-        convert = ConvertConfig(max_target_length=s.max_target_length, **convert_kw)
-        obj = ObjectiveConfig(objective=objective)
-        out = Path(run.directory) / name
-
-        def fit_one(cfg=cfg, convert=convert, obj=obj, out=out):
-            summary = train(cfg, convert, obj, out, data_dir=s.data_dir, progress=True)
-            return {k: v for k, v in summary.items() if k != "history"}
-
-        summary = run.unit(f"train {name}", fit_one, resumes=True)
-        sampling = sampling_for(
-            method, steps=s.decode_steps, samples=s.samples, length_candidates=s.length_candidates
-        )
-        if method == "sundae":
-            tuned = run.unit(f"tune {name}", lambda out=out, sp=sampling: _tune(s, out, sp))
-            temperatures[name] = tuned["temperature"]
-            sampling = SamplingConfig(**{**asdict(sampling), "temperature": tuned["temperature"]})
-
-        r = _test_unit(s, run, name, sampling, method)
-        rows.append(
-            {
-                "model": name,
-                "init": "random" if scratch else "MLM",
-                "steps": summary["steps"],
-                "decoding": method + (f" (T={temperatures[name]})" if method == "sundae" else ""),
-                **{k: v for k, v in r.items() if k not in ("predictions", "lower-cased")},
-            }
-        )
-        conventions.append({"model": name, **r["lower-cased"]})
+        row, lower = _variant(s, run, name, temperatures)
+        rows.append(row)
+        conventions.append(lower)
     _relative_cost(rows)
+    _report_tasks(s, run, rows, conventions)
+    curve = _curve(s, run, temperatures)
+    if curve:
+        _report_curve(s, run, curve)
+
+
+def _train_config(s: NARTasksSettings, scratch: bool) -> NARTrainConfig:
+    """The training settings of one variant (from scratch: its own steps and learning rate)."""
+    steps = s.scratch_steps if scratch else s.steps
+    return NARTrainConfig(
+        model=s.model,
+        task=s.task,
+        train_examples=s.train_examples,
+        valid_examples=s.valid_examples,
+        lr=s.scratch_lr if scratch else s.lr,
+        fit=FitConfig(
+            batch_size=s.batch_size,
+            max_steps=steps,
+            eval_every=max(1, steps // 4),
+            warmup=0.05,
+            seed=s.seed or 0,
+        ),
+    )
+
+
+def _variant(
+    s: NARTasksSettings, run: ExperimentRun, name: str, temperatures: dict[str, float]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Units ``train NAME``, ``tune NAME`` (SUNDAE) and ``test NAME``: the variant's row of the
+    test table and its row under the lower-cased convention. Records a SUNDAE model's tuned
+    temperature in ``temperatures``."""
+    objective, convert_kw, method = VARIANTS[name]
+    scratch = convert_kw.get("pretrained") is False
+    cfg = _train_config(s, scratch)
+    convert = ConvertConfig(max_target_length=s.max_target_length, **convert_kw)
+    obj = ObjectiveConfig(objective=objective)
+    out = Path(run.directory) / name
+
+    def fit_one():
+        summary = train(cfg, convert, obj, out, data_dir=s.data_dir, progress=True)
+        return {k: v for k, v in summary.items() if k != "history"}
+
+    summary = run.unit(f"train {name}", fit_one, resumes=True)
+    sampling = sampling_for(
+        method, steps=s.decode_steps, samples=s.samples, length_candidates=s.length_candidates
+    )
+    if method == "sundae":
+        tuned = run.unit(f"tune {name}", lambda sp=sampling: _tune(s, out, sp))
+        temperatures[name] = tuned["temperature"]
+        sampling = SamplingConfig(**{**asdict(sampling), "temperature": tuned["temperature"]})
+
+    r = _test_unit(s, run, name, sampling, method)
+    row = {
+        "model": name,
+        "init": "random" if scratch else "MLM",
+        "steps": summary["steps"],
+        "decoding": method + (f" (T={temperatures[name]})" if method == "sundae" else ""),
+        **{k: v for k, v in r.items() if k not in ("predictions", "lower-cased")},
+    }
+    return row, {"model": name, **r["lower-cased"]}
+
+
+def _report_tasks(
+    s: NARTasksSettings, run: ExperimentRun, rows: list[dict], conventions: list[dict]
+) -> None:
+    """The test table and the same outputs under the other scoring conventions."""
     run.text(
         f"{s.model} converted to an encoder-decoder, trained on {s.task} train "
         f"(batch {s.batch_size}; pretrained starts {s.steps} steps, from scratch "
@@ -255,21 +280,23 @@ def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
         "rouge-score ROUGE-L with stemming):"
     )
     run.table(conventions, ["model", *_RESCORED])
-    curve = _curve(s, run, temperatures)
-    if curve:
-        run.text(
-            f"Quality against decoder calls ({s.curve_inputs} test inputs): fixed steps, and "
-            f"confidence-threshold decoding (at most {s.threshold_steps} calls):"
-        )
-        cols = ["model", "max steps", "threshold", "BLEU", "ROUGE-L", "calls/output"]
-        run.table(curve, [*cols, "seconds/output"])
-        run.text(
-            "Threshold decoding against each model's fixed schedule at its most steps: the "
-            "fewest calls per output of a threshold that reaches that BLEU (none: no threshold "
-            "reaches it):"
-        )
-        run.table(threshold_target(curve))
-        _plot(run, curve, s)
+
+
+def _report_curve(s: NARTasksSettings, run: ExperimentRun, curve: list[dict]) -> None:
+    """Quality against decoder calls, threshold decoding's targets, and the plot."""
+    run.text(
+        f"Quality against decoder calls ({s.curve_inputs} test inputs): fixed steps, and "
+        f"confidence-threshold decoding (at most {s.threshold_steps} calls):"
+    )
+    cols = ["model", "max steps", "threshold", "BLEU", "ROUGE-L", "calls/output"]
+    run.table(curve, [*cols, "seconds/output"])
+    run.text(
+        "Threshold decoding against each model's fixed schedule at its most steps: the "
+        "fewest calls per output of a threshold that reaches that BLEU (none: no threshold "
+        "reaches it):"
+    )
+    run.table(threshold_target(curve))
+    _plot(run, curve, s)
 
 
 def _test_unit(
