@@ -4786,6 +4786,34 @@ M = [
         "            means.append(run[0])",
         "tests/test_pooled_verdicts.py::test_the_recurrence_verdict_names_each_seed_and_pools_their_blocks",
     ),
+    (
+        "focus-quality-rows: the masked-only rows under the renormalised key",
+        "gencraft/focus/experiments.py",
+        'rows.append(("focus_top_masked" if label else "focus_top", k, metrics))',
+        'rows.append(("focus_top", k, metrics))',
+        "tests/focus/test_focus_quality_rows.py",
+    ),
+    (
+        "focus-quality-rows: masked-only rows on every focus decoding",
+        "gencraft/focus/experiments.py",
+        'variants = run.scorings if dec == "focus_sample" else {"": True}',
+        'variants = run.scorings if dec.startswith("focus") else {"": True}',
+        "tests/focus/test_focus_quality_rows.py",
+    ),
+    (
+        "focus-quality-rows: Table 2 without the focus samplings",
+        "gencraft/focus/experiments.py",
+        'decodings += ["focus_sample", "focus_sample+top_k", "focus_sample+nucleus"]',
+        'decodings += ["focus_sample"]',
+        "tests/focus/test_focus_quality_rows.py",
+    ),
+    (
+        "focus-quality-rows: Table 2 kept with no sampled documents",
+        "gencraft/focus/experiments.py",
+        "if not args.sample_docs:  # Table 2 not asked for\n        return {}",
+        "if args.sample_docs is None:  # Table 2 not asked for\n        return {}",
+        "tests/focus/test_focus_quality_rows.py",
+    ),
 ]
 
 

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
+from typing import Any, NamedTuple
 
 import torch
 
@@ -155,14 +156,62 @@ def speed(args) -> dict:
 
 
 def quality(args) -> dict:
-    from gencraft.focus.evaluate import diversity_metrics, summarize, summary_metrics
-    from gencraft.focus.train import FocusTrainConfig, FocusTrainer, load_summarizer
-    from gencraft.training import FitConfig
+    from gencraft.focus.evaluate import summarize, summary_metrics
+    from gencraft.focus.train import load_summarizer
 
     out = Path(args.work_dir)
     train = load_summarization(args.data, "train", args.data_dir)
     valid = load_summarization(args.data, "validation", args.data_dir)
     test = load_summarization(args.data, "test", args.data_dir)[: args.test_docs]
+    systems = _train_systems(args, train, valid, out)
+    docs = [d.document for d in test]
+    refs = [d.summary for d in test]
+    gen = dict(
+        max_source=args.max_source,
+        batch_size=args.eval_batch_size,
+        progress=True,
+        max_new_tokens=args.max_target,
+        seed=args.seed,
+    )
+    result: dict = {
+        "model": args.model,
+        "data": args.data,
+        "train_docs": len(train),
+        "test_docs": len(test),
+        "minutes_per_system": args.minutes,
+        "epochs": args.epochs,
+        "seed": args.seed,
+        "device": _device_name(args.device),
+        "table1": {},
+        "table2": {},
+        "focus_top": {},
+        "focus_top_masked": {},
+    }
+    # the beam focus decodings also with the mask only (before issue 13), if asked
+    scorings = {"": True, ", masked only": False} if args.masked_rows else {"": True}
+    for name, path in systems.items():
+        model, tok = load_summarizer(path)
+        model.to(args.device)
+        preds = [g[0] for g in summarize(model, tok, docs, decoding="beam", **gen)]
+        result["table1"][name] = summary_metrics(preds, refs, docs, with_bertscore=args.bertscore)
+        run = _Scoring(args, model, tok, docs, refs, gen, scorings)
+        result["table2"].update(_table2(run, name))
+        if name == "fame":
+            for key, k, metrics in _focus_top(run):
+                result[key][k] = metrics
+        (out / "quality.json").write_text(json.dumps(result, indent=2))
+    if result["focus_top"]:
+        _plot_focus_top(result["focus_top"], result["table1"], out / "focus_top.png")
+    (out / "quality.md").write_text(_markdown(result))
+    return result
+
+
+def _train_systems(args, train: list, valid: list, out: Path) -> dict[str, str]:
+    """Trains the baseline and FAME (the baseline is the untouched base with
+    ``--freeze-base``); returns each system's name -> the model directory (or name) it loads."""
+    from gencraft.focus.train import FocusTrainConfig, FocusTrainer
+    from gencraft.training import FitConfig
+
     common = dict(
         fit=FitConfig(
             max_time=args.minutes * 60,
@@ -194,79 +243,72 @@ def quality(args) -> dict:
         )
         trainer.train()
         systems[name] = str(out / name / "best")
-    docs = [d.document for d in test]
-    refs = [d.summary for d in test]
-    gen = dict(
-        max_source=args.max_source,
-        batch_size=args.eval_batch_size,
-        progress=True,
-        max_new_tokens=args.max_target,
-        seed=args.seed,
-    )
-    result: dict = {
-        "model": args.model,
-        "data": args.data,
-        "train_docs": len(train),
-        "test_docs": len(test),
-        "minutes_per_system": args.minutes,
-        "epochs": args.epochs,
-        "seed": args.seed,
-        "device": _device_name(args.device),
-        "table1": {},
-        "table2": {},
-        "focus_top": {},
-        "focus_top_masked": {},
-    }
-    for name, path in systems.items():
-        model, tok = load_summarizer(path)
-        model.to(args.device)
-        preds = [g[0] for g in summarize(model, tok, docs, decoding="beam", **gen)]
-        result["table1"][name] = summary_metrics(preds, refs, docs, with_bertscore=args.bertscore)
-        decodings = ["top_k", "nucleus"]
-        if name == "fame":
-            decodings += ["focus_sample", "focus_sample+top_k", "focus_sample+nucleus"]
-        if not args.sample_docs:  # Table 2 not asked for
-            decodings = []
-        # the beam focus decodings also with the mask only (before issue 13), if asked
-        scorings = {"": True, ", masked only": False} if args.masked_rows else {"": True}
-        sub = slice(0, args.sample_docs)
-        for dec in decodings:
-            variants = scorings if dec == "focus_sample" else {"": True}
-            for label, renorm in variants.items():
-                groups = summarize(
-                    model,
-                    tok,
-                    docs[sub],
-                    decoding=dec,
-                    samples=args.samples,
-                    focus_renormalize=renorm,
-                    **gen,
-                )
-                result["table2"][f"{name} ({dec}{label})"] = diversity_metrics(
-                    groups, refs[sub], docs[sub], with_bertscore=args.bertscore
-                )
-        if name == "fame":
-            for k in args.focus_top:
-                for label, renorm in scorings.items():
-                    preds = [
-                        g[0]
-                        for g in summarize(
-                            model,
-                            tok,
-                            docs,
-                            decoding="focus_top",
-                            focus_k=k,
-                            focus_renormalize=renorm,
-                            **gen,
-                        )
-                    ]
-                    key = "focus_top_masked" if label else "focus_top"
-                    result[key][k] = summary_metrics(preds, refs, docs, with_bertscore=False)
-        (out / "quality.json").write_text(json.dumps(result, indent=2))
-    if result["focus_top"]:
-        _plot_focus_top(result["focus_top"], result["table1"], out / "focus_top.png")
-    (out / "quality.md").write_text(_markdown(result))
-    return result
+    return systems
+
+
+class _Scoring(NamedTuple):
+    """What every decoding of one trained system is scored with."""
+
+    args: Any
+    model: Any
+    tok: Any
+    docs: list[str]
+    refs: list[str]
+    gen: dict
+    scorings: dict[str, bool]  # row label suffix -> focus_renormalize
+
+
+def _table2(run: _Scoring, name: str) -> dict[str, dict]:
+    """Table 2's rows of one system: ``--samples`` samples of each of the first
+    ``--sample-docs`` documents per decoding (FAME adds the focus samplings)."""
+    from gencraft.focus.evaluate import diversity_metrics, summarize
+
+    args = run.args
+    if not args.sample_docs:  # Table 2 not asked for
+        return {}
+    decodings = ["top_k", "nucleus"]
+    if name == "fame":
+        decodings += ["focus_sample", "focus_sample+top_k", "focus_sample+nucleus"]
+    sub = slice(0, args.sample_docs)
+    rows = {}
+    for dec in decodings:
+        variants = run.scorings if dec == "focus_sample" else {"": True}
+        for label, renorm in variants.items():
+            groups = summarize(
+                run.model,
+                run.tok,
+                run.docs[sub],
+                decoding=dec,
+                samples=args.samples,
+                focus_renormalize=renorm,
+                **run.gen,
+            )
+            rows[f"{name} ({dec}{label})"] = diversity_metrics(
+                groups, run.refs[sub], run.docs[sub], with_bertscore=args.bertscore
+            )
+    return rows
+
+
+def _focus_top(run: _Scoring) -> list[tuple[str, int, dict]]:
+    """FAME's ``focus_top,k`` beam rows: (result key, k, Table 1's metrics) per k and scoring."""
+    from gencraft.focus.evaluate import summarize, summary_metrics
+
+    rows = []
+    for k in run.args.focus_top:
+        for label, renorm in run.scorings.items():
+            groups = summarize(
+                run.model,
+                run.tok,
+                run.docs,
+                decoding="focus_top",
+                focus_k=k,
+                focus_renormalize=renorm,
+                **run.gen,
+            )
+            preds = [g[0] for g in groups]
+            metrics = summary_metrics(preds, run.refs, run.docs, with_bertscore=False)
+            rows.append(("focus_top_masked" if label else "focus_top", k, metrics))
+    return rows
 
 
 def _markdown(result: dict) -> str:
