@@ -4814,6 +4814,48 @@ M = [
         "if args.sample_docs is None:  # Table 2 not asked for\n        return {}",
         "tests/focus/test_focus_quality_rows.py",
     ),
+    (
+        "hso-lm-rows: ablations run plain HSO",
+        "gencraft/hso/experiments.py",
+        "todo += [(a, _hso_nll(model, s, VARIANTS[a])) for a in s.ablations]",
+        "todo += [(a, _hso_nll(model, s, {})) for a in s.ablations]",
+        "tests/hso/test_hso_lm_rows.py",
+    ),
+    (
+        "hso-lm-rows: ablations on every split",
+        "gencraft/hso/experiments.py",
+        "        if i == 0:\n            todo += [",
+        "        if True:\n            todo += [",
+        "tests/hso/test_hso_lm_rows.py",
+    ),
+    (
+        "hso-lm-rows: the baseline windows overlap",
+        "gencraft/hso/experiments.py",
+        "return lambda x: windowed_nll(model, x, window=s.context, overlap=0)",
+        "return lambda x: windowed_nll(model, x, window=s.context, overlap=s.context // 4)",
+        "tests/hso/test_hso_lm_rows.py",
+    ),
+    (
+        "hso-lm-rows: the thesis column on every split",
+        "gencraft/hso/experiments.py",
+        'PAPER_33.get(r["variant"], "") if r["split"] == s.splits[0] else ""',
+        'PAPER_33.get(r["variant"], "")',
+        "tests/hso/test_hso_lm_rows.py",
+    ),
+    (
+        "hso-lm-rows: de-subset rows labelled as the split",
+        "gencraft/hso/experiments.py",
+        'label = f"{split} (first {s.de_words} words)"',
+        "label = split",
+        "tests/hso/test_hso_lm_rows.py",
+    ),
+    (
+        "hso-lm-rows: dynamic evaluation scores the plain model",
+        "gencraft/hso/experiments.py",
+        '("dynamic eval", _dynamic_nll(model, s)),',
+        '("dynamic eval", _plain_nll(model, s)),',
+        "tests/hso/test_hso_lm_rows.py",
+    ),
 ]
 
 

@@ -106,53 +106,55 @@ def hso_lm(s: HSOLMSettings, run: ExperimentRun) -> None:
         ids, words = subword_stream(
             s.corpus, split, tok, data_dir=s.data_dir, max_words=s.max_words
         )
-
-        def plain(x):
-            return windowed_nll(model, x, window=s.context, overlap=0)
-
-        def hso(over):
-            cfg = HSOConfig(reset_every=s.context, **over)
-            return lambda x: hso_nll(model, x, cfg, batch_size=s.batch_size).token_nll
-
-        todo = [("baseline", plain), ("hso", hso({}))]
+        todo = [("baseline", _plain_nll(model, s)), ("hso", _hso_nll(model, s, {}))]
         if i == 0:
-            todo += [(a, hso(VARIANTS[a])) for a in s.ablations]
-        for name, fn in todo:
-            rows.append(
-                {
-                    "split": split,
-                    **run.unit(
-                        f"{split} {name}", lambda n=name, f=fn, x=ids, w=words: _score(n, f, x, w)
-                    ),
-                }
-            )
+            todo += [(a, _hso_nll(model, s, VARIANTS[a])) for a in s.ablations]
+        rows += _scored_units(run, todo, (ids, words), split, split)
         if i == 0 and s.de_words:
-            de_ids, de_words = subword_stream(
+            de_stream = subword_stream(
                 s.corpus, split, tok, data_dir=s.data_dir, max_words=s.de_words
             )
-            for name, fn in [
-                ("baseline", plain),
-                ("hso", hso({})),
-                (
-                    "dynamic eval",
-                    lambda x: (
-                        dynamic_eval_nll(
-                            model,
-                            x,
-                            DynamicEvalConfig(window=25, lr=s.de_lr, reset_every=s.context),
-                        ).token_nll
-                    ),
-                ),
-            ]:
-                key = f"{split} de-subset {name}"
-                rows.append(
-                    {
-                        "split": f"{split} (first {s.de_words} words)",
-                        **run.unit(
-                            key, lambda n=name, f=fn, x=de_ids, w=de_words: _score(n, f, x, w)
-                        ),
-                    }
-                )
+            todo = [
+                ("baseline", _plain_nll(model, s)),
+                ("hso", _hso_nll(model, s, {})),
+                ("dynamic eval", _dynamic_nll(model, s)),
+            ]
+            label = f"{split} (first {s.de_words} words)"
+            rows += _scored_units(run, todo, de_stream, f"{split} de-subset", label)
+    _report_lm(s, run, rows)
+
+
+def _plain_nll(model, s: HSOLMSettings):
+    """Token NLL ``[N]`` of a stream ``[N]``: the model alone, windows of ``s.context``."""
+    return lambda x: windowed_nll(model, x, window=s.context, overlap=0)
+
+
+def _hso_nll(model, s: HSOLMSettings, over: dict):
+    """Token NLL ``[N]`` under HSO with ``over`` replacing HSOConfig's defaults."""
+    cfg = HSOConfig(reset_every=s.context, **over)
+    return lambda x: hso_nll(model, x, cfg, batch_size=s.batch_size).token_nll
+
+
+def _dynamic_nll(model, s: HSOLMSettings):
+    """Token NLL ``[N]`` under dynamic evaluation (it updates the model's weights)."""
+    cfg = DynamicEvalConfig(window=25, lr=s.de_lr, reset_every=s.context)
+    return lambda x: dynamic_eval_nll(model, x, cfg).token_nll
+
+
+def _scored_units(
+    run: ExperimentRun, todo: list, stream: tuple, key: str, label: str
+) -> list[dict[str, Any]]:
+    """One unit ``KEY NAME`` per (name, NLL function) of ``todo`` on ``stream`` (token ids
+    ``[N]``, word count); each row's split column says ``label``."""
+    ids, words = stream
+    return [
+        {"split": label, **run.unit(f"{key} {n}", lambda n=n, f=f: _score(n, f, ids, words))}
+        for n, f in todo
+    ]
+
+
+def _report_lm(s: HSOLMSettings, run: ExperimentRun, rows: list[dict[str, Any]]) -> None:
+    """The table of every split's rows, with times against the baseline of the same rows."""
     base = {r["split"]: r["ms/token"] for r in rows if r["variant"] == "baseline"}
     for r in rows:
         r["time vs baseline"] = r["ms/token"] / base[r["split"]]
