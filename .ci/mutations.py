@@ -4856,6 +4856,34 @@ M = [
         '("dynamic eval", _plain_nll(model, s)),',
         "tests/hso/test_hso_lm_rows.py",
     ),
+    (
+        "pointer-vs-lstm-run: rows scored on one stream",
+        "gencraft/pointer/experiments.py",
+        "r = evaluate(best, corpus[split], batch_size=s.eval_batch_size, desc=split)",
+        "r = evaluate(best, corpus[split], batch_size=1, desc=split)",
+        "tests/pointer/test_pointer_vs_lstm_run.py",
+    ),
+    (
+        "pointer-vs-lstm-run: both models without the pointer",
+        "gencraft/pointer/experiments.py",
+        "lambda p=ptr, o=out, t=step_s: _train_model(s, corpus, p, o, t)",
+        "lambda p=ptr, o=out, t=step_s: _train_model(s, corpus, False, o, t)",
+        "tests/pointer/test_pointer_vs_lstm_run.py",
+    ),
+    (
+        "pointer-vs-lstm-run: the buckets' models swapped",
+        "gencraft/pointer/experiments.py",
+        '        lstm_test["token_nll"],\n        ptr_test["token_nll"],',
+        '        ptr_test["token_nll"],\n        lstm_test["token_nll"],',
+        "tests/pointer/test_pointer_vs_lstm_run.py",
+    ),
+    (
+        "pointer-vs-lstm-run: training outside its unit",
+        "gencraft/pointer/experiments.py",
+        '        rows[name] = run.unit(\n            f"train {name}", lambda p=ptr, o=out, t=step_s: _train_model(s, corpus, p, o, t)\n        )',
+        "        rows[name] = _train_model(s, corpus, ptr, out, step_s)",
+        "tests/pointer/test_pointer_vs_lstm_run.py",
+    ),
 ]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -103,13 +104,6 @@ def throughput(
 def pointer_vs_lstm(s: PointerSettings, run: ExperimentRun) -> None:
     """Plain LSTM vs pointer sentinel-LSTM of the same size, same time budget."""
     from gencraft.data import load_lm_corpus
-    from gencraft.pointer.analysis import (
-        bucket_gains,
-        frequency_buckets,
-        passage_view,
-        plot_bucket_gains,
-        plot_passage,
-    )
 
     corpus = load_lm_corpus(s.corpus, s.data_dir)
     s.k1 = preset_k1(s.preset, s.k1)
@@ -128,39 +122,13 @@ def pointer_vs_lstm(s: PointerSettings, run: ExperimentRun) -> None:
             s.zoneout,
         ),
     )
-    budget = s.minutes * 60
     rows, tests = {}, {}
     for name, ptr in (("lstm", False), ("pointer", True)):
         out = run.directory / name
-
-        def train(name=name, ptr=ptr, out=out) -> dict:
-            step_s = tp["step_seconds"][name]
-            eval_every = max(1, int(budget / step_s / s.evals))
-            cfg = TrainConfig(
-                seed=s.seed,
-                optimizer=s.optimizer,
-                lr=s.lr,
-                max_time=budget,
-                eval_every=eval_every,
-                batch_size=s.batch_size,
-                k1=s.k1,
-                revert_on_worse=s.revert,
-            )
-            model = build(s.preset, len(corpus.vocab), ptr, s.seed, s.zoneout)
-            tr = PointerTrainer(model, corpus, cfg, out, progress=True)
-            tr.train()
-            best = PointerSentinelLSTM.from_pretrained(out / "best").to(tr.accelerator.device)
-            row = {
-                "parameters": sum(p.numel() for p in best.parameters()),
-                "train tokens": tr.trained_tokens,
-                "train tokens/s": tr.trained_tokens / tr.train_time,
-            }
-            for split in ("valid", "test"):
-                r = evaluate(best, corpus[split], batch_size=s.eval_batch_size, desc=split)
-                row[f"{split} ppl"] = r["ppl"]
-            return row
-
-        rows[name] = run.unit(f"train {name}", train)
+        step_s = tp["step_seconds"][name]
+        rows[name] = run.unit(
+            f"train {name}", lambda p=ptr, o=out, t=step_s: _train_model(s, corpus, p, o, t)
+        )
         best = PointerSentinelLSTM.from_pretrained(out / "best")
         tests[name] = (best, evaluate(best, corpus["test"], batch_size=1, return_details=True))
     run.text(
@@ -174,6 +142,49 @@ def pointer_vs_lstm(s: PointerSettings, run: ExperimentRun) -> None:
             {"model": "pointer sentinel-LSTM", **rows["pointer"]},
         ]
     )
+    _analysis(s, run, corpus, tests)
+
+
+def _train_model(s: PointerSettings, corpus, ptr: bool, out: Path, step_s: float) -> dict:
+    """Unit ``train NAME``: one model trained for ``s.minutes`` (validated ``s.evals`` times,
+    spaced by the measured ``step_s``), its best checkpoint scored on valid and test."""
+    budget = s.minutes * 60
+    cfg = TrainConfig(
+        seed=s.seed,
+        optimizer=s.optimizer,
+        lr=s.lr,
+        max_time=budget,
+        eval_every=max(1, int(budget / step_s / s.evals)),
+        batch_size=s.batch_size,
+        k1=s.k1,
+        revert_on_worse=s.revert,
+    )
+    model = build(s.preset, len(corpus.vocab), ptr, s.seed, s.zoneout)
+    tr = PointerTrainer(model, corpus, cfg, out, progress=True)
+    tr.train()
+    best = PointerSentinelLSTM.from_pretrained(out / "best").to(tr.accelerator.device)
+    row = {
+        "parameters": sum(p.numel() for p in best.parameters()),
+        "train tokens": tr.trained_tokens,
+        "train tokens/s": tr.trained_tokens / tr.train_time,
+    }
+    for split in ("valid", "test"):
+        r = evaluate(best, corpus[split], batch_size=s.eval_batch_size, desc=split)
+        row[f"{split} ppl"] = r["ppl"]
+    return row
+
+
+def _analysis(s: PointerSettings, run: ExperimentRun, corpus, tests: dict) -> None:
+    """The pointer's gain by word-frequency bucket on test, and its gate and attention on a
+    test passage. ``tests``: name -> (best model, its test details)."""
+    from gencraft.pointer.analysis import (
+        bucket_gains,
+        frequency_buckets,
+        passage_view,
+        plot_bucket_gains,
+        plot_passage,
+    )
+
     (_, lstm_test), (ptr_model, ptr_test) = tests["lstm"], tests["pointer"]
     buckets = bucket_gains(
         lstm_test["token_nll"],
