@@ -3417,8 +3417,8 @@ M = [
     (
         "prefix-cache-narrow-kept",
         "gencraft/prefix/experiments.py",
-        "if {k: result.get(k) for k in decoding} != decoding or lacking:",
-        "if {k: result.get(k) for k in decoding} != decoding:",
+        "if {k: result.get(k) for k in decoding} == decoding and not lacking:",
+        "if {k: result.get(k) for k in decoding} == decoding:",
         "tests/test_campaign.py -k dasp_scores",
     ),
     (
@@ -4883,6 +4883,20 @@ M = [
         '        rows[name] = run.unit(\n            f"train {name}", lambda p=ptr, o=out, t=step_s: _train_model(s, corpus, p, o, t)\n        )',
         "        rows[name] = _train_model(s, corpus, ptr, out, step_s)",
         "tests/pointer/test_pointer_vs_lstm_run.py",
+    ),
+    (
+        "prefix-intervals: ROUGE-L of all but the last document",
+        "gencraft/prefix/experiments.py",
+        "per_doc = rouge_per_example(outputs, refs)",
+        "per_doc = rouge_per_example(outputs, refs)[:-1]",
+        "tests/cli/test_reproduce.py -k prefix_tasks_seeds",
+    ),
+    (
+        "prefix-intervals: no BLEU interval",
+        "gencraft/prefix/experiments.py",
+        "    if s.bootstrap:\n        from gencraft.metrics import bleu_interval",
+        "    if not s.bootstrap:\n        from gencraft.metrics import bleu_interval",
+        "tests/cli/test_reproduce.py -k prefix_tasks_seeds",
     ),
 ]
 

@@ -146,16 +146,37 @@ def run_dir(s: PrefixTaskSettings, variant: str, seed: int) -> Path:
 def train_and_score(s: PrefixTaskSettings, variant: str, seed: int, progress: bool) -> dict:
     """Train one (variant, seed) run (resuming) and score its best checkpoint on the test
     split (reusing ``test-N.json`` written with the same decoding settings)."""
-    from gencraft.data.tasks import pick_examples, references_of, task_examples
+    from gencraft.data.tasks import pick_examples, task_examples
+    from gencraft.prefix.train import train
+
+    method = VARIANTS[variant][0]
+    out = run_dir(s, variant, seed)
+    cfg, prefix = _train_configs(s, variant, seed)
+    summary = train(cfg, prefix, out, data_dir=s.data_dir, progress=progress)
+    examples = pick_examples(task_examples(s.task, "test", s.data_dir), s.test_limit, s.test_spread)
+    result = _test_result(s, out, len(examples), progress)
+    unit = {
+        "method": method,
+        "run": str(out),
+        "steps": summary["steps"],
+        "best_valid_loss": summary["best_valid_loss"],
+        "train_seconds": summary["train_seconds"],
+        "trainable_parameters": summary["trainable_parameters"],
+        "examples": result["examples"],
+        "generate_seconds": result["generate_seconds"],
+        "scores": {k: v for k, v in result["scores"].items() if isinstance(v, float)},
+    }
+    unit.update(_intervals(s, result["outputs"], examples))
+    return unit
+
+
+def _train_configs(s: PrefixTaskSettings, variant: str, seed: int) -> tuple:
+    """The (PrefixTrainConfig, PrefixConfig) of one (variant, seed) run."""
     from gencraft.prefix import PrefixConfig
     from gencraft.prefix.config import PrefixTrainConfig
-    from gencraft.prefix.evaluate import evaluate
-    from gencraft.prefix.train import train
-    from gencraft.prefix.variants import rebuild_finetuned
-    from gencraft.training import FitConfig, load_run
+    from gencraft.training import FitConfig
 
     method, fields = VARIANTS[variant]
-    out = run_dir(s, variant, seed)
     cfg = PrefixTrainConfig(
         model=s.model,
         task=s.task,
@@ -172,57 +193,63 @@ def train_and_score(s: PrefixTaskSettings, variant: str, seed: int, progress: bo
         init_seed=seed,
         **fields,
     )
-    summary = train(cfg, prefix, out, data_dir=s.data_dir, progress=progress)
-    examples = pick_examples(task_examples(s.task, "test", s.data_dir), s.test_limit, s.test_spread)
-    path = out / f"test-{'spread' if s.test_spread else ''}{len(examples)}.json"
+    return cfg, prefix
+
+
+def _test_result(s: PrefixTaskSettings, out: Path, n: int, progress: bool) -> dict:
+    """The best checkpoint's test outputs and scores on ``n`` examples, from
+    ``test-N.json`` when it was written with the same decoding and every metric asked for."""
+    from gencraft.prefix.evaluate import evaluate
+    from gencraft.prefix.variants import rebuild_finetuned
+    from gencraft.training import load_run
+
+    path = out / f"test-{'spread' if s.test_spread else ''}{n}.json"
     decoding = {"num_beams": s.num_beams, "max_new_tokens": s.max_new_tokens}
     result = json.loads(path.read_text()) if path.is_file() else {}
     # a cached result scored with fewer metrics than wanted is scored again
     wanted = set(s.metrics) if s.metrics else None
     lacking = (wanted - set(result.get("scores", {}))) if wanted else bool(result.get("metrics"))
-    if {k: result.get(k) for k in decoding} != decoding or lacking:
-        model, tok, _ = load_run(out / "best", build=rebuild_finetuned)
-        result = evaluate(
-            model,
-            tok,
-            s.task,
-            "test",
-            data_dir=s.data_dir,
-            limit=s.test_limit,
-            spread=s.test_spread,
-            num_beams=s.num_beams,
-            max_source_tokens=s.max_source_tokens,
-            max_new_tokens=s.max_new_tokens,
-            progress=progress,
-            metrics=s.metrics or None,
-        )
-        result["metrics"] = list(s.metrics)
-        path.write_text(json.dumps(result, indent=2))
-    unit = {
-        "method": method,
-        "run": str(out),
-        "steps": summary["steps"],
-        "best_valid_loss": summary["best_valid_loss"],
-        "train_seconds": summary["train_seconds"],
-        "trainable_parameters": summary["trainable_parameters"],
-        "examples": result["examples"],
-        "generate_seconds": result["generate_seconds"],
-        "scores": {k: v for k, v in result["scores"].items() if isinstance(v, float)},
-    }
+    if {k: result.get(k) for k in decoding} == decoding and not lacking:
+        return result
+    model, tok, _ = load_run(out / "best", build=rebuild_finetuned)
+    result = evaluate(
+        model,
+        tok,
+        s.task,
+        "test",
+        data_dir=s.data_dir,
+        limit=s.test_limit,
+        spread=s.test_spread,
+        num_beams=s.num_beams,
+        max_source_tokens=s.max_source_tokens,
+        max_new_tokens=s.max_new_tokens,
+        progress=progress,
+        metrics=s.metrics or None,
+    )
+    result["metrics"] = list(s.metrics)
+    path.write_text(json.dumps(result, indent=2))
+    return result
+
+
+def _intervals(s: PrefixTaskSettings, outputs: list[str], examples: list) -> dict:
+    """XSum: ROUGE-L per document (and its bootstrap); other tasks: BLEU's bootstrap
+    interval when ``s.bootstrap`` resamples are asked for."""
+    from gencraft.data.tasks import references_of
+
     refs = [references_of(e) for e in examples]
     if s.task == "xsum":
         from gencraft.metrics.text import bootstrap_mean, rouge_per_example
 
-        unit["rougeL_per_doc"] = rouge_per_example(result["outputs"], refs)
+        per_doc = rouge_per_example(outputs, refs)
+        extra: dict = {"rougeL_per_doc": per_doc}
         if s.bootstrap:
-            unit["rougeL_bootstrap"] = bootstrap_mean(unit["rougeL_per_doc"], s.bootstrap)
-    elif s.bootstrap:
+            extra["rougeL_bootstrap"] = bootstrap_mean(per_doc, s.bootstrap)
+        return extra
+    if s.bootstrap:
         from gencraft.metrics import bleu_interval
 
-        unit["BLEU_bootstrap"] = bleu_interval(
-            s.task, result["outputs"], refs, resamples=s.bootstrap
-        )
-    return unit
+        return {"BLEU_bootstrap": bleu_interval(s.task, outputs, refs, resamples=s.bootstrap)}
+    return {}
 
 
 def _bootstrap_key(unit: dict) -> str | None:
