@@ -4898,6 +4898,27 @@ M = [
         "    if not s.bootstrap:\n        from gencraft.metrics import bleu_interval",
         "tests/cli/test_reproduce.py -k prefix_tasks_seeds",
     ),
+    (
+        "throughput-same: beam rows never compared",
+        "gencraft/throughput.py",
+        "            if want[: len(got)] != got:\n                return False",
+        "            if False:\n                return False",
+        "tests/test_throughput.py -k each_output",
+    ),
+    (
+        "throughput-same: exact nodes not compared",
+        "gencraft/throughput.py",
+        "(g.tokens, g.exact, g.nodes) == (w.tokens, w.exact, w.nodes)",
+        "(g.tokens, g.exact) == (w.tokens, w.exact)",
+        "tests/test_throughput.py -k each_output",
+    ),
+    (
+        "throughput-same: HSO compared at any distance",
+        "gencraft/throughput.py",
+        "hso_nll(model, r[None], cfg).token_nll, atol=1e-4)",
+        "hso_nll(model, r[None], cfg).token_nll, atol=1e4)",
+        "tests/test_throughput.py -k each_output",
+    ),
 ]
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -97,19 +97,41 @@ class ZeroScorer:
 def _lm_cases(s: ThroughputSettings, name: str, b: int, ctx: dict) -> dict[str, Any]:
     """(cases {batched, loop, peer?}, check of identical outputs or None) for one causal-LM
     decoder at batch size b."""
-    from gencraft.hso import HSOConfig, hso_nll, hso_nll_batch
-    from gencraft.search import beam_search, beam_search_batch, exact_mode, exact_mode_batch
-
-    model, ids, mask, rows = ctx["model"], ctx["ids"][:b], ctx["mask"][:b], ctx["rows"][:b]
+    model = ctx["model"]
+    if name == "dynamic-eval":
+        return _dynamic_eval_cases(model, ctx["seqs"][:b])
+    if name == "hso":  # sequences of hso_tokens tokens
+        return _hso_cases(model, ctx["seqs"][:b])
+    ids, mask, rows = ctx["ids"][:b], ctx["mask"][:b], ctx["rows"][:b]
     width = int(mask.sum(1).max())
-    ids, mask = ids[:, -width:], mask[:, -width:]
+    batch = _Prompts(ids[:, -width:], mask[:, -width:], rows)
+    if name == "exact":
+        return _exact_cases(s, model, batch)
+    return _beam_cases(s, name, batch, ctx)
+
+
+class _Prompts(NamedTuple):
+    """Left-padded prompts ``ids``/``mask`` ``[B, T]`` (no column of padding only) and
+    each row's own ids ``[T_r]``."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    rows: list
+
+
+def _beam_cases(s: ThroughputSettings, name: str, p: _Prompts, ctx: dict) -> dict[str, Any]:
+    """Beam search (``conditional``: with a classifier that scores 0) batched, row by row,
+    and ``generate``'s beam search; the check: each row's best equals ``generate``'s."""
+    from gencraft.search import beam_search, beam_search_batch
+
+    model = ctx["model"]
     beam_kw = dict(num_beams=s.beams, max_new_tokens=s.new_tokens)
 
     def generate():
         with torch.no_grad():
             return model.generate(
-                input_ids=ids,
-                attention_mask=mask,
+                input_ids=p.ids,
+                attention_mask=p.mask,
                 do_sample=False,
                 length_penalty=0.0,
                 early_stopping=True,
@@ -118,7 +140,7 @@ def _lm_cases(s: ThroughputSettings, name: str, b: int, ctx: dict) -> dict[str, 
             )
 
     def same(found) -> bool:
-        out = generate()[:, ids.shape[1] :].tolist()
+        out = generate()[:, p.ids.shape[1] :].tolist()
         for hyps, want in zip(found, out, strict=True):
             h = hyps[0]
             got = h.tokens + ([h.eos_token] if h.finished else [])
@@ -126,42 +148,43 @@ def _lm_cases(s: ThroughputSettings, name: str, b: int, ctx: dict) -> dict[str, 
                 return False
         return True
 
-    if name == "beam":
-        cases = {
-            "batched": lambda: beam_search_batch(model, ids, mask, **beam_kw),
-            "loop": lambda: [beam_search(model, r, **beam_kw) for r in rows],
-            "peer": generate,
-        }
-        return {"cases": cases, "same": lambda: same(cases["batched"]())}
+    kw = beam_kw
     if name == "conditional":
-        clf = ZeroScorer(*ctx["hidden_shape"])
-        kw = dict(beam_kw, classifier=clf, k=s.k)
-        cases = {
-            "batched": lambda: beam_search_batch(model, ids, mask, **kw),
-            "loop": lambda: [beam_search(model, r, **kw) for r in rows],
-            "peer": generate,
-        }
-        return {"cases": cases, "same": lambda: same(cases["batched"]())}
-    if name == "exact":
-        kw = dict(max_new_tokens=s.exact_tokens, max_nodes=s.exact_nodes)
+        kw = dict(beam_kw, classifier=ZeroScorer(*ctx["hidden_shape"]), k=s.k)
+    cases = {
+        "batched": lambda: beam_search_batch(model, p.ids, p.mask, **kw),
+        "loop": lambda: [beam_search(model, r, **kw) for r in p.rows],
+        "peer": generate,
+    }
+    return {"cases": cases, "same": lambda: same(cases["batched"]())}
 
-        def modes_agree() -> bool:
-            got = exact_mode_batch(model, ids, mask, **kw)
-            want = [exact_mode(model, r, **kw) for r in rows]
-            return all(
-                (g.tokens, g.exact, g.nodes) == (w.tokens, w.exact, w.nodes)
-                for g, w in zip(got, want, strict=True)
-            )
 
-        cases = {
-            "batched": lambda: exact_mode_batch(model, ids, mask, **kw),
-            "loop": lambda: [exact_mode(model, r, **kw) for r in rows],
-        }
-        return {"cases": cases, "same": modes_agree}
-    if name == "dynamic-eval":
-        return _dynamic_eval_cases(model, ctx["seqs"][:b])
-    # hso: sequences of hso_tokens tokens
-    seqs = ctx["seqs"][:b]
+def _exact_cases(s: ThroughputSettings, model: Any, p: _Prompts) -> dict[str, Any]:
+    """Exact search batched and row by row; the check: the same modes, flags and nodes."""
+    from gencraft.search import exact_mode, exact_mode_batch
+
+    kw = dict(max_new_tokens=s.exact_tokens, max_nodes=s.exact_nodes)
+
+    def modes_agree() -> bool:
+        got = exact_mode_batch(model, p.ids, p.mask, **kw)
+        want = [exact_mode(model, r, **kw) for r in p.rows]
+        return all(
+            (g.tokens, g.exact, g.nodes) == (w.tokens, w.exact, w.nodes)
+            for g, w in zip(got, want, strict=True)
+        )
+
+    cases = {
+        "batched": lambda: exact_mode_batch(model, p.ids, p.mask, **kw),
+        "loop": lambda: [exact_mode(model, r, **kw) for r in p.rows],
+    }
+    return {"cases": cases, "same": modes_agree}
+
+
+def _hso_cases(model: Any, seqs: torch.Tensor) -> dict[str, Any]:
+    """HSO's NLL of ``seqs`` ``[B, T]`` batched and row by row, against the plain model's
+    forward; the check: each row's token NLL equals its own run's."""
+    from gencraft.hso import HSOConfig, hso_nll, hso_nll_batch
+
     cfg = HSOConfig()
 
     def plain():

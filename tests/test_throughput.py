@@ -59,3 +59,35 @@ def test_the_benchmark_checks_its_device_and_dtype_as_every_command(monkeypatch)
         _context(ThroughputSettings(decoders=("sundae",), device="cuda"))
     with pytest.raises(ConfigError, match="--dtype float16 on the CPU"):
         _context(ThroughputSettings(decoders=("sundae",), device="cpu", dtype="float16"))
+
+
+def test_each_output_check_fails_when_the_batched_rows_are_not_the_loops(shared_data, monkeypatch):
+    """The `same` column is a check that can fail: each LM decoder's batched output made to
+    differ is refused (beam and conditional: rows reversed, against generate; HSO: rows
+    reversed, against its loop; exact: every row one node more, against its loop)."""
+    from dataclasses import replace
+
+    import gencraft.hso
+    import gencraft.search
+    from gencraft.experiments import experiments
+    from gencraft.throughput import ThroughputSettings, _context, _lm_cases
+
+    names = ("beam", "conditional", "exact", "hso")
+    tiny = experiments()["throughput"].scales["tiny"]
+    s = ThroughputSettings(**{**tiny, "decoders": names, "data_dir": str(shared_data)})
+    ctx = _context(s)
+    for name in names:
+        assert _lm_cases(s, name, 4, ctx)["same"]() is True, name
+    for module, fn, change in (
+        (gencraft.search, "beam_search_batch", lambda rows: rows[::-1]),
+        (
+            gencraft.search,
+            "exact_mode_batch",
+            lambda rows: [replace(r, nodes=r.nodes + 1) for r in rows],
+        ),
+        (gencraft.hso, "hso_nll_batch", lambda rows: rows[::-1]),
+    ):
+        real = getattr(module, fn)
+        monkeypatch.setattr(module, fn, lambda *a, real=real, c=change, **k: c(real(*a, **k)))
+    for name in names:
+        assert _lm_cases(s, name, 4, ctx)["same"]() is False, name
