@@ -83,52 +83,17 @@ def speed(s: SpeedSettings, run: ExperimentRun) -> None:
     batches = _batched(model, tok, prompts, s.batch_size)
     eos = model.generation_config.eos_token_id
     eos = eos if isinstance(eos, int) else eos[0]
-
-    def ours():
-        return [
-            h
-            for ids, mask in batches
-            for h in beam_search_batch(
-                model, ids, mask, num_beams=s.beams, max_new_tokens=s.new_tokens
-            )
-        ]
-
-    def theirs():
-        with torch.no_grad():
-            return [
-                (row, ids.shape[1])
-                for ids, mask in batches
-                for row in model.generate(
-                    ids,
-                    attention_mask=mask,
-                    num_beams=s.beams,
-                    do_sample=False,
-                    length_penalty=0.0,
-                    early_stopping=True,
-                    max_new_tokens=s.new_tokens,
-                    pad_token_id=eos,
-                )
-            ]
-
-    def same(hyps, outs) -> bool:
-        for h, (o, width) in zip(hyps, outs, strict=True):
-            want = o[width:].tolist()
-            got = h[0].tokens + ([eos] if h[0].finished else [])
-            if want[: len(got)] != got:
-                return False
-        return True
-
-    ours(), theirs()  # warm-up
+    _our_beams(model, batches, s), _generate_beams(model, batches, s, eos)  # warm-up
     rounds = []
     for i in tqdm(range(s.rounds), desc="rounds"):
 
         def one_round():
             t0 = time.perf_counter()
-            h = ours()
+            h = _our_beams(model, batches, s)
             t1 = time.perf_counter()
-            o = theirs()
+            o = _generate_beams(model, batches, s, eos)
             t2 = time.perf_counter()
-            return {"gencraft": t1 - t0, "generate": t2 - t1, "identical": same(h, o)}
+            return {"gencraft": t1 - t0, "generate": t2 - t1, "identical": _same(h, o, eos)}
 
         rounds.append(run.unit(f"round {i}", one_round))
     g = median(r["gencraft"] for r in rounds)
@@ -148,6 +113,45 @@ def speed(s: SpeedSettings, run: ExperimentRun) -> None:
             }
         ]
     )
+
+
+def _our_beams(model, batches: list, s: SpeedSettings) -> list:
+    """Each prompt's hypotheses from :func:`beam_search_batch` over ``batches`` of
+    (ids, mask) ``[B, T]``."""
+    return [
+        h
+        for ids, mask in batches
+        for h in beam_search_batch(model, ids, mask, num_beams=s.beams, max_new_tokens=s.new_tokens)
+    ]
+
+
+def _generate_beams(model, batches: list, s: SpeedSettings, eos: int) -> list:
+    """Each prompt's ``generate`` output ``[T + new]`` with its batch's prompt width."""
+    with torch.no_grad():
+        return [
+            (row, ids.shape[1])
+            for ids, mask in batches
+            for row in model.generate(
+                ids,
+                attention_mask=mask,
+                num_beams=s.beams,
+                do_sample=False,
+                length_penalty=0.0,
+                early_stopping=True,
+                max_new_tokens=s.new_tokens,
+                pad_token_id=eos,
+            )
+        ]
+
+
+def _same(hyps: list, outs: list, eos: int) -> bool:
+    """Whether every prompt's best hypothesis (its EOS if finished) starts ``generate``'s."""
+    for h, (o, width) in zip(hyps, outs, strict=True):
+        want = o[width:].tolist()
+        got = h[0].tokens + ([eos] if h[0].finished else [])
+        if want[: len(got)] != got:
+            return False
+    return True
 
 
 @dataclass
@@ -634,19 +638,11 @@ def search_conditional(s: ConditionalSettings, run: ExperimentRun) -> None:
 
 def conditional_study(args) -> dict:
     """Beam vs conditional beam search: degenerate rate, and length-controlled generation."""
-    from gencraft.models.introspect import eos_ids
-    from gencraft.search.train import (
-        ClassifierTrainConfig,
-        relabel_degenerate,
-        train_classifier,
-    )
-
     if args.kept_dtype not in ("float32", "float16", "bfloat16"):
         raise GencraftError(
             f"kept_dtype must be float32, float16 or bfloat16, not {args.kept_dtype!r}"
         )
     model, tok = load_model(args.model, device=default_device())
-    eos = eos_ids(model, None)
     out_dir = Path(args.work_dir)
     if args.classifiers:  # reuse trained classifiers: skip sampling and training
 
@@ -657,6 +653,17 @@ def conditional_study(args) -> dict:
         clfs = {a: _load_classifier(saved(a), model) for a in args.studies}
         result: dict = {"model": args.model, **machine(), "classifiers": args.classifiers}
         return _conditional_eval(args, model, tok, clfs, result, out_dir)
+    clfs, result = _train_classifiers(args, model, tok, out_dir)
+    return _conditional_eval(args, model, tok, clfs, result, out_dir)
+
+
+def _train_classifiers(args, model, tok, out_dir: Path) -> tuple[dict, dict]:
+    """Samples from the model on training prompts (resumable), then one classifier per
+    study trained on them and kept; returns (study -> classifier, the result so far)."""
+    from gencraft.models.introspect import eos_ids
+    from gencraft.search.train import ClassifierTrainConfig, relabel_degenerate, train_classifier
+
+    eos = eos_ids(model, None)
     half = args.train_prompts // 2
     train_texts = instruction_texts("e2e", half, args.data_dir, split="train") + instruction_texts(
         "xsum",
@@ -701,7 +708,7 @@ def conditional_study(args) -> dict:
         if attr == "degenerate":
             result["degenerate_training_rate"] = sum(int(r["labels"][0]) for r in data) / len(data)
         (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
-    return _conditional_eval(args, model, tok, clfs, result, out_dir)
+    return clfs, result
 
 
 def kept_classifier(model, attr: str, train, kept: Path, dtype: str) -> tuple[Any, dict]:
@@ -925,16 +932,7 @@ def _degenerate_study(args, model, tok, clf, tests, result: dict, out_dir: Path)
     """(a) degenerate rate: conditional beam towards "not degenerate" (class 0), against plain
     beam search with the same policy for completed hypotheses (on the beam, Alg. 1), and
     against transformers' policy (set aside) as a second row."""
-    from gencraft.search.classifier import degenerate
-
-    clf.target_class = 0
-    systems = {
-        "beam (on_beam)": dict(finished="on_beam", forced_eos=args.forced_eos),
-        "conditional (on_beam)": dict(
-            classifier=clf, k=args.k, finished="on_beam", forced_eos=args.forced_eos
-        ),
-        "beam (aside)": {},
-    }
+    systems = _degenerate_systems(args, clf)
     examples = []
     size = getattr(args, "batch_size", 8)
     log = _BatchLog(out_dir / "degenerate_rows.jsonl", size)
@@ -945,28 +943,55 @@ def _degenerate_study(args, model, tok, clf, tests, result: dict, out_dir: Path)
             bar.update(len(log.done[i]))
             continue
         chunk = [text for text, _ in tests[i : i + size]]
-        prompts = [encode_prompt(tok, text) for text in chunk]
-        ((ids, mask),) = _batched(model, tok, prompts, len(prompts))
-        rows = [{} for _ in chunk]
-        for name, kw in systems.items():
-            found = beam_search_batch(
-                model, ids, mask, num_beams=args.beams[0], max_new_tokens=args.max_new_tokens, **kw
-            )
-            for row, text, p, hyps in zip(rows, chunk, prompts, found, strict=True):
-                h = hyps[0]
-                out_text = tok.decode(h.tokens, skip_special_tokens=True)
-                bad = degenerate(out_text, text, h.finished)
-                row[name] = {
-                    "text": out_text,
-                    "degenerate": bad,
-                    "finished": h.finished,
-                    "log_prob": sequence_log_prob(model, p, h.tokens, end=h.finished),
-                }
+        rows = _degenerate_batch(args, model, tok, systems, chunk)
         examples += rows
         log.add(i, rows)
         bar.update(len(chunk))
     bar.close()
-    n = len(tests)
+    result["degenerate"] = _degenerate_summary(args, examples, list(systems), size)
+    (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
+
+
+def _degenerate_systems(args, clf) -> dict[str, dict]:
+    """The searches compared, name -> beam_search_batch's arguments; the classifier is aimed
+    at class 0 ("not degenerate")."""
+    clf.target_class = 0
+    return {
+        "beam (on_beam)": dict(finished="on_beam", forced_eos=args.forced_eos),
+        "conditional (on_beam)": dict(
+            classifier=clf, k=args.k, finished="on_beam", forced_eos=args.forced_eos
+        ),
+        "beam (aside)": {},
+    }
+
+
+def _degenerate_batch(args, model, tok, systems: dict, chunk: list[str]) -> list[dict]:
+    """One batch of prompt texts searched together by every system: per prompt, each
+    system's best output, whether it is degenerate, finished, and its log-probability."""
+    from gencraft.search.classifier import degenerate
+
+    prompts = [encode_prompt(tok, text) for text in chunk]
+    ((ids, mask),) = _batched(model, tok, prompts, len(prompts))
+    rows: list[dict] = [{} for _ in chunk]
+    for name, kw in systems.items():
+        found = beam_search_batch(
+            model, ids, mask, num_beams=args.beams[0], max_new_tokens=args.max_new_tokens, **kw
+        )
+        for row, text, p, hyps in zip(rows, chunk, prompts, found, strict=True):
+            h = hyps[0]
+            out_text = tok.decode(h.tokens, skip_special_tokens=True)
+            row[name] = {
+                "text": out_text,
+                "degenerate": degenerate(out_text, text, h.finished),
+                "finished": h.finished,
+                "log_prob": sequence_log_prob(model, p, h.tokens, end=h.finished),
+            }
+    return rows
+
+
+def _degenerate_summary(args, examples: list[dict], systems: list[str], size: int) -> dict:
+    """The degenerate study's record: its tests, each system's rate, the headline pair."""
+    n = len(examples)
     rates = {name: sum(bool(e[name]["degenerate"]) for e in examples) for name in systems}
     only = {
         a: sum(r[a]["degenerate"] < r[b]["degenerate"] for r in examples)
@@ -975,7 +1000,7 @@ def _degenerate_study(args, model, tok, clf, tests, result: dict, out_dir: Path)
             ("beam (on_beam)", "conditional (on_beam)"),
         )
     }
-    result["degenerate"] = {
+    return {
         **degenerate_tests(examples),
         "beam_size": args.beams[0],
         "k": args.k,
@@ -989,7 +1014,6 @@ def _degenerate_study(args, model, tok, clf, tests, result: dict, out_dir: Path)
         "only_beam_fine": only["beam (on_beam)"],
         "examples": examples,
     }
-    (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
 
 
 def degenerate_tests(examples: list[dict]) -> dict:
@@ -1030,57 +1054,13 @@ def _length_study(args, model, tok, clf, prompts, result: dict, out_dir: Path) -
     search's own objective (EOS removed and steps renormalised) is kept beside it."""
     length_rows: list[dict] = []
     length_tests = prompts(args.length_prompts or args.test_prompts)
-    common = dict(forced_eos=args.forced_eos, length_includes_eos=args.length_includes_eos)
     size = getattr(args, "batch_size", 8)
     log = _BatchLog(out_dir / "length_rows.jsonl", size)
     for i in tqdm(range(0, len(length_tests), size), desc="length"):
         if i in log.done:  # a stopped run's finished batch
             length_rows += log.done[i]
             continue
-        chunk = length_tests[i : i + size]
-        prompts = [encode_prompt(tok, text) for text, _ in chunk]
-        ((ids, mask),) = _batched(model, tok, prompts, len(prompts))
-        ref_lens = [
-            len(tok(ref, add_special_tokens=False)["input_ids"]) + int(args.length_includes_eos)
-            for _, ref in chunk
-        ]
-        found: dict = {}
-        for ratio in args.ratios:
-            # each row its own forced length n and limit (n tokens, then EOS)
-            ns = [max(1 + int(args.length_includes_eos), round(ratio * r)) for r in ref_lens]
-            tokens = [n - int(args.length_includes_eos) for n in ns]  # before EOS
-            limits = [t + 1 for t in tokens]
-            for b in args.beams:
-                plain = beam_search_batch(
-                    model,
-                    ids,
-                    mask,
-                    num_beams=b,
-                    max_new_tokens=limits,
-                    force_length=ns,
-                    **common,
-                )
-                cond = _conditional_rows(model, ids, mask, clf, args, b, ns, limits, common)
-                for j in range(len(chunk)):
-                    found[j, ratio, b] = (ns[j], plain[j][0], cond[j][0])
-        done = []
-        for j, p in enumerate(prompts):  # rows in prompt, ratio, beam order
-            for ratio in args.ratios:
-                for b in args.beams:
-                    n, pl, co = found[j, ratio, b]
-                    done.append(
-                        {
-                            "ratio": ratio,
-                            "beams": b,
-                            "length": n,
-                            "beam_log_prob": sequence_log_prob(model, p, pl.tokens),
-                            "cond_log_prob": sequence_log_prob(model, p, co.tokens),
-                            "beam_search_score": pl.score,
-                            "cond_search_score": co.score,
-                            "beam_text": tok.decode(pl.tokens),
-                            "cond_text": tok.decode(co.tokens),
-                        }
-                    )
+        done = _length_batch(args, model, tok, clf, length_tests[i : i + size])
         length_rows += done
         log.add(i, done)
     summary = [
@@ -1098,6 +1078,47 @@ def _length_study(args, model, tok, clf, prompts, result: dict, out_dir: Path) -
     }
     (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
     _plot_length(summary, out_dir / "length_control.png", args.model)
+
+
+def _length_batch(args, model, tok, clf, chunk: list) -> list[dict]:
+    """One batch of (text, reference) prompts searched together at every ratio and beam
+    size, each row forced to its own length: rows in prompt, ratio, beam order."""
+    common = dict(forced_eos=args.forced_eos, length_includes_eos=args.length_includes_eos)
+    prompts = [encode_prompt(tok, text) for text, _ in chunk]
+    ((ids, mask),) = _batched(model, tok, prompts, len(prompts))
+    eos_in = int(args.length_includes_eos)
+    ref_lens = [len(tok(ref, add_special_tokens=False)["input_ids"]) + eos_in for _, ref in chunk]
+    found: dict = {}
+    for ratio in args.ratios:
+        # each row its own forced length n and limit (n tokens, then EOS)
+        ns = [max(1 + eos_in, round(ratio * r)) for r in ref_lens]
+        limits = [n - eos_in + 1 for n in ns]  # the tokens before EOS, then EOS
+        for b in args.beams:
+            plain = beam_search_batch(
+                model, ids, mask, num_beams=b, max_new_tokens=limits, force_length=ns, **common
+            )
+            cond = _conditional_rows(model, ids, mask, clf, args, b, ns, limits, common)
+            for j in range(len(chunk)):
+                found[j, ratio, b] = (ns[j], plain[j][0], cond[j][0])
+    done = []
+    for j, p in enumerate(prompts):
+        for ratio in args.ratios:
+            for b in args.beams:
+                n, pl, co = found[j, ratio, b]
+                done.append(
+                    {
+                        "ratio": ratio,
+                        "beams": b,
+                        "length": n,
+                        "beam_log_prob": sequence_log_prob(model, p, pl.tokens),
+                        "cond_log_prob": sequence_log_prob(model, p, co.tokens),
+                        "beam_search_score": pl.score,
+                        "cond_search_score": co.score,
+                        "beam_text": tok.decode(pl.tokens),
+                        "cond_text": tok.decode(co.tokens),
+                    }
+                )
+    return done
 
 
 def _conditional_rows(model, ids, mask, clf, args, beams, ns, limits, common) -> list:
