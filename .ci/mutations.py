@@ -4975,6 +4975,27 @@ M = [
         'rates = {name: sum(bool(e[name]["finished"]) for e in examples) for name in systems}',
         "tests/search/test_conditional_rows.py",
     ),
+    (
+        "nar-speed-counts: calls of the first case for all",
+        "gencraft/nar/experiments.py",
+        '"calls/output": sum(calls[k].model_calls) / per,',
+        '"calls/output": sum(next(iter(calls.values())).model_calls) / per,',
+        "tests/nar/test_nar_speed_counts.py",
+    ),
+    (
+        "nar-speed-counts: calls per batch, not per output",
+        "gencraft/nar/experiments.py",
+        '"calls/output": sum(calls[k].model_calls) / per,',
+        '"calls/output": sum(calls[k].model_calls),',
+        "tests/nar/test_nar_speed_counts.py",
+    ),
+    (
+        "nar-speed-counts: greedy decodes one token fewer",
+        "gencraft/nar/experiments.py",
+        "ar, ids, mask, num_beams=1, max_new_tokens=n + 1, min_new_tokens=n + 1",
+        "ar, ids, mask, num_beams=1, max_new_tokens=n, min_new_tokens=n",
+        "tests/nar/test_nar_speed_counts.py",
+    ),
 ]
 
 

@@ -477,8 +477,32 @@ def nar_speed_unit(s: NARSpeedSettings) -> dict[str, Any]:
     output ``s.length`` tokens long, interleaved in one process."""
     import torch
 
-    from gencraft.data.tasks import pick_examples, source_of, task_examples
     from gencraft.experiments import machine
+    from gencraft.timing import interleaved
+
+    if s.threads:
+        torch.set_num_threads(s.threads)
+    cases, per = _speed_cases(s)
+    beam = f"autoregressive, beam {s.num_beams}"
+    with torch.no_grad():
+        calls = {k: fn() for k, fn in cases.items()}  # also the warm-up
+        timings = interleaved(cases, beam, rounds=s.rounds, warmup=0)
+    rows = {}
+    for k, t in timings.items():
+        rows[k] = {
+            "s/output": t.seconds / per,
+            **{c: v for c, v in t.row().items() if c != "median s"},
+            "calls/output": sum(calls[k].model_calls) / per,
+        }
+    return {"cases": rows, "inputs": per, **machine()}
+
+
+def _speed_cases(s: NARSpeedSettings) -> tuple[dict[str, Any], int]:
+    """(name -> a call decoding ``s.inputs`` test sources to ``s.length`` tokens, the number
+    of sources); the autoregressive beam case is named ``autoregressive, beam N``."""
+    import torch
+
+    from gencraft.data.tasks import pick_examples, source_of, task_examples
     from gencraft.nar.decoding import (
         autoregressive_generate,
         mask_predict_generate,
@@ -486,11 +510,8 @@ def nar_speed_unit(s: NARSpeedSettings) -> dict[str, Any]:
     )
     from gencraft.nar.functional import noise_ids
     from gencraft.nar.model import load_mlm_seq2seq, target_token_ids
-    from gencraft.timing import interleaved
     from gencraft.utils import default_device
 
-    if s.threads:
-        torch.set_num_threads(s.threads)
     top = max(s.length + 2, 64)
     nar, tok = load_mlm_seq2seq(s.model, max_target_length=top)
     ar, _ = load_mlm_seq2seq(s.model, max_target_length=top, bidirectional=False)
@@ -504,9 +525,8 @@ def nar_speed_unit(s: NARSpeedSettings) -> dict[str, Any]:
     mp = SamplingConfig(steps=s.steps, length_candidates=1)
     noise, mask_id = noise_ids(tok), target_token_ids(tok)["mask"]
     n = s.length
-    beam = f"autoregressive, beam {s.num_beams}"
     cases = {
-        beam: lambda: autoregressive_generate(
+        f"autoregressive, beam {s.num_beams}": lambda: autoregressive_generate(
             ar, ids, mask, num_beams=s.num_beams, max_new_tokens=n + 1, min_new_tokens=n + 1
         ),
         "autoregressive, greedy": lambda: autoregressive_generate(
@@ -522,19 +542,7 @@ def nar_speed_unit(s: NARSpeedSettings) -> dict[str, Any]:
             nar, ids, mask, mp, mask_id=mask_id, lengths=lengths
         ),
     }
-    with torch.no_grad():
-        calls = {k: fn() for k, fn in cases.items()}  # also the warm-up
-        timings = interleaved(cases, beam, rounds=s.rounds, warmup=0)
-    per = ids.shape[0]
-    rows = {}
-    for k, t in timings.items():
-        out = calls[k]
-        rows[k] = {
-            "s/output": t.seconds / per,
-            **{c: v for c, v in t.row().items() if c != "median s"},
-            "calls/output": sum(out.model_calls) / per,
-        }
-    return {"cases": rows, "inputs": per, **machine()}
+    return cases, ids.shape[0]
 
 
 @register(
