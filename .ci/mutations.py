@@ -4996,6 +4996,13 @@ M = [
         "ar, ids, mask, num_beams=1, max_new_tokens=n, min_new_tokens=n",
         "tests/nar/test_nar_speed_counts.py",
     ),
+    (
+        "prefix-speed: no generate rows",
+        "gencraft/prefix/experiments.py",
+        '    if "dense" in models:\n        result["generate"] = _generate_rows(s, models["dense"], ids, mask)',
+        '    if "dense" in ():\n        result["generate"] = _generate_rows(s, models["dense"], ids, mask)',
+        "tests/cli/test_reproduce.py -k speed_experiments",
+    ),
 ]
 
 

@@ -58,9 +58,7 @@ def run_demo(
 ) -> dict:
     """Run the demo; returns its numbers (also printed)."""
     from gencraft.data import load_lm_corpus
-    from gencraft.metrics import text_perplexity
     from gencraft.models import load_model
-    from gencraft.models.generate import generate_text
 
     torch.manual_seed(0)
     out = Path(output)
@@ -83,18 +81,7 @@ def run_demo(
     print(f"SmolLM2-135M-Instruct ({n_params / 1e6:.1f}M parameters, GGUF Q4_1 dequantised)")
     corpus = load_lm_corpus("wikitext-2", data_dir, splits=("train", "valid", "test"))
 
-    def base_step() -> dict:
-        r = text_perplexity(model, tok, corpus.text("test", ppl_tokens), progress=False)
-        ppl = {"tokens": r["tokens"], "token_ppl": r["perplexity"]}
-        ppl["word_ppl"] = math.exp(r["nll"] / ppl_tokens)
-        print(format_table([{"WikiText-2 test words": ppl_tokens, **ppl}]))
-        print(f"\n>>> {PROMPT}")
-        for name, kw in DECODERS.items():
-            text = generate_text(model, tok, [PROMPT], seed=0, max_new_tokens=32, **kw)[0]
-            print(f"[{name}] {text}")
-        return ppl
-
-    numbers["ppl"] = timed("model", base_step)
+    numbers["ppl"] = timed("model", lambda: _base(model, tok, corpus, ppl_tokens))
     numbers["search"] = timed("search", lambda: _search(model, tok, data_dir))
     numbers["fame"] = timed("fame", lambda: _fame(model, tok, data_dir, out / "fame", fame_seconds))
     numbers["pointer"] = timed(
@@ -110,6 +97,23 @@ def run_demo(
     steps = ", ".join(f"{k} {v:.0f}s" for k, v in numbers["step_seconds"].items())
     print(f"\ndemo finished in {numbers['seconds']:.0f}s ({steps}); outputs in {out}/")
     return numbers
+
+
+def _base(model, tok, corpus, ppl_tokens: int) -> dict:
+    """The plain model's WikiText-2 test perplexity on ``ppl_tokens`` words, and its text
+    under each of the demo's decoders."""
+    from gencraft.metrics import text_perplexity
+    from gencraft.models.generate import generate_text
+
+    r = text_perplexity(model, tok, corpus.text("test", ppl_tokens), progress=False)
+    ppl = {"tokens": r["tokens"], "token_ppl": r["perplexity"]}
+    ppl["word_ppl"] = math.exp(r["nll"] / ppl_tokens)
+    print(format_table([{"WikiText-2 test words": ppl_tokens, **ppl}]))
+    print(f"\n>>> {PROMPT}")
+    for name, kw in DECODERS.items():
+        text = generate_text(model, tok, [PROMPT], seed=0, max_new_tokens=32, **kw)[0]
+        print(f"[{name}] {text}")
+    return ppl
 
 
 def _search(model, tok, data_dir) -> dict:
@@ -202,6 +206,26 @@ document.""",
     trainer.model.remove()  # reload the best head (lowest validation loss) on the same base
     fame = FocusForConditionalGeneration.from_pretrained(out / "best", base_model=model).eval()
     doc = test[0]
+    words, in_doc = _topic_words(fame, tok, model, doc)
+    for name, on in (("SmolLM2 alone, beam 4", False), ("FAME, beam 4", True)):
+        fame.enabled = on
+        summary = summarize(
+            fame, tok, [doc.document], max_source=192, max_new_tokens=24, progress=False
+        )[0][0]
+        print(f"  {name}: {summary}")
+    fame.enabled = True
+    fame.remove()  # the base goes on plain to the next step
+    return {
+        "steps": result["steps"],
+        "valid_loss": result["best_valid_loss"],
+        "topic_words": words,
+        "topic_words_in_document": in_doc,
+    }
+
+
+def _topic_words(fame, tok, model, doc) -> tuple[list[str], int]:
+    """The 12 words the FAME head's topic logits rank highest for ``doc`` (frequent words
+    left out), printed with how many occur in the document; returns (words, that count)."""
     ids = tok(doc.document, return_tensors="pt", truncation=True, max_length=192)["input_ids"]
     with torch.no_grad():
         topic = fame(input_ids=ids.to(model.device), return_focus=True).topic_logits[0]
@@ -216,21 +240,7 @@ document.""",
             "of training (docs/results/focus.md) before its bias helps. With the bias on, the "
             "summary changes as follows:"
         )
-    summaries = {}
-    for name, on in (("SmolLM2 alone, beam 4", False), ("FAME, beam 4", True)):
-        fame.enabled = on
-        summaries[name] = summarize(
-            fame, tok, [doc.document], max_source=192, max_new_tokens=24, progress=False
-        )[0][0]
-        print(f"  {name}: {summaries[name]}")
-    fame.enabled = True
-    fame.remove()  # the base goes on plain to the next step
-    return {
-        "steps": result["steps"],
-        "valid_loss": result["best_valid_loss"],
-        "topic_words": words,
-        "topic_words_in_document": in_doc,
-    }
+    return words, in_doc
 
 
 #: a passage where rare words repeat (the pointer's case): WikiText-2 valid's first article

@@ -496,24 +496,33 @@ def prefix_speed_unit(s: PrefixSpeedSettings) -> dict[str, Any]:
         if peaks[k] is not None:  # CUDA only
             result["train"][k]["cuda peak MiB"] = peaks[k] / 2**20
     if "dense" in models:
-        from gencraft.models import load_model
-
-        dense = models["dense"].eval()
-        base, _ = load_model(s.model)
-        base = base.to(default_device()).eval()
-        prompt = dict(input_ids=ids[:1, :16], attention_mask=mask[:1, :16])
-        kw = {"max_new_tokens": s.new_tokens, "min_new_tokens": s.new_tokens, "do_sample": False}
-        with torch.no_grad():
-            gen = interleaved(
-                {
-                    "base": lambda: base.generate(**prompt, **kw),
-                    "dense prefixes": lambda: dense.generate(**prompt, **kw),
-                },
-                "base",
-                rounds=s.rounds,
-            )
-        result["generate"] = {k: t.row() for k, t in gen.items()}
+        result["generate"] = _generate_rows(s, models["dense"], ids, mask)
     return result
+
+
+def _generate_rows(s: PrefixSpeedSettings, dense: Any, ids, mask) -> dict[str, dict]:
+    """The base model's ``generate`` against the dense-prefix model's, interleaved, on the
+    first 16 tokens of the first row of ``ids``/``mask`` ``[B, T]``, ``s.new_tokens`` each."""
+    import torch
+
+    from gencraft.models import load_model
+    from gencraft.timing import interleaved
+
+    dense = dense.eval()
+    base, _ = load_model(s.model)
+    base = base.to(default_device()).eval()
+    prompt = dict(input_ids=ids[:1, :16], attention_mask=mask[:1, :16])
+    kw = {"max_new_tokens": s.new_tokens, "min_new_tokens": s.new_tokens, "do_sample": False}
+    with torch.no_grad():
+        gen = interleaved(
+            {
+                "base": lambda: base.generate(**prompt, **kw),
+                "dense prefixes": lambda: dense.generate(**prompt, **kw),
+            },
+            "base",
+            rounds=s.rounds,
+        )
+    return {k: t.row() for k, t in gen.items()}
 
 
 @register(

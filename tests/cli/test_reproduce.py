@@ -173,6 +173,9 @@ def test_speed_experiments_interleave_against_their_baseline(
         assert f"| {r} | " in report
     units = json.loads((tmp_path / "results.json").read_text())["units"]
     assert units["speed"]["threads"] >= 1
+    if name == "prefix-speed":  # dense prefixes' generate against the base model's
+        assert list(units["speed"]["generate"]) == ["base", "dense prefixes"]
+        assert "| dense prefixes | " in report
 
 
 def test_the_python_api_refuses_a_file_where_the_report_folder_goes(tmp_path):
