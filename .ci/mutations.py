@@ -5003,6 +5003,62 @@ M = [
         '    if "dense" in ():\n        result["generate"] = _generate_rows(s, models["dense"], ids, mask)',
         "tests/cli/test_reproduce.py -k speed_experiments",
     ),
+    (
+        "payload: MiniLM's safetensors travel as float32",
+        "gencraft/payload.py",
+        '            if p.suffix == ".safetensors":',
+        '            if p.suffix == ".bin":',
+        "tests/test_payload.py -m slow",
+    ),
+    (
+        "payload: the GGUF travels without the gguf package",
+        "gencraft/payload.py",
+        '        out += package_entries("gguf")\n',
+        "",
+        "tests/test_payload.py -m slow",
+    ),
+    (
+        "payload: a campaign packs no weights",
+        "gencraft/payload.py",
+        "if CLAIMS[c].runs[scale] else []",
+        "if False else []",
+        "tests/test_payload.py -m slow",
+    ),
+    (
+        "payload: only the plain minilm-l6 name needs MiniLM",
+        "gencraft/payload.py",
+        'n.startswith("minilm-l6")',
+        'n == "minilm-l6"',
+        "tests/test_payload.py",
+    ),
+    (
+        "payload: a piece one byte per MB over its size",
+        "gencraft/payload.py",
+        "size, pieces = max(1, int(piece_mb * 1e6)), []",
+        "size, pieces = max(1, int(piece_mb * 1000001.0)), []",
+        "tests/test_payload.py",
+    ),
+    (
+        "payload: a results file with as many units is kept",
+        "gencraft/payload.py",
+        'return len(json.loads(data).get("units", {})) >= here',
+        'return len(json.loads(data).get("units", {})) > here',
+        "tests/test_payload.py",
+    ),
+    (
+        "payload: a kept file stops the restore",
+        "gencraft/payload.py",
+        '                done["kept"].append(member.name)\n                continue',
+        '                done["kept"].append(member.name)\n                break',
+        "tests/test_payload.py",
+    ),
+    (
+        "payload: state restored without a campaign folder",
+        "gencraft/payload.py",
+        "return None if campaign is None else campaign / inner",
+        "return into / rel if campaign is None else campaign / inner",
+        "tests/test_payload.py",
+    ),
 ]
 
 

@@ -61,6 +61,7 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "data/own": (["gencraft/data/own.py"], ["tests/data/test_own_data.py"]),
     "folder_lock": (["gencraft/folder_lock.py"], ["tests/test_folder_lock.py"]),
+    "payload": (["gencraft/payload.py"], ["tests/test_payload.py"]),
     "training/checkpoint": (["gencraft/training/checkpoint.py"], ["tests/training"]),
     "nar/decoding": (["gencraft/nar/decoding.py"], ["tests/nar"]),
     "search/beam": (

@@ -150,3 +150,158 @@ def test_the_gguf_package_travels_with_its_version(tmp_path, monkeypatch):
     assert found == {"gguf": importlib.metadata.version("gguf")}
     assert (tmp_path / "stage" / "python" / "gguf" / "gguf_reader.py").is_file()
     assert not any("__pycache__" in e.name or ".." in e.name for e in entries)
+
+
+def test_model_kinds_name_the_weights_each_model_needs():
+    from gencraft.payload import model_kinds
+
+    assert model_kinds({"smollm2-135m", "minilm-l6", "tiny-bert"}) == {"smollm2", "minilm"}
+    assert model_kinds({"minilm-l6-mlm"}) == {"minilm"}  # any minilm-l6 variant
+    assert model_kinds({"smollm2-135m"}) == {"smollm2"}
+    assert model_kinds({"tiny-llama", "tiny-bart", "smollm2"}) == set()
+
+
+@pytest.mark.slow
+def test_weight_entries_are_the_installed_weights_in_their_smallest_form():
+    """SmolLM2 travels as its GGUF (with the gguf package); MiniLM's files as they are, except
+    its safetensors, as bfloat16."""
+    from safetensors.torch import load, load_file
+
+    from gencraft.models import pretrained
+    from gencraft.payload import weight_entries
+
+    assert weight_entries(set()) == []
+    smol = weight_entries({"smollm2"})
+    gguf = _gguf_path()
+    assert (smol[0].name, smol[0].kind, smol[0].source) == (f"weights/{gguf.name}", "weights", gguf)
+    assert [e.name for e in smol[1:]] == [e.name for e in package_entries("gguf")]
+    assert all(e.kind == "python" for e in smol[1:])
+    mini = weight_entries({"minilm"})
+    src = _minilm_dir()
+    files = sorted(p for p in src.rglob("*") if p.is_file())
+    prefix = f"weights/{pretrained.MINILM_CACHE}/"
+    assert [e.name for e in mini] == [prefix + p.relative_to(src).as_posix() for p in files]
+    assert all(e.kind == "weights" for e in mini)
+    for e, p in zip(mini, files, strict=True):
+        if p.suffix == ".safetensors":
+            back, full = load(e.read()), load_file(str(p))
+            assert e.source is None and back.keys() == full.keys()
+            assert all(torch.equal(back[k], full[k].bfloat16()) for k in full)
+        else:
+            assert e.source == p and e.data is None
+    both = weight_entries({"smollm2", "minilm"})
+    assert [e.name for e in both] == [e.name for e in smol + mini]
+
+
+@pytest.mark.slow
+def test_a_campaign_at_cpu_scale_packs_the_weights_its_models_need(shared_data, tmp_path):
+    names = {e.name for e in campaign_entries(("hso-fewshot",), "cpu", shared_data, None)}
+    assert f"weights/{_gguf_path().name}" in names
+    assert not any("MiniLM" in n for n in names)
+    names = {e.name for e in campaign_entries(("fame", "dasp"), "cpu", shared_data, None)}
+    assert not any(n.startswith("weights/") for n in names)  # not run at this scale
+
+
+def test_entry_kinds_and_sources(tmp_path):
+    from gencraft.payload import data_entries, state_entries
+
+    assert {e.kind for e in package_entries("gguf")} == {"python"}
+    run = tmp_path / "c" / "hso-fewshot" / "run"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text('{"units": {}}')
+    (run / "report.md").write_text("not state")
+    (state,) = state_entries(tmp_path / "c")
+    assert (state.name, state.kind, state.source) == (
+        "state/hso-fewshot/run/results.json",
+        "state",
+        run / "results.json",
+    )
+    assert state_entries(None) == [] and state_entries(tmp_path / "none") == []
+    with pytest.raises(GencraftError, match=r"dataset 'xsum' is not in "):
+        data_entries(tmp_path, {"xsum"})
+
+
+def test_bfloat16_keeps_integer_tensors_as_they_were(tmp_path):
+    from safetensors.torch import load, save_file
+
+    from gencraft.payload import _bfloat16
+
+    save_file({"ids": torch.arange(5), "w": torch.ones(2)}, str(tmp_path / "m.safetensors"))
+    back = load(_bfloat16(tmp_path / "m.safetensors"))
+    assert back["ids"].dtype == torch.int64 and back["w"].dtype == torch.bfloat16
+
+
+def test_pack_writes_into_a_new_nested_folder_and_replaces_an_earlier_pack(tmp_path):
+    out = tmp_path / "a" / "b"
+    big = pack(_entries(3), out, piece_mb=0.001)
+    assert big["format"] == 1 and 0 <= big["seconds"] < 600
+    assert json.loads((out / "manifest.json").read_text()) == big
+    small = pack(_entries(3), out, piece_mb=60)  # the same folder again: the old pieces go
+    assert len(big["pieces"]) > 1 and [p["name"] for p in small["pieces"]] == ["payload.000"]
+    assert sorted(p.name for p in out.glob("payload.*")) == ["payload.000"]
+    with pytest.raises(GencraftError, match=r"has no manifest.json \(give the folder"):
+        unpack(tmp_path / "a", tmp_path / "stage", None)
+
+
+def test_unpack_reports_missing_pieces_bytes_and_folders(tmp_path, monkeypatch):
+    monkeypatch.setenv("GENCRAFT_CACHE", str(tmp_path / "cache"))
+    m = pack(_entries(2), tmp_path / "out", piece_mb=0.001)
+    part = tmp_path / "part"
+    part.mkdir()
+    (part / "manifest.json").write_bytes((tmp_path / "out" / "manifest.json").read_bytes())
+    r = unpack(part, tmp_path / "s0", None)
+    assert r == {"missing": [p["name"] for p in m["pieces"]], "pieces": len(m["pieces"])}
+    into = tmp_path / "stage"
+    r = unpack(tmp_path / "out", into, None)  # no campaign folder: the state stays behind
+    restored = [f for f in m["files"] if f["kind"] != "state"]
+    assert r["files"] == len(restored) and r["bytes"] == sum(f["bytes"] for f in restored)
+    assert r["kept"] == ["state/hso-fewshot/run/results.json"]
+    assert (r["python"], r["data_dir"]) == (str(into / "python"), str(into / "data"))
+
+
+def test_state_first_in_the_payload_does_not_stop_the_files_after_it(tmp_path, monkeypatch):
+    """A kept (older) results file is skipped, and every file after it is still restored; a
+    results file with as many units replaces the one there, and one that is not JSON too."""
+    monkeypatch.setenv("GENCRAFT_CACHE", str(tmp_path / "cache"))
+    campaign = tmp_path / "campaign"
+    saved = campaign / "r" / "results.json"
+    saved.parent.mkdir(parents=True)
+    saved.write_text(json.dumps({"units": {"a": 1, "b": 2}}))
+    older = json.dumps({"units": {"a": 0}}).encode()
+    entries = [Entry("state/r/results.json", "state", data=older), *_entries(1)[:3]]
+    r = unpack_packed(entries, tmp_path / "p1", campaign)
+    assert r["kept"] == ["state/r/results.json"] and r["files"] == 3
+    assert (tmp_path / "cache" / "weights" / "model.gguf").is_file()
+    same = json.dumps({"units": {"a": 9, "b": 9}}).encode()
+    r = unpack_packed(
+        [Entry("state/r/results.json", "state", data=same)], tmp_path / "p2", campaign
+    )
+    assert r["files"] == 1 and saved.read_bytes() == same
+    saved.write_text("not json")
+    r = unpack_packed(
+        [Entry("state/r/results.json", "state", data=older)], tmp_path / "p3", campaign
+    )
+    assert r["files"] == 1 and saved.read_bytes() == older
+
+
+def unpack_packed(entries: list[Entry], folder, campaign):
+    pack(entries, folder / "out")
+    return unpack(folder / "out", folder / "stage", campaign)
+
+
+def test_a_file_the_manifest_does_not_list_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("GENCRAFT_CACHE", str(tmp_path / "cache"))
+    m = pack(_entries(1), tmp_path / "out")
+    m["files"] = m["files"][:-1]  # the state file left out of the manifest
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(GencraftError, match=r"state/hso-fewshot/run/results\.json in the payload"):
+        unpack(tmp_path / "out", tmp_path / "stage", tmp_path / "campaign")
+
+
+def test_a_piece_is_at_most_its_size_to_the_byte(tmp_path):
+    m = pack([Entry("data/x.bin", "data", data=_noise(1_200_000, 1))], tmp_path / "o", piece_mb=1)
+    assert m["pieces"][0]["bytes"] == 1_000_000 < m["archive_bytes"]
+    with pytest.raises(
+        GencraftError, match=r"unknown claims \['x'\]; the campaign has hso-fewshot, "
+    ):
+        campaign_entries(("x",), "tiny", tmp_path, None)
