@@ -5059,6 +5059,27 @@ M = [
         "return into / rel if campaign is None else campaign / inner",
         "tests/test_payload.py",
     ),
+    (
+        "lock-break-race-raises",
+        "gencraft/folder_lock.py",
+        "        try:\n            age = time.time() - mark.stat().st_mtime\n        except FileNotFoundError:  # the other breaker finished between open and stat\n            return False\n",
+        "        age = time.time() - mark.stat().st_mtime\n",
+        "tests/test_folder_lock.py::test_a_breaker_that_finishes_between_open_and_stat_is_not_an_error",
+    ),
+    (
+        "lock-taker-gives-up-after-a-count",
+        "gencraft/folder_lock.py",
+        "    while time.monotonic() < deadline:\n",
+        "    for _ in range(100):\n",
+        "tests/test_folder_lock.py::test_a_taker_waits_for_a_slow_breaker_however_many_tries_that_takes",
+    ),
+    (
+        "lock-taker-waits-after-its-own-break",
+        "gencraft/folder_lock.py",
+        "        if not _break_stale(path, holder):\n            time.sleep(_RETRY_WAIT)\n",
+        "        _break_stale(path, holder)\n        time.sleep(_RETRY_WAIT)\n",
+        "tests/test_folder_lock.py::test_a_taker_waits_for_a_slow_breaker_however_many_tries_that_takes",
+    ),
 ]
 
 

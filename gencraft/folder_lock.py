@@ -28,6 +28,8 @@ from gencraft.errors import GencraftError
 
 LOCK_NAME = ".gencraft.lock"
 _BREAK_STALE_AFTER = 60.0  # seconds: a breaker that died leaves its mark no longer than this
+_RETRY_WAIT = 0.002  # seconds between tries while another process breaks a stale lock
+_TAKE_WITHIN = _BREAK_STALE_AFTER + 10.0  # seconds: longer than any breaker's mark can last
 
 
 @dataclass(frozen=True)
@@ -118,22 +120,28 @@ def _try_create(path: Path, me: Holder) -> bool:
         tmp.unlink(missing_ok=True)
 
 
-def _break_stale(path: Path, stale: Holder | None) -> None:
+def _break_stale(path: Path, stale: Holder | None) -> bool:
     """Remove the lock at ``path`` if it still names ``stale``; one breaker at a time, so two
-    processes that found the same stale lock do not remove each other's new one."""
+    processes that found the same stale lock do not remove each other's new one. False when
+    another process was breaking it (the caller waits a moment and tries again)."""
     mark = path.with_name(path.name + ".break")
     try:
         fd = os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
-        if time.time() - mark.stat().st_mtime > _BREAK_STALE_AFTER:
+        try:
+            age = time.time() - mark.stat().st_mtime
+        except FileNotFoundError:  # the other breaker finished between open and stat
+            return False
+        if age > _BREAK_STALE_AFTER:
             mark.unlink(missing_ok=True)
-        return  # the caller tries again
+        return False
     os.close(fd)
     try:
         if read_holder(path.parent) == stale:
             path.unlink(missing_ok=True)
     finally:
         mark.unlink(missing_ok=True)
+    return True
 
 
 def acquire(folder: str | Path) -> Holder | None:
@@ -143,7 +151,10 @@ def acquire(folder: str | Path) -> Holder | None:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     path, me = folder / LOCK_NAME, this_process()
-    for _ in range(100):
+    # A breaker on a loaded machine can be descheduled for a while: wait for it (or for its
+    # mark to go stale), not for a count of tries.
+    deadline = time.monotonic() + _TAKE_WITHIN
+    while time.monotonic() < deadline:
         if _try_create(path, me):
             return me
         holder = read_holder(folder)
@@ -152,7 +163,8 @@ def acquire(folder: str | Path) -> Holder | None:
         alive = None if holder is None else holder.alive()
         if holder is not None and alive is not False:
             raise FolderInUse(folder, holder, checkable=alive is True)
-        _break_stale(path, holder)
+        if not _break_stale(path, holder):
+            time.sleep(_RETRY_WAIT)
     raise GencraftError(f"could not take {path}: it kept changing hands")
 
 

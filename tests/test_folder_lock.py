@@ -6,6 +6,7 @@ skips it and goes on)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -255,5 +256,53 @@ def test_a_lock_that_keeps_changing_hands_is_one_line(tmp_path, monkeypatch):
 
     monkeypatch.setattr(fl, "_try_create", lambda path, me: False)
     monkeypatch.setattr(fl, "read_holder", lambda folder: None)  # gone each time it is read
+    monkeypatch.setattr(fl, "_TAKE_WITHIN", 0.2)
     with pytest.raises(fl.GencraftError, match=r"could not take .*: it kept changing hands"):
         acquire(tmp_path)
+
+
+def _stale_lock(folder):
+    _write(folder, Holder(_dead_pid(), this_process().host, None, "2026-11-27 10:00:00"))
+
+
+def test_a_breaker_that_finishes_between_open_and_stat_is_not_an_error(tmp_path, monkeypatch):
+    """CI once saw this race: another process's break mark was there at ``open`` and gone at
+    ``stat``. The taker tries again and takes the stale lock."""
+    import gencraft.folder_lock as fl
+
+    _stale_lock(tmp_path)
+    mark = str(tmp_path / (LOCK_NAME + ".break"))
+    real_open, raised = os.open, []
+
+    def open_(path, flags, *args):
+        if str(path) == mark and not raised:  # the other breaker had it, and is done by stat
+            raised.append(path)
+            raise FileExistsError(path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(fl.os, "open", open_)
+    me = acquire(tmp_path)
+    assert raised and me is not None and read_holder(tmp_path) == me
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME]
+
+
+def test_a_taker_waits_for_a_slow_breaker_however_many_tries_that_takes(tmp_path, monkeypatch):
+    """Another process breaks the stale lock slowly (a loaded machine): the taker waits for its
+    mark to go, not for a count of tries, then takes the folder."""
+    import gencraft.folder_lock as fl
+
+    _stale_lock(tmp_path)
+    mark = tmp_path / (LOCK_NAME + ".break")
+    mark.touch()  # fresh: that breaker is at work
+    waits = []
+
+    def sleep(seconds):
+        waits.append(seconds)
+        if len(waits) == 500:  # the other breaker finishes, leaving the stale lock in place
+            mark.unlink()
+
+    monkeypatch.setattr(fl.time, "sleep", sleep)
+    me = acquire(tmp_path)
+    assert len(waits) == 500 and set(waits) == {fl._RETRY_WAIT}
+    assert me is not None and read_holder(tmp_path) == me
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK_NAME]
