@@ -54,6 +54,10 @@ def _dead_pid() -> int:
     return proc.pid
 
 
+def _stale_lock(folder):
+    _write(folder, Holder(_dead_pid(), this_process().host, None, "2026-11-27 10:00:00"))
+
+
 def test_a_live_holder_is_refused_by_name_and_the_folder_is_free_once_it_lets_go(
     tmp_path, other_process
 ):
@@ -132,7 +136,7 @@ def test_of_processes_started_together_exactly_one_holds_the_folder(
 ):
     folder = tmp_path_factory.mktemp("contended")
     if stale:
-        _write(folder, Holder(_dead_pid(), this_process().host, None, "2026-11-27 10:00:00"))
+        _stale_lock(folder)
     marks = tmp_path_factory.mktemp("marks")
     args = [str(folder), str(time.time() + 1.0), str(marks), str(contenders - 1)]
     procs = [
@@ -259,10 +263,6 @@ def test_a_lock_that_keeps_changing_hands_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(fl, "_TAKE_WITHIN", 0.2)
     with pytest.raises(fl.GencraftError, match=r"could not take .*: it kept changing hands"):
         acquire(tmp_path)
-
-
-def _stale_lock(folder):
-    _write(folder, Holder(_dead_pid(), this_process().host, None, "2026-11-27 10:00:00"))
 
 
 def test_a_breaker_that_finishes_between_open_and_stat_is_not_an_error(tmp_path, monkeypatch):
