@@ -117,17 +117,15 @@ def evaluate(
     cad_alpha: float | None = None,
 ) -> dict[str, Any]:
     """Generate for a task's split and score: data-to-text metrics (E2E/DART, all references)
-    or ROUGE-1/2/L (XSum). ``limit`` inputs are the split's first ones, or with ``spread``
-    ones evenly spaced over it (DART's test file is ordered by source corpus). ``lowercase``:
-    outputs and references lower-cased (:func:`gencraft.metrics.score_task`). ``task`` may be
-    a path to your own data, whose fields ``source_field`` and ``target_field`` name.
-    ``partial_dir``: finished batches kept there (see :func:`generate_outputs`).
-    ``metrics``: the scores computed (default: all of the task's). ``cad_alpha``: context-aware
-    decoding (see :func:`generate_outputs`)."""
+    or ROUGE-1/2/L (XSum). ``limit`` inputs: the split's first, or with ``spread`` evenly
+    spaced (DART's test file is ordered by source corpus). ``lowercase``: outputs and references
+    lower-cased (:func:`gencraft.metrics.score_task`). ``task`` may be a path to your own data,
+    whose fields ``source_field`` and ``target_field`` name. ``partial_dir`` (finished batches
+    kept there) and ``cad_alpha`` (context-aware decoding): see :func:`generate_outputs`.
+    ``metrics``: the scores computed (default: all of the task's)."""
     fields = {"source_field": source_field, "target_field": target_field}
     examples = pick_examples(task_examples(task, split, data_dir, **fields), limit, spread)
-    sources = [source_of(e) for e in examples]
-    refs = [references_of(e) for e in examples]
+    sources, refs = [source_of(e) for e in examples], [references_of(e) for e in examples]
     new = max_new_tokens or 64
     start = time.time()
     outputs = generate_outputs(

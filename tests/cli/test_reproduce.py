@@ -78,11 +78,14 @@ def test_memory_experiment_is_linear_and_settings_are_validated(shared_data, tmp
     assert "search-memory has no setting --bogus" in capsys.readouterr().err
 
 
-def test_prefix_tasks_seeds_share_runs_and_rescore_on_new_decoding(shared_data, tmp_path):
+def test_prefix_tasks_mean_interval_is_students_t():
     from gencraft.prefix.experiments import mean_interval
 
     assert mean_interval([1.0, 3.0]) == (2.0, pytest.approx(12.706))  # t(0.975, 1 dof)
     assert mean_interval([4.0]) == (4.0, None)
+
+
+def test_prefix_tasks_seeds_share_runs_and_rescore_on_new_decoding(shared_data, tmp_path):
     runs = tmp_path / "runs"
     common = {"data_dir": str(shared_data), "runs_dir": str(runs)}
     report = reproduce(
@@ -118,7 +121,11 @@ def test_prefix_tasks_seeds_share_runs_and_rescore_on_new_decoding(shared_data, 
     )
     rescored = json.loads((tmp_path / "c" / "results.json").read_text())["units"]["dense/seed0"]
     assert rescored["scores"]["BLEU"] != 12.5
-    # XSum: per-document ROUGE-L, its interval, and the paired difference against dense
+
+
+def test_prefix_tasks_on_xsum_pair_documents_and_refuse_an_unknown_variant(shared_data, tmp_path):
+    """XSum: per-document ROUGE-L, its interval, and the paired difference against dense."""
+    common = {"data_dir": str(shared_data)}
     xsum = {
         **common,
         "runs_dir": str(tmp_path / "xruns"),
@@ -137,7 +144,7 @@ def test_prefix_tasks_seeds_share_runs_and_rescore_on_new_decoding(shared_data, 
             "prefix-tasks",
             scale="tiny",
             output=tmp_path / "d",
-            overrides={**common, "variants": "densest"},
+            overrides={**common, "runs_dir": str(tmp_path / "runs"), "variants": "densest"},
         )
 
 

@@ -309,92 +309,35 @@ def test_bad_input_is_named(tiny):
 
 
 def test_cli_train_resume_generate_eval_and_errors(shared_data, tmp_path, capsys):
-    out = tmp_path / "run"
-    train = [
-        "nar",
-        "train",
-        "--model",
-        "tiny-bert",
-        "--max-steps",
-        "2",
-        "--batch-size",
-        "4",
-        "--train-examples",
-        "16",
-        "--valid-examples",
-        "4",
-        "--max-target-length",
-        "200",
-        "--output",
-        str(out),
-        "--quiet",
-        "--data-dir",
-        str(shared_data),
-    ]
+    out, data = tmp_path / "run", ["--data-dir", str(shared_data)]
+    train = ["nar", "train", "--model", "tiny-bert", "--max-steps", "2", "--batch-size", "4"]
+    train += ["--train-examples", "16", "--valid-examples", "4", "--max-target-length", "200"]
+    train += ["--output", str(out), "--quiet", *data]
     assert main(train) == 0
     assert (out / "best" / "run_settings.json").is_file()
     assert main(train) == 0  # a finished run resumes and stops at once
     assert '"steps": 2' in capsys.readouterr().out
-    assert (
-        main(
-            [
-                "nar",
-                "generate",
-                str(out / "best"),
-                "--sources",
-                "name : A",
-                "--samples",
-                "2",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    generate = ["nar", "generate", str(out / "best")]
+    assert main([*generate, "--sources", "name : A", "--samples", "2", "--json"]) == 0
     assert '"model_calls"' in capsys.readouterr().out
     for method in ("sundae", "mask-predict"):  # τ = 0 decides every position in one call
-        args = ["nar", "generate", str(out / "best"), "--sources", "name : A", "b c"]
+        args = [*generate, "--sources", "name : A", "b c"]
         assert main([*args, "--method", method, "--threshold", "0", "--json"]) == 0
         assert [r["model_calls"] for r in json.loads(capsys.readouterr().out)] == [1, 1]
     assert main([*args, "--threshold", "1.5"]) == 2
     assert "gencraft: error: threshold must lie in [0, 1]" in capsys.readouterr().err
     assert main([*args, "--threshold", "0.5", "--proportion", "0.5"]) == 2
     assert "proportion does not apply with threshold" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                "nar",
-                "eval",
-                str(out / "best"),
-                "--limit",
-                "2",
-                "--samples",
-                "2",
-                "--steps",
-                "2",
-                "--quiet",
-                "--lowercase",
-                "--data-dir",
-                str(shared_data),
-            ]
-        )
-        == 0
-    )
+    evaluate = ["nar", "eval", str(out / "best"), "--limit", "2", "--samples", "2"]
+    evaluate += ["--steps", "2"]
+    assert main([*evaluate, "--quiet", "--lowercase", *data]) == 0
     shown = capsys.readouterr().out
     assert "BLEU" in shown and "scored by score_task: E2E challenge convention" in shown
     assert "lower-cased (asked for by the caller)" in shown  # --lowercase says so
-    assert main(["nar", "generate", str(out / "best"), "--sources", "x", "--temperature", "0"]) == 2
+    assert main([*generate, "--sources", "x", "--temperature", "0"]) == 2
     assert "gencraft: error: temperature must be > 0" in capsys.readouterr().err
-    bad = [
-        "nar",
-        "train",
-        "--model",
-        "tiny-bert",
-        "--objective",
-        "autoregressive",
-        "--output",
-        str(tmp_path / "x"),
-    ]
-    assert main(bad) == 2
+    bad = ["nar", "train", "--model", "tiny-bert", "--objective", "autoregressive"]
+    assert main([*bad, "--output", str(tmp_path / "x")]) == 2
     assert "needs --no-bidirectional" in capsys.readouterr().err
 
 

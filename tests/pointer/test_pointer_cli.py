@@ -82,6 +82,19 @@ def test_train_writes_results_and_eval_reproduces_them(trained, synthetic_lm_dir
     assert res["parameters"] - lstm["parameters"] == 32 * 32 + 2 * 32
 
 
+def _bucket_gains_by_hand(counts, res) -> tuple[list[float], list[int]]:
+    """Per frequency bucket: the sum of nll_lstm - nll_pointer, and the token count."""
+    ranked = sorted(range(len(counts)), key=lambda w: (-counts[w], w))
+    bucket = {w: r * 10 // len(counts) for r, w in enumerate(ranked)}
+    sums, tokens = [0.0] * 10, [0] * 10
+    targets = res["lstm"]["targets"].flatten().tolist()
+    gain = (res["lstm"]["token_nll"] - res["ptr"]["token_nll"]).flatten().tolist()
+    for w, g in zip(targets, gain, strict=True):
+        sums[bucket[w]] += g
+        tokens[bucket[w]] += 1
+    return sums, tokens
+
+
 def test_analyze_writes_pngs_and_the_bucket_gains_and_gates_computed_by_hand(
     trained, synthetic_lm_dir, tmp_path
 ):
@@ -121,15 +134,8 @@ def test_analyze_writes_pngs_and_the_bucket_gains_and_gates_computed_by_hand(
         k: evaluate(m, corpus["test"], batch_size=2, return_details=True, progress=False)
         for k, m in models.items()
     }
-    counts = corpus.vocab.counts
-    ranked = sorted(range(len(counts)), key=lambda w: (-counts[w], w))
-    bucket = {w: r * 10 // len(counts) for r, w in enumerate(ranked)}
-    sums, tokens = [0.0] * 10, [0] * 10
+    sums, tokens = _bucket_gains_by_hand(corpus.vocab.counts, res)
     targets = res["lstm"]["targets"].flatten().tolist()
-    gain = (res["lstm"]["token_nll"] - res["ptr"]["token_nll"]).flatten().tolist()
-    for w, g in zip(targets, gain, strict=True):
-        sums[bucket[w]] += g
-        tokens[bucket[w]] += 1
     for i, row in enumerate(summary["buckets"]):
         assert row["tokens"] == tokens[i]
         if tokens[i]:

@@ -69,96 +69,36 @@ def test_prefix_spectrum_by_hand():
     assert set(curves) == {"lower", "upper"} and curves["lower"].shape == (3,)
 
 
+_PREFIX_TRAIN = ["prefix", "train", "--model", "tiny-llama", "--task", "e2e"]
+_PREFIX_TRAIN += ["--num-virtual-tokens", "4", "--encoder-segments", "2", "--lr", "1e-2"]
+_PREFIX_TRAIN += ["--blocked-layers", "lower", "--sparse-layers", "lower"]
+_PREFIX_TRAIN += ["--normalizer", "truncsa"]
+_PREFIX_TRAIN += ["--batch-size", "4", "--train-examples", "16", "--valid-examples", "4"]
+_PREFIX_TRAIN += ["--max-source-tokens", "48", "--max-target-tokens", "24"]
+
+
 def test_cli_train_resume_eval_analyze(tmp_path, capsys, shared_data):
     from gencraft.cli.main import main
 
-    out = tmp_path / "run"
-    common = [
-        "prefix",
-        "train",
-        "--model",
-        "tiny-llama",
-        "--task",
-        "e2e",
-        "--num-virtual-tokens",
-        "4",
-        "--encoder-segments",
-        "2",
-        "--blocked-layers",
-        "lower",
-        "--normalizer",
-        "truncsa",
-        "--sparse-layers",
-        "lower",
-        "--lr",
-        "1e-2",
-        "--batch-size",
-        "4",
-        "--train-examples",
-        "16",
-        "--valid-examples",
-        "4",
-        "--max-source-tokens",
-        "48",
-        "--max-target-tokens",
-        "24",
-        "--output",
-        str(out),
-        "--quiet",
-        "--data-dir",
-        str(shared_data),
-    ]
+    out, data = tmp_path / "run", ["--data-dir", str(shared_data)]
+    common = [*_PREFIX_TRAIN, "--output", str(out), "--quiet", *data]
     assert main([*common, "--max-steps", "2"]) == 0
     first = json.loads((out / "train_summary.json").read_text())
     assert first["steps"] == 2 and first["trainable_parameters"] == 4 * 2 * 2 * 2 * 8
     assert main([*common, "--max-steps", "3"]) == 0  # resumes from step 2
     assert json.loads((out / "train_summary.json").read_text())["steps"] == 3
     capsys.readouterr()
-    assert (
-        main(
-            [
-                "prefix",
-                "eval",
-                str(out / "best"),
-                "--limit",
-                "3",
-                "--num-beams",
-                "2",
-                "--max-new-tokens",
-                "8",
-                "--quiet",
-                "--json",
-                "--data-dir",
-                str(shared_data),
-            ]
-        )
-        == 0
-    )
+    evaluate = ["prefix", "eval", str(out / "best"), "--limit", "3", "--num-beams", "2"]
+    evaluate += ["--max-new-tokens", "8", "--quiet", *data]
+    assert main([*evaluate, "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["examples"] == 3 and set(result["scores"]) >= {"BLEU", "NIST", "CIDEr", "TER"}
     assert "cased, detokenised" in result["scores"]["convention"]
-    lower = ["prefix", "eval", str(out / "best"), "--limit", "3", "--num-beams", "2"]
-    lower += ["--max-new-tokens", "8", "--quiet", "--lowercase", "--data-dir", str(shared_data)]
-    assert main(lower) == 0
+    assert main([*evaluate, "--lowercase"]) == 0
     assert "lower-cased (asked for by the caller)" in capsys.readouterr().out
-    assert (
-        main(
-            [
-                "prefix",
-                "analyze",
-                str(out / "best"),
-                "--compare",
-                str(out / "last"),
-                "--limit",
-                "4",
-                "--output-dir",
-                str(tmp_path / "an"),
-                "--data-dir",
-                str(shared_data),
-            ]
-        )
-        == 0
-    )
+    analyze = ["prefix", "analyze", str(out / "best"), "--compare", str(out / "last")]
+    analyze += ["--limit", "4", "--output-dir", str(tmp_path / "an"), *data]
+    assert main(analyze) == 0
     for png in ("attention_maps.png", "spectrum.png"):
         assert (tmp_path / "an" / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     spectra = json.loads((tmp_path / "an" / "spectrum.json").read_text())

@@ -69,58 +69,19 @@ def test_recurrence_train_eval_and_resume(tmp_path, synthetic_lm_dir, capsys):
     rows = json.loads(capsys.readouterr().out)
     assert [r["overlap"] for r in rows] == [0, 2]
     assert rows[1]["flops/token"] > rows[0]["flops/token"]
-    assert (
-        main(
-            [
-                "recurrence",
-                "eval",
-                "tiny-llama",
-                "--overlaps",
-                "11",
-                "--window",
-                "12",
-                "--corpus",
-                "ptb",
-                "--quiet",
-                "--data-dir",
-                str(synthetic_lm_dir),
-            ]
-        )
-        == 0
-    )
-    assert (
-        main(
-            [
-                "recurrence",
-                "eval",
-                "tiny-llama",
-                "--overlaps",
-                "12",
-                "--window",
-                "12",
-                "--corpus",
-                "ptb",
-                "--data-dir",
-                str(synthetic_lm_dir),
-            ]
-        )
-        == 2
-    )
+
+
+def test_recurrence_eval_refuses_an_overlap_of_a_whole_window_and_train_a_missing_layer(
+    tmp_path, synthetic_lm_dir, capsys
+):
+    data = ["--corpus", "ptb", "--data-dir", str(synthetic_lm_dir)]
+    evaluate = ["recurrence", "eval", "tiny-llama", "--window", "12", *data]
+    assert main([*evaluate, "--overlaps", "11", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main([*evaluate, "--overlaps", "12"]) == 2
     assert "overlap must be in [0, window=12)" in capsys.readouterr().err
-    assert (
-        main(
-            [
-                *TRAIN[:-1],
-                "--insert-layer",
-                "5",
-                "--output",
-                str(tmp_path / "x"),
-                "--data-dir",
-                str(synthetic_lm_dir),
-            ]
-        )
-        == 2
-    )
+    train = [*TRAIN[:-1], "--insert-layer", "5", "--output", str(tmp_path / "x")]
+    assert main([*train, "--data-dir", str(synthetic_lm_dir)]) == 2
     assert "insert_layer must be in [0, 2)" in capsys.readouterr().err
 
 
