@@ -62,6 +62,21 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     "data/own": (["gencraft/data/own.py"], ["tests/data/test_own_data.py"]),
     "folder_lock": (["gencraft/folder_lock.py"], ["tests/test_folder_lock.py"]),
     "payload": (["gencraft/payload.py"], ["tests/test_payload.py"]),
+    # the verdicts' statistics: the fast tests only (the tiny campaigns take minutes each)
+    "metrics/stats": (
+        ["gencraft/metrics/stats.py"],
+        [
+            "tests/metrics/test_stats.py",
+            "tests/test_pooled_verdicts.py",
+            "tests/search/test_conditional_statistics.py",
+            "tests/test_campaign.py::test_student_t_matches_published_quantiles_and_tails",
+            "tests/test_campaign.py::test_the_paired_t_interval_excludes_zero_exactly_when_p_is_below_005",
+            "tests/test_campaign.py::test_the_verdict_on_unfinished_runs_is_computed_so_far_and_marked_interim",
+            "tests/test_campaign.py::test_the_fame_and_dasp_verdicts_pair_seeds",
+            "tests/search/test_search_errors.py::test_sign_test_equals_counting_every_sequence",
+            "tests/search/test_search_errors.py::test_wilson_interval_matches_published_values_and_stays_inside",
+        ],
+    ),
     "training/checkpoint": (["gencraft/training/checkpoint.py"], ["tests/training"]),
     "nar/decoding": (["gencraft/nar/decoding.py"], ["tests/nar"]),
     "search/beam": (
