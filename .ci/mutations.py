@@ -5143,6 +5143,55 @@ M = [
         "and mean != 0:",
         "tests/metrics/test_stats.py::test_decide_adds_the_verdict_and_the_pairs_that_would_decide_it",
     ),
+    (
+        "stats-one-difference-counted-two",
+        "gencraft/metrics/stats.py",
+        '"n": 1, "mean": mean, "sd": math.nan',
+        '"n": 2, "mean": mean, "sd": math.nan',
+        "tests/metrics/test_stats.py::test_one_difference_gives_no_interval_and_none_is_refused",
+    ),
+    (
+        "stats-decide-drops-alpha",
+        "gencraft/metrics/stats.py",
+        'verdict = verdict_of(mean, float(t["p"]), expected, alpha)',
+        'verdict = verdict_of(mean, float(t["p"]), expected)',
+        "tests/metrics/test_stats.py::test_decide_adds_the_verdict_and_the_pairs_that_would_decide_it",
+    ),
+    (
+        "stats-decide-needed-below-n",
+        "gencraft/metrics/stats.py",
+        'max(int(t["n"]) + 1,',
+        'max(int(t["n"]) - 1,',
+        "tests/metrics/test_stats.py::test_a_large_t_left_undecided_by_two_pairs_asks_for_one_pair_more",
+    ),
+    (
+        "stats-wilson-low-not-pinned",
+        "gencraft/metrics/stats.py",
+        "low = 0.0 if k == 0 else max(0.0, centre - half)",
+        "low = max(0.0, centre - half)",
+        "tests/metrics/test_stats.py::test_no_success_gives_a_lower_end_of_exactly_zero",
+    ),
+    (
+        "stats-comparison-needs-both-negative",
+        "gencraft/metrics/stats.py",
+        "if wins < 0 or losses < 0 or wins + losses > n:",
+        "if wins < 0 and losses < 0 or wins + losses > n:",
+        "tests/metrics/test_stats.py::test_a_paired_comparison_refuses_negative_counts_and_more_than_n",
+    ),
+    (
+        "stats-wilson-one-of-none",
+        "gencraft/metrics/stats.py",
+        "not 0 <= k <= max(n, 0)",
+        "not 0 <= k <= max(n, 1)",
+        "tests/metrics/test_stats.py::test_the_wilson_interval_refuses_counts_outside_zero_to_n",
+    ),
+    (
+        "stats-empty-message-wrapped",
+        "gencraft/metrics/stats.py",
+        'GencraftError("paired_t needs at least one difference")',
+        'GencraftError("XXpaired_t needs at least one differenceXX")',
+        "tests/metrics/test_stats.py::test_one_difference_gives_no_interval_and_none_is_refused",
+    ),
 ]
 
 

@@ -6,6 +6,7 @@ word for word. Fast, so that the automatic mutation tool can run them per mutant
 from __future__ import annotations
 
 import math
+import re
 
 import mpmath
 import pytest
@@ -23,6 +24,11 @@ def _fifty_digits():
     """mpmath at 50 digits for these tests only (its precision is global)."""
     with mpmath.workdps(50):
         yield
+
+
+def _whole(message: str) -> str:
+    """A pattern that matches ``message`` and nothing around it."""
+    return f"^{re.escape(message)}$"
 
 
 def _t_tail2(t: float, dof: float) -> float:
@@ -55,7 +61,7 @@ def test_the_t_quantile_leaves_one_minus_the_level_in_the_tails(dof, level):
 
 def test_the_t_refuses_a_dof_of_zero_or_less():
     for dof in (0, -1.5):
-        with pytest.raises(GencraftError, match=f"Student's t needs dof > 0, got {dof}"):
+        with pytest.raises(GencraftError, match=_whole(f"Student's t needs dof > 0, got {dof}")):
             stats.student_t_sf2(1.0, dof)
 
 
@@ -80,9 +86,9 @@ def test_paired_t_is_the_textbook_interval_and_test(diffs):
 
 def test_one_difference_gives_no_interval_and_none_is_refused():
     got = stats.paired_t([2.5])
-    assert got["mean"] == 2.5 and got["p"] == 1.0 and math.isnan(got["sd"])
+    assert got["n"] == 1 and got["mean"] == 2.5 and got["p"] == 1.0 and math.isnan(got["sd"])
     assert (got["low"], got["high"]) == (-math.inf, math.inf)
-    with pytest.raises(GencraftError, match="paired_t needs at least one difference"):
+    with pytest.raises(GencraftError, match=_whole("paired_t needs at least one difference")):
         stats.paired_t([])
 
 
@@ -103,7 +109,7 @@ def test_the_verdict_follows_p_and_the_claimed_direction(mean, p, expected, verd
 
 
 def test_the_verdict_refuses_a_direction_other_than_up_or_down():
-    with pytest.raises(GencraftError, match="expected must be 1 or -1, got 0"):
+    with pytest.raises(GencraftError, match=_whole("expected must be 1 or -1, got 0")):
         stats.verdict_of(1.0, 0.01, 0)
     assert stats.verdict_of(1.0, 0.08, 1, alpha=0.1) == "reproduced"
 
@@ -120,8 +126,15 @@ def test_decide_adds_the_verdict_and_the_pairs_that_would_decide_it(diffs):
     else:
         want = max(len(diffs) + 1, math.ceil((2.80 * t["sd"] / abs(t["mean"])) ** 2))
         assert got["needed"] == want
+    assert stats.decide(diffs, alpha=1.01)["verdict"] == stats.verdict_of(t["mean"], 0, 1, 0.5)
     down = stats.decide([-d for d in diffs], expected=-1)
     assert down["verdict"] == got["verdict"] and down["needed"] == got["needed"]
+
+
+def test_a_large_t_left_undecided_by_two_pairs_asks_for_one_pair_more():
+    # t = 21 with one degree of freedom: p = 0.03 > 0.01; (2.80 sd / mean)^2 rounds up to 1
+    got = stats.decide([1.0, 1.1], alpha=0.01)
+    assert got["verdict"] == "not reproduced at this size" and got["needed"] == 3
 
 
 def _wilson(k: int, n: int, z: float) -> tuple[float, float]:
@@ -142,10 +155,17 @@ def test_the_wilson_interval_is_the_closed_form_and_exact_at_the_ends(kn, z):
     assert high == (1.0 if k == n else pytest.approx(want[1], rel=1e-12, abs=1e-15))
 
 
-@pytest.mark.parametrize(("k", "n"), [(-1, 5), (6, 5), (0, -1)])
+@pytest.mark.parametrize(("k", "n"), [(-1, 5), (6, 5), (0, -1), (1, 0)])
 def test_the_wilson_interval_refuses_counts_outside_zero_to_n(k, n):
-    with pytest.raises(GencraftError, match=f"wilson_interval needs 0 <= k <= n, got k={k}, n={n}"):
+    message = f"wilson_interval needs 0 <= k <= n, got k={k}, n={n}"
+    with pytest.raises(GencraftError, match=_whole(message)):
         stats.wilson_interval(k, n)
+
+
+def test_no_success_gives_a_lower_end_of_exactly_zero():
+    # the closed form's lower end at k = 0 rounds to a few 1e-19 above 0 for many (n, z)
+    for z in (1.0, 1.959964, 3.1):
+        assert all(stats.wilson_interval(0, n, z)[0] == 0.0 for n in range(1, 2000))
 
 
 @SETTINGS
@@ -166,6 +186,13 @@ def test_a_paired_comparison_counts_ties_and_gives_the_share_of_decided_items(w,
     assert got["p"] == stats.sign_test(w, lo)
     assert got["share"] == (w / (w + lo) if w + lo else 0.5)
     assert (got["share_low"], got["share_high"]) == stats.wilson_interval(w, w + lo)
+
+
+@pytest.mark.parametrize(("w", "lo", "n"), [(-1, 2, 3), (2, -1, 3), (3, 2, 4)])
+def test_a_paired_comparison_refuses_negative_counts_and_more_than_n(w, lo, n):
+    message = f"paired_comparison needs wins + losses <= n, got {w}, {lo}, {n}"
+    with pytest.raises(GencraftError, match=_whole(message)):
+        stats.paired_comparison(w, lo, n)
 
 
 def test_the_report_cells_of_a_verdict():
