@@ -77,7 +77,11 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
             "tests/search/test_search_errors.py::test_wilson_interval_matches_published_values_and_stays_inside",
         ],
     ),
-    "training/checkpoint": (["gencraft/training/checkpoint.py"], ["tests/training"]),
+    # the checkpoint rules, by their fast direct tests (the trainers' own take minutes)
+    "training/checkpoint": (
+        ["gencraft/training/checkpoint.py"],
+        ["tests/training/test_checkpoint.py"],
+    ),
     "nar/decoding": (["gencraft/nar/decoding.py"], ["tests/nar"]),
     "search/beam": (
         ["gencraft/search/beam.py"],

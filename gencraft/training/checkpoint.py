@@ -103,7 +103,12 @@ class InterruptGuard:
             )
 
     def _handle_term(self, signum: int, frame: Any) -> None:
-        self.requested = True  # never "stop now": the launcher waits for the save
+        # never "stop now": the launcher waits for the save. A first request starts the
+        # 2 s in which the same press's SIGINT is ignored, whichever of the two came first
+        if not self.requested:
+            import time
+
+            self.requested, self._first = True, time.monotonic()
 
     def __enter__(self) -> InterruptGuard:
         if threading.current_thread() is threading.main_thread():
