@@ -95,9 +95,17 @@ class ModelShape:
 def model_shape(model: nn.Module) -> ModelShape:
     """The :class:`ModelShape` of ``model``'s generating stack."""
     cfg = decoder_config(model)
-    layers = _first(cfg, "num_hidden_layers", "num_decoder_layers", "decoder_layers", "n_layer")
+    # an encoder-decoder's own config names its decoder's sizes (the generic names may be
+    # its encoder's: BART's num_hidden_layers, T5's num_layers); its text config is no
+    # help, as transformers releases build it differently
+    own = hf_model(model).config if is_encoder_decoder(model) else None
+    layers = _first(own, "num_decoder_layers", "decoder_layers") or _first(
+        cfg, "num_hidden_layers", "n_layer"
+    )
+    heads = _first(own, "decoder_attention_heads") or _first(
+        cfg, "num_attention_heads", "num_heads", "n_head"
+    )
     hidden = _first(cfg, "hidden_size", "d_model", "n_embd")
-    heads = _first(cfg, "num_attention_heads", "decoder_attention_heads", "num_heads", "n_head")
     if layers is None or hidden is None or heads is None:
         raise GencraftError(f"cannot read layers/hidden size/heads from {type(cfg).__name__}")
     kv = _first(cfg, "num_key_value_heads") or heads

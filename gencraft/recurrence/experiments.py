@@ -276,6 +276,7 @@ def recurrence_speed_unit(s: RecurrenceSpeedSettings) -> dict:
 
     from gencraft.experiments import machine
     from gencraft.models import load_model
+    from gencraft.models.introspect import model_shape
     from gencraft.recurrence import RecurrentLM
     from gencraft.timing import interleaved, saved_tensor_bytes
     from gencraft.utils import default_device
@@ -284,7 +285,7 @@ def recurrence_speed_unit(s: RecurrenceSpeedSettings) -> dict:
         torch.set_num_threads(s.threads)
     torch.manual_seed(0)
     base, _ = load_model(s.model)
-    layer = min(s.insert_layer, base.config.num_hidden_layers - 1)
+    layer = min(s.insert_layer, model_shape(base).layers - 1)
     model = RecurrentLM(base, RecurrenceConfig(window=s.window, insert_layer=layer))
     model = model.to(default_device()).train()
     vocab = base.get_output_embeddings().weight.shape[0]

@@ -116,12 +116,15 @@ def degenerate(text: str, prompt: str, finished: bool) -> bool:
 def state_dims(model: nn.Module) -> tuple[int | None, int | None, int]:
     """What a classifier reads from ``model``: (decoder layers + 1 (embeddings first) or None,
     hidden size or None, input-embedding width)."""
-    from gencraft.models.introspect import hf_model
+    from gencraft.errors import GencraftError
+    from gencraft.models.introspect import hf_model, model_shape
 
     model = hf_model(model)
-    cfg = model.config.get_text_config(decoder=True)
-    layers = getattr(cfg, "num_hidden_layers", None) or getattr(cfg, "num_decoder_layers", None)
-    hidden = getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None)
+    try:
+        shape = model_shape(model)
+        layers, hidden = shape.layers, shape.hidden
+    except GencraftError:  # sizes the config does not name
+        layers = hidden = None
     return (layers + 1 if layers else None), hidden, model.get_input_embeddings().weight.shape[1]
 
 

@@ -34,6 +34,7 @@ import torch
 from gencraft.errors import GencraftError
 from gencraft.experiments import ExperimentRun, machine, register, settings_field
 from gencraft.models import load_model
+from gencraft.models.introspect import model_shape
 from gencraft.models.stepping import sequence_log_prob
 from gencraft.progress import tqdm
 from gencraft.search.beam import beam_search_batch
@@ -276,9 +277,8 @@ def memory(s: MemorySettings, run: ExperimentRun) -> None:
     """Peak key/value bytes of exact search against a full cache per node."""
     model, tok = load_model(s.model, device=default_device())
     prompt = encode_prompt(tok, instruction_texts("e2e", 1, s.data_dir)[0])
-    cfg = model.config
-    heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    per_pos = 2 * cfg.num_hidden_layers * heads * (cfg.hidden_size // cfg.num_attention_heads)
+    shape = model_shape(model)
+    per_pos = 2 * shape.layers * shape.kv_heads * shape.head_dim
     per_pos *= next(model.parameters()).element_size()
     rows = []
     for d in tqdm(s.depths, desc="depths"):

@@ -49,7 +49,7 @@ def resume_command(argv: list[str] | None = None, world_size: int | None = None)
         world_size = _world_size()
     prog = Path(argv[0]).name
     ours = prog == "gencraft" or _is_gencraft_entry(argv[0])
-    if not ours and (prog in ("-c", "pytest", "__main__.py") or prog.startswith("pytest")):
+    if not ours and (prog in ("-c", "__main__.py") or prog.startswith("pytest")):
         return None
     args = [a for a in argv[1:] if a != "--restart"]
     if world_size > 1:

@@ -31,6 +31,7 @@ from gencraft.training.checkpoint import (
     save_directory,
     trainable_state,
 )
+from gencraft.training.state import rng_state, set_rng_state
 
 ROOT = Path(gencraft.__file__).resolve().parent
 WORDS = st.text(alphabet="ab -'\"$=.", min_size=1, max_size=6)
@@ -216,10 +217,15 @@ def test_a_saved_checkpoint_loads_with_its_settings_and_a_raised_budget(tmp_path
     ckpt = RunCheckpoint(tmp_path / "run", SETTINGS_NOW)
     assert ckpt.path == tmp_path / "run" / CHECKPOINT_DIR / STATE_FILE
     assert not ckpt.exists()
-    ckpt.save({"step": 3})
-    assert ckpt.exists() and not ckpt.path.with_suffix(".tmp").exists()
+    weights = {"w": torch.arange(3.0)}
+    ckpt.save({"step": 3, "model": weights, "rng": rng_state()})
+    assert ckpt.exists() and sorted(p.name for p in ckpt.directory.iterdir()) == [STATE_FILE]
     again = RunCheckpoint(tmp_path / "run", {**SETTINGS_NOW, "train": {"lr": 0.1, "max_steps": 9}})
-    assert again.load() == {"step": 3, "settings": SETTINGS_NOW}
+    payload = again.load()  # numpy's RNG state too: not a weights-only file
+    assert payload["step"] == 3 and payload["settings"] == SETTINGS_NOW
+    assert torch.equal(payload["model"]["w"], weights["w"])
+    assert payload["model"]["w"].device.type == "cpu"
+    set_rng_state(payload["rng"])
 
 
 def test_a_checkpoint_of_other_settings_is_refused_naming_each(tmp_path):
@@ -258,9 +264,13 @@ def test_a_damaged_file_is_named_with_its_error(tmp_path):
     ckpt.path.write_bytes(b"cut")
     with pytest.raises(GencraftError) as err:
         ckpt.load()
-    msg = str(err.value)
-    assert msg.startswith(f"checkpoint file {ckpt.path} cannot be read (")
-    assert msg.endswith("); delete it or pass --restart")
+    try:  # the reference: what torch says of the file
+        torch.load(ckpt.path, weights_only=False)
+    except Exception as raw:
+        said = f"{type(raw).__name__}: {raw}"
+    assert str(err.value) == (
+        f"checkpoint file {ckpt.path} cannot be read ({said}); delete it or pass --restart"
+    )
     assert err.value.__cause__ is None and err.value.__suppress_context__
 
 
@@ -323,15 +333,18 @@ def test_a_failed_save_leaves_the_last_one_and_a_leftover_is_cleared(tmp_path):
 
     def broken(folder: Path) -> None:
         (folder / "a").write_text("half")
+        (folder / "b").write_text("half")
         raise OSError("disk full")
 
     with pytest.raises(OSError):
         save_directory(broken, target)
     assert (target / "a").read_text() == "1"
+    assert (tmp_path / "best.tmp" / "a").read_text() == "half"  # what the next save clears
     (tmp_path / "best.old").mkdir()  # left by a save killed between its renames
     (tmp_path / "best.old" / "a").write_text("0")
     save_directory(_writer("3"), target)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best"]
+    assert sorted(p.name for p in target.iterdir()) == ["a"]
     assert (target / "a").read_text() == "3"
 
 
@@ -352,9 +365,13 @@ def test_the_first_ctrl_c_is_a_flag_and_the_second_stops(capsys, monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     before = signal.getsignal(signal.SIGINT)
     term = signal.getsignal(signal.SIGTERM)
+    assert InterruptGuard().requested is False
     with InterruptGuard() as guard:
         assert signal.getsignal(signal.SIGTERM) is term  # one process: SIGTERM untouched
-        _deliver(guard, signal.SIGINT)
+        try:
+            _deliver(guard, signal.SIGINT)
+        except KeyboardInterrupt:
+            pytest.fail("the first Ctrl-C stopped at once")
         assert guard.requested
         err = capsys.readouterr().err
         assert err == "\ngencraft: stopping after this step (Ctrl-C again to stop now)\n"
@@ -376,7 +393,7 @@ def test_under_a_launcher_sigterm_is_the_same_request_and_one_press_counts_once(
             guard._handle(signal.SIGINT, None)  # the same press, after the launcher's SIGTERM
         except KeyboardInterrupt:
             pytest.fail("the SIGINT of the press the launcher forwarded as SIGTERM stopped at once")
-        guard._first -= 3.0  # a second press, later
+        guard._first -= 2.5  # a second press, 2.5 s later
         with pytest.raises(KeyboardInterrupt):
             guard._handle(signal.SIGINT, None)
     assert signal.getsignal(signal.SIGTERM) is term
@@ -405,3 +422,14 @@ def test_outside_the_main_thread_the_guard_touches_no_handler():
     thread.start()
     thread.join()
     assert seen == [(None, before)]
+
+
+def test_a_guard_is_reused_and_exited_twice_without_touching_other_handlers(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    guard = InterruptGuard()
+    for _ in range(2):
+        with guard:
+            assert signal.getsignal(signal.SIGINT) == guard._handle
+        guard.__exit__(None, None, None)  # a second exit restores nothing more
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before

@@ -1,0 +1,487 @@
+"""What gencraft reads about a model (``gencraft.models.introspect``), checked against what the
+model does: its sizes against the attentions, hidden states, key/value cache and logits of a
+forward pass, on families whose configs spell them differently and whose decoder differs
+from the encoder; its special ids against each place a config may hold them; and the token
+budgets and refusals word for word."""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+import transformers as T
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from gencraft.errors import ConfigError, GencraftError
+from gencraft.models.introspect import (
+    check_generator,
+    check_token_budget,
+    context_size,
+    decoder_body,
+    decoder_config,
+    decoder_start_id,
+    encoder_context_size,
+    eos_ids,
+    fingerprint,
+    hf_model,
+    is_causal_lm,
+    is_encoder_decoder,
+    model_name,
+    model_shape,
+    pad_id,
+    same_model_name,
+    special_ids,
+    target_eos_id,
+)
+
+V = 50  # every size below differs from the others, and each decoder from its encoder
+
+
+def _bert(**kw) -> T.BertConfig:
+    sizes = {"hidden_size": 24, "intermediate_size": 32, "vocab_size": V}
+    return T.BertConfig(**sizes, **kw)
+
+
+def build(name: str) -> nn.Module:
+    """A tiny model of family ``name`` with 3 decoder layers, hidden 24 and 6 heads."""
+    torch.manual_seed(0)
+    if name == "gpt2":
+        cfg = T.GPT2Config(vocab_size=V, n_embd=24, n_layer=3, n_head=6, n_positions=40, n_inner=32)
+        return T.GPT2LMHeadModel(cfg)
+    if name == "llama":  # grouped key/values and a head_dim that is not hidden / heads
+        cfg = T.LlamaConfig(
+            vocab_size=V,
+            hidden_size=24,
+            intermediate_size=32,
+            num_hidden_layers=3,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            head_dim=6,
+            max_position_embeddings=40,
+        )
+        return T.LlamaForCausalLM(cfg)
+    if name == "opt":
+        cfg = T.OPTConfig(
+            vocab_size=V,
+            hidden_size=24,
+            num_hidden_layers=3,
+            num_attention_heads=6,
+            ffn_dim=32,
+            max_position_embeddings=40,
+            word_embed_proj_dim=24,
+        )
+        return T.OPTForCausalLM(cfg)
+    if name == "bart":  # the generic names are the encoder's (1 layer, 2 heads)
+        cfg = T.BartConfig(
+            vocab_size=V,
+            d_model=24,
+            encoder_layers=1,
+            decoder_layers=3,
+            encoder_attention_heads=2,
+            decoder_attention_heads=6,
+            encoder_ffn_dim=32,
+            decoder_ffn_dim=32,
+            max_position_embeddings=40,
+        )
+        return T.BartForConditionalGeneration(cfg)
+    if name == "t5":  # num_layers is the encoder's; d_kv is not hidden / heads
+        cfg = T.T5Config(
+            vocab_size=V, d_model=24, d_kv=5, d_ff=32, num_layers=1, num_decoder_layers=3,
+            num_heads=6, decoder_start_token_id=0,
+        )  # fmt: skip
+        return T.T5ForConditionalGeneration(cfg)
+    assert name == "bert2bert"
+    enc = _bert(num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=60)
+    dec = _bert(
+        num_hidden_layers=3,
+        num_attention_heads=6,
+        max_position_embeddings=40,
+        is_decoder=True,
+        add_cross_attention=True,
+    )
+    model = T.EncoderDecoderModel(
+        encoder=T.BertModel(enc, add_pooling_layer=False), decoder=T.BertLMHeadModel(dec)
+    )
+    model.config.decoder_start_token_id, model.config.pad_token_id = 1, 0
+    return model
+
+
+FAMILIES = ["gpt2", "llama", "opt", "bart", "t5", "bert2bert"]
+#: positions of the decoder and the encoder (None: relative positions, no limit)
+CONTEXT = {"gpt2": 40, "llama": 40, "opt": 40, "bart": 40, "t5": None, "bert2bert": 40}
+ENCODER_CONTEXT = {**CONTEXT, "bert2bert": 60}
+
+
+def _observed(model: nn.Module) -> tuple[int, int, int, int, int, int]:
+    """(layers, hidden, heads, kv_heads, head_dim, vocab) as a forward pass shows them."""
+    model.eval().set_attn_implementation("eager")
+    ids = torch.tensor([[3, 4, 5, 6]])
+    kw = {"output_attentions": True, "output_hidden_states": True, "use_cache": True}
+    with torch.no_grad():
+        if is_encoder_decoder(model):
+            out = model(input_ids=ids, decoder_input_ids=ids[:, :3], **kw)
+            att, states = out.decoder_attentions, out.decoder_hidden_states
+            cache = out.past_key_values.self_attention_cache
+        else:
+            out = model(input_ids=ids, **kw)
+            att, states, cache = out.attentions, out.hidden_states, out.past_key_values
+    keys = cache.layers[0].keys  # [B, kv_heads, T, head_dim]
+    return (
+        len(att),
+        states[-1].shape[-1],
+        att[0].shape[1],
+        keys.shape[1],
+        keys.shape[3],
+        out.logits.shape[-1],
+    )
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_the_shape_is_what_a_forward_pass_shows(name):
+    model = build(name)
+    shape = model_shape(model)
+    got = (shape.layers, shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, shape.vocab)
+    assert got == _observed(model)
+    assert shape.context == context_size(model) == CONTEXT[name]
+    assert encoder_context_size(model) == ENCODER_CONTEXT[name]
+
+
+def test_a_config_without_sizes_is_refused_naming_it():
+    model = build("gpt2")
+    model.config.n_head = 0  # not a size
+    with pytest.raises(GencraftError) as err:
+        model_shape(model)
+    assert str(err.value) == "cannot read layers/hidden size/heads from GPT2Config"
+
+
+def test_the_vocabulary_is_the_output_layers_rows_else_the_configs():
+    model = build("gpt2")
+    model.resize_token_embeddings(57)
+    assert model_shape(model).vocab == 57
+    model.get_output_embeddings = lambda: None
+    model.config.vocab_size = 61
+    assert model_shape(model).vocab == 61
+
+
+# -- kinds of model ------------------------------------------------------------------------
+
+
+class Wrapper(nn.Module):
+    def __init__(self, base: nn.Module) -> None:
+        super().__init__()
+        self.base = base
+
+
+@pytest.mark.parametrize("depth", [0, 1, 5])
+def test_a_wrapped_model_is_found_under_up_to_five_wrappers(depth):
+    model = build("gpt2")
+    outer = model
+    for _ in range(depth):
+        outer = Wrapper(outer)
+    assert hf_model(outer) is model
+    assert model_shape(outer) == model_shape(model)
+
+
+def test_six_wrappers_or_none_with_no_base_are_refused():
+    outer = build("gpt2")
+    for _ in range(6):
+        outer = Wrapper(outer)
+    with pytest.raises(GencraftError) as err:
+        hf_model(outer)
+    assert str(err.value) == "Wrapper is not a Hugging Face model and wraps none (no .base)"
+    with pytest.raises(GencraftError, match=r"^Linear is not a Hugging Face model"):
+        hf_model(nn.Linear(2, 2))
+    stub = Wrapper(SimpleNamespace(config=SimpleNamespace()))  # a config without to_dict
+    with pytest.raises(GencraftError, match=r"^SimpleNamespace is not"):
+        hf_model(stub)
+
+
+@pytest.mark.parametrize(
+    ("model", "causal", "seq2seq"),
+    [
+        (lambda: build("gpt2"), True, False),
+        (lambda: build("bart"), False, True),
+        (lambda: build("bert2bert"), False, True),
+        (lambda: T.BertForMaskedLM(_bert()), False, False),
+        (lambda: T.BertLMHeadModel(_bert(is_decoder=True)), True, False),
+        (lambda: T.GPT2Model(T.GPT2Config(n_embd=24, n_layer=1, n_head=2)), False, False),
+    ],
+)
+def test_which_models_generate(model, causal, seq2seq):
+    model = model()
+    assert (is_causal_lm(model), is_encoder_decoder(model)) == (causal, seq2seq)
+    if causal or seq2seq:
+        check_generator(model, "sampling")
+    else:
+        with pytest.raises(GencraftError) as err:
+            check_generator(model, "sampling")
+        cls = type(model).__name__
+        assert str(err.value) == (
+            f"sampling needs a model that generates (a causal LM or an encoder-decoder); "
+            f"{cls} is a {cls}, an encoder"
+        )
+
+
+def test_a_class_of_its_own_is_a_causal_lm_when_its_config_says_decoder():
+    class MyLM(T.GPT2LMHeadModel):
+        pass
+
+    model = MyLM(build("gpt2").config)
+    assert not is_causal_lm(model)
+    model.config.is_decoder = True
+    assert is_causal_lm(model)
+
+
+def test_the_decoder_config_and_body_are_the_generating_parts():
+    b2b = build("bert2bert")
+    assert decoder_config(b2b) is b2b.config.decoder
+    gpt2 = build("gpt2")
+    assert decoder_config(gpt2) is gpt2.config
+    assert decoder_body(gpt2) is gpt2.transformer
+    opt = build("opt")
+    assert decoder_body(opt) is opt.model.decoder  # OPTForCausalLM calls it directly
+    llama = build("llama")
+    assert decoder_body(Wrapper(llama)) is llama.model
+
+
+def test_a_get_decoder_that_fails_or_returns_the_model_falls_back_to_the_base_model():
+    for fail in (AttributeError, NotImplementedError):
+        model = build("gpt2")
+
+        def broken(fail=fail):
+            raise fail("no decoder")
+
+        model.get_decoder = broken
+        assert decoder_body(model) is model.transformer
+    model = build("gpt2")
+    model.get_decoder = lambda: model
+    assert decoder_body(model) is model.transformer
+    model.get_decoder = "not callable"
+    assert decoder_body(model) is model.transformer
+
+
+# -- names ---------------------------------------------------------------------------------
+
+
+def test_the_name_is_the_loaded_name_else_the_configs_else_none():
+    model = build("gpt2")
+    assert model_name(model) is None
+    model.config._name_or_path = "org/model"
+    assert model_name(Wrapper(model)) == "org/model"
+    model.gencraft_name = "tiny-gpt2"
+    assert model_name(model) == "tiny-gpt2"
+
+
+def test_same_model_name_needs_two_names():
+    assert not same_model_name(None, "tiny-gpt2")
+    assert not same_model_name("tiny-gpt2", "")
+    assert same_model_name("tiny-gpt2", "tiny-gpt2")
+    assert not same_model_name("tiny-gpt2", "tiny-bart")
+
+
+def test_the_fingerprint_follows_the_weights_and_architecture_not_the_name():
+    a, b = build("gpt2"), build("gpt2")
+    assert fingerprint(a) == fingerprint(b) and len(fingerprint(a)) == 16
+    int(fingerprint(a), 16)  # hexadecimal
+    b.config._name_or_path, b.config.torch_dtype = "/somewhere/else", "bfloat16"
+    assert fingerprint(a) == fingerprint(b)
+    with torch.no_grad():
+        b.get_input_embeddings().weight[63 % V, 0] += 0.01
+    assert fingerprint(a) != fingerprint(b)
+    c = build("gpt2")
+    c.config.n_inner = 31  # the architecture, not the weights read
+    assert fingerprint(a) != fingerprint(c)
+
+
+# -- token budgets -------------------------------------------------------------------------
+
+
+GPT2 = build("gpt2")
+GPT2.gencraft_name = "tiny"
+
+
+BART = build("bart")
+BART.gencraft_name = "b"
+
+
+@settings(max_examples=60, deadline=None)
+@example(ctx=10, reserve=2, source=5, target=8)  # no room left: refused, not cut to 0
+@example(ctx=10, reserve=2, source=5, target=7)  # one position left
+@given(
+    ctx=st.integers(4, 40),
+    reserve=st.integers(0, 6),
+    source=st.integers(1, 50),
+    target=st.integers(1, 50),
+)
+def test_a_causal_lm_budget_is_kept_cut_or_refused(ctx, reserve, source, target):
+    """One sequence of prompt + source + target: kept when it fits, cut with a note when the
+    source is at most the positions and leaves room, refused otherwise."""
+    model = GPT2
+    model.config.n_positions = ctx
+    kw = {"reserve": reserve}
+    room = ctx - reserve - target
+    if reserve + source + target <= ctx:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert check_token_budget(model, source, target, **kw) == source
+    elif room < 1 or source > ctx:
+        with pytest.raises(ConfigError) as err:
+            check_token_budget(model, source, target, **kw)
+        assert str(err.value) == (
+            f"--max-source-tokens {source} + --max-target-tokens {target} (+ {reserve} prompt "
+            f"tokens) exceed the {ctx} positions of tiny; make them sum to at most "
+            f"{ctx - reserve}"
+        )
+    else:
+        with pytest.warns(UserWarning) as record:
+            assert check_token_budget(model, source, target, **kw) == room
+        prompt = f" and {reserve} for the prompt" if reserve else ""
+        assert str(record[0].message) == (
+            f"--max-source-tokens {source} cut to {room}: tiny holds {ctx} positions, "
+            f"{target} of them for --max-target-tokens{prompt}"
+        )
+
+
+@settings(max_examples=40, deadline=None)
+@given(source=st.integers(1, 60), target=st.integers(1, 60))
+@example(source=40, target=39)  # the boundaries: the start token takes a position
+@example(source=1, target=40)
+@example(source=41, target=1)
+def test_an_encoder_decoder_budget_is_checked_against_each_side(source, target):
+    model = BART
+    flags = ("--src", "--tgt")
+    if source > 40:
+        with pytest.raises(ConfigError) as err:
+            check_token_budget(model, source, target, flags)
+        assert str(err.value) == (
+            f"--src {source} exceeds the 40 encoder positions of b; use at most 40"
+        )
+    elif target + 1 > 40:
+        with pytest.raises(ConfigError) as err:
+            check_token_budget(model, source, target, flags)
+        assert str(err.value) == (
+            f"--tgt {target} exceeds the 40 decoder positions of b (with its start token); "
+            "use at most 39"
+        )
+    else:
+        assert check_token_budget(model, source, target, flags) == source
+
+
+def test_models_without_a_position_limit_keep_any_budget():
+    t5 = build("t5")
+    assert check_token_budget(t5, 10_000, 10_000) == 10_000
+    llama = build("llama")
+    llama.config.max_position_embeddings = 0  # not a limit
+    assert check_token_budget(llama, 10_000, 10_000, reserve=5) == 10_000
+
+
+# -- special ids ---------------------------------------------------------------------------
+
+
+def _ids_model(config: dict, generation: dict | None) -> nn.Module:
+    model = build("gpt2")
+    for k in ("eos_token_id", "pad_token_id", "bos_token_id", "decoder_start_token_id"):
+        setattr(model.config, k, config.get(k))
+        setattr(model.generation_config, k, (generation or {}).get(k))
+    if generation is None:
+        model.generation_config = None
+    return model
+
+
+ID = st.one_of(st.none(), st.integers(0, 9), st.lists(st.integers(0, 9), min_size=1, max_size=3))
+
+
+def _as_list(v):
+    return [] if v is None else [v] if isinstance(v, int) else list(v)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    cfg_eos=ID,
+    gen_eos=ID,
+    cfg_pad=st.one_of(st.none(), st.integers(0, 9)),
+    gen_pad=st.one_of(st.none(), st.integers(0, 9)),
+    has_generation=st.booleans(),
+)
+def test_special_ids_come_from_the_generation_config_first(
+    cfg_eos, gen_eos, cfg_pad, gen_pad, has_generation
+):
+    gen = {"eos_token_id": gen_eos, "pad_token_id": gen_pad} if has_generation else None
+    model = _ids_model({"eos_token_id": cfg_eos, "pad_token_id": cfg_pad}, gen)
+    eos = gen_eos if has_generation and gen_eos is not None else cfg_eos
+    if eos is None:
+        with pytest.raises(GencraftError, match=r"^no eos_token_id given and the model"):
+            eos_ids(model)
+    else:
+        assert eos_ids(model) == _as_list(eos)
+    pad = gen_pad if has_generation and gen_pad is not None else cfg_pad
+    if pad is not None:
+        assert pad_id(model) == pad
+    elif eos is not None:
+        assert pad_id(model) == _as_list(eos)[0]
+    assert pad_id(model, SimpleNamespace(pad_token_id=7)) == 7
+    want = set(_as_list(cfg_eos) + _as_list(cfg_pad))
+    if has_generation:
+        want |= set(_as_list(gen_eos) + _as_list(gen_pad))
+    assert special_ids(model) == want
+
+
+def test_given_eos_ids_win_and_an_empty_list_is_refused():
+    model = _ids_model({"eos_token_id": 2}, {"eos_token_id": 3})
+    assert eos_ids(model, 5) == [5]
+    assert eos_ids(model, (5, 6)) == [5, 6]
+    with pytest.raises(GencraftError) as err:
+        eos_ids(model, [])
+    assert str(err.value) == "eos_token_id is an empty list"
+
+
+def test_special_ids_include_the_decoder_start():
+    model = _ids_model({"decoder_start_token_id": 4}, {"decoder_start_token_id": 8})
+    assert special_ids(model) == {4, 8}
+
+
+def test_the_target_eos_is_the_generation_configs_and_a_different_tokenizer_eos_is_said():
+    model = _ids_model({"eos_token_id": 2}, {"eos_token_id": [3, 2]})
+    model.gencraft_name = "m"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert target_eos_id(model, SimpleNamespace(eos_token_id=3)) == 3
+    with pytest.warns(UserWarning) as record:
+        assert target_eos_id(model, SimpleNamespace(eos_token_id=None, sep_token_id=9)) == 3
+    assert str(record[0].message) == (
+        "m: the tokenizer's EOS is id 9, the generation config's is 3; training targets end "
+        "with 3, the id generation stops on"
+    )
+    bare = _ids_model({}, None)
+    assert target_eos_id(bare, SimpleNamespace(eos_token_id=6, sep_token_id=9)) == 6
+    assert target_eos_id(bare, SimpleNamespace(sep_token_id=9)) == 9
+    with pytest.raises(GencraftError) as err:
+        target_eos_id(bare, SimpleNamespace())
+    assert str(err.value) == "neither the model's configs nor its tokenizer define an EOS"
+
+
+def test_the_decoder_start_is_read_from_each_place_in_turn():
+    model = build("bart")
+    model.generation_config.decoder_start_token_id, model.config.decoder_start_token_id = 5, 6
+    assert decoder_start_id(model) == 5
+    model.generation_config.decoder_start_token_id = None
+    assert decoder_start_id(model) == 6
+    b2b = build("bert2bert")
+    b2b.generation_config.decoder_start_token_id = None
+    b2b.config.decoder_start_token_id = None
+    b2b.config.decoder.bos_token_id = 7
+    assert decoder_start_id(b2b) == 7
+    b2b.config.decoder.bos_token_id = None
+    with pytest.raises(GencraftError) as err:
+        decoder_start_id(b2b)
+    assert str(err.value) == (
+        "this encoder-decoder defines no decoder_start_token_id; set "
+        "model.generation_config.decoder_start_token_id"
+    )
+    model.config.decoder_start_token_id = None
+    with pytest.raises(GencraftError, match="defines no decoder_start_token_id"):
+        decoder_start_id(model)  # no decoder config to fall back on
