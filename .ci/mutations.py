@@ -5451,6 +5451,48 @@ M = [
         '            signal.signal(signal.SIGINT, self._previous)\n            self._previous = ""\n',
         "tests/training/test_checkpoint.py -k exited_twice",
     ),
+    (
+        "a budget note points inside introspect",
+        "gencraft/models/introspect.py",
+        '        f"for {flags[1]}" + (f" and {reserve} for the prompt" if reserve else ""),\n        stacklevel=2,',
+        '        f"for {flags[1]}" + (f" and {reserve} for the prompt" if reserve else ""),\n        stacklevel=1,',
+        "tests/models/test_introspect.py -k budget_notes",
+    ),
+    (
+        "the EOS note points inside introspect",
+        "gencraft/models/introspect.py",
+        '            f"training targets end with {eos}, the id generation stops on",\n            stacklevel=2,',
+        '            f"training targets end with {eos}, the id generation stops on",\n            stacklevel=1,',
+        "tests/models/test_introspect.py -k eos_note",
+    ),
+    (
+        "a composite config's text part ignored",
+        "gencraft/models/introspect.py",
+        '    return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg',
+        "    return cfg",
+        "tests/models/test_introspect.py -k composite",
+    ),
+    (
+        "an encoder-decoder's decoder_layers name not read",
+        "gencraft/models/introspect.py",
+        '    layers = _first(own, "num_decoder_layers", "decoder_layers") or _first(',
+        '    layers = _first(own, "num_decoder_layers") or _first(',
+        "tests/models/test_introspect.py -k each_spelling",
+    ),
+    (
+        "a plain model's missing base_model raises",
+        "gencraft/models/introspect.py",
+        '        body = getattr(hf, "base_model", None)',
+        "        body = hf.base_model",
+        "tests/models/test_introspect.py -k plain_model",
+    ),
+    (
+        "a plain config's release version fingerprinted",
+        "gencraft/models/introspect.py",
+        '        if not k.startswith("_") and k not in ("transformers_version", "torch_dtype", "dtype")',
+        '        if not k.startswith("_") and k not in ("torch_dtype", "dtype")',
+        "tests/models/test_introspect.py -k plain_configs_release",
+    ),
 ]
 
 

@@ -485,3 +485,231 @@ def test_the_decoder_start_is_read_from_each_place_in_turn():
     model.config.decoder_start_token_id = None
     with pytest.raises(GencraftError, match="defines no decoder_start_token_id"):
         decoder_start_id(model)  # no decoder config to fall back on
+
+
+# -- configs without transformers' aliases ---------------------------------------------------
+
+
+class RawConfig(T.PretrainedConfig):
+    """A config that holds only what is set on it: no aliases, no default ids."""
+
+    model_type = "gencraft-raw"
+
+
+class RawLM(nn.Module):
+    """A model of a config spelled one way (remote code, older families): only what
+    ``introspect`` reads, an output layer of ``vocab`` rows and input embeddings."""
+
+    def __init__(self, config: RawConfig, vocab: int = 70) -> None:
+        super().__init__()
+        self.config = config
+        self.head = nn.Linear(4, vocab, bias=False)
+        self.embed = nn.Embedding(vocab, 4)
+
+    def get_output_embeddings(self) -> nn.Module | None:
+        return self.head
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed
+
+
+class PlainConfig:
+    """A config that is no ``PretrainedConfig`` at all (no ``get_text_config``): what
+    remote code may bring, and a flat encoder-decoder config that no release remaps."""
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in vars(self).items() if not isinstance(v, PlainConfig)}
+
+
+def _raw(plain: bool = False, **sizes) -> RawConfig | PlainConfig:
+    cfg = PlainConfig() if plain else RawConfig()
+    for name, value in sizes.items():
+        setattr(cfg, name, value)
+    return cfg
+
+
+SIZE = st.integers(1, 9)
+MAYBE = st.one_of(st.none(), SIZE)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    spell=st.tuples(
+        st.sampled_from(["num_hidden_layers", "n_layer"]),
+        st.sampled_from(["hidden_size", "d_model", "n_embd"]),
+        st.sampled_from(["num_attention_heads", "num_heads", "n_head"]),
+        st.sampled_from(["head_dim", "d_kv"]),
+        st.sampled_from(["max_position_embeddings", "n_positions", "max_target_positions"]),
+    ),
+    layers=SIZE,
+    hidden=st.integers(1, 40),
+    heads=SIZE,
+    head_dim=MAYBE,
+    kv=MAYBE,
+    context=MAYBE,
+    seq2seq=st.booleans(),
+    plain=st.booleans(),
+    decoder_names=st.sampled_from(["num_decoder_layers", "decoder_layers"]),
+)
+def test_each_spelling_of_each_size_is_read(
+    spell, layers, hidden, heads, head_dim, kv, context, seq2seq, plain, decoder_names
+):
+    """Sizes of 1 and up under every name ``model_shape`` accepts; an encoder-decoder's
+    decoder names win over generic ones that hold its encoder's sizes (set to 99 here)."""
+    sizes = {spell[1]: hidden}
+    if seq2seq:
+        sizes |= {spell[0]: 99, spell[2]: 99, "is_encoder_decoder": True}
+        sizes |= {decoder_names: layers, "decoder_attention_heads": heads}
+    else:
+        sizes |= {spell[0]: layers, spell[2]: heads}
+    if head_dim is not None:
+        sizes[spell[3]] = head_dim
+    if kv is not None:
+        sizes["num_key_value_heads"] = kv
+    if context is not None:
+        sizes[spell[4]] = context
+    shape = model_shape(RawLM(_raw(plain, **sizes)))
+    assert (shape.layers, shape.hidden, shape.heads) == (layers, hidden, heads)
+    assert shape.kv_heads == (kv or heads) and shape.context == context and shape.vocab == 70
+    assert shape.head_dim == (head_dim or hidden // heads)
+    assert type(shape.head_dim) is int
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_a_nested_decoder_config_is_read_only_for_an_encoder_decoder(plain):
+    """``config.decoder`` (EncoderDecoderModel's layout) holds the generating stack's sizes
+    when the model is an encoder-decoder; a plain config's is ignored otherwise (a
+    ``PretrainedConfig``'s ``get_text_config`` takes it either way)."""
+    inner = _raw(plain, num_hidden_layers=3, hidden_size=12, num_attention_heads=4)
+    inner.max_position_embeddings = 30
+    outer = _raw(plain, num_hidden_layers=1, hidden_size=8, num_attention_heads=2)
+    outer.decoder, outer.max_position_embeddings = inner, 50
+    model = RawLM(outer)
+    if plain:
+        shape = model_shape(model)
+        assert (shape.layers, shape.hidden, shape.heads, shape.context) == (1, 8, 2, 50)
+    outer.is_encoder_decoder = True
+    shape = model_shape(model)
+    assert (shape.layers, shape.hidden, shape.heads, shape.context) == (3, 12, 4, 30)
+    assert decoder_config(model) is inner and is_encoder_decoder(model)
+
+
+@pytest.mark.parametrize("missing", ["num_hidden_layers", "hidden_size", "num_attention_heads"])
+def test_a_config_missing_any_one_size_is_refused(missing):
+    sizes = {"num_hidden_layers": 2, "hidden_size": 8, "num_attention_heads": 2}
+    del sizes[missing]
+    with pytest.raises(GencraftError, match=r"^cannot read layers/hidden size/heads from Raw"):
+        model_shape(RawLM(_raw(**sizes)))
+
+
+def test_without_an_output_layer_the_vocabulary_is_the_configs():
+    model = RawLM(_raw(n_layer=1, n_embd=4, n_head=1, vocab_size=61))
+    assert model_shape(model).vocab == 70  # the output layer's rows, not the config's
+    model.get_output_embeddings = lambda: None
+    assert model_shape(model).vocab == 61
+
+
+@pytest.mark.parametrize(
+    ("sizes", "want"),
+    [
+        ({"n_positions": 30}, 30),
+        ({"max_source_positions": 20, "max_target_positions": 30}, 20),
+        ({"max_position_embeddings": 0, "n_positions": 25}, 25),
+        ({}, None),
+    ],
+)
+def test_the_encoder_positions_under_each_name(sizes, want):
+    assert encoder_context_size(RawLM(_raw(**sizes))) == want
+
+
+def test_ids_from_a_model_without_a_generation_config_or_ids():
+    """No ``generation_config`` attribute and a config without id attributes: the config's
+    ids, else the refusals (never an AttributeError)."""
+    model = RawLM(_raw())
+    with pytest.raises(GencraftError, match=r"^no eos_token_id given"):
+        eos_ids(model)
+    with pytest.raises(GencraftError, match=r"^this encoder-decoder defines no"):
+        decoder_start_id(model)
+    model.config.decoder = RawConfig()  # a decoder config without a BOS
+    with pytest.raises(GencraftError, match=r"^this encoder-decoder defines no"):
+        decoder_start_id(model)
+    assert special_ids(model) == set()
+    model.config.eos_token_id, model.config.pad_token_id = 4, 5
+    model.config.decoder_start_token_id = 6
+    assert eos_ids(model) == [4] and pad_id(model) == 5 and decoder_start_id(model) == 6
+    assert special_ids(model) == {4, 5, 6}
+    assert pad_id(model, SimpleNamespace(pad_token_id=None)) == 5  # the tokenizer has none
+    del model.config.pad_token_id
+    assert pad_id(model) == 4
+
+
+def test_the_fingerprint_ignores_the_release_the_order_and_rows_past_64():
+    def raw_lm(**extra):
+        torch.manual_seed(0)
+        return RawLM(_raw(n_layer=1, **extra))
+
+    a = raw_lm(a=1, b=2)
+    fp = fingerprint(a)
+    assert fingerprint(raw_lm(b=2, a=1)) == fp  # the same settings in another order
+    b = raw_lm(a=1, b=2)
+    b.config.transformers_version = "0.0.1"
+    assert fingerprint(b) == fp
+    with torch.no_grad():
+        b.embed.weight[64:].add_(1.0)  # past the 64 rows read
+    assert fingerprint(b) == fp
+    assert fingerprint(raw_lm(a=1, b=2, dtype_seen=torch.float16)) != fp  # not JSON: as text
+
+
+def _at_caller(warning) -> None:
+    """The note points at the line that called (under mutmut, its trampoline adds a frame)."""
+    name = warning.filename
+    assert name == __file__ or name.endswith("mutmut/mutation/trampoline.py"), name
+
+
+def test_budget_notes_point_at_the_caller_and_name_an_unnamed_model_by_class():
+    model = build("gpt2")  # n_positions 40, no name
+    assert check_token_budget(model, 30, 10) == 30  # no prompt reserved by default
+    with pytest.warns(UserWarning) as record:
+        check_token_budget(model, 35, 10)
+    _at_caller(record[0])
+    assert "GPT2LMHeadModel holds 40 positions" in str(record[0].message)
+    with pytest.raises(ConfigError, match=r"the 40 positions of GPT2LMHeadModel;"):
+        check_token_budget(model, 50, 10)
+
+
+def test_the_eos_note_points_at_the_caller_and_names_an_unnamed_model_by_class():
+    model = _ids_model({"eos_token_id": 2}, {"eos_token_id": 3})
+    with pytest.warns(UserWarning) as record:
+        target_eos_id(model, SimpleNamespace(eos_token_id=9))
+    _at_caller(record[0])
+    assert str(record[0].message).startswith("GPT2LMHeadModel: the tokenizer's EOS is id 9")
+
+
+def test_a_composite_configs_text_part_holds_the_sizes():
+    """A multimodal config (``text_config``, as Llava's): its text part generates."""
+    text = _raw(num_hidden_layers=3, hidden_size=12, num_attention_heads=4)
+    outer = _raw(num_hidden_layers=1, hidden_size=8, num_attention_heads=2)
+    outer.text_config = text
+    shape = model_shape(RawLM(outer))
+    assert (shape.layers, shape.hidden, shape.heads) == (3, 12, 4)
+
+
+def test_what_a_plain_model_and_config_lack_reads_as_absent():
+    """No ``is_encoder_decoder``, ``_name_or_path``, ``get_decoder`` or ``base_model``,
+    and a tokenizer without ``pad_token_id``: absent, never an AttributeError."""
+    model = RawLM(_raw(True, eos_token_id=3))
+    assert not is_encoder_decoder(model)
+    assert model_name(model) is None
+    assert decoder_body(model) is None
+    assert pad_id(model, SimpleNamespace()) == 3
+
+
+def test_a_plain_configs_release_and_dtype_do_not_change_the_fingerprint():
+    torch.manual_seed(0)
+    a = RawLM(_raw(True, n_layer=1, transformers_version="4.0", torch_dtype="float32"))
+    torch.manual_seed(0)
+    b = RawLM(_raw(True, n_layer=1, transformers_version="5.0", torch_dtype="bfloat16"))
+    b.config.dtype = "bfloat16"
+    assert fingerprint(a) == fingerprint(b)
+    b.config.n_layer = 2
+    assert fingerprint(a) != fingerprint(b)
