@@ -5493,6 +5493,13 @@ M = [
         '        if not k.startswith("_") and k not in ("torch_dtype", "dtype")',
         "tests/models/test_introspect.py -k plain_configs_release",
     ),
+    (
+        "the search classifier reads the encoder's layers",
+        "gencraft/search/classifier.py",
+        "        layers, hidden = shape.layers, shape.hidden\n",
+        "        layers, hidden = model.config.num_hidden_layers, shape.hidden\n",
+        "tests/models/test_introspect.py -k search_classifier",
+    ),
 ]
 
 

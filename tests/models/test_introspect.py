@@ -713,3 +713,17 @@ def test_a_plain_configs_release_and_dtype_do_not_change_the_fingerprint():
     assert fingerprint(a) == fingerprint(b)
     b.config.n_layer = 2
     assert fingerprint(a) != fingerprint(b)
+
+
+def test_the_search_classifier_reads_the_decoders_states():
+    """What an attribute classifier reads from T5 (1 encoder layer, 3 decoder layers):
+    the decoder's 3 layers' states and the embeddings', as a forward pass returns them."""
+    from gencraft.search.classifier import state_dims
+
+    model = build("t5")
+    _observed(model)  # eager attention, so that the states below are returned
+    ids = torch.tensor([[3, 4, 5]])
+    with torch.no_grad():
+        out = model(input_ids=ids, decoder_input_ids=ids, output_hidden_states=True)
+    assert state_dims(model) == (len(out.decoder_hidden_states), 24, 24) == (4, 24, 24)
+    assert state_dims(RawLM(_raw())) == (None, None, 4)  # sizes the config does not name
