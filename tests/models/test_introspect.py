@@ -75,6 +75,11 @@ def build(name: str) -> nn.Module:
             word_embed_proj_dim=24,
         )
         return T.OPTForCausalLM(cfg)
+    return _build_seq2seq(name)
+
+
+def _build_seq2seq(name: str) -> nn.Module:
+    """:func:`build`'s encoder-decoders, each decoder unlike its encoder."""
     if name == "bart":  # the generic names are the encoder's (1 layer, 2 heads)
         cfg = T.BartConfig(
             vocab_size=V,
