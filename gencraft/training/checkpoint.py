@@ -23,6 +23,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -87,8 +88,6 @@ class InterruptGuard:
         self._first = 0.0
 
     def _handle(self, signum: int, frame: Any) -> None:
-        import time
-
         now = time.monotonic()
         if self.requested:
             # under a launcher one Ctrl-C arrives twice (the terminal's, then the launcher's
@@ -106,8 +105,6 @@ class InterruptGuard:
         # never "stop now": the launcher waits for the save. A first request starts the
         # 2 s in which the same press's SIGINT is ignored, whichever of the two came first
         if not self.requested:
-            import time
-
             self.requested, self._first = True, time.monotonic()
 
     def __enter__(self) -> InterruptGuard:
