@@ -5500,6 +5500,41 @@ M = [
         "        layers, hidden = model.config.num_hidden_layers, shape.hidden\n",
         "tests/models/test_introspect.py -k search_classifier",
     ),
+    (
+        "sample_batch: only the first EOS id ends a row",
+        "gencraft/models/sampling.py",
+        "            done |= torch.isin(tok, eos)",
+        "            done |= tok == eos[0]",
+        "tests/models/test_sampling.py",
+    ),
+    (
+        "sample_batch: a batch steps on after every row ended",
+        "gencraft/models/sampling.py",
+        "            if bool(done.all()) or t + 1 == max_new_tokens:",
+        "            if t + 1 == max_new_tokens:",
+        "tests/models/test_sampling.py -k full_forward_reference",
+    ),
+    (
+        "sample_batch: every input draws from the first input's generator",
+        "gencraft/models/sampling.py",
+        "[torch.multinomial(probs[r], 1, generator=g) for r, g in enumerate(gens)]",
+        "[torch.multinomial(probs[r], 1, generator=gens[0]) for r, g in enumerate(gens)]",
+        "tests/models/test_sampling.py -k full_forward_reference",
+    ),
+    (
+        "sample_batch: processors see the drawn tokens without the prompt",
+        "gencraft/models/sampling.py",
+        "                scores = p(torch.cat([prefix, drawn], 1), scores)",
+        "                scores = p(drawn, scores)",
+        "tests/models/test_sampling.py",
+    ),
+    (
+        "sample_batch: the seeds message counts prompt positions as inputs",
+        "gencraft/models/sampling.py",
+        "{len(seeds)} seeds for {input_ids.shape[0]} inputs",
+        "{len(seeds)} seeds for {input_ids.shape[1]} inputs",
+        "tests/models/test_sampling.py -k bad_sampling",
+    ),
 ]
 
 

@@ -53,6 +53,17 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     # by its fast direct tests (the method contract's take minutes)
     "models/introspect": (["gencraft/models/introspect.py"], ["tests/models/test_introspect.py"]),
     "models/placement": (["gencraft/models/placement.py"], ["tests/models/test_placement.py"]),
+    # the one sampler and the text-in, text-out wrappers, by their direct tests
+    "models/sampling": (["gencraft/models/sampling.py"], ["tests/models/test_sampling.py"]),
+    "models/generate": (
+        ["gencraft/models/generate.py", "gencraft/models/prompts.py"],
+        [
+            "tests/models/test_models.py",
+            "tests/models/test_mbr_generate.py",
+            "tests/models/test_left_padded_batches.py",
+            "tests/models/test_sampling.py",
+        ],
+    ),
     "models/contrast": (
         ["gencraft/models/contrast.py"],
         ["tests/search/test_cad_paired.py", "tests/prefix/test_prefix_cad.py"],

@@ -50,7 +50,6 @@ def build_inputs(
     return pad_batch(rows, pad if pad is not None else 0, left=left)
 
 
-@torch.no_grad()
 def generate_text(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -75,30 +74,31 @@ def generate_text(
     padding side) and passed as ``negative_input_ids``/``negative_attention_mask`` (a
     contrastive ``custom_generate`` such as CAD's context-free stream).
     """
-    enc = _prepared(model, tokenizer, prompts, chat, max_input_tokens, generate_kw)
-    if negative_prompts is not None:
-        if mbr or len(negative_prompts) != len(prompts):
-            raise GencraftError(
-                f"negative_prompts: one per prompt ({len(prompts)}, got "
-                f"{len(negative_prompts)}), and not with MBR"
+    with torch.no_grad():  # a context, not a decorator: mutmut mutates undecorated bodies
+        enc = _prepared(model, tokenizer, prompts, chat, max_input_tokens, generate_kw)
+        if negative_prompts is not None:
+            if mbr or len(negative_prompts) != len(prompts):
+                raise GencraftError(
+                    f"negative_prompts: one per prompt ({len(prompts)}, got "
+                    f"{len(negative_prompts)}), and not with MBR"
+                )
+            neg = _prepared(
+                model, tokenizer, negative_prompts, chat, max_input_tokens, dict(generate_kw), True
             )
-        neg = _prepared(
-            model, tokenizer, negative_prompts, chat, max_input_tokens, dict(generate_kw), True
-        )
-        generate_kw.update(
-            negative_input_ids=neg["input_ids"], negative_attention_mask=neg["attention_mask"]
-        )
-    if mbr:
-        return mbr_generate_text(
-            model, tokenizer, enc, n=mbr, utility=mbr_utility, seed=seed or 0, epsilon=epsilon,
-            **generate_kw,
-        )  # fmt: skip
-    if epsilon is not None:
-        raise GencraftError("epsilon applies to --mbr's samples; give --mbr N")
-    if seed is not None:
-        torch.manual_seed(seed)
-    out = model.generate(**enc, **generate_kw)
-    return _decoded(model, tokenizer, enc, out)
+            generate_kw.update(
+                negative_input_ids=neg["input_ids"], negative_attention_mask=neg["attention_mask"]
+            )
+        if mbr:
+            return mbr_generate_text(
+                model, tokenizer, enc, n=mbr, utility=mbr_utility, seed=seed or 0, epsilon=epsilon,
+                **generate_kw,
+            )  # fmt: skip
+        if epsilon is not None:
+            raise GencraftError("epsilon applies to --mbr's samples; give --mbr N")
+        if seed is not None:
+            torch.manual_seed(seed)
+        out = model.generate(**enc, **generate_kw)
+        return _decoded(model, tokenizer, enc, out)
 
 
 def _decoded(

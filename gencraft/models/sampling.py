@@ -23,7 +23,6 @@ from gencraft.errors import GencraftError
 from gencraft.models.stepping import HFStepper
 
 
-@torch.no_grad()
 def sample_batch(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -45,31 +44,34 @@ def sample_batch(
         raise GencraftError(f"{len(seeds)} seeds for {input_ids.shape[0]} inputs; give one each")
     if not eos_token_id:
         raise GencraftError("sample_batch needs the EOS ids that end a sample")
-    stepper = HFStepper(
-        model, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens
-    )
-    b = stepper.batch_size
-    gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
-    out = stepper.start()
-    log_probs = out.log_probs.repeat_interleave(n, 0)  # [B·n, V]
-    cache = stepper.reorder(out.cache, torch.arange(b).repeat_interleave(n))
-    prefix = stepper.prefix_ids().repeat_interleave(n, 0)
-    eos = torch.tensor(sorted(set(eos_token_id)), device=prefix.device)
-    drawn = torch.empty(b * n, 0, dtype=torch.long, device=prefix.device)
-    done = torch.zeros(b * n, dtype=torch.bool, device=prefix.device)
-    for t in range(max_new_tokens):
-        scores = log_probs
-        for p in processors:
-            scores = p(torch.cat([prefix, drawn], 1), scores)
-        probs = torch.softmax(scores.float(), -1).cpu().view(b, n, -1)
-        tok = torch.cat([torch.multinomial(probs[r], 1, generator=g) for r, g in enumerate(gens)])
-        tok = torch.where(done, eos[0], tok.view(-1).to(done.device))  # ended rows repeat EOS
-        drawn = torch.cat([drawn, tok[:, None]], 1)
-        done |= torch.isin(tok, eos)
-        if bool(done.all()) or t + 1 == max_new_tokens:
-            break
-        out = stepper.step(tok, cache)
-        log_probs, cache = out.log_probs, out.cache
+    with torch.no_grad():  # a context, not a decorator: mutmut mutates undecorated bodies
+        stepper = HFStepper(
+            model, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens
+        )
+        b = stepper.batch_size
+        gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        out = stepper.start()
+        log_probs = out.log_probs.repeat_interleave(n, 0)  # [B·n, V]
+        cache = stepper.reorder(out.cache, torch.arange(b).repeat_interleave(n))
+        prefix = stepper.prefix_ids().repeat_interleave(n, 0)
+        eos = torch.tensor(sorted(set(eos_token_id)), device=prefix.device)
+        drawn = torch.empty(b * n, 0, dtype=torch.long, device=prefix.device)
+        done = torch.zeros(b * n, dtype=torch.bool, device=prefix.device)
+        for t in range(max_new_tokens):
+            scores = log_probs
+            for p in processors:
+                scores = p(torch.cat([prefix, drawn], 1), scores)
+            probs = torch.softmax(scores.float(), -1).cpu().view(b, n, -1)
+            tok = torch.cat(
+                [torch.multinomial(probs[r], 1, generator=g) for r, g in enumerate(gens)]
+            )
+            tok = torch.where(done, eos[0], tok.view(-1).to(done.device))  # ended rows repeat EOS
+            drawn = torch.cat([drawn, tok[:, None]], 1)
+            done |= torch.isin(tok, eos)
+            if bool(done.all()) or t + 1 == max_new_tokens:
+                break
+            out = stepper.step(tok, cache)
+            log_probs, cache = out.log_probs, out.cache
     ends = set(eos.tolist())
     return [
         s[: next((j + 1 for j, x in enumerate(s) if x in ends), len(s))] for s in drawn.tolist()
