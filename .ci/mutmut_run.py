@@ -58,6 +58,7 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     "models/generate": (
         ["gencraft/models/generate.py", "gencraft/models/prompts.py"],
         [
+            "tests/models/test_generate_text.py",
             "tests/models/test_models.py",
             "tests/models/test_mbr_generate.py",
             "tests/models/test_left_padded_batches.py",

@@ -1,0 +1,164 @@
+"""``generate_text`` and MBR's candidates (issue 44) against ``generate`` and the batched
+sampler themselves: the new tokens only, decoded without special tokens; a seed is
+``generate``'s own draw; beam candidates are ``generate``'s N best under every ``num_beams``;
+sampled candidates are the sampler's under ``generate``'s warpers; every refusal word for
+word."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    EpsilonLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from gencraft.errors import GencraftError
+from gencraft.models import load_model
+from gencraft.models.generate import (
+    _prepared,
+    generate_text,
+    mbr_candidates,
+    mbr_generate_text,
+)
+from gencraft.models.introspect import eos_ids, pad_id
+from gencraft.models.prompts import left_padded_batches
+from gencraft.models.sampling import sample_batch
+from tests.models.test_mbr_generate import _brute_force
+
+PROMPTS = ["hi", "the cat sat on", "a much longer prompt than the others"]
+_LOADED: dict = {}
+
+
+def _load(name: str):
+    if name not in _LOADED:
+        _LOADED[name] = load_model(name, seed=3)
+    return _LOADED[name]
+
+
+def _enc(model, tok) -> dict:
+    return _prepared(model, tok, PROMPTS, None, None, {})
+
+
+def _new(model, enc, out: torch.Tensor) -> list[list[int]]:
+    """``generate``'s output without the prompt (a causal LM) or the decoder start."""
+    start = 1 if model.config.is_encoder_decoder else enc["input_ids"].shape[1]
+    return out[:, start:].tolist()
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-bart", "tiny-t5"])
+def test_generate_text_is_generates_new_tokens_without_special_tokens(name):
+    model, tok = _load(name)
+    kw = dict(max_new_tokens=6, do_sample=False)
+    got = generate_text(model, tok, PROMPTS, **kw)
+    enc = _enc(model, tok)
+    out = model.generate(**enc, **kw, pad_token_id=pad_id(model, tok))
+    rows = out.tolist() if model.config.is_encoder_decoder else _new(model, enc, out)
+    assert got == [tok.decode(r, skip_special_tokens=True).strip() for r in rows]
+    if model.config.is_encoder_decoder:  # each output opens with a special token, left out
+        assert all(r[0] in tok.all_special_ids for r in rows)
+
+
+def test_a_seed_is_generates_own_draw_after_seeding():
+    model, tok = _load("tiny-llama")
+    kw = dict(max_new_tokens=6, do_sample=True, top_k=0)
+    got = generate_text(model, tok, PROMPTS, seed=11, **kw)
+    torch.manual_seed(11)
+    enc = _enc(model, tok)
+    out = model.generate(**enc, **kw, pad_token_id=pad_id(model, tok))
+    assert got == [tok.decode(r, skip_special_tokens=True).strip() for r in _new(model, enc, out)]
+    assert got == generate_text(model, tok, PROMPTS, seed=11, **kw)
+    assert got != generate_text(model, tok, PROMPTS, seed=12, **kw)
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-bart"])
+@pytest.mark.parametrize(("n", "beams"), [(1, "absent"), (1, None), (1, 0), (2, 5), (3, 1)])
+def test_beam_candidates_are_generates_n_best(name, n, beams):
+    """``num_beams`` absent, None or 0 is one beam; fewer beams than N are raised to N."""
+    model, tok = _load(name)
+    enc = _enc(model, tok)
+    kw = {} if beams == "absent" else {"num_beams": beams}
+    got = mbr_candidates(model, enc, n=n, max_new_tokens=6, pad_token_id=0, **kw)
+    want = model.generate(
+        **enc, max_new_tokens=6, pad_token_id=0, num_beams=max(beams or 1, n) if beams != "absent"
+        else n, num_return_sequences=n,
+    )  # fmt: skip
+    assert got == _new(model, enc, want) and len(got) == n * len(PROMPTS)
+
+
+WARPED = [
+    ({}, [TemperatureLogitsWarper(1.0)]),
+    ({"temperature": 0.6, "top_p": 0.8}, [TemperatureLogitsWarper(0.6), TopPLogitsWarper(0.8)]),
+    (
+        {"top_k": 4, "epsilon": 0.05},
+        [TemperatureLogitsWarper(1.0), TopKLogitsWarper(4), EpsilonLogitsWarper(0.05)],
+    ),
+]
+
+
+@pytest.mark.parametrize(("kw", "warpers"), WARPED)
+def test_sampled_candidates_are_the_samplers_under_generates_warpers(kw, warpers):
+    """Input b seeded 0 + b by default, 20 new tokens by default, as ``generate``."""
+    model, tok = _load("tiny-llama")
+    enc = _enc(model, tok)
+    kw = dict(kw)
+    got = mbr_candidates(model, enc, n=3, do_sample=True, epsilon=kw.pop("epsilon", None), **kw)
+    want = sample_batch(
+        model, enc["input_ids"], enc["attention_mask"], n=3, max_new_tokens=20, seeds=[0, 1, 2],
+        eos_token_id=eos_ids(model), processors=warpers,
+    )  # fmt: skip
+    assert got == want
+    if len(warpers) > 1:  # the warpers change what is drawn
+        plain = sample_batch(
+            model, enc["input_ids"], enc["attention_mask"], n=3, max_new_tokens=20,
+            seeds=[0, 1, 2], eos_token_id=eos_ids(model),
+        )  # fmt: skip
+        assert got != plain
+
+
+@pytest.mark.parametrize("epsilon", [None, 0.05])
+def test_mbr_defaults_to_chrf_and_seed_0_and_passes_epsilon_on(epsilon):
+    model, tok = _load("tiny-llama")
+    enc = _enc(model, tok)
+    kw = dict(do_sample=True, max_new_tokens=8)
+    got = mbr_generate_text(model, tok, enc, n=4, epsilon=epsilon, **kw)
+    cands = mbr_candidates(model, enc, n=4, seed=0, epsilon=epsilon, **kw)
+    assert got == _brute_force(tok, cands, 4, "chrf")
+    one = mbr_generate_text(model, tok, enc, n=1, seed=5, **kw)  # one candidate: itself
+    single = mbr_candidates(model, enc, n=1, seed=5, **kw)
+    assert one == [t.strip() for t in tok.batch_decode(single, skip_special_tokens=True)]
+
+
+def test_epsilon_changes_the_mbr_output_it_is_passed_to():
+    model, tok = _load("tiny-llama")
+    enc = _enc(model, tok)
+    kw = dict(do_sample=True, max_new_tokens=8)
+    assert mbr_generate_text(model, tok, enc, n=4, epsilon=0.05, **kw) != mbr_generate_text(
+        model, tok, enc, n=4, **kw
+    )
+
+
+def test_refusals_are_named_word_for_word():
+    model, tok = _load("tiny-llama")
+    enc = _enc(model, tok)
+    with pytest.raises(GencraftError, match=r"^epsilon applies to sampled candidates; add "):
+        mbr_candidates(model, enc, n=2, epsilon=0.1, max_new_tokens=3)
+    with pytest.raises(GencraftError, match=r"^mbr \(candidates per input\) must be >= 1, got 0$"):
+        mbr_generate_text(model, tok, enc, n=0, max_new_tokens=3)
+    with pytest.raises(GencraftError, match=r"^epsilon applies to --mbr's samples; give --mbr N$"):
+        generate_text(model, tok, PROMPTS, epsilon=0.1, max_new_tokens=3)
+    with pytest.raises(GencraftError, match=r"^negative_prompts: one per prompt \(3, got 2\), "):
+        generate_text(model, tok, PROMPTS, negative_prompts=["a", "b"], max_new_tokens=3)
+
+
+def test_left_padding_falls_back_to_the_models_pad_id():
+    model, _ = load_model("tiny-llama", seed=3)
+    model.generation_config.pad_token_id = 7
+
+    class NoPad:
+        pad_token_id = None
+
+    ((_, ids, mask),) = left_padded_batches(model, NoPad(), [[5], [4, 4, 4]], 2)
+    assert ids.tolist() == [[7, 7, 5], [4, 4, 4]] and mask.tolist() == [[0, 0, 1], [1, 1, 1]]
