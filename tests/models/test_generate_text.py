@@ -162,3 +162,51 @@ def test_left_padding_falls_back_to_the_models_pad_id():
 
     ((_, ids, mask),) = left_padded_batches(model, NoPad(), [[5], [4, 4, 4]], 2)
     assert ids.tolist() == [[7, 7, 5], [4, 4, 4]] and mask.tolist() == [[0, 0, 1], [1, 1, 1]]
+
+
+@pytest.mark.parametrize("epsilon", [None, 0.05])
+def test_generate_text_with_mbr_is_mbr_of_the_same_batch_seeded_0_by_default(epsilon):
+    model, tok = _load("tiny-llama")
+    kw = dict(do_sample=True, max_new_tokens=8, pad_token_id=0)
+    got = generate_text(model, tok, PROMPTS, mbr=4, epsilon=epsilon, **kw)
+    assert got == mbr_generate_text(model, tok, _enc(model, tok), n=4, epsilon=epsilon, **kw)
+    seeded = generate_text(model, tok, PROMPTS, mbr=4, seed=9, epsilon=epsilon, **kw)
+    assert seeded == mbr_generate_text(
+        model, tok, _enc(model, tok), n=4, seed=9, **kw, epsilon=epsilon
+    )
+
+
+def _templated(max_len: int = 64):
+    """tiny-llama with a chat template on its own tokenizer (the cached one stays plain)."""
+    model, tok = load_model("tiny-llama", seed=3)
+    tok.chat_template = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
+    return model, tok
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_prompts_and_negative_prompts_are_encoded_alike(monkeypatch, chat):
+    """Both through the chat setting and the input budget; an empty negative prompt (CAD's
+    empty source) allowed; generate receives the negatives as ids and mask."""
+    model, tok = _templated()
+    seen: dict = {}
+    real = model.generate
+
+    def spy(**kw):
+        seen.update(kw)
+        return real(**{k: v for k, v in kw.items() if not k.startswith("negative_")})
+
+    monkeypatch.setattr(model, "generate", spy)
+    negatives = ["", "the dog", "x"]
+    got = generate_text(
+        model, tok, PROMPTS, chat=chat, max_input_tokens=6, negative_prompts=negatives,
+        max_new_tokens=4, do_sample=False,
+    )  # fmt: skip
+    enc = _prepared(model, tok, PROMPTS, chat, 6, {})
+    neg = _prepared(model, tok, negatives, chat, 6, {}, True)
+    assert torch.equal(seen["input_ids"], enc["input_ids"])
+    assert torch.equal(seen["negative_input_ids"], neg["input_ids"])
+    assert torch.equal(seen["negative_attention_mask"], neg["attention_mask"])
+    assert enc["input_ids"].shape[1] == 6 and seen["pad_token_id"] == pad_id(model, tok)
+    opened = tok.apply_chat_template([{"role": "user", "content": "x"}], return_dict=False)
+    assert (neg["input_ids"][2, -len(opened) :].tolist() == list(opened)) == chat
+    assert len(got) == len(PROMPTS)
