@@ -5605,6 +5605,48 @@ M = [
         "    pad = tokenizer.pad_token_id or 0",
         "tests/models/test_generate_text.py -k pad_id",
     ),
+    (
+        "encode_user_turn: the assistant turn not opened",
+        "gencraft/models/prompts.py",
+        "add_generation_prompt=True, return_dict=False",
+        "add_generation_prompt=False, return_dict=False",
+        "tests/models/test_generate_text.py -k reference_encoding",
+    ),
+    (
+        "encode_user_turn: chat=None ignores a template",
+        "gencraft/models/prompts.py",
+        "    use_chat = has_chat_template(tokenizer) if chat is None else chat",
+        "    use_chat = bool(chat)",
+        "tests/models/test_generate_text.py -k reference_encoding",
+    ),
+    (
+        "build_inputs: a right-padded input keeps its last ids",
+        "gencraft/models/generate.py",
+        "ids = ids[-max_input_tokens:] if left else ids[:max_input_tokens]",
+        "ids = ids[-max_input_tokens:]",
+        "tests/models/test_generate_text.py -k reference_encoding",
+    ),
+    (
+        "build_inputs: the tokenizer's EOS before its pad",
+        "gencraft/models/generate.py",
+        "tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id",
+        "tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id",
+        "tests/models/test_generate_text.py -k reference_encoding",
+    ),
+    (
+        "build_inputs: an empty prompt without an EOS passes None on",
+        "gencraft/models/generate.py",
+        "        if ids == [None]:",
+        "        if False:",
+        "tests/models/test_generate_text.py -k reference_encoding",
+    ),
+    (
+        "build_inputs: right padding by default",
+        "gencraft/models/generate.py",
+        "    left: bool = True,\n    pad_token_id",
+        "    left: bool = False,\n    pad_token_id",
+        "tests/models/test_generate_text.py -k defaults_to_left",
+    ),
 ]
 
 

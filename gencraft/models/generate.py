@@ -36,9 +36,11 @@ def build_inputs(
     if empty and not allow_empty:
         raise GencraftError(f"prompt(s) {empty} are empty; give text to continue")
     rows = []
-    for p in prompts:
+    for i, p in enumerate(prompts):
         ids = encode_user_turn(tokenizer, p, chat=chat) if p.strip() else tokenizer("")["input_ids"]
         ids = list(ids) or [tokenizer.eos_token_id]
+        if ids == [None]:  # "" encodes to nothing and no EOS can stand for it
+            raise GencraftError(f"prompt {i} is empty and this tokenizer has no EOS id for it")
         if max_input_tokens is not None:
             ids = ids[-max_input_tokens:] if left else ids[:max_input_tokens]
         rows.append({"input_ids": ids})

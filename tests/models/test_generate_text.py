@@ -6,8 +6,12 @@ word."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import (
     EpsilonLogitsWarper,
     TemperatureLogitsWarper,
@@ -19,12 +23,13 @@ from gencraft.errors import GencraftError
 from gencraft.models import load_model
 from gencraft.models.generate import (
     _prepared,
+    build_inputs,
     generate_text,
     mbr_candidates,
     mbr_generate_text,
 )
 from gencraft.models.introspect import eos_ids, pad_id
-from gencraft.models.prompts import left_padded_batches
+from gencraft.models.prompts import encode_user_turn, left_padded_batches
 from gencraft.models.sampling import sample_batch
 from tests.models.test_mbr_generate import _brute_force
 
@@ -210,3 +215,108 @@ def test_prompts_and_negative_prompts_are_encoded_alike(monkeypatch, chat):
     opened = tok.apply_chat_template([{"role": "user", "content": "x"}], return_dict=False)
     assert (neg["input_ids"][2, -len(opened) :].tolist() == list(opened)) == chat
     assert len(got) == len(PROMPTS)
+
+
+TEMPLATE = (
+    "{% for m in messages %}<{{ m['role'] }}:{{ m['content'] }}>{% endfor %}"
+    "{% if add_generation_prompt %}<assistant:{% endif %}"
+)
+
+
+def _tokenizer(template: bool, pad: bool, eos: bool):
+    """The tiny byte-level tokenizer, with or without a chat template, a pad and an EOS."""
+    from gencraft.models.tiny import build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    tok.chat_template = TEMPLATE if template else None
+    if not pad:
+        tok.pad_token = None
+    if not eos:
+        tok.eos_token = None
+    return tok
+
+
+def _reference_inputs(tok, prompts, chat, k, left, pad):
+    """Each prompt as one user turn opened for the assistant (the template when asked or
+    present), a blank one as the tokenizer's encoding of "" (else EOS), cut to its last (left)
+    or first k ids, padded with the given id, else the tokenizer's pad, else EOS, else 0."""
+    rows = []
+    for p in prompts:
+        if not p.strip():
+            ids = list(tok("")["input_ids"]) or [tok.eos_token_id]
+        elif chat or (chat is None and tok.chat_template):
+            msgs = [{"role": "user", "content": p}]
+            ids = list(tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=False))
+        else:
+            ids = list(tok(p)["input_ids"])
+        rows.append(ids if k is None else ids[-k:] if left else ids[:k])
+    pad = next((v for v in (pad, tok.pad_token_id, tok.eos_token_id) if v is not None), 0)
+    width = max(map(len, rows))
+    ids = [[pad] * (width - len(r)) + r if left else r + [pad] * (width - len(r)) for r in rows]
+    mask = [
+        [int(i >= width - len(r)) if left else int(i < len(r)) for i in range(width)] for r in rows
+    ]
+    return ids, mask
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(
+    prompts=st.lists(st.text("ab c", max_size=6), min_size=1, max_size=4),
+    template=st.booleans(),
+    chat=st.sampled_from([None, False, True]),
+    k=st.sampled_from([None, 1, 3, 9]),
+    left=st.booleans(),
+    pad=st.sampled_from([None, 9]),
+    tok_pad=st.booleans(),
+    tok_eos=st.booleans(),
+)
+def test_build_inputs_is_the_reference_encoding(
+    prompts, template, chat, k, left, pad, tok_pad, tok_eos
+):
+    tok = _tokenizer(template, tok_pad, tok_eos)
+    if chat and not template:
+        with pytest.raises(
+            GencraftError, match=r"^chat=True but this tokenizer has no chat template$"
+        ):
+            build_inputs(tok, [p or "x" for p in prompts], chat=True)
+        return
+    kw = dict(chat=chat, max_input_tokens=k, left=left, pad_token_id=pad)
+    blank = [i for i, p in enumerate(prompts) if not p.strip()]
+    if blank:
+        with pytest.raises(
+            GencraftError,
+            match="^" + re.escape(f"prompt(s) {blank} are empty; give text to continue") + "$",
+        ):
+            build_inputs(tok, prompts, **kw)
+    if blank and not tok("")["input_ids"] and tok.eos_token_id is None:  # nothing to stand in
+        with pytest.raises(
+            GencraftError, match=rf"^prompt {blank[0]} is empty and this tokenizer "
+        ):
+            build_inputs(tok, prompts, allow_empty=True, **kw)
+        return
+    got = build_inputs(tok, prompts, allow_empty=True, **kw)
+    ids, mask = _reference_inputs(tok, prompts, chat, k, left, pad)
+    assert got["input_ids"].tolist() == ids and got["attention_mask"].tolist() == mask
+
+
+def test_build_inputs_defaults_to_left_padding_without_empty_prompts():
+    tok = _tokenizer(False, True, True)
+    got = build_inputs(tok, ["a", "abc"])
+    ids, mask = _reference_inputs(tok, ["a", "abc"], None, None, True, None)
+    assert got["input_ids"].tolist() == ids and got["attention_mask"].tolist() == mask
+    with pytest.raises(
+        GencraftError, match=r"^prompt\(s\) \[0\] are empty; give text to continue$"
+    ):
+        build_inputs(tok, [" ", "abc"])
+
+
+@pytest.mark.parametrize("prompts", ["a string", []])
+def test_prompts_that_are_not_a_list_of_text_are_refused(prompts):
+    with pytest.raises(GencraftError, match=r"^prompts must be a non-empty list of strings$"):
+        build_inputs(_tokenizer(False, True, True), prompts)
+
+
+@pytest.mark.parametrize("text", ["", "  ", None, 5])
+def test_a_user_turn_needs_text(text):
+    with pytest.raises(GencraftError, match=r"^a prompt must be a non-empty string$"):
+        encode_user_turn(_tokenizer(True, True, True), text)
