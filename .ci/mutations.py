@@ -5608,8 +5608,8 @@ M = [
     (
         "encode_user_turn: the assistant turn not opened",
         "gencraft/models/prompts.py",
-        "add_generation_prompt=True, return_dict=False",
-        "add_generation_prompt=False, return_dict=False",
+        "add_generation_prompt=True, return_dict=True)",
+        "add_generation_prompt=False, return_dict=True)",
         "tests/models/test_generate_text.py -k reference_encoding",
     ),
     (
@@ -5646,6 +5646,27 @@ M = [
         "    left: bool = True,\n    pad_token_id",
         "    left: bool = False,\n    pad_token_id",
         "tests/models/test_generate_text.py -k defaults_to_left",
+    ),
+    (
+        "generate_text: a model with generate but no LM head accepted",
+        "gencraft/models/generate.py",
+        '    if not callable(getattr(model, "generate", None)) or lm_head is None:',
+        '    if not callable(getattr(model, "generate", None)) and lm_head is None:',
+        "tests/models/test_generate_text.py -k without_a_language_model_head",
+    ),
+    (
+        "generate_text: empty prompts allowed without a negative stream",
+        "gencraft/models/generate.py",
+        "    model, tokenizer, prompts, chat, max_input_tokens, generate_kw: dict, allow_empty=False",
+        "    model, tokenizer, prompts, chat, max_input_tokens, generate_kw: dict, allow_empty=True",
+        "tests/models/test_generate_text.py -k cad_alone",
+    ),
+    (
+        "encode_user_turn: the template's ids read as a list",
+        "gencraft/models/prompts.py",
+        "add_generation_prompt=True, return_dict=True)",
+        "add_generation_prompt=True, return_dict=False)",
+        "tests/models/test_generate_text.py -k reference_encoding",
     ),
 ]
 

@@ -38,12 +38,9 @@ def encode_user_turn(tokenizer: Any, text: str, *, chat: bool | None = None) -> 
     if use_chat:
         if not has_chat_template(tokenizer):
             raise GencraftError("chat=True but this tokenizer has no chat template")
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, return_dict=False
-        )
-        if hasattr(ids, "input_ids") or isinstance(ids, dict):
-            ids = ids["input_ids"]
-        return [int(i) for i in ids]
+        turn = [{"role": "user", "content": text}]
+        ids = tokenizer.apply_chat_template(turn, add_generation_prompt=True, return_dict=True)
+        return [int(i) for i in ids["input_ids"]]
     return list(tokenizer(text)["input_ids"])
 
 

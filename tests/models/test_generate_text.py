@@ -320,3 +320,34 @@ def test_prompts_that_are_not_a_list_of_text_are_refused(prompts):
 def test_a_user_turn_needs_text(text):
     with pytest.raises(GencraftError, match=r"^a prompt must be a non-empty string$"):
         encode_user_turn(_tokenizer(True, True, True), text)
+
+
+class _NoHead(torch.nn.Module):
+    """Has ``generate`` but no language-model head (an encoder's shape)."""
+
+    def generate(self, **kw):
+        raise AssertionError("never called")
+
+    def get_output_embeddings(self):
+        return None
+
+
+class _NoHeadGetter(torch.nn.Module):
+    def generate(self, **kw):
+        raise AssertionError("never called")
+
+
+@pytest.mark.parametrize("model", [_NoHead(), _NoHeadGetter()])
+def test_a_model_without_a_language_model_head_is_refused_by_name(model):
+    _, tok = _load("tiny-llama")
+    name = type(model).__name__
+    with pytest.raises(GencraftError, match=rf"^{name} cannot generate text: it is an encoder "):
+        generate_text(model, tok, PROMPTS, max_new_tokens=2)
+
+
+def test_generate_text_refuses_an_empty_prompt_that_cad_alone_may_give():
+    model, tok = _load("tiny-llama")
+    with pytest.raises(
+        GencraftError, match=r"^prompt\(s\) \[1\] are empty; give text to continue$"
+    ):
+        generate_text(model, tok, ["a", " "], max_new_tokens=2)
