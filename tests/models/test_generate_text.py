@@ -29,7 +29,7 @@ from gencraft.models.generate import (
     mbr_generate_text,
 )
 from gencraft.models.introspect import eos_ids, pad_id
-from gencraft.models.prompts import encode_user_turn, left_padded_batches
+from gencraft.models.prompts import encode_user_turn, left_padded_batches, pad_batch
 from gencraft.models.sampling import sample_batch
 from tests.models.test_mbr_generate import _brute_force
 
@@ -351,3 +351,61 @@ def test_generate_text_refuses_an_empty_prompt_that_cad_alone_may_give():
         GencraftError, match=r"^prompt\(s\) \[1\] are empty; give text to continue$"
     ):
         generate_text(model, tok, ["a", " "], max_new_tokens=2)
+
+
+def _prompt_of(tok, n: int, left: bool = True) -> str:
+    """A prompt that encodes to exactly ``n`` ids."""
+    extra = build_inputs(tok, ["a"], left=left)["input_ids"].shape[1] - 1
+    return "a" * (n - extra)
+
+
+@pytest.mark.parametrize("new", [None, 7])
+def test_a_causal_prompt_plus_new_tokens_fills_the_context_and_no_more(new):
+    """``max_new_tokens`` absent counts as generate's 20."""
+    model, tok = _load("tiny-llama")
+    kw = {} if new is None else {"max_new_tokens": new}
+    fits = 512 - (new or 20)
+    _prepared(model, tok, [_prompt_of(tok, fits)], None, None, dict(kw))
+    msg = (
+        "the prompt plus max_new_tokens (513 tokens) exceeds the model's context of 512 "
+        "positions; shorten the prompt or lower max_new_tokens"
+    )
+    with pytest.raises(GencraftError, match="^" + re.escape(msg) + "$"):
+        _prepared(model, tok, [_prompt_of(tok, fits + 1)], None, None, dict(kw))
+
+
+def test_an_encoder_decoders_input_and_output_each_fill_their_context_and_no_more():
+    model, tok = _load("tiny-bart")
+    _prepared(model, tok, [_prompt_of(tok, 512, False)], None, None, {"max_new_tokens": 511})
+    msg = "the input (513 tokens) exceeds the model's context of 512 positions; shorten "
+    with pytest.raises(GencraftError, match="^" + re.escape(msg)):
+        _prepared(model, tok, [_prompt_of(tok, 513, False)], None, None, {"max_new_tokens": 5})
+    msg = "max_new_tokens=512 exceeds the decoder's context of 512 positions"
+    with pytest.raises(GencraftError, match="^" + re.escape(msg) + "$"):
+        _prepared(model, tok, ["a"], None, None, {"max_new_tokens": 512})
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-bart"])
+def test_without_a_tokenizer_pad_the_batch_and_generate_use_the_models(name):
+    model, tok = load_model(name, seed=3)
+    model.generation_config.pad_token_id = 7
+    tok.pad_token = None
+    kw: dict = {"max_new_tokens": 2}
+    enc = _prepared(model, tok, ["a", "abc"], None, None, kw)
+    short = enc["input_ids"][0][enc["attention_mask"][0] == 0]
+    assert short.tolist() == [7, 7] and kw["pad_token_id"] == 7
+    kept = {"max_new_tokens": 2, "pad_token_id": 4}  # the caller's own pad id stays
+    _prepared(model, tok, ["a"], None, None, kept)
+    assert kept["pad_token_id"] == 4
+
+
+def test_pad_batch_pads_right_by_default_and_names_what_is_missing():
+    rows = [{"input_ids": [5], "labels": [5]}, {"input_ids": [6, 7, 8], "labels": [6, 7, 8]}]
+    got = pad_batch(rows, 0)
+    assert got["input_ids"].tolist() == [[5, 0, 0], [6, 7, 8]]
+    assert got["labels"].tolist() == [[5, -100, -100], [6, 7, 8]]
+    assert all(v.dtype == torch.long for v in got.values())
+    with pytest.raises(GencraftError, match=r"^cannot pad an empty batch$"):
+        pad_batch([], 0)
+    with pytest.raises(GencraftError, match=r"^each row needs input_ids$"):
+        pad_batch([{"labels": [1]}], 0)
