@@ -5668,6 +5668,34 @@ M = [
         "add_generation_prompt=True, return_dict=False)",
         "tests/models/test_generate_text.py -k reference_encoding",
     ),
+    (
+        "generate_text: a prompt may pass the context by one",
+        "gencraft/models/generate.py",
+        "    if ctx is not None and need > ctx:",
+        "    if ctx is not None and need > ctx + 1:",
+        "tests/models/test_generate_text.py -k fill",
+    ),
+    (
+        "generate_text: the decoder's check forgets the start token",
+        "gencraft/models/generate.py",
+        "n_new + 1 > dec",
+        "n_new > dec",
+        "tests/models/test_generate_text.py -k fill",
+    ),
+    (
+        "generate_text: no max_new_tokens counts as none",
+        "gencraft/models/generate.py",
+        'n_in, n_new = enc["input_ids"].shape[1], int(generate_kw.get("max_new_tokens") or 20)',
+        'n_in, n_new = enc["input_ids"].shape[1], int(generate_kw.get("max_new_tokens") or 0)',
+        "tests/models/test_generate_text.py -k fill",
+    ),
+    (
+        "generate_text: the caller's pad id overridden",
+        "gencraft/models/generate.py",
+        '    generate_kw.setdefault("pad_token_id", pad_id(model, tokenizer))',
+        '    generate_kw["pad_token_id"] = pad_id(model, tokenizer)',
+        "tests/models/test_generate_text.py -k tokenizer_pad",
+    ),
 ]
 
 
