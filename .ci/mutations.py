@@ -5694,7 +5694,21 @@ M = [
         "gencraft/models/generate.py",
         '    generate_kw.setdefault("pad_token_id", pad_id(model, tokenizer))',
         '    generate_kw["pad_token_id"] = pad_id(model, tokenizer)',
-        "tests/models/test_generate_text.py -k tokenizer_pad",
+        "tests/models/test_generate_text.py -k pads_the_batch",
+    ),
+    (
+        "generate_text: an encoder's inputs padded on the left",
+        "gencraft/models/generate.py",
+        "        left=not is_encoder_decoder(model),\n",
+        "",
+        "tests/models/test_generate_text.py -k pads_the_batch",
+    ),
+    (
+        "generate_text: the model's pad id before the tokenizer's",
+        "gencraft/models/generate.py",
+        "        pad_token_id=pad_id(model, tokenizer),\n",
+        "        pad_token_id=pad_id(model, None),\n",
+        "tests/models/test_generate_text.py -k pads_the_batch",
     ),
 ]
 

@@ -337,11 +337,14 @@ class _NoHeadGetter(torch.nn.Module):
         raise AssertionError("never called")
 
 
-@pytest.mark.parametrize("model", [_NoHead(), _NoHeadGetter()])
+@pytest.mark.parametrize("model", [_NoHead(), _NoHeadGetter(), torch.nn.Linear(2, 2)])
 def test_a_model_without_a_language_model_head_is_refused_by_name(model):
     _, tok = _load("tiny-llama")
-    name = type(model).__name__
-    with pytest.raises(GencraftError, match=rf"^{name} cannot generate text: it is an encoder "):
+    msg = (
+        f"{type(model).__name__} cannot generate text: it is an encoder without a language-model "
+        "head; use a causal LM or an encoder-decoder (e.g. smollm2-135m, minilm-l6-bert2bert)"
+    )
+    with pytest.raises(GencraftError, match="^" + re.escape(msg) + "$"):
         generate_text(model, tok, PROMPTS, max_new_tokens=2)
 
 
@@ -385,15 +388,21 @@ def test_an_encoder_decoders_input_and_output_each_fill_their_context_and_no_mor
         _prepared(model, tok, ["a"], None, None, {"max_new_tokens": 512})
 
 
+@pytest.mark.parametrize("tok_pad", [True, False])
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-bart"])
-def test_without_a_tokenizer_pad_the_batch_and_generate_use_the_models(name):
+def test_the_tokenizers_pad_id_else_the_models_pads_the_batch_and_generate(name, tok_pad):
+    """A causal LM's prompts padded on the left, an encoder's inputs on the right."""
     model, tok = load_model(name, seed=3)
     model.generation_config.pad_token_id = 7
-    tok.pad_token = None
+    if not tok_pad:
+        tok.pad_token = None
+    pad = 0 if tok_pad else 7  # the tiny tokenizer's pad id is 0
     kw: dict = {"max_new_tokens": 2}
     enc = _prepared(model, tok, ["a", "abc"], None, None, kw)
-    short = enc["input_ids"][0][enc["attention_mask"][0] == 0]
-    assert short.tolist() == [7, 7] and kw["pad_token_id"] == 7
+    mask = enc["attention_mask"][0].tolist()
+    assert enc["input_ids"][0][enc["attention_mask"][0] == 0].tolist() == [pad, pad]
+    assert kw["pad_token_id"] == pad
+    assert mask == sorted(mask, reverse=model.config.is_encoder_decoder)
     kept = {"max_new_tokens": 2, "pad_token_id": 4}  # the caller's own pad id stays
     _prepared(model, tok, ["a"], None, None, kept)
     assert kept["pad_token_id"] == 4
