@@ -181,7 +181,7 @@ def test_generate_text_with_mbr_is_mbr_of_the_same_batch_seeded_0_by_default(eps
     )
 
 
-def _templated(max_len: int = 64):
+def _templated():
     """tiny-llama with a chat template on its own tokenizer (the cached one stays plain)."""
     model, tok = load_model("tiny-llama", seed=3)
     tok.chat_template = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
