@@ -116,6 +116,17 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
             "tests/prefix/test_prefix_model.py",  # RowStateCache
         ],
     ),
+    # issue 43's HSO claim: the tasks, prompts and labels of the few-shot classifier
+    "hso/fewshot": (
+        ["gencraft/hso/fewshot.py"],
+        [
+            "tests/hso/test_fewshot.py",
+            "tests/hso/test_hso.py::test_few_shot_prompts_and_classification",
+            "tests/hso/test_hso_batch.py",
+            "tests/hso/test_dynamic_batch.py",
+            "tests/hso/test_hso_cli.py",
+        ],
+    ),
     "hso/functional": (
         ["gencraft/hso/functional.py"],
         ["tests/hso/test_hso.py", "tests/hso/test_hso_batch.py", "tests/hso/test_hso_checks.py"],

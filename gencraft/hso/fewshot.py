@@ -1,10 +1,12 @@
 """Few-shot classification with HSO (Yoshida 2023, §3.7 / Table 3.4), on tasks built from the
 local data-to-text corpora (no SST-2 or AGNews offline):
 
-* ``e2e-family`` (binary, the SST-2 analogue): an E2E reference text whose MR has
-  ``familyFriendly[yes|no]`` and which mentions families, kids or children; label yes/no;
-* ``webnlg-topic`` (4-way, the AGNews analogue): a WebNLG reference text of the Airport,
-  Food, Building or City category; label the category.
+* ``e2e-family`` (binary, the SST-2 analogue): for each E2E MR with
+  ``familyFriendly[yes|no]``, its first reference text that contains "family", "kid" or
+  "child" in any case ("family-friendly", "kids", "children"; "families" alone does not
+  count); label yes/no;
+* ``webnlg-topic`` (4-way, the AGNews analogue): the first reference text of each WebNLG
+  entry of the Airport, Food, Building or City category; label the category.
 
 Prompts follow Zhao et al. (2021): ``<Field>: text`` / ``<Answer field>: label`` blocks, a
 blank line between them, the test text last, and the label read from the next-token
@@ -133,11 +135,13 @@ def draw_prompt(
     return torch.tensor([tok(prompt, add_special_tokens=False).input_ids + list(shared or [])])
 
 
-@torch.no_grad()
 def _last_logits(model: nn.Module, ids: torch.Tensor, cache=None) -> torch.Tensor:
-    if cache is None:
-        return model(input_ids=ids).logits[0, -1].float()
-    return model(input_ids=ids[:, -1:], **cache_kwargs(cache)).logits[0, -1].float()
+    """[V] float32: the next-token logits after prompt ``ids`` [1, P], or after its last token
+    on ``cache`` (the states of the tokens before it)."""
+    with torch.no_grad():
+        if cache is None:
+            return model(input_ids=ids).logits[0, -1].float()
+        return model(input_ids=ids[:, -1:], **cache_kwargs(cache)).logits[0, -1].float()
 
 
 def classify(
@@ -162,7 +166,6 @@ def classify(
     return int(torch.argmax(logits[label_ids]))
 
 
-@torch.no_grad()
 def classify_batch(
     model: nn.Module,
     prompts: list[torch.Tensor],
@@ -187,26 +190,27 @@ def classify_batch(
     for name, value in (("batch_size", batch_size), ("de_batch_size", de_batch_size)):
         if value < 1:
             raise GencraftError(f"{name} must be >= 1, got {value}")
-    dev = next(model.parameters()).device  # prompts are drawn on the CPU
-    if method == "dynamic eval" and de_batch_size == 1:
-        return [classify(model, p.to(dev), label_ids, method, hso, de) for p in prompts]
-    if method == "dynamic eval":
-        out = []
-        for _, ids, mask in left_padded_batches(model, None, prompts, de_batch_size):
-            # torch.func.grad inside takes its gradients under this function's no_grad too
-            logits = dynamic_eval_last_logits(model, ids.to(dev), mask.to(dev), de)
-            out += logits[:, label_ids].argmax(1).tolist()
+    with torch.no_grad():
+        dev = next(model.parameters()).device  # prompts are drawn on the CPU
+        if method == "dynamic eval" and de_batch_size == 1:
+            return [classify(model, p.to(dev), label_ids, method, hso, de) for p in prompts]
+        if method == "dynamic eval":
+            out = []
+            for _, ids, mask in left_padded_batches(model, None, prompts, de_batch_size):
+                # torch.func.grad inside takes its gradients under this function's no_grad too
+                logits = dynamic_eval_last_logits(model, ids.to(dev), mask.to(dev), de)
+                out += logits[:, label_ids].argmax(1).tolist()
+            return out
+        labels = torch.tensor(label_ids)
+        out: list[int] = []
+        for _, ids, mask in left_padded_batches(model, None, prompts, batch_size):
+            ids, mask = ids.to(dev), mask.to(dev)
+            stepper = HFStepper(model, ids, attention_mask=mask, max_new_tokens=1)
+            if method == "baseline":
+                logp = stepper.start().log_probs
+            else:
+                cfg = HSOConfig(**{**hso.__dict__, "steps": 2 if method == "hso2" else 1})
+                cache = hso_prefill(model, ids, cfg, attention_mask=mask)
+                logp = stepper.step(ids[:, -1], cache).log_probs  # the last token on the states
+            out += logp[:, labels.to(logp.device)].argmax(-1).tolist()
         return out
-    labels = torch.tensor(label_ids)
-    out: list[int] = []
-    for _, ids, mask in left_padded_batches(model, None, prompts, batch_size):
-        ids, mask = ids.to(dev), mask.to(dev)
-        stepper = HFStepper(model, ids, attention_mask=mask, max_new_tokens=1)
-        if method == "baseline":
-            logp = stepper.start().log_probs
-        else:
-            cfg = HSOConfig(**{**hso.__dict__, "steps": 2 if method == "hso2" else 1})
-            cache = hso_prefill(model, ids, cfg, attention_mask=mask)
-            logp = stepper.step(ids[:, -1], cache).log_probs  # the last token on the states
-        out += logp[:, labels.to(logp.device)].argmax(-1).tolist()
-    return out

@@ -335,7 +335,6 @@ def most_confident(
     return pick
 
 
-@torch.no_grad()
 def sundae_generate(
     model: NARSeq2Seq,
     input_ids: torch.Tensor,
@@ -373,7 +372,8 @@ def sundae_generate(
         enc, cands, cand_lp = _encode_batch(model, src, src_mask, cfg, given)
         return _sundae_batch(model, src, src_mask, enc, cands, cand_lp, cfg, noise.to(dev))
 
-    return _decode_batches("sundae", input_ids.shape[0], batch_size, progress, run)
+    with torch.no_grad():
+        return _decode_batches("sundae", input_ids.shape[0], batch_size, progress, run)
 
 
 def _given_lengths(model: NARSeq2Seq, input_ids: torch.Tensor, lengths: Any) -> torch.Tensor | None:
@@ -548,7 +548,6 @@ def _sundae_batch(
     return results
 
 
-@torch.no_grad()
 def mask_predict_generate(
     model: NARSeq2Seq,
     input_ids: torch.Tensor,
@@ -581,7 +580,8 @@ def mask_predict_generate(
             return _mask_predict_threshold(model, src_mask, enc, cands, cfg, mask_id)
         return _mask_predict_batch(model, src_mask, enc, cands, cfg.steps, mask_id)
 
-    return _decode_batches("mask-predict", input_ids.shape[0], batch_size, progress, run)
+    with torch.no_grad():
+        return _decode_batches("mask-predict", input_ids.shape[0], batch_size, progress, run)
 
 
 @dataclass
@@ -692,7 +692,6 @@ def _mask_predict_threshold(
     return c.results()
 
 
-@torch.no_grad()
 def autoregressive_generate(
     model: NARSeq2Seq,
     input_ids: torch.Tensor,
@@ -725,7 +724,8 @@ def autoregressive_generate(
         )
         return [_generated_row(model, gen, i) for i in range(gen.sequences.shape[0])]
 
-    return _decode_batches("beam", input_ids.shape[0], batch_size, progress, run)
+    with torch.no_grad():
+        return _decode_batches("beam", input_ids.shape[0], batch_size, progress, run)
 
 
 def _generated_row(model: NARSeq2Seq, gen: Any, i: int) -> RowResult:
