@@ -5836,6 +5836,55 @@ M = [
         "attention_mask=mask, max_new_tokens=2)",
         "tests/hso/test_fewshot.py -k fill_the_context",
     ),
+    (
+        "NAR beam bar named otherwise",
+        "gencraft/nar/decoding.py",
+        '_decode_batches("beam", input_ids.shape[0], batch_size, progress, run)',
+        '_decode_batches("ar", input_ids.shape[0], batch_size, progress, run)',
+        "tests/nar/test_nar_entry_points.py -k named_bar",
+    ),
+    (
+        "NAR SUNDAE bar always on",
+        "gencraft/nar/decoding.py",
+        '_decode_batches("sundae", input_ids.shape[0], batch_size, progress, run)',
+        '_decode_batches("sundae", input_ids.shape[0], batch_size, True, run)',
+        "tests/nar/test_nar_entry_points.py -k named_bar",
+    ),
+    (
+        "NAR mask-predict bar named with an underscore",
+        "gencraft/nar/decoding.py",
+        '_decode_batches("mask-predict",',
+        '_decode_batches("mask_predict",',
+        "tests/nar/test_nar_entry_points.py -k named_bar",
+    ),
+    (
+        "NAR baseline defaults to five beams",
+        "gencraft/nar/decoding.py",
+        "    num_beams: int = 4,\n",
+        "    num_beams: int = 5,\n",
+        "tests/nar/test_nar_entry_points.py -k documented_defaults",
+    ),
+    (
+        "NAR baseline samples when the model's config says so",
+        "gencraft/nar/decoding.py",
+        "            do_sample=False,\n",
+        "",
+        "tests/nar/test_nar_entry_points.py -k would_sample",
+    ),
+    (
+        "NAR baseline ignores min_new_tokens",
+        "gencraft/nar/decoding.py",
+        "            min_new_tokens=min_new_tokens,\n",
+        "            min_new_tokens=0,\n",
+        "tests/nar/test_nar_entry_points.py -k holds_eos",
+    ),
+    (
+        "NAR baseline decodes all rows in one generate",
+        "gencraft/nar/decoding.py",
+        '_decode_batches("beam", input_ids.shape[0], batch_size,',
+        '_decode_batches("beam", input_ids.shape[0], None,',
+        "tests/nar/test_nar_entry_points.py -k one_generate_call",
+    ),
 ]
 
 

@@ -361,8 +361,6 @@ def sundae_generate(
     """
     cfg = _with_threshold(config or SamplingConfig(), threshold)
     attention_mask = _check_source(model, input_ids, attention_mask)
-    if not 0 <= cfg.proportion <= 1:
-        raise GencraftError(f"proportion must lie in [0, 1], got {cfg.proportion}")
     lengths = _given_lengths(model, input_ids, lengths)
     dev = next(model.parameters()).device
 
