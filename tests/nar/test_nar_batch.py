@@ -147,16 +147,23 @@ def test_each_mask_predict_row_stops_by_its_own_rule(nar):
     assert out.model_calls == [1, 5]
 
 
-@pytest.mark.parametrize("beams", [1, 3])
-def test_the_autoregressive_baseline_in_one_generate_equals_each_row_alone(beams):
+def eos_prone_decoder():
+    """A tiny causal BERT2BERT whose source matters and whose EOS is likely: rows end at
+    different steps."""
     model, tok = load_mlm_seq2seq("tiny-bert", seed=0, max_target_length=16, bidirectional=False)
     end = model.generation_config.eos_token_id
-    with torch.no_grad():  # the source matters and EOS is likely: rows end at different steps
+    with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dim() == 2 and ("crossattention" in name or "encoder" in name):
                 p.mul_(4.0)
         model.get_output_embeddings().weight.mul_(10.0)
         model.get_output_embeddings().bias[end] += 2.0
+    return model.eval(), tok
+
+
+@pytest.mark.parametrize("beams", [1, 3])
+def test_the_autoregressive_baseline_in_one_generate_equals_each_row_alone(beams):
+    model, tok = eos_prone_decoder()
     ids, mask = _encode(tok, SOURCES)
     kw = dict(num_beams=beams, max_new_tokens=8)
     batch = autoregressive_generate(model, ids, mask, **kw)

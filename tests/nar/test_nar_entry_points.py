@@ -10,6 +10,7 @@ import re
 
 import pytest
 import torch
+from test_nar_batch import SOURCES, _encode, eos_prone_decoder
 
 from gencraft.nar import SamplingConfig, load_mlm_seq2seq
 from gencraft.nar.decoding import (
@@ -18,19 +19,6 @@ from gencraft.nar.decoding import (
     sundae_generate,
 )
 from gencraft.nar.functional import noise_ids
-
-SOURCES = [
-    "name : Aromi | area : riverside",
-    "x",
-    "name : The Eagle | food : French | price : cheap | near : Burger King",
-    "a b c",
-    "Blue Spice pub",
-]
-
-
-def _encode(tok, sources):
-    enc = tok(sources, padding=True, return_tensors="pt")
-    return enc["input_ids"], enc["attention_mask"]
 
 
 @pytest.fixture(scope="module")
@@ -41,17 +29,7 @@ def nar():
 
 @pytest.fixture(scope="module")
 def ar():
-    """A causal decoder whose source matters and whose EOS is likely: rows end at different
-    steps."""
-    model, tok = load_mlm_seq2seq("tiny-bert", seed=0, max_target_length=16, bidirectional=False)
-    end = model.generation_config.eos_token_id
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 2 and ("crossattention" in name or "encoder" in name):
-                p.mul_(4.0)
-        model.get_output_embeddings().weight.mul_(10.0)
-        model.get_output_embeddings().bias[end] += 2.0
-    return model.eval(), tok
+    return eos_prone_decoder()
 
 
 def _bars(err: str, name: str) -> list[str]:
