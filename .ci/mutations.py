@@ -5885,6 +5885,34 @@ M = [
         '_decode_batches("beam", input_ids.shape[0], None,',
         "tests/nar/test_nar_entry_points.py -k one_generate_call",
     ),
+    (
+        "sequence_log_prob ends with the first EOS id only",
+        "gencraft/models/stepping.py",
+        "torch.logsumexp(out.log_probs[0, eos].double(), dim=0)",
+        "torch.logsumexp(out.log_probs[0, eos[:1]].double(), dim=0)",
+        "tests/models/test_sequence_log_prob.py -k one_full_forward",
+    ),
+    (
+        "sequence_log_prob asks room for two more tokens",
+        "gencraft/models/stepping.py",
+        "eos_token_id, max_new_tokens=len(tokens) + 1)",
+        "eos_token_id, max_new_tokens=len(tokens) + 2)",
+        "tests/models/test_sequence_log_prob.py -k fill_the_context",
+    ),
+    (
+        "sequence_log_prob ignores the end flag",
+        "gencraft/models/stepping.py",
+        "        if end:\n            total += float(torch.logsumexp(",
+        "        if True:\n            total += float(torch.logsumexp(",
+        "tests/models/test_sequence_log_prob.py -k one_full_forward",
+    ),
+    (
+        "windowed_nll lets a window one past the positions through",
+        "gencraft/metrics/lm.py",
+        "limit is None or inputs <= limit,",
+        "limit is None or inputs <= limit + 1,",
+        "tests/metrics/test_windowed_nll.py -k positions",
+    ),
 ]
 
 

@@ -64,7 +64,6 @@ class WindowedScorer(Protocol):
         ...
 
 
-@torch.no_grad()
 def check_positions(model: nn.Module, inputs: int, setting: str) -> None:
     """Refuse, before any forward pass, ``inputs`` tokens in one pass of a model with fewer
     positions (GPT-2's learned positions would fail deep inside with an IndexError)."""

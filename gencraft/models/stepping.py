@@ -582,7 +582,6 @@ def resolve(
     return stepper, eos
 
 
-@torch.no_grad()
 def sequence_log_prob(
     model: nn.Module | Stepper,
     input_ids: torch.Tensor | None,
@@ -596,13 +595,14 @@ def sequence_log_prob(
     log-probability of ending there (summed over the EOS ids). What searches are compared on.
     """
     stepper, eos = resolve(model, input_ids, eos_token_id, max_new_tokens=len(tokens) + 1)
-    out = stepper.start()
-    total = 0.0
-    for t in tokens:
-        total += float(out.log_probs[0, int(t)])
-        out = stepper.step(torch.tensor([int(t)], device=out.log_probs.device), out.cache)
-    if end:
-        total += float(torch.logsumexp(out.log_probs[0, eos].double(), dim=0))
+    with torch.no_grad():
+        out = stepper.start()
+        total = 0.0
+        for t in tokens:
+            total += float(out.log_probs[0, int(t)])
+            out = stepper.step(torch.tensor([int(t)], device=out.log_probs.device), out.cache)
+        if end:
+            total += float(torch.logsumexp(out.log_probs[0, eos].double(), dim=0))
     return total
 
 

@@ -3,6 +3,8 @@ against a loop reference that re-runs each target's context on its own."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -166,3 +168,30 @@ def test_each_target_of_a_drawn_schedule_and_batch_is_scored_by_its_own_window(
                 logits = model(input_ids=ids[:, w.start : j]).logits[0, -1]
             want[j - 1] = -torch.log_softmax(logits.float(), -1)[ids[0, j]]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("n", "window", "ok"), [(600, 512, True), (600, 513, False), (513, 600, True)]
+)
+def test_a_window_longer_than_the_models_positions_is_refused_before_any_pass(n, window, ok):
+    """GPT-2's 512 learned positions: a pass of 512 tokens is scored; one of 513 is refused in
+    one line naming the model and the setting, before any forward. A text of 513 tokens needs
+    passes of 512 at most, whatever the window."""
+    model, _ = load_model("tiny-gpt2", seed=0)
+    ids = torch.randint(5, 200, (n,), generator=torch.Generator().manual_seed(0))
+    calls: list[int] = []
+    hook = model.register_forward_pre_hook(lambda *a: calls.append(1))
+    try:
+        if ok:
+            assert windowed_nll(model, ids, window=window).shape == (n - 1,)
+            assert calls
+        else:
+            msg = (
+                "GPT2LMHeadModel has 512 positions, fewer than the 513 tokens one pass would "
+                "take; set window <= 512"
+            )
+            with pytest.raises(ConfigError, match=f"^{re.escape(msg)}$"):
+                windowed_nll(model, ids, window=window)
+            assert calls == []
+    finally:
+        hook.remove()
