@@ -5913,6 +5913,20 @@ M = [
         "limit is None or inputs <= limit + 1,",
         "tests/metrics/test_windowed_nll.py -k positions",
     ),
+    (
+        "recurrence pools the configured stride whatever the pass's overlap",
+        "gencraft/recurrence/model.py",
+        "stride = self.config.window - (self.config.overlap if overlap is None else overlap)",
+        "stride = self.config.stride",
+        "tests/recurrence/test_recurrence_model.py -k reads_its_overlap",
+    ),
+    (
+        "recurrence token_nll refuses a 1-D text",
+        "gencraft/recurrence/model.py",
+        "ids = ids[None] if ids.dim() == 1 else ids\n        if ids.dim() != 2",
+        "ids = ids\n        if ids.dim() != 2",
+        "tests/recurrence/test_recurrence_model.py -k reads_its_overlap",
+    ),
 ]
 
 

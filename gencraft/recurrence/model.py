@@ -142,17 +142,16 @@ class RecurrentLM(MethodModel):
         targets: torch.Tensor,
         offset: int,
         want: str,
+        stride: int,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """One window: inputs ``x`` [B, t] after ``h_prev`` [B, H] (None: the first) ->
         (summed NLL of ``targets`` [B, s] predicted by positions offset.., h_next [B, H],
-        and ``want``: "logits" those positions' logits [B, s, V], "nll" their NLL [B, s])."""
+        and ``want``: "logits" those positions' logits [B, s, V], "nll" their NLL [B, s]).
+        ``stride``: T - o of this pass's overlap o, the positions the next window does not
+        repeat (pooled unless ``pool_positions="all"``)."""
         with attention_context(memory={id(self.slot): h_prev}):
             out = self.base(input_ids=x, output_hidden_states=True, use_cache=False)
-        n_pool = (
-            x.shape[1]
-            if self.config.pool_positions == "all"
-            else min(self.config.stride, x.shape[1])
-        )
+        n_pool = x.shape[1] if self.config.pool_positions == "all" else min(stride, x.shape[1])
         h_next = self.transform(self.pool(out.hidden_states, n_pool))
         rows = out.logits[:, offset : offset + targets.shape[1]].float()
         nll = nn.functional.cross_entropy(
@@ -193,10 +192,13 @@ class RecurrentLM(MethodModel):
         use_ckpt = self.config.checkpoint and torch.is_grad_enabled() and self.training
         want = _want or ("logits" if return_logits else "none")
         h, total, logits = None, input_ids.new_zeros((), dtype=torch.float32), []
+        # this pass's overlap decides the pooled positions (§2.3: a model trained at one
+        # overlap is evaluated at another "by changing which positions are pooled")
+        stride = self.config.window - (self.config.overlap if overlap is None else overlap)
         for w in self.schedule(n, overlap):
             x = input_ids[:, w.start : w.end]
             targets = padded[:, w.first : w.end + 1]
-            args = (x, h, targets, w.first - 1 - w.start, want)
+            args = (x, h, targets, w.first - 1 - w.start, want, stride)
             if use_ckpt:
                 nll, h, rows = checkpoint(self._window, *args, use_reentrant=False)
             else:
@@ -210,13 +212,13 @@ class RecurrentLM(MethodModel):
         loss = total / count.clamp(min=1)
         return CausalLMOutput(loss=loss, logits=torch.cat(logits, dim=1) if logits else None)
 
-    @torch.no_grad()
     def token_nll(self, ids: torch.Tensor, overlap: int | None = None) -> torch.Tensor:
         """Per-target NLL [N - 1] of ``ids`` [1, N] (or [N]), h_prev carried across windows."""
         ids = ids[None] if ids.dim() == 1 else ids
         if ids.dim() != 2 or ids.shape[0] != 1:
             raise GencraftError(f"ids must be [1, N] or [N], got shape {tuple(ids.shape)}")
-        out = self.forward(ids, overlap=overlap, _want="nll")
+        with torch.no_grad():
+            out = self.forward(ids, overlap=overlap, _want="nll")
         return out.logits[0, :-1].cpu()  # per-target NLL; the last position has no target
 
     def windowed_token_nll(self, ids: torch.Tensor, *, window: int, overlap: int) -> torch.Tensor:

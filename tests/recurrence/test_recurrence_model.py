@@ -5,6 +5,8 @@ eq. 2.1 by hand; save/load; bad input."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -250,3 +252,23 @@ def test_the_ffn_ends_on_a_linear_layer():
         kinds = [type(layer) for layer in m.ffn]
         assert kinds[-1] is nn.Linear and kinds[0] is nn.Linear
         assert len(kinds) == 5 and kinds[1] is kinds[3] is not nn.Linear
+
+
+def test_token_nll_takes_one_text_keeps_no_graph_and_reads_its_overlap():
+    """[N] and [1, N] alike, scored without a graph even where gradients are on; ``overlap``
+    replaces the configured one for that call only (the reference of a model built with it);
+    any other shape refused word for word."""
+    m = _model().eval()
+    ids = _ids(1, 29, 3)
+    got = m.token_nll(ids)
+    assert got.shape == (28,) and not got.requires_grad and got.device.type == "cpu"
+    torch.testing.assert_close(m.token_nll(ids[0]), got)
+    other = _model(overlap=0).eval()  # the same weights, another overlap
+    with torch.no_grad():
+        want = _reference_token_nll(other, ids)
+    torch.testing.assert_close(m.token_nll(ids, overlap=0), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(m.token_nll(ids), got)  # the configured overlap again
+    for bad in (_ids(2, 29), ids[None]):
+        msg = f"ids must be [1, N] or [N], got shape {tuple(bad.shape)}"
+        with pytest.raises(GencraftError, match=f"^{re.escape(msg)}$"):
+            m.token_nll(bad)
