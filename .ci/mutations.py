@@ -5927,6 +5927,48 @@ M = [
         "ids = ids\n        if ids.dim() != 2",
         "tests/recurrence/test_recurrence_model.py -k reads_its_overlap",
     ),
+    (
+        "FAME generate: a causal source grows with the generated tokens",
+        "gencraft/focus/model.py",
+        "self.state.source_len = None if self.is_encoder_decoder else input_ids.shape[1]",
+        "self.state.source_len = None",
+        "tests/focus/test_focus_generate.py -k causal_source",
+    ),
+    (
+        "FAME generate: focus_mode not passed on",
+        "gencraft/focus/model.py",
+        "focus_k, mode=focus_mode, generator=gen, renormalize=focus_renormalize",
+        "focus_k, generator=gen, renormalize=focus_renormalize",
+        "tests/focus/test_focus_generate.py -k own_focus_vocabulary",
+    ),
+    (
+        "FAME generate: focus_k never re-normalises",
+        "gencraft/focus/model.py",
+        "focus_k, mode=focus_mode, generator=gen, renormalize=focus_renormalize",
+        "focus_k, mode=focus_mode, generator=gen, renormalize=False",
+        "tests/focus/test_focus_generate.py -k own_focus_vocabulary",
+    ),
+    (
+        "FAME generate: given vocabularies ignored",
+        "gencraft/focus/model.py",
+        "            processors.append(\n                self._given_vocabularies(focus_vocabularies, input_ids.shape[0], focus_renormalize)\n            )",
+        "            pass",
+        "tests/focus/test_focus_generate.py -k given_vocabularies",
+    ),
+    (
+        "FAME generate: given vocabularies counted on the source length",
+        "gencraft/focus/model.py",
+        "self._given_vocabularies(focus_vocabularies, input_ids.shape[0], focus_renormalize)",
+        "self._given_vocabularies(focus_vocabularies, input_ids.shape[1], focus_renormalize)",
+        "tests/focus/test_focus_generate.py -k given_vocabularies",
+    ),
+    (
+        "FAME generate: focus_k of 1 refused",
+        "gencraft/focus/model.py",
+        "if not 1 <= focus_k <= v:",
+        "if not 1 < focus_k <= v:",
+        "tests/focus/test_focus_generate.py -k one_token",
+    ),
 ]
 
 

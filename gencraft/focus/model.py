@@ -422,7 +422,6 @@ class FocusForConditionalGeneration(MethodModel):
         """EOS/PAD/decoder-start ids of the base: always allowed by focus decoding."""
         return special_ids(self.base)
 
-    @torch.no_grad()
     def generate(
         self,
         input_ids: torch.Tensor | None = None,
@@ -469,12 +468,13 @@ class FocusForConditionalGeneration(MethodModel):
         self.state.n_docs = input_ids.shape[0]
         self.state.source = None
         try:
-            return self.base.generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                logits_processor=processors,
-                **kwargs,
-            )
+            with torch.no_grad():
+                return self.base.generate(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    logits_processor=processors,
+                    **kwargs,
+                )
         finally:
             self.state.source_len = self.state.n_docs = None
 
