@@ -5969,6 +5969,34 @@ M = [
         "if not 1 < focus_k <= v:",
         "tests/focus/test_focus_generate.py -k one_token",
     ),
+    (
+        "prefix generate: the decoder's segments shifted by one",
+        "gencraft/prefix/model.py",
+        'tables["decoder"] = torch.cat([out_blocks[:, :1], out_blocks[:, :-1]], dim=1)',
+        'tables["decoder"] = torch.cat([out_blocks[:, :2], out_blocks[:, :-1]], dim=1)',
+        "tests/prefix/test_prefix_generate.py -k encoder_decoder_generate",
+    ),
+    (
+        "prefix generate: a disabled model drops the mask",
+        "gencraft/prefix/model.py",
+        "input_ids=input_ids, attention_mask=attention_mask, **generate_kw",
+        "input_ids=input_ids, **generate_kw",
+        "tests/prefix/test_prefix_generate.py -k disabled",
+    ),
+    (
+        "prefix generate: default of 21 new tokens",
+        "gencraft/prefix/model.py",
+        "gen_cfg.max_new_tokens or 20)",
+        "gen_cfg.max_new_tokens or 21)",
+        "tests/prefix/test_prefix_generate.py -k twenty",
+    ),
+    (
+        "prefix generate: one cache row per input when sampling several",
+        "gencraft/prefix/model.py",
+        "copies = beams if beams > 1 else int(returns or 1)",
+        "copies = beams if beams > 1 else 1",
+        "tests/prefix/test_prefix_generate.py -k repeated",
+    ),
 ]
 
 

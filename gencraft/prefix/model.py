@@ -535,7 +535,6 @@ class PrefixModel(MethodModel):
         return self._blocks(shifted, s)
 
     # ------------------------------------------------------------------ generation
-    @torch.no_grad()
     def generate(
         self,
         input_ids: torch.Tensor,
@@ -548,41 +547,42 @@ class PrefixModel(MethodModel):
         Returns what ``generate`` returns without prefixes: the prompt and the new tokens
         (decoder-only), or the decoder's tokens starting with the start token. Generated
         token i is in output segment ``min(S-1, i*S // L)`` (L = ``config.output_length``,
-        else ``max_new_tokens``); the prompt's segments are the segmenter's (or
-        ``segment_ids``).
+        else ``max_new_tokens``, 20 when neither the call nor the generation config sets
+        it); the prompt's segments are the segmenter's (or ``segment_ids``).
         """
-        if not self.enabled:
-            return self.base.generate(
-                input_ids=input_ids, attention_mask=attention_mask, **generate_kw
-            )
-        gen_cfg = self.base.generation_config
-        beams = int(generate_kw.get("num_beams") or gen_cfg.num_beams or 1)
-        returns = generate_kw.get("num_return_sequences") or gen_cfg.num_return_sequences
-        copies = beams if beams > 1 else int(returns or 1)  # rows per input in the cache
-        max_new = int(generate_kw.get("max_new_tokens") or gen_cfg.max_new_tokens or 20)
-        generate_kw.setdefault("max_new_tokens", max_new)
-        generate_kw.setdefault("pad_token_id", pad_id(self.base))
-        mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-        s_out = self.config.decoder_segments
-        length = self.config.output_length or max_new
-        out_idx = torch.arange(max_new + 1, device=input_ids.device)
-        out_blocks = self._blocks(
-            output_segment(out_idx, s_out, length)[None].expand(input_ids.shape[0], -1), s_out
-        )  # [B, max_new + 1, P]
-        tables: dict[str, torch.Tensor | None] = {}
-        if self._needs_tables() or segment_ids is not None:
-            prompt = self._input_blocks(input_ids, mask, segment_ids)
-            if self.is_encoder_decoder:
-                tables["encoder"] = prompt
-                # decoder input 0 is the start token (segment 0), input j the (j-1)-th output
-                tables["decoder"] = torch.cat([out_blocks[:, :1], out_blocks[:, :-1]], dim=1)
-            else:
-                tables["decoder"] = torch.cat([prompt, out_blocks], dim=1)
-        cache = self._cache(input_ids.shape[0] * copies)
-        with self._context(tables, cache):
-            if self.is_encoder_decoder:
-                return self._generate_encoder_decoder(input_ids, mask, cache, generate_kw)
-            return self._generate_decoder_only(input_ids, mask, cache, generate_kw)
+        with torch.no_grad():
+            if not self.enabled:
+                return self.base.generate(
+                    input_ids=input_ids, attention_mask=attention_mask, **generate_kw
+                )
+            gen_cfg = self.base.generation_config
+            beams = int(generate_kw.get("num_beams") or gen_cfg.num_beams or 1)
+            returns = generate_kw.get("num_return_sequences") or gen_cfg.num_return_sequences
+            copies = beams if beams > 1 else int(returns or 1)  # rows per input in the cache
+            max_new = int(generate_kw.get("max_new_tokens") or gen_cfg.max_new_tokens or 20)
+            generate_kw.setdefault("max_new_tokens", max_new)
+            generate_kw.setdefault("pad_token_id", pad_id(self.base))
+            mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+            s_out = self.config.decoder_segments
+            length = self.config.output_length or max_new
+            out_idx = torch.arange(max_new + 1, device=input_ids.device)
+            out_blocks = self._blocks(
+                output_segment(out_idx, s_out, length)[None].expand(input_ids.shape[0], -1), s_out
+            )  # [B, max_new + 1, P]
+            tables: dict[str, torch.Tensor | None] = {}
+            if self._needs_tables() or segment_ids is not None:
+                prompt = self._input_blocks(input_ids, mask, segment_ids)
+                if self.is_encoder_decoder:
+                    tables["encoder"] = prompt
+                    # decoder input 0 is the start token (segment 0), input j the (j-1)-th output
+                    tables["decoder"] = torch.cat([out_blocks[:, :1], out_blocks[:, :-1]], dim=1)
+                else:
+                    tables["decoder"] = torch.cat([prompt, out_blocks], dim=1)
+            cache = self._cache(input_ids.shape[0] * copies)
+            with self._context(tables, cache):
+                if self.is_encoder_decoder:
+                    return self._generate_encoder_decoder(input_ids, mask, cache, generate_kw)
+                return self._generate_decoder_only(input_ids, mask, cache, generate_kw)
 
     def _generate_decoder_only(
         self, input_ids: torch.Tensor, mask: torch.Tensor, cache: Any, generate_kw: dict
