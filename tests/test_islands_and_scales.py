@@ -80,7 +80,7 @@ def test_recurrence_window_nll_is_float32(dtype, t, seed):
     x = torch.randint(0, base.config.vocab_size, (2, t), generator=g)
     targets = torch.randint(0, base.config.vocab_size, (2, t - 1), generator=g)
     with torch.no_grad():
-        total, _, nll = model._window(x, None, targets, 0, "nll")
+        total, _, nll = model._window(x, None, targets, 0, "nll", model.config.stride)
         logits = model.base(input_ids=x).logits[:, : t - 1]
     ref = torch.nn.functional.cross_entropy(
         logits.double().flatten(0, 1), targets.flatten(), reduction="none"
