@@ -10,11 +10,11 @@ import re
 
 import pytest
 import torch
+from test_focus_model import _wrapped
 
 from gencraft.errors import GencraftError
-from gencraft.focus import FocusConfig, FocusForConditionalGeneration, FocusLogitsProcessor
+from gencraft.focus import FocusLogitsProcessor
 from gencraft.focus.decoding import focus_vocabulary
-from gencraft.models import load_model
 
 SOURCES = ["the cat sat on the mat", "a dog ran far"]
 BEAMS = dict(
@@ -27,19 +27,14 @@ BEAMS = dict(
 )
 
 
-def _wrapped(name: str):
-    base, tok = load_model(name)
-    torch.manual_seed(0)
-    model = FocusForConditionalGeneration(base, FocusConfig(), frequent_ids=torch.tensor([5, 6, 7]))
-    with torch.no_grad():  # a head far from zero, so that T_X and f_t matter
-        for p in model.head.parameters():
-            p.normal_(0, 0.5)
+def _fame(name: str):
+    model, tok = _wrapped(name)  # a head far from zero, so that T_X and f_t matter
     return model.eval(), tok
 
 
 @pytest.fixture(scope="module", params=["tiny-bart", "tiny-llama"])
 def fame(request):
-    model, tok = _wrapped(request.param)
+    model, tok = _fame(request.param)
     enc = tok(SOURCES, return_tensors="pt", padding=True)
     return model, enc
 
@@ -105,7 +100,7 @@ def test_a_one_token_focus_vocabulary_is_allowed(fame):
 
 
 def test_a_causal_source_is_its_prompt_with_or_without_a_cache():
-    model, tok = _wrapped("tiny-llama")
+    model, tok = _fame("tiny-llama")
     enc = tok(SOURCES[:1], return_tensors="pt")
     kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, num_beams=1)
     kw.update(return_dict_in_generate=True, output_logits=True)

@@ -7,7 +7,7 @@ input repeated, each with its own rows of the prefix cache."""
 from __future__ import annotations
 
 import torch
-from test_prefix_model import P, _batch, _model
+from test_prefix_model import _batch, _model
 
 
 def test_encoder_decoder_generate_follows_output_segments():
@@ -68,4 +68,3 @@ def test_several_samples_per_input_are_the_samples_of_the_input_repeated():
         )
         assert got.shape[0] == 6 and torch.equal(got, want)
         assert len({tuple(r) for r in got[:3].tolist()}) > 1  # the draws differ
-    assert P == 4
