@@ -131,6 +131,15 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
         ["gencraft/hso/functional.py"],
         ["tests/hso/test_hso.py", "tests/hso/test_hso_batch.py", "tests/hso/test_hso_checks.py"],
     ),
+    # the pointer's evaluation pass and its analyses (frequency gains, passages)
+    "pointer/evaluate": (
+        ["gencraft/pointer/evaluate.py", "gencraft/pointer/analysis.py"],
+        [
+            "tests/pointer/test_pointer_evaluate.py",
+            "tests/pointer/test_pointer_analysis.py",
+            "tests/pointer/test_pointer_cli.py",
+        ],
+    ),
 }
 
 

@@ -81,28 +81,30 @@ class PassageView:
     top: list[tuple[str, int, float]]  # (word, distance back, its attention) per position
 
 
-@torch.no_grad()
 def passage_view(
     model: PointerSentinelLSTM, corpus: LMCorpus, split: str, start: int, length: int
 ) -> PassageView:
     """Run the model from the start of ``split`` up to ``start + length`` (so the window and state
     are those of a real evaluation) and collect the pointer's behaviour on the last ``length``
-    predictions."""
+    predictions. The model scores in eval mode and is left in the mode it came in."""
     if not model.config.pointer:
         raise ValueError("passage_view needs a pointer model")
     ids = corpus[split]
     if start < 0 or length < 1 or start + length + 1 > ids.numel():
         raise ValueError(f"passage [{start}, {start + length}) lies outside {split}")
+    was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     L = model.config.window
     ctx0 = max(0, start - L + 1)
     state = None
-    if ctx0 > 0:  # state at the window's first position
-        _, state, _ = model.encode(ids[:ctx0].unsqueeze(0).to(device))
     x = ids[ctx0 : start + length].unsqueeze(0).to(device)
     y = ids[start + 1 : start + length + 1].unsqueeze(0).to(device)
-    out = model(x, y, state, return_attention=True)
+    with torch.no_grad():
+        if ctx0 > 0:  # state at the window's first position
+            _, state, _ = model.encode(ids[:ctx0].unsqueeze(0).to(device))
+        out = model(x, y, state, return_attention=True)
+    model.train(was_training)
     attn = out.log_attn[0].exp().cpu()  # [T, S]
     s = x.shape[1]
     dist = torch.zeros(length, L)
@@ -124,6 +126,19 @@ def passage_view(
     )
 
 
+def passage_shares(
+    view: PassageView, max_distance: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What :func:`plot_passage` draws, float64: the pointer's own distribution a_i / (1 − g)
+    [T, D] over the first ``max_distance`` distances (all by default), each row renormalised
+    (a row without mass stays zero), and the pointer's share 1 − g [T], floored at 1e-12 for
+    a log axis."""
+    att = view.attention if max_distance is None else view.attention[:, :max_distance]
+    att = att.double()
+    att = att / att.sum(1, keepdim=True).clamp_min(1e-300)  # = a_i / (1 - g), in the window
+    return att, (1.0 - view.gate.double()).clamp_min(1e-12)
+
+
 def plot_passage(
     view: PassageView, path: str | Path, max_distance: int | None = None, title: str = ""
 ) -> Path:
@@ -132,9 +147,7 @@ def plot_passage(
     colorbar, beside the pointer's share 1 − g of each prediction on a log axis (a gate near 1
     leaves shares like 1e-4 that a linear bar would show as nothing)."""
     plt = pyplot()
-    att = view.attention if max_distance is None else view.attention[:, :max_distance]
-    att = att.double()
-    att = att / att.sum(1, keepdim=True).clamp_min(1e-300)  # = a_i / (1 - g), in the window
+    att, share = passage_shares(view, max_distance)
     n = att.shape[0]
     fig, (ax, axg) = plt.subplots(
         1, 2, figsize=(11, 0.28 * n + 1.8), gridspec_kw={"width_ratios": [6, 1.4]}, sharey=True
@@ -147,7 +160,7 @@ def plot_passage(
     ax.set_xlabel("distance back in the window (0 = current word)")
     ax.set_ylabel("input -> predicted word")
     ax.set_title(f"{title + ': ' if title else ''}pointer distribution a_i / (1 - g)")
-    share = (1.0 - view.gate.double()).clamp_min(1e-12).numpy()
+    share = share.numpy()
     axg.barh(range(n), share, color="tab:orange")
     axg.set_xscale("log")
     axg.set_xlim(max(1e-12, float(share.min()) / 2), 1)
@@ -156,14 +169,17 @@ def plot_passage(
     return _save(fig, path)
 
 
-@torch.no_grad()
 def head_passage_view(head: Any, tokenizer: Any, text: str, max_tokens: int = 40) -> PassageView:
     """A :class:`PassageView` of a :class:`~gencraft.pointer.head.PointerSentinelHead` on
     ``text`` (its first ``max_tokens`` tokens): gate and window attention by distance back,
-    for each predicted token."""
+    for each predicted token. The head scores in eval mode and is left in the mode it came in."""
     ids = tokenizer(text, return_tensors="pt")["input_ids"][:, :max_tokens]
     ids = ids.to(next(head.parameters()).device)
-    out = head(ids, return_attention=True)
+    was_training = head.training
+    head.eval()
+    with torch.no_grad():
+        out = head(ids, return_attention=True)
+    head.train(was_training)
     attn = out.log_attn[0].exp().cpu()  # [T, T], absolute positions
     t = ids.shape[1] - 1  # positions that predict a next token
     window = head.window

@@ -30,31 +30,31 @@ class _Streams:
     gates: list[torch.Tensor]
 
 
-@torch.no_grad()
 def _run_streams(
     model: PointerSentinelLSTM, data: torch.Tensor, bptt: int, bar: Any, details: bool
 ) -> _Streams:
     """The streams ``data`` [b, n + 1] in chunks of ``bptt``, the LSTM state and the pointer's
     window carried across chunks."""
-    n = data.shape[1] - 1
-    out = _Streams(torch.zeros(data.shape[0], dtype=torch.float64), [], [])
-    state = memory = memory_ids = None
-    for s in range(0, n if data.shape[0] else 0, bptt):
-        e = min(s + bptt, n)
-        x, y = data[:, s:e], data[:, s + 1 : e + 1]
-        step = model(x, y, state, memory=memory, memory_ids=memory_ids)
-        state = step.state
-        keep = model.config.window - 1
-        if model.config.pointer and keep > 0:
-            memory = step.outputs if memory is None else torch.cat([memory, step.outputs], 1)
-            memory_ids = x if memory_ids is None else torch.cat([memory_ids, x], 1)
-            memory, memory_ids = memory[:, -keep:], memory_ids[:, -keep:]
-        out.row_nll += step.nll.double().sum(1).cpu()
-        if details:
-            out.nlls.append(step.nll.cpu())
-            if step.gate is not None:
-                out.gates.append(step.gate.cpu())
-        bar.update(1)
+    with torch.no_grad():
+        n = data.shape[1] - 1
+        out = _Streams(torch.zeros(data.shape[0], dtype=torch.float64), [], [])
+        state = memory = memory_ids = None
+        for s in range(0, n if data.shape[0] else 0, bptt):
+            e = min(s + bptt, n)
+            x, y = data[:, s:e], data[:, s + 1 : e + 1]
+            step = model(x, y, state, memory=memory, memory_ids=memory_ids)
+            state = step.state
+            keep = model.config.window - 1
+            if model.config.pointer and keep > 0:
+                memory = step.outputs if memory is None else torch.cat([memory, step.outputs], 1)
+                memory_ids = x if memory_ids is None else torch.cat([memory_ids, x], 1)
+                memory, memory_ids = memory[:, -keep:], memory_ids[:, -keep:]
+            out.row_nll += step.nll.double().sum(1).cpu()
+            if details:
+                out.nlls.append(step.nll.cpu())
+                if step.gate is not None:
+                    out.gates.append(step.gate.cpu())
+            bar.update(1)
     return out
 
 
