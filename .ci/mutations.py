@@ -6200,6 +6200,62 @@ M = [
         "figsize=(11, 4.6 + 0.01 * n)",
         "tests/pointer/test_pointer_analysis.py -k grows",
     ),
+    (
+        "collect_attention records with gradients",
+        "gencraft/prefix/analysis.py",
+        "with model.recording() as rec, torch.no_grad():",
+        "with model.recording() as rec, torch.enable_grad():",
+        "tests/prefix/test_prefix_analysis.py -k alone",
+    ),
+    (
+        "collect_attention leaves the model in eval mode",
+        "gencraft/prefix/analysis.py",
+        "    model.train(was_training)\n    return out",
+        "    return out",
+        "tests/prefix/test_prefix_analysis.py -k alone",
+    ),
+    (
+        "collect_attention runs in training mode",
+        "gencraft/prefix/analysis.py",
+        "    model.eval()\n    for batch in batches:",
+        "    for batch in batches:",
+        "tests/prefix/test_prefix_analysis.py -k alone",
+    ),
+    (
+        "collect_attention reads the encoder's mask for a decoder",
+        "gencraft/prefix/analysis.py",
+        '    if model.is_encoder_decoder and stack == "decoder":',
+        "    if False:",
+        "tests/prefix/test_prefix_analysis.py -k stack",
+    ),
+    (
+        "collect_attention ignores decoder_attention_mask",
+        "gencraft/prefix/analysis.py",
+        'm = batch.get("decoder_attention_mask")',
+        "m = None",
+        "tests/prefix/test_prefix_analysis.py -k stack",
+    ),
+    (
+        "collect_attention drops the prefix columns",
+        "gencraft/prefix/analysis.py",
+        "cols = torch.cat([torch.arange(p), keep + p])",
+        "cols = keep + p",
+        "tests/prefix/test_prefix_analysis.py -k alone",
+    ),
+    (
+        "collect_attention keeps cross-attention too",
+        "gencraft/prefix/analysis.py",
+        'if st != stack or kind != "self":',
+        "if st != stack:",
+        "tests/prefix/test_prefix_analysis.py -k stack",
+    ),
+    (
+        "collect_attention keeps the padded queries",
+        "gencraft/prefix/analysis.py",
+        "probs[b][:, keep][:, :, cols]",
+        "probs[b][:, :, cols]",
+        "tests/prefix/test_prefix_analysis.py -k alone",
+    ),
 ]
 
 

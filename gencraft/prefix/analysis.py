@@ -33,27 +33,45 @@ def prefix_spectrum(probs: torch.Tensor, num_prefix: int) -> torch.Tensor:
     return (sv.cumsum(-1) / sv.sum(-1, keepdim=True)).float()
 
 
-@torch.no_grad()
+def _real_queries(
+    model: Any, batch: dict[str, torch.Tensor], stack: str, probs: torch.Tensor
+) -> torch.Tensor:
+    """[B, T] bool: the real query positions of ``probs`` [B, n, T, K] of ``stack``."""
+    if model.is_encoder_decoder and stack == "decoder":
+        m = batch.get("decoder_attention_mask")
+        return (
+            torch.ones(probs.shape[0], probs.shape[2], dtype=torch.bool) if m is None else m.bool()
+        )
+    return batch["attention_mask"].bool()
+
+
 def collect_attention(
     model: Any, batches: Sequence[dict[str, torch.Tensor]], stack: str = "auto"
 ) -> dict[int, list[torch.Tensor]]:
     """Per layer of the analysed stack (auto: the encoder of an encoder-decoder, as the paper;
-    the decoder of a causal LM), the attention [n, T, K] of every real (unpadded) input."""
+    the decoder of a causal LM), the attention [n, T, K] of every real (unpadded) input. The
+    model runs in eval mode and is left in the mode it came in. A causal LM's batches are
+    right-padded (as ``pad_batch`` pads by default) or carry the ``position_ids`` each row has
+    alone (P + 0, P + 1, ...: the prefix takes the first P); otherwise a left-padded row's
+    attention is that of shifted positions. An encoder-decoder's decoder reads
+    ``decoder_attention_mask`` (all positions real without one)."""
     stack = ("encoder" if model.is_encoder_decoder else "decoder") if stack == "auto" else stack
     out: dict[int, list[torch.Tensor]] = {}
+    was_training = model.training
     model.eval()
     for batch in batches:
-        with model.recording() as rec:
+        with model.recording() as rec, torch.no_grad():
             model(**batch)
-        mask = batch["attention_mask"].bool()
         for (st, kind, layer), probs in rec.items():
             if st != stack or kind != "self":
                 continue
+            mask = _real_queries(model, batch, stack, probs)
             p = model.num_virtual_tokens
             for b in range(probs.shape[0]):
                 keep = mask[b].nonzero().squeeze(-1)
                 cols = torch.cat([torch.arange(p), keep + p])
                 out.setdefault(layer, []).append(probs[b][:, keep][:, :, cols].float())
+    model.train(was_training)
     return out
 
 
