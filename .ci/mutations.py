@@ -6256,6 +6256,62 @@ M = [
         "probs[b][:, :, cols]",
         "tests/prefix/test_prefix_analysis.py -k alone",
     ),
+    (
+        "generate_outputs ends an encoder-decoder's source with the separator",
+        "gencraft/prefix/evaluate.py",
+        "end = [eos] if ed else sep",
+        "end = sep",
+        "tests/prefix/test_prefix_outputs.py -k alone",
+    ),
+    (
+        "generate_outputs keeps the whole source",
+        "gencraft/prefix/evaluate.py",
+        '["input_ids"][:max_source_tokens]',
+        '["input_ids"]',
+        "tests/prefix/test_prefix_outputs.py -k alone",
+    ),
+    (
+        "generate_outputs right-pads a causal LM",
+        "gencraft/prefix/evaluate.py",
+        "batch = pad_batch(rows, pad, left=not ed)",
+        "batch = pad_batch(rows, pad, left=ed)",
+        "tests/prefix/test_prefix_outputs.py -k alone",
+    ),
+    (
+        "generate_outputs keeps a causal LM's prompt",
+        "gencraft/prefix/evaluate.py",
+        '            seq = seq[:, batch["input_ids"].shape[1] :]\n',
+        "            pass\n",
+        "tests/prefix/test_prefix_outputs.py -k alone",
+    ),
+    (
+        "generate_outputs keeps special tokens",
+        "gencraft/prefix/evaluate.py",
+        "tokenizer.batch_decode(seq, skip_special_tokens=True)",
+        "tokenizer.batch_decode(seq)",
+        "tests/prefix/test_prefix_outputs.py -k alone",
+    ),
+    (
+        "generate_outputs' CAD contrasts a doubled separator",
+        "gencraft/prefix/evaluate.py",
+        '[{"input_ids": end} for _ in indices]',
+        '[{"input_ids": end + end} for _ in indices]',
+        "tests/prefix/test_prefix_outputs.py -k alone",
+    ),
+    (
+        "generate_outputs' bar never moves",
+        "gencraft/prefix/evaluate.py",
+        "on_batch=bar.update",
+        "on_batch=None",
+        "tests/prefix/test_prefix_outputs.py -k bar",
+    ),
+    (
+        "generate_outputs defaults to 4 beams",
+        "gencraft/prefix/evaluate.py",
+        "    num_beams: int = 5,\n    batch_size: int = 16,\n    progress: bool = True,\n    partial_dir",
+        "    num_beams: int = 4,\n    batch_size: int = 16,\n    progress: bool = True,\n    partial_dir",
+        "tests/prefix/test_prefix_outputs.py -k defaults",
+    ),
 ]
 
 

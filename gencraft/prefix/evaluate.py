@@ -19,7 +19,6 @@ from gencraft.prefix.data import SEPARATOR
 from gencraft.progress import tqdm
 
 
-@torch.no_grad()
 def generate_outputs(
     model: nn.Module,
     tokenizer: Any,
@@ -60,7 +59,8 @@ def generate_outputs(
         batch = pad_batch(rows, pad, left=not ed)
         kw = dict(max_new_tokens=max_new_tokens, num_beams=num_beams, eos_token_id=eos)
         free = None if cad_alpha is None else [{"input_ids": end} for _ in indices]
-        seq = _generate(model, batch, free, pad, cad_alpha, dev, {**kw, **generate_kw})
+        with torch.no_grad():
+            seq = _generate(model, batch, free, pad, cad_alpha, dev, {**kw, **generate_kw})
         if not ed:
             seq = seq[:, batch["input_ids"].shape[1] :]
         return [t.strip() for t in tokenizer.batch_decode(seq, skip_special_tokens=True)]
