@@ -6312,6 +6312,62 @@ M = [
         "    num_beams: int = 4,\n    batch_size: int = 16,\n    progress: bool = True,\n    partial_dir",
         "tests/prefix/test_prefix_outputs.py -k defaults",
     ),
+    (
+        "collect_features keeps a graph",
+        "gencraft/focus/features.py",
+        "    with torch.no_grad():\n        return _collect(model, batch)",
+        "    with torch.enable_grad():\n        return _collect(model, batch)",
+        "tests/focus/test_focus_train.py -k trainable_base",
+    ),
+    (
+        "collect_features leaves the base in eval mode",
+        "gencraft/focus/features.py",
+        "        model.base.train(was_training)",
+        "        pass",
+        "tests/focus/test_focus_train.py -k trainable_base",
+    ),
+    (
+        "summarize's deterministic decodings sample",
+        "gencraft/focus/evaluate.py",
+        'return {"do_sample": False, "num_beams": num_beams}',
+        'return {"do_sample": True, "num_beams": num_beams}',
+        "tests/focus/test_focus_summarize.py -k deterministic",
+    ),
+    (
+        "summarize right-pads a causal LM",
+        "gencraft/focus/evaluate.py",
+        "batch = collate([enc.encode(d) for d in docs], pad, left=not is_ed)",
+        "batch = collate([enc.encode(d) for d in docs], pad, left=is_ed)",
+        "tests/focus/test_focus_summarize.py -k deterministic",
+    ),
+    (
+        "summarize seeds each batch alike",
+        "gencraft/focus/evaluate.py",
+        "seed_s = seed + 1000 * s + j",
+        "seed_s = seed + 1000 * s",
+        "tests/focus/test_focus_summarize.py -k seed",
+    ),
+    (
+        "summarize's nucleus keeps a top-k cut",
+        "gencraft/focus/evaluate.py",
+        'return {"do_sample": True, "top_p": top_p, "top_k": 0, "num_beams": 1}',
+        'return {"do_sample": True, "top_p": top_p, "num_beams": 1}',
+        "tests/focus/test_focus_summarize.py -k seed",
+    ),
+    (
+        "summarize's bar counts documents, not samples",
+        "gencraft/focus/evaluate.py",
+        "total=len(documents) * samples",
+        "total=len(documents)",
+        "tests/focus/test_focus_summarize.py -k on_batch",
+    ),
+    (
+        "summarize's on_batch gets the batch's end",
+        "gencraft/focus/evaluate.py",
+        "on_batch(j, out[j : j + len(docs)])",
+        "on_batch(j + len(docs), out[j : j + len(docs)])",
+        "tests/focus/test_focus_summarize.py -k on_batch",
+    ),
 ]
 
 

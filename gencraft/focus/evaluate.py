@@ -70,7 +70,6 @@ def _focus_kwargs(
     return {"focus_k": focus_k, "focus_mode": mode, "focus_renormalize": renormalize}
 
 
-@torch.no_grad()
 def summarize(
     model: Any,
     tokenizer: Any,
@@ -122,7 +121,8 @@ def summarize(
             seed_s = seed + 1000 * s + j  # one seed per (sample, batch)
             torch.manual_seed(seed_s)
             extra = {"focus_seed": seed_s} if focus else {}
-            ids = model.generate(**batch, **kw, **extra)
+            with torch.no_grad():
+                ids = model.generate(**batch, **kw, **extra)
             new = ids if is_ed else ids[:, batch["input_ids"].shape[1] :]
             for i, t in enumerate(tokenizer.batch_decode(new, skip_special_tokens=True)):
                 out[j + i].append(t.strip())

@@ -38,14 +38,21 @@ class HeadFeatures:
     targets: torch.Tensor
 
 
-@torch.no_grad()
 def collect_features(
     model: FocusForConditionalGeneration, batch: dict[str, torch.Tensor]
 ) -> tuple[list[HeadFeatures], torch.Tensor]:
     """Run the base once on ``batch`` (from :func:`gencraft.focus.data.collate`, with labels) and
-    split what the head needs per example. Returns ``(features, residual)``, residual [V]."""
+    split what the head needs per example. Returns ``(features, residual)``, residual [V]; no
+    graph is kept."""
     if "labels" not in batch:
         raise GencraftError("collecting head features needs labels (the scored positions)")
+    with torch.no_grad():
+        return _collect(model, batch)
+
+
+def _collect(
+    model: FocusForConditionalGeneration, batch: dict[str, torch.Tensor]
+) -> tuple[list[HeadFeatures], torch.Tensor]:
     was_training = model.base.training
     model.base.eval()
     try:

@@ -81,6 +81,28 @@ def test_head_losses_from_stored_features_equal_the_full_forward(name):
     torch.testing.assert_close(loss, out.loss, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_features_of_a_trainable_base_keep_no_graph_and_its_mode(training):
+    """Collected in eval mode without gradients, the base left in its mode: the features and
+    the residual equal those of a frozen copy in eval mode."""
+    base, tok = load_model("tiny-bart")
+    model = FocusForConditionalGeneration(base, FocusConfig(freeze_base=False))
+    enc = SummaryEncoder(tok, True, max_source=30, max_target=10)
+    batch = collate([enc.encode("a dog ran far away", "dog ran off")], tok.pad_token_id)
+    model.eval()
+    want, want_r = collect_features(model, batch)
+    model.train(training)
+    feats, residual = collect_features(model, batch)
+    assert model.base.training is training and not residual.requires_grad
+    for f, w in zip(feats, want, strict=True):
+        for k in ("x", "y", "a", "targets"):
+            assert not getattr(f, k).requires_grad
+            torch.testing.assert_close(getattr(f, k), getattr(w, k))
+    torch.testing.assert_close(residual, want_r)
+    with pytest.raises(GencraftError, match=r"^collecting head features needs labels"):
+        collect_features(model, {k: v for k, v in batch.items() if k != "labels"})
+
+
 @pytest.mark.parametrize(
     "cfg",
     [dict(focus=False), dict(focus=True), dict(focus=True, freeze_base=True, lr=3e-2)],
