@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from recording_bar import RecordingBar
 from test_focus_model import _wrapped
 
 from gencraft.focus.data import SummaryEncoder, collate
@@ -73,30 +74,19 @@ def test_samples_draw_under_one_seed_per_sample_and_batch(decoding, kw):
     assert any(a != b for a, b in got)  # the two samples differ somewhere
 
 
-class _Bar:
-    def __init__(self, **kw):
-        self.kw, self.n, self.closed = kw, 0, False
-        _Bar.last = self
-
-    def update(self, k):
-        self.n += k
-
-    def close(self):
-        self.closed = True
-
-
 @pytest.mark.parametrize("progress", [True, False])
 def test_the_bar_and_on_batch(monkeypatch, progress):
     import gencraft.focus.evaluate as fe
 
     model, tok = _wrapped("tiny-t5")
-    monkeypatch.setattr(fe, "tqdm", _Bar)
+    monkeypatch.setattr(fe, "tqdm", RecordingBar.reset())
     seen = []
     out = summarize(
         model, tok, DOCS, decoding="top_k", samples=2, max_new_tokens=2, batch_size=2,
         progress=progress, on_batch=lambda j, s: seen.append((j, s)),
     )  # fmt: skip
-    assert _Bar.last.kw == dict(total=10, desc="summarize (top_k)", disable=not progress)
-    assert _Bar.last.n == 10 and _Bar.last.closed
+    (bar,) = RecordingBar.made
+    assert bar.kw == dict(total=10, desc="summarize (top_k)", disable=not progress)
+    assert bar.updates == 10 and bar.closed
     assert [j for j, _ in seen] == [0, 2, 4]
     assert [x for _, s in seen for x in s] == out and all(len(x) == 2 for x in out)

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import ClassVar
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from recording_bar import RecordingBar
 
 from gencraft.errors import GencraftError
 from gencraft.pointer import PointerSentinelLSTM
@@ -108,27 +108,12 @@ def test_scores_in_eval_mode_without_gradients_and_restores_the_mode(training):
     assert all(p.grad is None for p in m.parameters())
 
 
-class _Bar:
-    made: ClassVar[list[_Bar]] = []
-
-    def __init__(self, **kw):
-        self.kw, self.updates, self.closed = kw, 0, False
-        _Bar.made.append(self)
-
-    def update(self, k):
-        self.updates += k
-
-    def close(self):
-        self.closed = True
-
-
 @pytest.mark.parametrize(("n", "b", "bptt", "chunks"), [(40, 2, 6, 4), (40, 4, 3, 3), (9, 3, 9, 1)])
 @pytest.mark.parametrize("progress", [True, False])
 def test_the_bar_counts_chunks_under_its_name(monkeypatch, n, b, bptt, chunks, progress):
-    monkeypatch.setattr(pe, "tqdm", _Bar)
-    _Bar.made = []
+    monkeypatch.setattr(pe, "tqdm", RecordingBar.reset())
     pe.evaluate(_model(True, 3), _ids(n, 0), batch_size=b, bptt=bptt, progress=progress, desc="va")
-    (bar,) = _Bar.made
+    (bar,) = RecordingBar.made
     assert bar.kw == dict(total=chunks, desc="va", disable=not progress, leave=False, unit="chunk")
     assert bar.updates == chunks and bar.closed
 
@@ -159,10 +144,9 @@ def test_detach_state():
 
 
 def test_defaults_ten_streams_chunks_of_100_no_bar(monkeypatch):
-    monkeypatch.setattr(pe, "tqdm", _Bar)
-    _Bar.made = []
+    monkeypatch.setattr(pe, "tqdm", RecordingBar.reset())
     got = pe.evaluate(_model(True, 3), _ids(2030, 0))
-    (bar,) = _Bar.made
+    (bar,) = RecordingBar.made
     assert got["tokens"] == 202 * 10  # 10 streams of 203 tokens
     assert bar.kw == dict(total=3, desc="eval", disable=True, leave=False, unit="chunk")
 
@@ -178,7 +162,7 @@ def test_a_process_without_streams_runs_no_chunk():
     m = _model(True, 3)
     calls = []
     m.register_forward_hook(lambda *a: calls.append(1))
-    bar = _Bar()
+    bar = RecordingBar()
     run = pe._run_streams(m, batchify(_ids(40, 0), 2)[:0], 4, bar, True)
     assert run.row_nll.shape == (0,) and run.row_nll.dtype == torch.float64
     assert bar.updates == 0 and not calls and not run.nlls

@@ -10,6 +10,7 @@ import importlib
 
 import pytest
 import torch
+from recording_bar import RecordingBar
 
 from gencraft.models import load_model
 from gencraft.models.contrast import paired_contrast_generate
@@ -104,22 +105,10 @@ def test_defaults_beam_5_and_64_new_tokens(monkeypatch):
     assert seen[0]["num_beams"] == 1
 
 
-class _Bar:
-    def __init__(self, **kw):
-        self.kw, self.n, self.closed = kw, 0, False
-        _Bar.last = self
-
-    def update(self, k):
-        self.n += k
-
-    def close(self):
-        self.closed = True
-
-
 @pytest.mark.parametrize("progress", [True, False])
 def test_no_graph_one_bar_of_sources(monkeypatch, progress):
     model, tok = _model("tiny-t5")
-    monkeypatch.setattr(po, "tqdm", _Bar)
+    monkeypatch.setattr(po, "tqdm", RecordingBar.reset())
     grad = []
     hook = model.base.register_forward_hook(lambda *a: grad.append(torch.is_grad_enabled()))
     po.generate_outputs(
@@ -127,8 +116,9 @@ def test_no_graph_one_bar_of_sources(monkeypatch, progress):
     )
     hook.remove()
     assert grad and not any(grad)
-    assert _Bar.last.kw == dict(total=5, desc="generate", disable=not progress)
-    assert _Bar.last.n == 5 and _Bar.last.closed
+    (bar,) = RecordingBar.made
+    assert bar.kw == dict(total=5, desc="generate", disable=not progress)
+    assert bar.updates == 5 and bar.closed
 
 
 def test_a_rerun_from_partial_dir_decodes_nothing(tmp_path):
