@@ -6368,6 +6368,48 @@ M = [
         "on_batch(j + len(docs), out[j : j + len(docs)])",
         "tests/focus/test_focus_summarize.py -k on_batch",
     ),
+    (
+        "entailment scores keep a graph",
+        "gencraft/metrics/entailment.py",
+        "            with torch.no_grad():\n                probs",
+        "            with torch.enable_grad():\n                probs",
+        "tests/metrics/test_entailment.py -k alone",
+    ),
+    (
+        "entailment scores the premises' truncation on both sides",
+        "gencraft/metrics/entailment.py",
+        'truncation="only_first",',
+        "truncation=True,",
+        "tests/metrics/test_entailment.py -k alone",
+    ),
+    (
+        "entailment counts a 'not entailment' label as entailment",
+        "gencraft/metrics/entailment.py",
+        'if "entail" in name and "not" not in name]',
+        'if "entail" in name]',
+        "tests/metrics/test_entailment.py -k naming",
+    ),
+    (
+        "entailment accepts a label index of num_labels",
+        "gencraft/metrics/entailment.py",
+        "if not 0 <= entailment_label < clf.config.num_labels:",
+        "if not 0 <= entailment_label <= clf.config.num_labels:",
+        "tests/metrics/test_entailment.py -k refusals",
+    ),
+    (
+        "entailment's default batch is 16 pairs",
+        "gencraft/metrics/entailment.py",
+        "batch_size: int = 8,",
+        "batch_size: int = 16,",
+        "tests/metrics/test_entailment.py -k defaults",
+    ),
+    (
+        "entailment of no pairs is nan",
+        "gencraft/metrics/entailment.py",
+        "return 100.0 * sum(s) / len(s) if s else 0.0",
+        "return 100.0 * sum(s) / max(len(s), 1) if s else float('nan')",
+        "tests/metrics/test_entailment.py -k defaults",
+    ),
 ]
 
 

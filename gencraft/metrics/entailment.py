@@ -66,9 +66,9 @@ class EntailmentScorer:
         self.entailment_label = entailment_label
         self.max_length, self.batch_size = max_length, batch_size
 
-    @torch.no_grad()
     def scores(self, premises: Sequence[str], hypotheses: Sequence[str]) -> list[float]:
-        """P(entailment) for each (premise, hypothesis) pair."""
+        """P(entailment) for each (premise, hypothesis) pair, in batches of ``batch_size``
+        pairs (one classifier call each, no graph)."""
         if len(premises) != len(hypotheses):
             raise GencraftError(
                 f"{len(premises)} premises but {len(hypotheses)} hypotheses; they must pair up"
@@ -84,7 +84,8 @@ class EntailmentScorer:
                 padding=True,
                 return_tensors="pt",
             ).to(dev)
-            probs = torch.softmax(self.model(**enc).logits.float(), dim=-1)
+            with torch.no_grad():
+                probs = torch.softmax(self.model(**enc).logits.float(), dim=-1)
             out += probs[:, self.entailment_label].tolist()
         return out
 
