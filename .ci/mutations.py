@@ -6410,6 +6410,34 @@ M = [
         "return 100.0 * sum(s) / max(len(s), 1) if s else float('nan')",
         "tests/metrics/test_entailment.py -k defaults",
     ),
+    (
+        "the sampler's hidden states keep a graph",
+        "gencraft/search/train.py",
+        "        with torch.no_grad():\n            if self.encoder_decoder:\n                src",
+        "        with torch.enable_grad():\n            if self.encoder_decoder:\n                src",
+        "tests/search/test_sampler_hidden.py",
+    ),
+    (
+        "the sampler's hidden states start one position late",
+        "gencraft/search/train.py",
+        "states[r, p - 1 : p - 1 + len(s)]",
+        "states[r, p : p + len(s)]",
+        "tests/search/test_sampler_hidden.py",
+    ),
+    (
+        "the sampler's hidden states left-pad a causal batch",
+        "gencraft/search/train.py",
+        "            full[r, : len(f)] = f",
+        "            full[r, width - len(f) :] = f",
+        "tests/search/test_sampler_hidden.py",
+    ),
+    (
+        "the sampler's hidden states feed the sample's last token",
+        "gencraft/search/train.py",
+        "fed = [torch.cat([head.cpu(), s[:-1]]) for s in samples]",
+        "fed = [torch.cat([head.cpu(), s])[1:] for s in samples]",
+        "tests/search/test_sampler_hidden.py",
+    ),
 ]
 
 

@@ -84,7 +84,6 @@ class _Sampler:
             seeds=[seed + i for i in indices], eos_token_id=sorted(self.eos),
         )  # fmt: skip
 
-    @torch.no_grad()
     def hidden(self, ids: torch.Tensor, samples: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The decoder's hidden states at every layer, from the last input position before the
         first sampled token on, of each sample ([T_i]) of prompt ``ids`` [1, P]: one model call
@@ -98,14 +97,15 @@ class _Sampler:
         for r, f in enumerate(fed):
             full[r, : len(f)] = f
         full = full.to(self.device)
-        if self.encoder_decoder:
-            src = ids.to(self.device).expand(len(fed), -1)
-            hs = self.model(
-                input_ids=src, attention_mask=torch.ones_like(src), decoder_input_ids=full,
-                output_hidden_states=True,
-            ).decoder_hidden_states  # fmt: skip
-        else:
-            hs = self.model(full, output_hidden_states=True).hidden_states
+        with torch.no_grad():
+            if self.encoder_decoder:
+                src = ids.to(self.device).expand(len(fed), -1)
+                hs = self.model(
+                    input_ids=src, attention_mask=torch.ones_like(src), decoder_input_ids=full,
+                    output_hidden_states=True,
+                ).decoder_hidden_states  # fmt: skip
+            else:
+                hs = self.model(full, output_hidden_states=True).hidden_states
         states = torch.stack(hs, dim=2)  # [n, L, M + 1, H]
         return [states[r, p - 1 : p - 1 + len(s)].half().cpu() for r, s in enumerate(samples)]
 
