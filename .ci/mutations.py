@@ -6438,6 +6438,41 @@ M = [
         "fed = [torch.cat([head.cpu(), s])[1:] for s in samples]",
         "tests/search/test_sampler_hidden.py",
     ),
+    (
+        "summarize passes no focus_seed",
+        "gencraft/focus/evaluate.py",
+        'extra = {"focus_seed": seed_s} if focus else {}',
+        "extra = {}",
+        "tests/focus/test_focus_summarize.py -k defaults",
+    ),
+    (
+        "collect_features returns a zero residual",
+        "gencraft/focus/features.py",
+        "return feats, residual[0].cpu() if residual.numel() else",
+        "return feats, torch.zeros(base_only.shape[-1]) if residual.numel() else",
+        "tests/focus/test_focus_train.py -k id_0",
+    ),
+    (
+        "collect_attention stops at the first layer of another stack",
+        "gencraft/prefix/analysis.py",
+        '            if st != stack or kind != "self":\n                continue',
+        '            if st != stack or kind != "self":\n                break',
+        "tests/prefix/test_prefix_analysis.py -k stack",
+    ),
+    (
+        "collect_attention sizes a decoder's default mask by heads",
+        "gencraft/prefix/analysis.py",
+        "torch.ones(probs.shape[0], probs.shape[2], dtype=torch.bool)",
+        "torch.ones(probs.shape[1], probs.shape[2], dtype=torch.bool)",
+        "tests/prefix/test_prefix_analysis.py -k stack",
+    ),
+    (
+        "summarize ignores the given focus_k",
+        "gencraft/focus/evaluate.py",
+        "kw.update(_focus_kwargs(model, decoding, focus_k, focus_renormalize))",
+        "kw.update(_focus_kwargs(model, decoding, None, focus_renormalize))",
+        "tests/focus/test_focus_summarize.py -k focus_decodings",
+    ),
 ]
 
 

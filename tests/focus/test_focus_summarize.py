@@ -26,7 +26,7 @@ SOURCE = 64  # bytes of the tiny tokenizer: the third document is cut
 def _generate(model, tok, docs: list[str], seed: int | None, **kw) -> list[str]:
     """``docs`` as one batch: the encoder's rows, left-padded for a causal LM, then the model's
     ``generate``; the prompt cut off, special tokens skipped, stripped."""
-    ed = model.is_encoder_decoder
+    ed = bool(getattr(model, "base", model).config.is_encoder_decoder)
     enc = SummaryEncoder(tok, ed, max_source=SOURCE)
     pad = tok.pad_token_id if tok.pad_token_id is not None else enc.eos_id
     batch = collate([enc.encode(d) for d in docs], pad, left=not ed)
@@ -90,3 +90,89 @@ def test_the_bar_and_on_batch(monkeypatch, progress):
     assert bar.updates == 10 and bar.closed
     assert [j for j, _ in seen] == [0, 2, 4]
     assert [x for _, s in seen for x in s] == out and all(len(x) == 2 for x in out)
+
+
+def _spy(monkeypatch, model) -> list[dict]:
+    """Records each ``generate`` call's arguments and answers with its inputs (no decoding)."""
+    seen: list[dict] = []
+
+    def generate(**kw):
+        seen.append(kw)
+        return kw["input_ids"]
+
+    monkeypatch.setattr(model, "generate", generate)
+    return seen
+
+
+def test_defaults(monkeypatch):
+    """Beam 4, 64 new tokens, batches of 8, the tokenizer's pad, a bar; a causal LM's source
+    cut to fit 512 positions, with the note naming both flags."""
+    import gencraft.focus.evaluate as fe
+
+    model, tok = _wrapped("tiny-gpt2")
+    seen = _spy(monkeypatch, model)
+    monkeypatch.setattr(fe, "tqdm", RecordingBar.reset())
+    want = (
+        "--max-source 512 cut to 387: tiny-gpt2 holds 512 positions, 64 of them for "
+        "--max-new-tokens"
+    )
+    with pytest.warns(UserWarning, match=want):
+        summarize(model, tok, DOCS * 2)
+    assert [len(c["input_ids"]) for c in seen] == [8, 2]
+    for call in seen:
+        assert call["num_beams"] == 4 and call["do_sample"] is False
+        assert call["max_new_tokens"] == 64 and call["pad_token_id"] == tok.pad_token_id
+        assert "focus_k" not in call and "focus_seed" not in call
+    (bar,) = RecordingBar.made
+    assert bar.kw == dict(total=10, desc="summarize (beam)", disable=False)
+    seen.clear()
+    for decoding, mode in (("focus_sample+top_k", "sample"), ("focus_top", "top")):
+        summarize(model, tok, DOCS[:1], decoding=decoding, max_new_tokens=2, progress=False)
+        call = seen.pop()
+        assert (call["focus_k"], call["focus_mode"]) == (model.embedding_weight.shape[0], mode)
+        assert call["focus_renormalize"] is True and call["focus_seed"] == 0  # seed 0
+    assert call["num_beams"] == 4 and "top_k" not in call
+    summarize(model, tok, DOCS[:1], decoding="top_k", max_new_tokens=2, progress=False)
+    assert seen[-1]["top_k"] == 640 and seen[-1]["do_sample"] is True
+
+
+def test_a_tokenizer_without_pad_pads_with_eos(monkeypatch):
+    import copy
+
+    model, tok = _wrapped("tiny-t5")
+    tok = copy.deepcopy(tok)
+    tok.pad_token = None
+    seen = _spy(monkeypatch, model)
+    summarize(model, tok, DOCS[:2], max_new_tokens=2, progress=False)
+    assert seen[0]["pad_token_id"] == SummaryEncoder(tok, True).eos_id
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_focus_decodings_pass_their_vocabulary_mode_and_seed(renormalize):
+    """``focus_k`` below |V| and the re-normalisation as given; ``focus_sample`` draws V_k with
+    the batch's seed."""
+    model, tok = _wrapped("tiny-gpt2", seed=3)  # a head whose V_k changes the summaries
+    args = dict(max_new_tokens=NEW, progress=False, max_source=SOURCE, seed=3)
+    beam = summarize(model, tok, DOCS[:3], decoding="beam", **args)
+    for decoding, mode in (("focus_top", "top"), ("focus_sample", "sample")):
+        got = summarize(
+            model, tok, DOCS[:3], decoding=decoding, focus_k=3, focus_renormalize=renormalize,
+            **args,
+        )  # fmt: skip
+        kw = dict(do_sample=False, num_beams=4, focus_k=3, focus_mode=mode)
+        kw.update(focus_renormalize=renormalize, focus_seed=3)
+        assert [g for (g,) in got] == _generate(model, tok, DOCS[:3], 3, **kw)
+        assert got != beam
+
+
+def test_a_plain_model_samples_with_its_own_generate():
+    """A plain HF model (no FAME head): top-k sampling with the given k, no focus arguments."""
+    from gencraft.models import load_model
+
+    base, tok = load_model("tiny-gpt2", seed=0)
+    got = summarize(
+        base, tok, DOCS[:3], decoding="top_k", top_k=5, seed=4, max_new_tokens=NEW,
+        progress=False, max_source=SOURCE,
+    )  # fmt: skip
+    want = _generate(base, tok, DOCS[:3], 4, do_sample=True, top_k=5, num_beams=1)
+    assert [g for (g,) in got] == want

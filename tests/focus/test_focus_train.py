@@ -103,6 +103,29 @@ def test_features_of_a_trainable_base_keep_no_graph_and_its_mode(training):
         collect_features(model, {k: v for k, v in batch.items() if k != "labels"})
 
 
+@pytest.mark.parametrize("name", ["tiny-bart", "tiny-gpt2"])
+def test_features_keep_a_target_of_id_0_and_a_zero_residual_without_targets(name):
+    base, tok = load_model(name)
+    if hasattr(base, "final_logits_bias"):  # BART's residual, zero at initialisation
+        with torch.no_grad():
+            base.final_logits_bias.normal_()
+    model = FocusForConditionalGeneration(base, FocusConfig(freeze_base=True))
+    ed = bool(base.config.is_encoder_decoder)
+    enc = SummaryEncoder(tok, ed, max_source=30, max_target=10)
+    batch = collate([enc.encode("a dog ran far away", "dog ran off")], tok.pad_token_id)
+    batch["labels"][0, -1] = 0  # a real target whose token id is 0
+    (feat,), residual = collect_features(model, batch)
+    bias = getattr(base, "final_logits_bias", torch.zeros(1, residual.shape[0]))[0]
+    torch.testing.assert_close(residual, bias, atol=1e-5, rtol=1e-5)
+    labels = batch["labels"][0] if ed else batch["labels"][0, 1:]
+    assert feat.targets.tolist() == labels[labels >= 0].tolist() and feat.targets[-1] == 0
+    assert feat.y.shape[0] == feat.a.shape[0] == len(feat.targets)
+    unscored = dict(batch, labels=torch.full_like(batch["labels"], -100))
+    (feat,), residual = collect_features(model, unscored)
+    assert feat.targets.numel() == 0
+    assert torch.equal(residual, torch.zeros(model.output_embedding.weight.shape[0]))
+
+
 @pytest.mark.parametrize(
     "cfg",
     [dict(focus=False), dict(focus=True), dict(focus=True, freeze_base=True, lr=3e-2)],

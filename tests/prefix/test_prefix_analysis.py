@@ -75,19 +75,21 @@ def test_each_input_is_its_attention_alone(name, left, cfg, training):
 def test_the_stack_can_be_named():
     """An encoder-decoder's decoder: its own mask's real positions, all without one."""
     model = _model("tiny-bart")
-    rows = _rows([5, 3], seed=2)
+    rows = _rows([5, 3, 4, 6, 2], seed=2)  # more rows than heads (4)
     batch = _padded(rows, False, True)
     enc = collect_attention(model, [batch])
     dec = collect_attention(model, [batch], stack="decoder")
     named = collect_attention(model, [batch], "encoder")
     assert sorted(named) == sorted(enc)
     assert all(torch.equal(a, b) for k in enc for a, b in zip(enc[k], named[k], strict=True))
+    assert len(dec) == model.base.config.decoder_layers and len(enc) > 0
     for items in dec.values():  # the decoder's 3 positions, all real
-        assert [tuple(x.shape[1:]) for x in items] == [(3, P + 3), (3, P + 3)]
-    batch["decoder_attention_mask"] = torch.tensor([[1, 1, 1], [1, 1, 0]])
+        assert [tuple(x.shape[1:]) for x in items] == [(3, P + 3)] * 5
+    batch["decoder_attention_mask"] = torch.tensor([[1, 1, 1], [1, 1, 0], *[[1, 1, 1]] * 3])
     dec2 = collect_attention(model, [batch], stack="decoder")
+    assert len(dec2) == len(dec)
     for layer, items in dec2.items():
-        assert [tuple(x.shape[1:]) for x in items] == [(3, P + 3), (2, P + 2)]
+        assert [tuple(x.shape[1:]) for x in items] == [(3, P + 3), (2, P + 2), *[(3, P + 3)] * 3]
         keep = [*range(P + 2)]
         torch.testing.assert_close(items[1], dec[layer][1][:, :2][:, :, keep])
     assert collect_attention(model, [batch], stack="nowhere") == {}

@@ -44,7 +44,7 @@ def _sources(n: int, seed: int) -> list[str]:
 
 
 def _alone(model, tok, source: str, cad_alpha=None, **kw) -> str:
-    ed = model.is_encoder_decoder
+    ed = bool(getattr(model, "base", model).config.is_encoder_decoder)
     end = [EOS] if ed else tok(SEPARATOR, add_special_tokens=False)["input_ids"]
     ids = tok(source, add_special_tokens=False)["input_ids"][: kw.pop("max_source_tokens")]
     x = torch.tensor([ids + end])
@@ -88,21 +88,35 @@ def test_each_output_is_its_source_decoded_alone(name, num_beams, cad_alpha):
         assert out == _alone(model, tok, source, cad_alpha, **kw)
 
 
-def test_defaults_beam_5_and_64_new_tokens(monkeypatch):
+def test_defaults(monkeypatch):
+    """Beam 5, 64 new tokens, batches of 16, sources cut to 256 tokens, a bar."""
     model, tok = _model("tiny-gpt2")
     seen = []
-    real = model.generate
 
-    def spy(**kw):
-        seen.append({k: kw[k] for k in ("num_beams", "max_new_tokens", "eos_token_id")})
-        return real(**kw)
+    def generate(**kw):  # records the call and answers with its inputs
+        seen.append(kw)
+        return kw["input_ids"]
 
-    monkeypatch.setattr(model, "generate", spy)
-    po.generate_outputs(model, tok, _sources(3, 0), progress=False, max_new_tokens=2)
-    assert seen == [{"num_beams": 5, "max_new_tokens": 2, "eos_token_id": EOS}]  # one batch of 16
-    seen.clear()
-    po.generate_outputs(model, tok, ["x" * 300], progress=False, num_beams=1, max_new_tokens=1)
-    assert seen[0]["num_beams"] == 1
+    monkeypatch.setattr(model, "generate", generate)
+    monkeypatch.setattr(po, "tqdm", RecordingBar.reset())
+    sources = ["x" * 300, *_sources(16, 0)]
+    po.generate_outputs(model, tok, sources)
+    assert [len(c["input_ids"]) for c in seen] == [16, 1]
+    sep = len(tok(SEPARATOR, add_special_tokens=False)["input_ids"])
+    assert seen[0]["input_ids"].shape[1] == 256 + sep  # the 300-byte source, cut
+    for call in seen:
+        assert (call["num_beams"], call["max_new_tokens"], call["eos_token_id"]) == (5, 64, EOS)
+    (bar,) = RecordingBar.made
+    assert bar.kw == dict(total=17, desc="generate", disable=False)
+
+
+def test_a_plain_model_decodes_with_its_own_generate():
+    """A model without prefixes (the fine-tuned baseline): each output as alone."""
+    base, tok = load_model("tiny-gpt2", seed=1)
+    sources = _sources(4, 3)
+    kw = dict(max_source_tokens=12, max_new_tokens=4, num_beams=1)
+    got = po.generate_outputs(base, tok, sources, batch_size=4, progress=False, **kw)
+    assert got == [_alone(base, tok, s, **kw) for s in sources] and len(set(got)) > 1
 
 
 @pytest.mark.parametrize("progress", [True, False])
