@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from gencraft.errors import GencraftError
 from gencraft.focus.functional import topic_loss
 from gencraft.focus.model import FocusForConditionalGeneration
+from gencraft.models.modes import scoring
 
 
 @dataclass
@@ -46,20 +47,15 @@ def collect_features(
     graph is kept."""
     if "labels" not in batch:
         raise GencraftError("collecting head features needs labels (the scored positions)")
-    with torch.no_grad():
+    with scoring(model.base):  # the base only: dropout in the head is the trainer's
         return _collect(model, batch)
 
 
 def _collect(
     model: FocusForConditionalGeneration, batch: dict[str, torch.Tensor]
 ) -> tuple[list[HeadFeatures], torch.Tensor]:
-    was_training = model.base.training
-    model.base.eval()
-    try:
-        with model.recording() as rec:
-            out = model(**batch)
-    finally:
-        model.base.train(was_training)
+    with model.recording() as rec:
+        out = model(**batch)
     missing = {"source_states", "output_inputs", "attention"} - set(rec)
     if missing:
         raise GencraftError(f"the base forward did not expose {sorted(missing)}")

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from gencraft.data.lm import LMCorpus
+from gencraft.models.modes import scoring
 from gencraft.plotting import heatmap, integer_ticks, pyplot
 from gencraft.pointer.lstm import PointerSentinelLSTM
 
@@ -92,19 +93,16 @@ def passage_view(
     ids = corpus[split]
     if start < 0 or length < 1 or start + length + 1 > ids.numel():
         raise ValueError(f"passage [{start}, {start + length}) lies outside {split}")
-    was_training = model.training
-    model.eval()
     device = next(model.parameters()).device
     L = model.config.window
     ctx0 = max(0, start - L + 1)
     state = None
     x = ids[ctx0 : start + length].unsqueeze(0).to(device)
     y = ids[start + 1 : start + length + 1].unsqueeze(0).to(device)
-    with torch.no_grad():
+    with scoring(model):
         if ctx0 > 0:  # state at the window's first position
             _, state, _ = model.encode(ids[:ctx0].unsqueeze(0).to(device))
         out = model(x, y, state, return_attention=True)
-    model.train(was_training)
     attn = out.log_attn[0].exp().cpu()  # [T, S]
     s = x.shape[1]
     dist = torch.zeros(length, L)
@@ -175,11 +173,8 @@ def head_passage_view(head: Any, tokenizer: Any, text: str, max_tokens: int = 40
     for each predicted token. The head scores in eval mode and is left in the mode it came in."""
     ids = tokenizer(text, return_tensors="pt")["input_ids"][:, :max_tokens]
     ids = ids.to(next(head.parameters()).device)
-    was_training = head.training
-    head.eval()
-    with torch.no_grad():
+    with scoring(head):
         out = head(ids, return_attention=True)
-    head.train(was_training)
     attn = out.log_attn[0].exp().cpu()  # [T, T], absolute positions
     t = ids.shape[1] - 1  # positions that predict a next token
     window = head.window

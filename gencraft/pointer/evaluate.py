@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from gencraft.models.modes import scoring
 from gencraft.pointer.lstm import PointerSentinelLSTM
 from gencraft.progress import tqdm
 from gencraft.training import batchify
@@ -34,27 +35,26 @@ def _run_streams(
     model: PointerSentinelLSTM, data: torch.Tensor, bptt: int, bar: Any, details: bool
 ) -> _Streams:
     """The streams ``data`` [b, n + 1] in chunks of ``bptt``, the LSTM state and the pointer's
-    window carried across chunks."""
-    with torch.no_grad():
-        n = data.shape[1] - 1
-        out = _Streams(torch.zeros(data.shape[0], dtype=torch.float64), [], [])
-        state = memory = memory_ids = None
-        for s in range(0, n if data.shape[0] else 0, bptt):
-            e = min(s + bptt, n)
-            x, y = data[:, s:e], data[:, s + 1 : e + 1]
-            step = model(x, y, state, memory=memory, memory_ids=memory_ids)
-            state = step.state
-            keep = model.config.window - 1
-            if model.config.pointer and keep > 0:
-                memory = step.outputs if memory is None else torch.cat([memory, step.outputs], 1)
-                memory_ids = x if memory_ids is None else torch.cat([memory_ids, x], 1)
-                memory, memory_ids = memory[:, -keep:], memory_ids[:, -keep:]
-            out.row_nll += step.nll.double().sum(1).cpu()
-            if details:
-                out.nlls.append(step.nll.cpu())
-                if step.gate is not None:
-                    out.gates.append(step.gate.cpu())
-            bar.update(1)
+    window carried across chunks (the caller holds :func:`~gencraft.models.modes.scoring`)."""
+    n = data.shape[1] - 1
+    out = _Streams(torch.zeros(data.shape[0], dtype=torch.float64), [], [])
+    state = memory = memory_ids = None
+    for s in range(0, n if data.shape[0] else 0, bptt):
+        e = min(s + bptt, n)
+        x, y = data[:, s:e], data[:, s + 1 : e + 1]
+        step = model(x, y, state, memory=memory, memory_ids=memory_ids)
+        state = step.state
+        keep = model.config.window - 1
+        if model.config.pointer and keep > 0:
+            memory = step.outputs if memory is None else torch.cat([memory, step.outputs], 1)
+            memory_ids = x if memory_ids is None else torch.cat([memory_ids, x], 1)
+            memory, memory_ids = memory[:, -keep:], memory_ids[:, -keep:]
+        out.row_nll += step.nll.double().sum(1).cpu()
+        if details:
+            out.nlls.append(step.nll.cpu())
+            if step.gate is not None:
+                out.gates.append(step.gate.cpu())
+        bar.update(1)
     return out
 
 
@@ -80,8 +80,6 @@ def evaluate(
     """
     from gencraft.distributed import gather_in_order, process_info, share_of
 
-    was_training = model.training
-    model.eval()
     data = batchify(ids, batch_size, f"the {desc} split", flag)
     n = data.shape[1] - 1
     share = share_of(batch_size, *process_info(), 1) if shard else share_of(batch_size, 0, 1, 1)
@@ -89,9 +87,9 @@ def evaluate(
     chunks = len(range(0, n, bptt)) if len(rows) else 0
     bar = tqdm(total=chunks, desc=desc, disable=not progress, leave=False, unit="chunk")
     part = data[rows.start : rows.stop].to(next(model.parameters()).device)
-    run = _run_streams(model, part, bptt, bar, return_details)
+    with scoring(model):
+        run = _run_streams(model, part, bptt, bar, return_details)
     bar.close()
-    model.train(was_training)
     pairs = list(zip(rows, run.row_nll.tolist(), strict=True))
     total = sum(gather_in_order(pairs, batch_size) if shard else run.row_nll.tolist())
     result: dict[str, Any] = {"nll": total, "tokens": n * batch_size}

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from gencraft.models.modes import scoring
 from gencraft.prefix.config import lower_layer_count
 
 
@@ -57,10 +58,8 @@ def collect_attention(
     ``decoder_attention_mask`` (all positions real without one)."""
     stack = ("encoder" if model.is_encoder_decoder else "decoder") if stack == "auto" else stack
     out: dict[int, list[torch.Tensor]] = {}
-    was_training = model.training
-    model.eval()
     for batch in batches:
-        with model.recording() as rec, torch.no_grad():
+        with model.recording() as rec, scoring(model):
             model(**batch)
         for (st, kind, layer), probs in rec.items():
             if st != stack or kind != "self":
@@ -71,7 +70,6 @@ def collect_attention(
                 keep = mask[b].nonzero().squeeze(-1)
                 cols = torch.cat([torch.arange(p), keep + p])
                 out.setdefault(layer, []).append(probs[b][:, keep][:, :, cols].float())
-    model.train(was_training)
     return out
 
 
