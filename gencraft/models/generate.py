@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from gencraft.errors import GencraftError
 
@@ -101,6 +101,40 @@ def generate_text(
             torch.manual_seed(seed)
         out = model.generate(**enc, **generate_kw)
         return _decoded(model, tokenizer, enc, out)
+
+
+def lengths_as_new_tokens(
+    generate_kw: dict, generation_config: GenerationConfig, prompt: int
+) -> dict:
+    """``generate_kw`` with ``generate``'s length limits as counts of new tokens, read as
+    ``generate`` reads them after a prompt of ``prompt`` tokens (a causal LM's input width; an
+    encoder-decoder's decoder start, 1). ``max_new_tokens``: the call's, else the generation
+    config's, else ``max_length - prompt`` (the call's ``max_length``, else the config's when it
+    is not the release's default), else 20. ``min_new_tokens`` likewise from ``min_length``, and
+    only when positive. ``max_length`` and ``min_length`` are dropped. For a caller that feeds
+    ``generate`` tokens before the prompt (a prefix's placeholders), which its total lengths
+    would count. Unlike ``generate``, the default 20 is not cut to the model's positions.
+    Raises when ``max_length`` leaves no new token."""
+    kw, default = dict(generate_kw), GenerationConfig()
+    for new, total in (("max_new_tokens", "max_length"), ("min_new_tokens", "min_length")):
+        length = kw.pop(total, None)
+        if length is None and getattr(generation_config, total) != getattr(default, total):
+            length = getattr(generation_config, total)
+        count = kw.get(new)
+        if count is None:
+            count = getattr(generation_config, new)
+        if count is None and length is not None:
+            count = length - prompt
+            if new == "max_new_tokens" and count < 1:
+                raise GencraftError(
+                    f"max_length={length} leaves no new token after a prompt of {prompt} "
+                    "tokens; raise it or give max_new_tokens"
+                )
+        if new == "max_new_tokens":
+            kw[new] = 20 if count is None else count
+        elif count is not None and count > 0:
+            kw[new] = count
+    return kw
 
 
 def _decoded(

@@ -44,6 +44,7 @@ from gencraft.models.compat import (
     cache_kwargs,
     given_cache,
 )
+from gencraft.models.generate import lengths_as_new_tokens
 from gencraft.models.introspect import decoder_start_id, hf_model, is_encoder_decoder, pad_id
 from gencraft.models.method import MethodModel
 from gencraft.models.stepping import RowStateCache, carrying_row_state, row_state_cache
@@ -548,7 +549,9 @@ class PrefixModel(MethodModel):
         (decoder-only), or the decoder's tokens starting with the start token. Generated
         token i is in output segment ``min(S-1, i*S // L)`` (L = ``config.output_length``,
         else ``max_new_tokens``, 20 when neither the call nor the generation config sets
-        it); the prompt's segments are the segmenter's (or ``segment_ids``).
+        it); the prompt's segments are the segmenter's (or ``segment_ids``). ``max_length``
+        and ``min_length`` count the prompt (or the decoder's start token) as ``generate``
+        does, not the prefix (:func:`gencraft.models.generate.lengths_as_new_tokens`).
         """
         with torch.no_grad():
             if not self.enabled:
@@ -559,8 +562,10 @@ class PrefixModel(MethodModel):
             beams = int(generate_kw.get("num_beams") or gen_cfg.num_beams or 1)
             returns = generate_kw.get("num_return_sequences") or gen_cfg.num_return_sequences
             copies = beams if beams > 1 else int(returns or 1)  # rows per input in the cache
-            max_new = int(generate_kw.get("max_new_tokens") or gen_cfg.max_new_tokens or 20)
-            generate_kw.setdefault("max_new_tokens", max_new)
+            # the P placeholders before a causal prompt would count in generate's total lengths
+            prompt = 1 if self.is_encoder_decoder else input_ids.shape[1]
+            generate_kw = lengths_as_new_tokens(generate_kw, gen_cfg, prompt)
+            max_new = generate_kw["max_new_tokens"]
             generate_kw.setdefault("pad_token_id", pad_id(self.base))
             mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
             s_out = self.config.decoder_segments

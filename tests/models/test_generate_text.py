@@ -10,7 +10,7 @@ import re
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from transformers import (
     EpsilonLogitsWarper,
@@ -418,3 +418,72 @@ def test_pad_batch_pads_right_by_default_and_names_what_is_missing():
         pad_batch([], 0)
     with pytest.raises(GencraftError, match=r"^each row needs input_ids$"):
         pad_batch([{"labels": [1]}], 0)
+
+
+_LIMIT = st.one_of(st.none(), st.integers(2, 14))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(
+    name=st.sampled_from(["tiny-llama", "tiny-bart"]),
+    width=st.integers(1, 6),
+    call=st.fixed_dictionaries({"max_length": _LIMIT, "max_new_tokens": _LIMIT}),
+    config=st.fixed_dictionaries({"max_length": _LIMIT, "max_new_tokens": _LIMIT}),
+)
+@example(  # max_length = the prompt: no new token
+    name="tiny-llama",
+    width=3,
+    call={"max_length": 3, "max_new_tokens": None},
+    config={"max_length": None, "max_new_tokens": None},
+)
+@example(
+    name="tiny-bart",
+    width=4,
+    call={"max_length": None, "max_new_tokens": None},
+    config={"max_length": 1, "max_new_tokens": None},
+)
+def test_lengths_as_new_tokens_are_generates_own(name, width, call, config):
+    """The new tokens ``lengths_as_new_tokens`` counts are those ``generate`` makes (no EOS)
+    under drawn limits in the call and the generation config, or its refusal."""
+    from transformers import GenerationConfig
+
+    from gencraft.models.generate import lengths_as_new_tokens
+
+    model, _ = _load(name)
+    cfg = GenerationConfig(eos_token_id=None, pad_token_id=0, **config)
+    ids = torch.arange(5, 5 + width)[None]
+    prompt = 1 if name == "tiny-bart" else width
+    kw = {k: v for k, v in call.items() if v is not None}
+    try:
+        out = model.generate(ids, generation_config=cfg, **kw)
+    except ValueError:  # generate's own refusal: max_length leaves no new token
+        with pytest.raises(GencraftError, match="leaves no new token"):
+            lengths_as_new_tokens(kw, cfg, prompt)
+        return
+    got = lengths_as_new_tokens(kw, cfg, prompt)
+    assert "max_length" not in got and got["max_new_tokens"] == out.shape[1] - prompt
+
+
+@pytest.mark.parametrize(
+    ("kw", "config", "want"),
+    [
+        ({"min_length": 9}, {}, 4),
+        ({}, {"min_length": 9}, 4),
+        ({"min_length": 9, "min_new_tokens": 2}, {}, 2),
+        ({"min_length": 9}, {"min_new_tokens": 3}, 3),
+        ({"min_length": 6}, {}, 1),
+        ({"min_length": 5}, {}, None),
+        ({"min_length": 4}, {}, None),
+        ({}, {}, None),
+    ],
+)
+def test_min_length_as_new_tokens(kw, config, want):
+    """``min_length`` counts the prompt (5 tokens): a positive remainder becomes
+    ``min_new_tokens``, which wins when given; none is set otherwise."""
+    from transformers import GenerationConfig
+
+    from gencraft.models.generate import lengths_as_new_tokens
+
+    got = lengths_as_new_tokens(kw, GenerationConfig(**config), 5)
+    assert "min_length" not in got and got.get("min_new_tokens") == want
+    assert got["max_new_tokens"] == 20

@@ -6,8 +6,11 @@ input repeated, each with its own rows of the prefix cache."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from test_prefix_model import _batch, _model
+
+from gencraft.errors import GencraftError
 
 
 def test_encoder_decoder_generate_follows_output_segments():
@@ -68,3 +71,64 @@ def test_several_samples_per_input_are_the_samples_of_the_input_repeated():
         )
         assert got.shape[0] == 6 and torch.equal(got, want)
         assert len({tuple(r) for r in got[:3].tolist()}) > 1  # the draws differ
+
+
+# generate's length limits: (call, generation config); each row's width is the base's generate's
+LENGTHS = [
+    ({"max_length": 12}, {}),
+    ({}, {"max_length": 12}),
+    ({"max_length": 12, "max_new_tokens": 3}, {}),
+    ({"max_length": 12}, {"max_new_tokens": 4}),
+    ({"max_length": 10}, {"max_length": 14}),
+    ({}, {}),
+]
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-bart"])
+@pytest.mark.parametrize(("call", "config"), LENGTHS)
+def test_length_limits_count_the_prompt_not_the_prefix(name, call, config):
+    """``max_length`` counts the prompt (or the decoder's start token) as the base's
+    ``generate`` does, never the prefix's placeholders; ``max_new_tokens`` wins over it."""
+    model = _model(name, encoder_segments=2, decoder_segments=2)
+    model.base.generation_config.eos_token_id = None  # no row stops early
+    for key, value in config.items():
+        setattr(model.base.generation_config, key, value)
+    ids, mask = _batch(pad_left=0 if name == "tiny-bart" else 2)
+    got = model.generate(ids, mask, **call)
+    model.enabled = False
+    want = model.generate(ids, mask, **call)
+    assert got.shape == want.shape
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-bart"])
+@pytest.mark.parametrize("where", ["call", "config"])
+def test_min_length_counts_the_prompt_not_the_prefix(name, where):
+    """With EOS set to row 0's first output, ``min_length`` = prompt + 3 decodes as
+    ``min_new_tokens=3`` (and not as no minimum, which the placeholders would make it)."""
+    model = _model(name, encoder_segments=2, decoder_segments=2)
+    ids, mask = _batch(pad_left=0 if name == "tiny-bart" else 2)
+    prompt = 1 if name == "tiny-bart" else ids.shape[1]
+    eos = int(model.generate(ids, mask, max_new_tokens=6)[0, prompt])
+    kw = dict(max_new_tokens=6, eos_token_id=eos)
+    free = model.generate(ids, mask, **kw)
+    assert free[0, prompt] == eos  # row 0 ends at once without a minimum
+    want = model.generate(ids, mask, min_new_tokens=3, **kw)
+    if where == "call":
+        got = model.generate(ids, mask, min_length=prompt + 3, **kw)
+    else:
+        model.base.generation_config.min_length = prompt + 3
+        got = model.generate(ids, mask, **kw)
+    assert torch.equal(got, want) and not torch.equal(got, free)
+
+
+@pytest.mark.parametrize(("name", "prompt"), [("tiny-llama", 7), ("tiny-bart", 1)])
+def test_a_max_length_that_leaves_no_new_token_is_refused(name, prompt):
+    model = _model(name, encoder_segments=2, decoder_segments=2)
+    ids, mask = _batch(pad_left=0)
+    with pytest.raises(GencraftError) as err:
+        model.generate(ids, mask, max_length=prompt)
+    assert str(err.value) == (
+        f"max_length={prompt} leaves no new token after a prompt of {prompt} tokens; "
+        "raise it or give max_new_tokens"
+    )
+    assert model.generate(ids, mask, max_length=prompt + 1).shape[1] == prompt + 1
