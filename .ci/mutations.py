@@ -6529,6 +6529,27 @@ M = [
         "elif count is not None and count > 1:",
         "tests/models/test_generate_text.py -k as_new_tokens",
     ),
+    (
+        "prefix outputs: sources with special tokens",
+        "gencraft/prefix/evaluate.py",
+        "ids = tokenizer(sources[i], add_special_tokens=False)",
+        "ids = tokenizer(sources[i], add_special_tokens=True)",
+        "tests/prefix/test_prefix_outputs.py -k special",
+    ),
+    (
+        "prefix outputs: separator with special tokens",
+        "gencraft/prefix/evaluate.py",
+        "sep = tokenizer(SEPARATOR, add_special_tokens=False)",
+        "sep = tokenizer(SEPARATOR)",
+        "tests/prefix/test_prefix_outputs.py -k special",
+    ),
+    (
+        "prefix outputs: the model's pad before the tokenizer's",
+        "gencraft/prefix/evaluate.py",
+        "    pad = pad_id(base, tokenizer)\n",
+        "    pad = pad_id(base)\n",
+        "tests/prefix/test_prefix_outputs.py -k pad_is",
+    ),
 ]
 
 

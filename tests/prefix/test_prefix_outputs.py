@@ -6,6 +6,7 @@ the bar; a rerun from ``partial_dir`` decodes nothing."""
 
 from __future__ import annotations
 
+import copy
 import importlib
 
 import pytest
@@ -145,3 +146,43 @@ def test_a_rerun_from_partial_dir_decodes_nothing(tmp_path):
     again = po.generate_outputs(model, tok, sources, partial_dir=tmp_path, **kw)
     hook.remove()
     assert again == first and not calls
+
+
+@pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-t5"])
+def test_sources_are_encoded_without_the_tokenizers_special_tokens(name):
+    """With a tokenizer that wraps every encoding in <s> ... </s>, the sources and the
+    separator are still encoded bare (the docstring's input: source, then EOS or the
+    separator), as decoding each alone with them shows."""
+    from tokenizers import processors
+
+    model, tok = _model(name)
+    tok = copy.deepcopy(tok)
+    tok._tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)]
+    )
+    assert tok("ab")["input_ids"] == [1, 69, 70, 2]  # the wrapper is on
+    sources = _sources(5, seed=4)
+    kw = dict(max_source_tokens=12, max_new_tokens=4, num_beams=3)
+    got = po.generate_outputs(model, tok, sources, batch_size=3, progress=False, **kw)
+    assert len(set(got)) > 1
+    assert got == [_alone(model, tok, s, **kw) for s in sources]
+
+
+@pytest.mark.parametrize(("pad_token", "want"), [("<unk>", 3), (None, PAD)])
+def test_the_pad_is_the_tokenizers_else_the_models(monkeypatch, pad_token, want):
+    """The batch is padded with, and ``generate`` given, the tokenizer's pad (here <unk>, not
+    the model's), else the model's."""
+    model, tok = _model("tiny-gpt2")
+    tok = copy.deepcopy(tok)
+    tok.pad_token = pad_token
+    seen = []
+
+    def generate(**kw):  # records the call and answers with its inputs
+        seen.append(kw)
+        return kw["input_ids"]
+
+    monkeypatch.setattr(model, "generate", generate)
+    po.generate_outputs(model, tok, ["a", "much longer"], progress=False)
+    (call,) = seen
+    assert call["pad_token_id"] == want
+    assert call["input_ids"][0, 0] == want and call["attention_mask"][0, 0] == 0
