@@ -140,6 +140,14 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
             "tests/pointer/test_pointer_cli.py",
         ],
     ),
+    "search/train": (
+        ["gencraft/search/train.py"],
+        [
+            "tests/search/test_search_train.py",
+            "tests/search/test_search_classifier.py",
+            "tests/search/test_sampler_hidden.py",
+        ],
+    ),
 }
 
 
