@@ -31,6 +31,7 @@ from gencraft.metrics import (
     rouge1_precision_vs_source,
     score_task,
 )
+from gencraft.models.introspect import check_token_budget
 from gencraft.progress import tqdm
 
 
@@ -101,8 +102,6 @@ def summarize(
     base = model.base if isinstance(model, FocusForConditionalGeneration) else model
     is_ed = bool(base.config.is_encoder_decoder)
     enc = SummaryEncoder(tokenizer, is_ed, max_source=max_source)
-    from gencraft.models.introspect import check_token_budget
-
     budget = ("--max-source", "--max-new-tokens")  # refused, or cut to fit with a note
     enc.max_source = check_token_budget(base, max_source, max_new_tokens, budget, enc.prompt_tokens)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else enc.eos_id
