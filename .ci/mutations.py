@@ -6697,6 +6697,13 @@ M = [
         "        [t for t in gen if t not in self.eos]\n",
         "tests/search/test_search_train.py -k degenerate_labels",
     ),
+    (
+        "layout: summarize grows past 60 lines",
+        "gencraft/focus/evaluate.py",
+        "    enc = SummaryEncoder(tokenizer, is_ed, max_source=max_source)\n",
+        "    enc = SummaryEncoder(tokenizer, is_ed, max_source=max_source)\n    enc = enc\n    enc = enc\n",
+        "tests/test_layout.py -k sixty",
+    ),
 ]
 
 

@@ -154,3 +154,34 @@ def test_train_py_holds_no_settings_of_fit():
         and "FitConfig(" in (PACKAGE / method / "train.py").read_text()
     ]
     assert by_hand == []
+
+
+#: docs/core.md's style rule: a function, from its ``def`` line to its last (docstring
+#: included; decorators, which hold an experiment's registration tables, not), at most this long
+MAX_FUNCTION_LINES = 60
+
+
+def long_functions(source: str, name: str) -> list[str]:
+    """``name:function (lines)`` for each function of ``source`` longer than the rule."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            lines = node.end_lineno - node.lineno + 1
+            if lines > MAX_FUNCTION_LINES:
+                out.append(f"{name}:{node.name} ({lines})")
+    return out
+
+
+def test_functions_stay_under_sixty_lines():
+    found = []
+    for f in sorted(PACKAGE.rglob("*.py")):
+        found += long_functions(f.read_text(), str(f.relative_to(PACKAGE)))
+    assert found == []
+
+
+def test_the_length_check_sees_a_long_function():
+    body = "".join(f"    x{i} = {i}\n" for i in range(59))
+    assert long_functions(f"@decorated(\n    1,\n)\ndef f():\n{body}", "m") == []  # 60
+    assert long_functions(f"def f():\n{body}    y = 1\n", "m") == ["m:f (61)"]
+    inner = body.replace("    x", "        x") + "        y = 1\n"
+    assert long_functions(f"class C:\n    async def g(self):\n{inner}", "m") == ["m:g (61)"]
