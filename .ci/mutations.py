@@ -6704,6 +6704,34 @@ M = [
         "    enc = SummaryEncoder(tokenizer, is_ed, max_source=max_source)\n    enc = enc\n    enc = enc\n",
         "tests/test_layout.py -k sixty",
     ),
+    (
+        "prefix generate: the call's generation_config unread",
+        "gencraft/prefix/model.py",
+        "            gen_cfg = generation_settings(self.base, generate_kw)\n",
+        "            gen_cfg = self.base.generation_config\n",
+        "tests/prefix/test_prefix_generate.py -k generation_config",
+    ),
+    (
+        "generation settings: the model's over the call's",
+        "gencraft/models/generate.py",
+        "        if getattr(merged, key, None) is None:\n",
+        "        if True:\n",
+        "tests/models/test_generate_text.py -k generation_settings",
+    ),
+    (
+        "generation settings: no merge",
+        "gencraft/models/generate.py",
+        "            setattr(merged, key, value)\n",
+        "            pass\n",
+        "tests/models/test_generate_text.py -k generation_settings",
+    ),
+    (
+        "generation settings: the call's config changed",
+        "gencraft/models/generate.py",
+        "    merged = copy.deepcopy(given)\n",
+        "    merged = given\n",
+        "tests/models/test_generate_text.py -k generation_settings",
+    ),
 ]
 
 

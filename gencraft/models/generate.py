@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -101,6 +102,21 @@ def generate_text(
             torch.manual_seed(seed)
         out = model.generate(**enc, **generate_kw)
         return _decoded(model, tokenizer, enc, out)
+
+
+def generation_settings(model: PreTrainedModel, generate_kw: dict) -> GenerationConfig:
+    """The generation config ``generate`` starts from before its keywords: the call's
+    ``generation_config`` with each field it leaves None taken from the model's (as
+    ``generate`` merges them), else the model's own. For a caller that must read a setting
+    (beams, returns, lengths) before handing the call on."""
+    given = generate_kw.get("generation_config")
+    if given is None:
+        return model.generation_config
+    merged = copy.deepcopy(given)
+    for key, value in model.generation_config.to_dict().items():
+        if getattr(merged, key, None) is None:
+            setattr(merged, key, value)
+    return merged
 
 
 def lengths_as_new_tokens(

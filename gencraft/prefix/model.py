@@ -44,7 +44,7 @@ from gencraft.models.compat import (
     cache_kwargs,
     given_cache,
 )
-from gencraft.models.generate import lengths_as_new_tokens
+from gencraft.models.generate import generation_settings, lengths_as_new_tokens
 from gencraft.models.introspect import decoder_start_id, hf_model, is_encoder_decoder, pad_id
 from gencraft.models.method import MethodModel
 from gencraft.models.stepping import RowStateCache, carrying_row_state, row_state_cache
@@ -558,7 +558,7 @@ class PrefixModel(MethodModel):
                 return self.base.generate(
                     input_ids=input_ids, attention_mask=attention_mask, **generate_kw
                 )
-            gen_cfg = self.base.generation_config
+            gen_cfg = generation_settings(self.base, generate_kw)
             beams = int(generate_kw.get("num_beams") or gen_cfg.num_beams or 1)
             returns = generate_kw.get("num_return_sequences") or gen_cfg.num_return_sequences
             copies = beams if beams > 1 else int(returns or 1)  # rows per input in the cache

@@ -487,3 +487,19 @@ def test_min_length_as_new_tokens(kw, config, want):
     got = lengths_as_new_tokens(kw, GenerationConfig(**config), 5)
     assert "min_length" not in got and got.get("min_new_tokens") == want
     assert got["max_new_tokens"] == 20
+
+
+def test_generation_settings_merge_the_calls_config_over_the_models():
+    from transformers import GenerationConfig
+
+    from gencraft.models.generate import generation_settings
+
+    model, _ = _load("tiny-llama")
+    own = model.generation_config
+    assert generation_settings(model, {"max_new_tokens": 3}) is own
+    given = GenerationConfig(num_beams=3, max_new_tokens=7)
+    merged = generation_settings(model, {"generation_config": given})
+    assert (merged.num_beams, merged.max_new_tokens) == (3, 7)
+    assert (merged.pad_token_id, merged.eos_token_id) == (own.pad_token_id, own.eos_token_id)
+    assert own.pad_token_id is not None and given.pad_token_id is None  # neither is changed
+    assert own.num_beams != 3

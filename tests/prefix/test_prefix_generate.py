@@ -132,3 +132,34 @@ def test_a_max_length_that_leaves_no_new_token_is_refused(name, prompt):
         "raise it or give max_new_tokens"
     )
     assert model.generate(ids, mask, max_length=prompt + 1).shape[1] == prompt + 1
+
+
+# a generation config in the call, as keywords, and (last) a setting it leaves to the model's
+CONFIGS = [
+    ({"max_new_tokens": 5}, {}),
+    ({"max_new_tokens": 5, "num_beams": 2, "num_return_sequences": 2}, {}),
+    ({"max_length": 12}, {}),
+    ({"max_new_tokens": 3, "do_sample": True, "num_return_sequences": 2}, {}),
+    ({"num_beams": 2}, {"max_new_tokens": 4}),
+]
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-bart"])
+@pytest.mark.parametrize(("given", "model_settings"), CONFIGS)
+def test_a_generation_config_in_the_call_decodes_as_its_keywords(name, given, model_settings):
+    """``generation_config=`` sizes the prefix cache and the lengths as its settings given as
+    keywords do (its unset fields the model's, as ``generate`` merges them), and the output
+    has the width and rows of the base's ``generate`` under it."""
+    from transformers import GenerationConfig
+
+    model = _model(name, encoder_segments=2, decoder_segments=2)
+    model.base.generation_config.eos_token_id = None  # no row stops early
+    for key, value in model_settings.items():
+        setattr(model.base.generation_config, key, value)
+    ids, mask = _batch(pad_left=0 if name == "tiny-bart" else 2)
+    torch.manual_seed(0)
+    got = model.generate(ids, mask, generation_config=GenerationConfig(**given))
+    torch.manual_seed(0)
+    assert torch.equal(got, model.generate(ids, mask, **given))
+    model.enabled = False
+    assert got.shape == model.generate(ids, mask, generation_config=GenerationConfig(**given)).shape
