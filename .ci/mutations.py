@@ -6732,6 +6732,27 @@ M = [
         "    merged = given\n",
         "tests/models/test_generate_text.py -k generation_settings",
     ),
+    (
+        "prefix generate: the config's assisted decoding not refused",
+        "gencraft/prefix/model.py",
+        "k for k in NOT_TAKEN if k in generate_kw or getattr(generation_config, k, None) is not None",
+        "k for k in NOT_TAKEN if k in generate_kw",
+        "tests/prefix/test_prefix_generate.py -k refused_in_one_line",
+    ),
+    (
+        "prefix generate: a keyword given as None not refused",
+        "gencraft/prefix/model.py",
+        "k for k in NOT_TAKEN if k in generate_kw or getattr(generation_config, k, None) is not None",
+        "k for k in NOT_TAKEN if generate_kw.get(k) is not None or getattr(generation_config, k, None) is not None",
+        "tests/prefix/test_prefix_generate.py -k refused_in_one_line",
+    ),
+    (
+        "prefix generate: nothing refused",
+        "gencraft/prefix/model.py",
+        "            _refuse_not_taken(generate_kw, gen_cfg)\n",
+        "",
+        "tests/prefix/test_prefix_generate.py -k refused_in_one_line",
+    ),
 ]
 
 

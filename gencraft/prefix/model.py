@@ -56,12 +56,31 @@ from gencraft.prefix.segment import check_segment_ids, output_segment, segment
 #: the files PrefixModel wrote before the shared method format (still loaded)
 CONFIG_FILE = "prefix_config.json"
 WEIGHTS_FILE = "prefix_model.safetensors"
+#: generate's keywords PrefixModel.generate sets itself (the inputs, the decoder's start, the
+#: prefix cache) or cannot follow (assisted decoding drafts without the prefixes)
+NOT_TAKEN = (
+    "decoder_input_ids", "inputs_embeds", "decoder_inputs_embeds", "cache", "past_key_values",
+    "assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit",
+)  # fmt: skip
 #: the prefix groups: (stack, kind) -> name of the parameter module
 GROUPS = {
     ("decoder", "self"): "decoder",
     ("encoder", "self"): "encoder",
     ("decoder", "cross"): "cross",
 }
+
+
+def _refuse_not_taken(generate_kw: dict, generation_config: Any) -> None:
+    """One line naming every keyword (or generation-config field) of :data:`NOT_TAKEN` given."""
+    given = [
+        k for k in NOT_TAKEN if k in generate_kw or getattr(generation_config, k, None) is not None
+    ]
+    if given:
+        raise GencraftError(
+            f"PrefixModel.generate does not take {', '.join(given)}: it builds the inputs, the "
+            "decoder's start and the prefix cache itself, and assisted decoding would draft "
+            "without the prefixes"
+        )
 
 
 class PrefixEncoder(nn.Module):
@@ -559,6 +578,7 @@ class PrefixModel(MethodModel):
                     input_ids=input_ids, attention_mask=attention_mask, **generate_kw
                 )
             gen_cfg = generation_settings(self.base, generate_kw)
+            _refuse_not_taken(generate_kw, gen_cfg)
             beams = int(generate_kw.get("num_beams") or gen_cfg.num_beams or 1)
             returns = generate_kw.get("num_return_sequences") or gen_cfg.num_return_sequences
             copies = beams if beams > 1 else int(returns or 1)  # rows per input in the cache

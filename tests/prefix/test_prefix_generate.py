@@ -163,3 +163,30 @@ def test_a_generation_config_in_the_call_decodes_as_its_keywords(name, given, mo
     assert torch.equal(got, model.generate(ids, mask, **given))
     model.enabled = False
     assert got.shape == model.generate(ids, mask, generation_config=GenerationConfig(**given)).shape
+
+
+def test_what_generate_is_not_given_is_refused_in_one_line():
+    """The inputs, the decoder's start and the cache are the prefix model's own; assisted
+    decoding (in the call or the config) would draft without the prefixes."""
+    from transformers import GenerationConfig
+
+    from gencraft.prefix.model import NOT_TAKEN
+
+    model = _model("tiny-bart", encoder_segments=2, decoder_segments=2)
+    ids, mask = _batch(pad_left=0)
+    tail = (
+        ": it builds the inputs, the decoder's start and the prefix cache itself, and assisted "
+        "decoding would draft without the prefixes"
+    )
+    for key in NOT_TAKEN:
+        with pytest.raises(GencraftError) as err:
+            model.generate(ids, mask, max_new_tokens=2, **{key: None})
+        assert str(err.value) == f"PrefixModel.generate does not take {key}{tail}"
+    config = GenerationConfig(prompt_lookup_num_tokens=2, max_new_tokens=2)
+    with pytest.raises(GencraftError) as err:
+        model.generate(ids, mask, generation_config=config, inputs_embeds=None)
+    assert str(err.value).startswith(
+        "PrefixModel.generate does not take inputs_embeds, prompt_lookup_num_tokens: "
+    )
+    model.enabled = False  # the base's own generate takes them
+    assert model.generate(ids, mask, max_new_tokens=2, past_key_values=None).shape[0] == 2
