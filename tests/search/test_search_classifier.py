@@ -110,22 +110,6 @@ def test_degenerate_rules():
     assert not degenerate("Blue Spice is a pub by the river.", prompt, True)
 
 
-@pytest.fixture(scope="module")
-def sampled():
-    model = small_llama(0, vocab=6)
-    prompts = [torch.tensor([PROMPT]), torch.tensor([[1, 2, 5, 3]])]
-    rows = sample_training_data(
-        model,
-        None,
-        prompts,
-        samples_per_prompt=12,
-        max_new_tokens=12,
-        censored=True,
-        progress=False,
-    )
-    return model, prompts, rows
-
-
 def test_sampled_data_shapes_and_labels(sampled):
     model, _prompts, rows = sampled
     assert len(rows) == 24

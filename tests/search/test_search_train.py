@@ -18,21 +18,9 @@ from gencraft.errors import GencraftError
 from gencraft.models.introspect import fingerprint, model_name
 from gencraft.search.classifier import NUM_LENGTH_BUCKETS, censored_nll
 from gencraft.search.config import ClassifierTrainConfig
-from tests.search.test_search import PROMPT, small_llama
+from tests.search.test_search import small_llama
 
 SIZES = dict(d_clf=24, num_heads=4, d_out=8, mlp_hidden=16, dropout=0.0)
-
-
-@pytest.fixture(scope="module")
-def sampled():
-    """24 samples of two prompts, some cut at 12 tokens (censored lower bounds)."""
-    model = small_llama(0, vocab=6)
-    prompts = [torch.tensor([PROMPT]), torch.tensor([[1, 2, 5, 3]])]
-    rows = st.sample_training_data(
-        model, None, prompts, samples_per_prompt=12, max_new_tokens=12, censored=True,
-        progress=False,
-    )  # fmt: skip
-    return model, prompts, rows
 
 
 def _config(**fit) -> ClassifierTrainConfig:
