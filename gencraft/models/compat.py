@@ -50,12 +50,14 @@ CACHE_ARG = (
     if "cache" in inspect.signature(transformers.LlamaForCausalLM.forward).parameters
     else "past_key_values"
 )
-_CACHE_NAMES = ("cache", "past_key_values")
+#: every name a cache has gone by (the argument, an output field), the newest first
+CACHE_NAMES = ("cache", "past_key_values")
 
 __all__ = [
     "ALL_ATTENTION_FUNCTIONS",
     "ALL_MASK_ATTENTION_FUNCTIONS",
     "CACHE_ARG",
+    "CACHE_NAMES",
     "AttentionInterface",
     "AttentionMaskInterface",
     "Cache",
@@ -76,7 +78,7 @@ def cache_kwargs(cache_value: Any) -> dict[str, Any]:
 
 def output_cache(output: Any) -> Any:
     """The cache a model's output carries (None when it has none)."""
-    for name in _CACHE_NAMES:
+    for name in CACHE_NAMES:
         if isinstance(output, dict) and name in output:
             return output[name]
     return None
@@ -84,7 +86,7 @@ def output_cache(output: Any) -> Any:
 
 def given_cache(kwargs: dict[str, Any]) -> Any:
     """The cache passed in a forward's keyword arguments, under either name."""
-    for name in _CACHE_NAMES:
+    for name in CACHE_NAMES:
         if kwargs.get(name) is not None:
             return kwargs[name]
     return None
@@ -98,4 +100,4 @@ def _forward_params(cls: type) -> frozenset[str]:
 def takes_cache(model: nn.Module) -> bool:
     """Whether ``model``'s forward takes a KV cache (under either name)."""
     params = _forward_params(type(model))
-    return any(n in params for n in _CACHE_NAMES)
+    return any(n in params for n in CACHE_NAMES)
