@@ -2129,8 +2129,8 @@ M = [
     (
         "HSO batch seconds multiplied by the rows",
         "gencraft/hso/functional.py",
-        "share = (time.perf_counter() - t0) / len(rows)",
-        "share = (time.perf_counter() - t0) * len(rows)",
+        "share = (running_clock() - t0) / len(rows)",
+        "share = (running_clock() - t0) * len(rows)",
         "tests/hso/test_hso_checks.py::test_the_reported_seconds_are_the_wall_time_of_the_call",
     ),
     (
@@ -3102,8 +3102,8 @@ M = [
     (
         "nar-seconds-not-shared",
         "gencraft/nar/decoding.py",
-        "share = (time.perf_counter() - t0) / len(results)",
-        "share = (time.perf_counter() - t0) * len(results)",
+        "share = (running_clock() - t0) / len(results)",
+        "share = (running_clock() - t0) * len(results)",
         "tests/nar/test_nar_references.py::test_batches_calls_seconds_and_the_progress_bar",
     ),
     (
@@ -4467,7 +4467,7 @@ M = [
     (
         "deadline: a training never sees its next step as late",
         "gencraft/training/fit.py",
-        "return left < (time.perf_counter() - self.run_started) / steps",
+        "return left < (running_clock() - self.run_started) / steps",
         "return False",
         "tests/test_unit_progress.py",
     ),
@@ -6752,6 +6752,48 @@ M = [
         "            _refuse_not_taken(generate_kw, gen_cfg)\n",
         "",
         "tests/prefix/test_prefix_generate.py -k refused_in_one_line",
+    ),
+    (
+        "running clock: stops never counted",
+        "gencraft/timing.py",
+        "            if late > STOP_GAP:",
+        "            if late > STOP_GAP + 1000:",
+        "tests/test_running_clock.py",
+    ),
+    (
+        "running clock: perf_counter itself",
+        "gencraft/timing.py",
+        "    return _perf() - _STOPS.total",
+        "    return _perf()",
+        "tests/test_running_clock.py",
+    ),
+    (
+        "unit seconds on the wall clock",
+        "gencraft/experiments.py",
+        "        now = running_clock()",
+        "        now = time.perf_counter()",
+        "tests/test_running_clock.py",
+    ),
+    (
+        "training time on the wall clock",
+        "gencraft/training/fit.py",
+        "        st.train_time += running_clock() - t0",
+        "        st.train_time += time.perf_counter() - t0",
+        "tests/test_running_clock.py",
+    ),
+    (
+        "summary wall seconds on the wall clock",
+        "gencraft/training/fit.py",
+        "        now = running_clock()",
+        "        now = time.perf_counter()",
+        "tests/test_running_clock.py",
+    ),
+    (
+        "summary takes an epoch start",
+        "gencraft/training/fit.py",
+        "        if started > time.perf_counter():",
+        "        if started > time.time():",
+        "tests/test_running_clock.py",
     ),
 ]
 

@@ -101,8 +101,7 @@ def unit_file(directory: Path, shard: Shard) -> Path:
 def shard_unit(run: Any, key: str, compute: Any) -> Any:
     """:meth:`ExperimentRun.unit` for an unfinished unit in a pass: computed and kept if this
     process owns it, else a :class:`Pending`."""
-    import time
-
+    from gencraft.timing import running_clock
     from gencraft.training.state import write_json
 
     shard = run.shard
@@ -111,10 +110,10 @@ def shard_unit(run: Any, key: str, compute: Any) -> Any:
     if owner != shard.process:
         shard.handed += 1
         return Pending()
-    t0 = time.perf_counter()
+    t0 = running_clock()
     value = json.loads(json.dumps(compute(), default=float))
     run.units[key] = shard.new[key] = value
-    run.seconds[key] = shard.new_seconds[key] = time.perf_counter() - t0
+    run.seconds[key] = shard.new_seconds[key] = running_clock() - t0
     kept = {"settings": run._settings, "units": shard.new, "unit_seconds": shard.new_seconds}
     write_json(unit_file(run.directory, shard), kept)
     return value

@@ -33,6 +33,7 @@ import torch
 
 from gencraft.config import option
 from gencraft.errors import GencraftError
+from gencraft.timing import running_clock
 from gencraft.training.checkpoint import CHECKPOINT_DIR
 from gencraft.training.state import write_json
 
@@ -458,7 +459,7 @@ class ExperimentRun:
                 if estimate > clock.left():
                     raise OutOfTime(key, estimate, clock.left())
                 clock.started.append(f"{self.experiment.name}: {key}")
-            self._mark = time.perf_counter()
+            self._mark = running_clock()
             try:
                 value = self._compute(key, compute, clock if resumes else None, resumes)
             except OutOfTime:  # before a part or a step: what is done and its time are saved
@@ -508,7 +509,7 @@ class ExperimentRun:
 
     def _bank(self, key: str) -> None:
         """Add the running unit's time since the last mark to its ``partial`` seconds."""
-        now = time.perf_counter()
+        now = running_clock()
         self.partial[key] = self.partial.get(key, 0.0) + now - self._mark
         self._mark = now
 
@@ -532,9 +533,9 @@ class ExperimentRun:
 
         def whole() -> Any:
             if self.shard is not None:  # a sharded run keeps whole units (experiment_shards)
-                t0 = time.perf_counter()
+                t0 = running_clock()
                 items = [x for a in range(0, total, step) for x in compute(a, min(a + step, total))]
-                return combine(items, time.perf_counter() - t0)
+                return combine(items, running_clock() - t0)
             done = self.parts.get(key, {"total": total, "items": []})
             if done["total"] != total:
                 raise GencraftError(
@@ -567,7 +568,7 @@ class ExperimentRun:
         clock = _CLOCK.get()
         if clock is None:
             return
-        spent = self.partial.get(key, 0.0) + time.perf_counter() - self._mark
+        spent = self.partial.get(key, 0.0) + running_clock() - self._mark
         if done and spent > 0:
             need = spent / done * size
         else:
@@ -687,7 +688,7 @@ def reproduce(
         if restart and out.exists():
             _clear(out)
         run = ExperimentRun(out, exp, settings, scale)
-        t0 = time.perf_counter()
+        t0 = running_clock()
         if processes > 1:
             from gencraft.experiment_shards import sharded_passes
 
@@ -696,7 +697,7 @@ def reproduce(
                 return out / "report.md"
         exp.run(settings, run)
         _verdict_table(exp, settings, run)
-        return run.write_report(time.perf_counter() - t0)
+        return run.write_report(running_clock() - t0)
 
 
 def folder_verdicts(folders: Sequence[str | Path], data_dir: str | None = None) -> Pooled:

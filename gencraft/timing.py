@@ -8,6 +8,10 @@ by ±30% from run to run. Here each variant runs right beside a run of the basel
 the pair's order alternating), so a burst of load hits both alike and cancels in the pair's
 ratio; the median over rounds drops the pairs a burst split.
 
+Durations a run records (a unit's seconds, a training's time, seconds per output) use
+:func:`running_clock`, which leaves out the time the process was stopped (Ctrl-Z, SIGSTOP, a
+suspended cluster job): a paused run's estimates and rates stay those of its work.
+
 Memory: :func:`saved_tensor_bytes` counts the bytes autograd keeps for backward, exact and the
 same on every device (the activation memory a method adds); on CUDA
 :func:`cuda_peak_bytes` gives the allocator's peak as well.
@@ -15,6 +19,8 @@ same on every device (the activation memory a method adds); on CUDA
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +30,54 @@ from typing import Any
 import torch
 
 from gencraft.errors import GencraftError
+
+# bound once: a test's fake time.perf_counter or time.sleep leaves the watch alone
+_perf, _sleep = time.perf_counter, time.sleep
+#: the stop watch's heartbeat (seconds), and how late a beat must be to count as stopped
+HEARTBEAT = 1.0
+STOP_GAP = 4.0
+
+
+class _Stops:
+    """Seconds this process has spent stopped, seen by a daemon thread that sleeps
+    :data:`HEARTBEAT` seconds at a time: a beat more than :data:`STOP_GAP` late means every
+    thread was held (SIGSTOP or SIGTSTP until SIGCONT, Slurm's ``scontrol suspend``), and the
+    lateness counts. A sleeping thread is otherwise woken within milliseconds, even on a busy
+    machine, since torch and Python's own switching release the GIL."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._lock = threading.Lock()
+        self._pid: int | None = None  # the process whose thread beats (a fork has none)
+
+    def start(self) -> None:
+        if self._pid == os.getpid():
+            return
+        with self._lock:
+            if self._pid != os.getpid():
+                threading.Thread(target=self._beat, name="gencraft-stops", daemon=True).start()
+                self._pid = os.getpid()
+
+    def _beat(self) -> None:
+        last = _perf()
+        while True:
+            _sleep(HEARTBEAT)
+            now = _perf()
+            late = now - last - HEARTBEAT
+            if late > STOP_GAP:
+                self.total += late
+            last = now
+
+
+_STOPS = _Stops()
+
+
+def running_clock() -> float:
+    """Seconds, like :func:`time.perf_counter`, on a clock that stands still while the
+    process is stopped (:class:`_Stops`; seen from the first call on): the difference of two
+    readings is the time the process was running between them."""
+    _STOPS.start()
+    return _perf() - _STOPS.total
 
 
 @dataclass

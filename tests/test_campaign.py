@@ -164,12 +164,11 @@ def test_a_clock_estimates_a_unit_by_the_longest_of_its_kind(tmp_path):
 def test_an_interrupted_units_time_counts_when_it_finishes(tmp_path, monkeypatch):
     """A training cut by Ctrl-C (or a lease's end) resumes from its checkpoint: its seconds are
     those of every invocation that worked on it, kept across processes."""
-    import types
 
     import gencraft.experiments as ex
 
     ticks = iter([0.0, 100.0, 1000.0, 1030.0])  # start, interrupted; start again, finished
-    monkeypatch.setattr(ex, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    monkeypatch.setattr(ex, "running_clock", lambda: next(ticks))
 
     def cut():
         raise KeyboardInterrupt

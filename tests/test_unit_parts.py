@@ -82,13 +82,12 @@ def test_a_unit_cut_in_any_part_resumes_there_and_equals_the_uncut_unit(
 
 
 def test_the_seconds_count_every_invocation_and_reach_combine(tmp_path, monkeypatch):
-    import types
 
     import gencraft.experiments as ex
 
     # mark; part 1 saved; (cut) banked | mark; part 2 saved; banked at the end; unit's bank
     ticks = iter([0.0, 10.0, 25.0, 100.0, 140.0, 141.0, 142.0])
-    monkeypatch.setattr(ex, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    monkeypatch.setattr(ex, "running_clock", lambda: next(ticks))
     seen = []
 
     def cut(a, b):
@@ -117,8 +116,8 @@ def test_a_budget_runs_parts_while_they_fit_and_stops_inside_the_unit(tmp_path, 
     import gencraft.experiments as ex
 
     now = [0.0]
-    fake = types.SimpleNamespace(perf_counter=lambda: now[0], monotonic=lambda: now[0])
-    monkeypatch.setattr(ex, "time", fake)
+    monkeypatch.setattr(ex, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(ex, "running_clock", lambda: now[0])
     run = _run(tmp_path)
     run.seconds = {"u seed=0": 1000.0}  # the whole unit, under another seed: 100 s an item
     run.parts = {"u seed=1": {"total": 10, "items": list(range(8))}}

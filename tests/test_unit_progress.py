@@ -95,8 +95,8 @@ def test_a_resumable_unit_keeps_its_saved_steps_until_it_is_whole(tmp_path, monk
     import gencraft.experiments as ex
 
     now = [0.0]
-    fake = types.SimpleNamespace(perf_counter=lambda: now[0], monotonic=lambda: now[0])
-    monkeypatch.setattr(ex, "time", fake)
+    monkeypatch.setattr(ex, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(ex, "running_clock", lambda: now[0])
 
     def cut():
         for step in (2, 4):
@@ -273,8 +273,8 @@ def test_a_resumable_unit_stops_inside_at_the_deadline_with_its_steps_saved(tmp_
     from gencraft.progress import _STOP_BY
 
     now = [0.0]
-    fake = types.SimpleNamespace(perf_counter=lambda: now[0], monotonic=lambda: now[0])
-    monkeypatch.setattr(ex, "time", fake)
+    monkeypatch.setattr(ex, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(ex, "running_clock", lambda: now[0])
     run, seen = _run(tmp_path), []
     run.seconds = {"t seed=0": 100.0}
 

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import median
@@ -29,6 +28,7 @@ from gencraft.focus.data import SummaryEncoder, collate
 from gencraft.focus.model import FocusForConditionalGeneration
 from gencraft.metrics.stats import decide
 from gencraft.models import load_model
+from gencraft.timing import running_clock
 from gencraft.utils import default_device
 
 _DEVICE = default_device()
@@ -134,10 +134,10 @@ def speed(args) -> dict:
         for _ in range(args.rounds):
             for k, fn in cases.items():
                 _sync(args.device)
-                t0 = time.perf_counter()
+                t0 = running_clock()
                 fn()
                 _sync(args.device)
-                times[k].append(time.perf_counter() - t0)
+                times[k].append(running_clock() - t0)
     med = {k: median(v) for k, v in times.items()}
     result = {
         "model": args.model,

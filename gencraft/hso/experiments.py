@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import random
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +36,7 @@ from gencraft.metrics.lm import stream_perplexities
 from gencraft.metrics.stats import decide
 from gencraft.metrics.text import bootstrap_mean
 from gencraft.models import load_model
+from gencraft.timing import running_clock
 from gencraft.utils import default_device
 
 #: Table 3.3's rows (thesis values: GPT-2 345M, PG-19 validation), as HSOConfig overrides
@@ -78,9 +78,9 @@ class HSOLMSettings:
 
 
 def _score(name: str, fn, ids: torch.Tensor, words: int) -> dict:
-    t0 = time.perf_counter()
+    t0 = running_clock()
     nll = fn(ids)
-    return {"variant": name, **stream_perplexities(nll, words, time.perf_counter() - t0)}
+    return {"variant": name, **stream_perplexities(nll, words, running_clock() - t0)}
 
 
 @register(

@@ -31,7 +31,6 @@ row's own, so each row is what :func:`hso_nll` gives for it alone.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import torch
@@ -43,6 +42,7 @@ from gencraft.models.compat import CACHE_ARG, DynamicCache, cache_kwargs, takes_
 from gencraft.models.introspect import context_size, hf_model, is_causal_lm, model_shape
 from gencraft.models.stepping import KVStates
 from gencraft.progress import tqdm
+from gencraft.timing import running_clock
 
 
 @dataclass
@@ -355,12 +355,12 @@ def hso_nll(
     ids = check_causal_lm(model, ids, what="HSO")
     if batch_size is not None and batch_size < 1:
         raise GencraftError(f"batch_size must be >= 1, got {batch_size}")
-    t0 = time.perf_counter()
+    t0 = running_clock()
     ranges = contexts(ids.numel() - 1, cfg.reset_every, model)
     size = batch_size or 1
     if not shard and (size == 1 or len(ranges) == 1):
         nll, _, windows = _run(model, [ids], cfg, progress)
-        return TokenScores(nll[0], windows[0], time.perf_counter() - t0)
+        return TokenScores(nll[0], windows[0], running_clock() - t0)
     rows = [ids[c0 : c1 + 1] for c0, c1 in ranges]  # context j: its inputs and their targets
 
     def batch(idx: list[int]) -> list[tuple[torch.Tensor, int]]:
@@ -373,7 +373,7 @@ def hso_nll(
     parts = map_batches(batch, len(rows), size, shard=shard, on_batch=bar.update)
     bar.close()
     nll = torch.cat([p[0] for p in parts])
-    return TokenScores(nll, sum(p[1] for p in parts), time.perf_counter() - t0)
+    return TokenScores(nll, sum(p[1] for p in parts), running_clock() - t0)
 
 
 def hso_nll_batch(
@@ -392,9 +392,9 @@ def hso_nll_batch(
     each what :func:`hso_nll` gives for that row alone."""
     cfg = config or HSOConfig()
     rows = check_batch(model, ids, attention_mask, what="HSO")
-    t0 = time.perf_counter()
+    t0 = running_clock()
     nll, _, windows = _run(model, rows, cfg, progress)
-    share = (time.perf_counter() - t0) / len(rows)
+    share = (running_clock() - t0) / len(rows)
     return [TokenScores(x, w, share) for x, w in zip(nll, windows, strict=True)]
 
 

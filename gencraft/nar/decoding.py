@@ -38,7 +38,6 @@ the calls, the last deciding the rest. See :func:`most_confident` and docs/nar.m
 from __future__ import annotations
 
 import hashlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -49,6 +48,7 @@ from gencraft.errors import GencraftError
 from gencraft.nar.config import SamplingConfig
 from gencraft.nar.model import NARSeq2Seq
 from gencraft.progress import tqdm
+from gencraft.timing import running_clock
 
 
 @dataclass
@@ -101,9 +101,9 @@ def _decode_batches(
     out = NAROutput()
     bar = tqdm(total=rows, desc=name, disable=not progress)
     for chunk in _chunks(rows, batch_size):
-        t0 = time.perf_counter()
+        t0 = running_clock()
         results = run(chunk)
-        share = (time.perf_counter() - t0) / len(results)
+        share = (running_clock() - t0) / len(results)
         for r in results:
             out.add(r.sequence, r.score, r.calls, r.steps, share)
         bar.update(len(results))

@@ -11,7 +11,6 @@ linear warm-up and decay.
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from gencraft.nar.config import (
 )
 from gencraft.nar.functional import collate, make_loss
 from gencraft.nar.model import NARSeq2Seq, load_mlm_seq2seq, target_token_ids
+from gencraft.timing import running_clock
 
 
 def encode_pairs(
@@ -117,7 +117,7 @@ def train(
     settings.update(objective=asdict(objective), lr=lr, weight_decay=wd, pairs=len(train_pairs))
     pad = target_token_ids(tok)["pad"]
     model.train()
-    t0 = time.time()
+    t0 = running_clock()
     result = fit(
         model,
         optimizer,

@@ -11,7 +11,6 @@ from its own checkpoint when the run is stopped.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from gencraft.experiments import ExperimentRun, register, settings_field
 from gencraft.pointer.evaluate import evaluate
 from gencraft.pointer.lstm import PointerSentinelLSTM
 from gencraft.pointer.train import PointerTrainer, TrainConfig, preset_k1
+from gencraft.timing import running_clock
 
 
 @dataclass
@@ -69,10 +69,10 @@ def throughput(
     for r in range(rounds):
         for k, t in trainers.items():
             before = t.trained_tokens
-            t0 = time.perf_counter()
+            t0 = running_clock()
             for st in schedule[k][2 + r * steps : 2 + (r + 1) * steps]:
                 t.train_step(st)
-            secs[k] += time.perf_counter() - t0
+            secs[k] += running_clock() - t0
             toks[k] += t.trained_tokens - before
     tps = {k: toks[k] / secs[k] for k in trainers}
     return {

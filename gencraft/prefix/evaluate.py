@@ -3,7 +3,6 @@ split, scored by :func:`gencraft.metrics.score_task`."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ from gencraft.models.introspect import eos_ids, is_encoder_decoder, pad_id
 from gencraft.models.prompts import pad_batch
 from gencraft.prefix.data import SEPARATOR
 from gencraft.progress import tqdm
+from gencraft.timing import running_clock
 
 
 def generate_outputs(
@@ -127,7 +127,7 @@ def evaluate(
     examples = pick_examples(task_examples(task, split, data_dir, **fields), limit, spread)
     sources, refs = [source_of(e) for e in examples], [references_of(e) for e in examples]
     new = max_new_tokens or 64
-    start = time.time()
+    start = running_clock()
     outputs = generate_outputs(
         model,
         tokenizer,
@@ -140,7 +140,7 @@ def evaluate(
         partial_dir=partial_dir,
         cad_alpha=cad_alpha,
     )
-    seconds = time.time() - start
+    seconds = running_clock() - start
     kw = {} if not metrics else {"metrics": tuple(metrics)}
     scores = score_task(task, outputs, refs, lowercase=lowercase, **kw)
     return {

@@ -10,7 +10,6 @@ the same model on the same windows with no state between them.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from gencraft.config import check
 from gencraft.data import subword_stream
 from gencraft.recurrence.config import RecurrenceConfig, RecurrenceTrainConfig
 from gencraft.recurrence.model import RecurrentLM
+from gencraft.timing import running_clock
 from gencraft.training import fit, save_run, settings_of
 
 
@@ -71,7 +71,7 @@ def train(
     def save_fn(m: RecurrentLM, d: Path) -> None:
         save_run(d, m, tok, settings, base_name_or_path=cfg.model)
 
-    t0 = time.time()
+    t0 = running_clock()
     result = fit(
         model,
         optimizer,

@@ -23,7 +23,6 @@
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from statistics import median
@@ -40,6 +39,7 @@ from gencraft.progress import tqdm
 from gencraft.search.beam import beam_search_batch
 from gencraft.search.exact import exact_mode, exact_mode_batch
 from gencraft.search.prompts import encode_prompt, instruction_texts
+from gencraft.timing import running_clock
 from gencraft.utils import default_device
 
 TINY = {"model": "tiny-llama"}
@@ -89,11 +89,11 @@ def speed(s: SpeedSettings, run: ExperimentRun) -> None:
     for i in tqdm(range(s.rounds), desc="rounds"):
 
         def one_round():
-            t0 = time.perf_counter()
+            t0 = running_clock()
             h = _our_beams(model, batches, s)
-            t1 = time.perf_counter()
+            t1 = running_clock()
             o = _generate_beams(model, batches, s, eos)
-            t2 = time.perf_counter()
+            t2 = running_clock()
             return {"gencraft": t1 - t0, "generate": t2 - t1, "identical": _same(h, o, eos)}
 
         rounds.append(run.unit(f"round {i}", one_round))
@@ -195,9 +195,9 @@ def cad_speed(s: CadSpeedSettings, run: ExperimentRun) -> None:
         def one_round():
             times = {}
             for name, go in routes.items():
-                t0 = time.perf_counter()
+                t0 = running_clock()
                 go()
-                times[name] = time.perf_counter() - t0
+                times[name] = running_clock() - t0
             return times
 
         rounds.append(run.unit(f"round {i}", one_round))
@@ -1265,13 +1265,13 @@ def mbr_study(s: MbrSettings, run: ExperimentRun) -> None:
 
             def unit(n=n, texts=texts):
                 kw = dict(do_sample=True, epsilon=s.epsilon) if n else dict(num_beams=s.beams)
-                outs, t0 = [], time.perf_counter()
+                outs, t0 = [], running_clock()
                 for i in range(0, len(texts), s.batch_size):
                     outs += generate_text(
                         model, tok, texts[i : i + s.batch_size], seed=s.seed + i, mbr=n,
                         mbr_utility=s.utility, max_new_tokens=s.max_new_tokens, **kw,
                     )  # fmt: skip
-                return {"outputs": outs, "seconds": time.perf_counter() - t0}
+                return {"outputs": outs, "seconds": running_clock() - t0}
 
             asked.append((task, name, refs, len(texts), run.unit(f"{task} {name}", unit)))
     for task, name, refs, n, got in asked:  # read once every unit is asked for (sharding)

@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader, Sampler
 
 from gencraft.errors import ConfigError, GencraftError, Interrupted
 from gencraft.progress import JobOutOfTime, job_seconds_left, progress_saved, tqdm
+from gencraft.timing import running_clock
 from gencraft.training.checkpoint import (
     InterruptGuard,
     RunCheckpoint,
@@ -109,13 +110,17 @@ class FitResult:
     def write_summary(self, directory: str | Path, started: float, **extra: Any) -> dict[str, Any]:
         """Write ``directory/train_summary.json`` (steps, budget, best validation loss, times,
         ``extra``, history) and return it. ``wall_seconds`` is the whole run's: this call's
-        since ``started`` (``time.time()``) plus the earlier invocations' that it resumed."""
+        since ``started`` (:func:`~gencraft.timing.running_clock`, which leaves out the time
+        the process was stopped) plus the earlier invocations' that it resumed."""
+        if started > time.perf_counter():  # a time.time() reading (never a running_clock one)
+            raise GencraftError(f"started={started:g} is not a running_clock() reading")
+        now = running_clock()
         summary = {
             "steps": self.steps,
             "epochs_done": self.epochs_done,
             "best_valid_loss": self.best,
             "stopped": self.stopped,
-            "wall_seconds": self.earlier_wall + time.time() - started,
+            "wall_seconds": self.earlier_wall + now - started,
             "train_seconds": self.train_time,
             "processes": self.processes,
             "global_batch": self.global_batch,
@@ -327,7 +332,7 @@ class _Loop:
         self.st = _State(processes=self.acc.num_processes)
         self.pending_rng: Any = None
         self.resumed = False
-        self.last_save = self.started = time.perf_counter()
+        self.last_save = self.started = running_clock()
         self.earlier_wall = 0.0  # st.wall_time when this invocation began
 
     def open_run(self, settings: dict[str, Any] | None, *, resume: bool, restart: bool) -> None:
@@ -451,7 +456,7 @@ class _Loop:
         )
 
     def save_checkpoint(self) -> None:
-        self.st.wall_time = self.earlier_wall + time.perf_counter() - self.started
+        self.st.wall_time = self.earlier_wall + running_clock() - self.started
         if self.ckpt is not None:
             # on every process: a plug-in gathers what the other processes hold
             steps = self.steps.state_dict() if self.steps is not None else None
@@ -469,7 +474,7 @@ class _Loop:
                 if self.total:  # an experiment's unit counts only the steps left
                     progress_saved(self.st.step, self.total)
             self.acc.wait_for_everyone()
-        self.last_save = time.perf_counter()
+        self.last_save = running_clock()
 
     def save_model(self, name: str) -> None:
         if self.out is None or self.save_fn is None:
@@ -519,13 +524,13 @@ class _Loop:
             tqdm.write(f"eval: {shown}")
 
     def validation_metrics(self) -> dict[str, float]:
-        t0 = time.perf_counter()
+        t0 = running_clock()
         self.model.eval()
         with torch.no_grad():
             run = self.evaluate_fn or mean_loss(self.loss_fn, self.acc)
             metrics = run(self.model, self.valid_loader)
         self.model.train()
-        self.st.eval_time += time.perf_counter() - t0
+        self.st.eval_time += running_clock() - t0
         if self.cfg.metric not in metrics:
             raise GencraftError(
                 f"validation gave {sorted(metrics)}, not the metric {self.cfg.metric!r}"
@@ -540,7 +545,7 @@ class _Loop:
             set_rng_state(self.pending_rng)
             self.pending_rng = None
         st, acc = self.st, self.acc
-        t0 = time.perf_counter()
+        t0 = running_clock()
         with acc.accumulate(self.model):
             with acc.autocast():  # a no-op without mixed precision
                 loss, parts = _split(self.loss_fn(self.model, batch))
@@ -556,7 +561,7 @@ class _Loop:
             st.trained_examples += _batch_size(batch) * acc.num_processes
         st.running += float(loss.detach())
         st.running_n += 1
-        st.train_time += time.perf_counter() - t0
+        st.train_time += running_clock() - t0
         return loss, parts
 
     def after_step(self, loss: torch.Tensor, parts: dict[str, float], batch: Any) -> None:
@@ -589,7 +594,7 @@ class _Loop:
             if not self.acc.sync_gradients:
                 continue
             self.after_step(loss, parts, batch)
-            since_save = time.perf_counter() - self.last_save
+            since_save = running_clock() - self.last_save
             interrupt, save_now, late = _agree(
                 self.acc, [guard.requested, since_save > self.cfg.save_every, self.next_is_late()]
             )
@@ -611,7 +616,7 @@ class _Loop:
         if left == float("inf") or self.ckpt is None:  # no checkpoint: stopping would lose it
             return False
         steps = max(1, self.st.step - self.first_step)
-        return left < (time.perf_counter() - self.run_started) / steps
+        return left < (running_clock() - self.run_started) / steps
 
     def epoch_batches(self) -> Any:
         """The rest of the current epoch's batches (a plug-in's: its step indices)."""
@@ -680,8 +685,8 @@ class _Loop:
             disable=not show or not self.acc.is_main_process,
             unit="step",
         )
-        self.last_save = time.perf_counter()
-        self.first_step, self.late, self.run_started = st.step, False, time.perf_counter()
+        self.last_save = running_clock()
+        self.first_step, self.late, self.run_started = st.step, False, running_clock()
         if self.ckpt is not None and self.total and self.acc.is_main_process:
             progress_saved(st.step, self.total)  # where it resumes (0: its checkpoint is gone)
         interrupted = False

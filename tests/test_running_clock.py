@@ -1,0 +1,147 @@
+"""The clock every recorded duration uses (``gencraft.timing.running_clock``) stands still
+while the process is stopped (SIGSTOP until SIGCONT, as Ctrl-Z or a suspended cluster job
+does), so a paused run's unit seconds, training times and plan estimates are those of its
+work; and where nothing stops the process it is ``time.perf_counter``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from gencraft import timing
+from gencraft.campaign import CampaignSettings
+from gencraft.errors import GencraftError
+from gencraft.experiments import ExperimentRun, get_experiment
+from gencraft.training import FitConfig, fit
+
+# a child that reads both clocks across a sleep: "ready", then "<perf s> <running s>"
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from gencraft import timing
+    timing.HEARTBEAT, timing.STOP_GAP = 0.05, 1.0
+    r0, p0 = timing.running_clock(), time.perf_counter()
+    print("ready", flush=True)
+    time.sleep(float(sys.argv[1]))
+    print(time.perf_counter() - p0, timing.running_clock() - r0, flush=True)
+    """
+)
+
+
+def _child(sleep: float, stop_for: float | None) -> tuple[float, float, float]:
+    """(perf seconds, running seconds, seconds the parent held it stopped)."""
+    # the parent's own gencraft (a mutation run's copy included)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-c", CHILD, str(sleep)]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) as p:
+        assert p.stdout.readline().strip() == "ready"
+        held = 0.0
+        if stop_for is not None:
+            time.sleep(0.3)
+            t0 = time.perf_counter()
+            p.send_signal(signal.SIGSTOP)
+            time.sleep(stop_for)
+            held = time.perf_counter() - t0
+            p.send_signal(signal.SIGCONT)
+        perf, running = map(float, p.stdout.readline().split())
+        assert p.wait(timeout=30) == 0
+    return perf, running, held
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="POSIX job control")
+def test_a_stopped_process_s_clock_leaves_out_the_stop():
+    perf, running, held = _child(4.5, stop_for=2.5)
+    assert perf >= 4.5
+    assert abs((perf - running) - held) < 0.6, (perf, running, held)
+
+
+def test_a_process_never_stopped_reads_perf_counter():
+    perf, running, _ = _child(1.5, stop_for=None)
+    assert perf >= 1.5
+    assert running == pytest.approx(perf, abs=0.05)
+
+
+def _stopped_inside(monkeypatch, seconds: float, stop: float):
+    """A callable that takes ``seconds`` of which the stop watch saw ``stop`` stopped."""
+
+    def work():
+        time.sleep(seconds)
+        monkeypatch.setattr(timing._STOPS, "total", timing._STOPS.total + stop)
+
+    return work
+
+
+def test_a_unit_s_seconds_leave_out_a_stop_inside_it(tmp_path, monkeypatch):
+    run = ExperimentRun(tmp_path, get_experiment("campaign"), CampaignSettings(), "tiny")
+    work = _stopped_inside(monkeypatch, 0.3, 0.25)
+    t0 = time.perf_counter()
+    run.unit("u", lambda: work() or 1)
+    outer = time.perf_counter() - t0
+    seconds = json.loads((tmp_path / "results.json").read_text())["unit_seconds"]["u"]
+    assert 0.0 <= seconds <= outer - 0.25 + 1e-6
+
+
+def test_a_unit_in_parts_counts_its_parts_without_the_stop(tmp_path, monkeypatch):
+    run = ExperimentRun(tmp_path, get_experiment("campaign"), CampaignSettings(), "tiny")
+    work = _stopped_inside(monkeypatch, 0.3, 0.25)
+
+    def parts(a, b):
+        work()
+        return list(range(a, b))
+
+    t0 = time.perf_counter()
+    value = run.unit_over("u", 4, 2, parts, lambda items, s: {"seconds": s})
+    outer = time.perf_counter() - t0
+    assert 0.0 <= value["seconds"] <= outer - 2 * 0.25 + 1e-6
+
+
+def test_a_training_s_times_leave_out_a_stop(tmp_path, monkeypatch):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    data = [(torch.randn(2), torch.randn(())) for _ in range(4)]
+    work = _stopped_inside(monkeypatch, 0.2, 0.15)
+
+    def loss_fn(m, batch):
+        work()
+        x, y = batch
+        return ((m(x).squeeze(-1) - y) ** 2).mean()
+
+    started = timing.running_clock()
+    t0 = time.perf_counter()
+    result = fit(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        data,
+        loss_fn=loss_fn,
+        config=FitConfig(epochs=1, batch_size=2, clip=None),
+        output_dir=tmp_path,
+        progress=False,
+    )
+    summary = result.write_summary(tmp_path, started)
+    outer = time.perf_counter() - t0
+    assert result.steps == 2
+    assert 0.0 <= result.train_time <= outer - 2 * 0.15 + 1e-6
+    assert 0.0 <= summary["wall_seconds"] <= outer - 2 * 0.15 + 1e-6
+
+
+def test_a_summary_refuses_an_epoch_start(tmp_path):
+    model = torch.nn.Linear(2, 1)
+    data = [(torch.randn(2), torch.randn(())) for _ in range(2)]
+    result = fit(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        data,
+        loss_fn=lambda m, b: ((m(b[0]).squeeze(-1) - b[1]) ** 2).mean(),
+        config=FitConfig(epochs=1, batch_size=2, clip=None),
+        progress=False,
+    )
+    with pytest.raises(GencraftError, match=r"is not a running_clock\(\) reading"):
+        result.write_summary(tmp_path, time.time())
