@@ -6756,8 +6756,8 @@ M = [
     (
         "running clock: stops never counted",
         "gencraft/timing.py",
-        "            if late > STOP_GAP:",
-        "            if late > STOP_GAP + 1000:",
+        "        if late > STOP_GAP:",
+        "        if late > STOP_GAP + 1000:",
         "tests/test_running_clock.py",
     ),
     (
@@ -6793,6 +6793,13 @@ M = [
         "gencraft/training/fit.py",
         "        if started > time.perf_counter():",
         "        if started > time.time():",
+        "tests/test_running_clock.py",
+    ),
+    (
+        "stop watch: a late beat replaces the total",
+        "gencraft/timing.py",
+        "            self.total += late",
+        "            self.total = late",
         "tests/test_running_clock.py",
     ),
 ]

@@ -49,6 +49,7 @@ class _Stops:
         self.total = 0.0
         self._lock = threading.Lock()
         self._pid: int | None = None  # the process whose thread beats (a fork has none)
+        self._last = 0.0  # the last beat's time
 
     def start(self) -> None:
         if self._pid == os.getpid():
@@ -59,14 +60,17 @@ class _Stops:
                 self._pid = os.getpid()
 
     def _beat(self) -> None:
-        last = _perf()
+        self._last = _perf()
         while True:
             _sleep(HEARTBEAT)
-            now = _perf()
-            late = now - last - HEARTBEAT
-            if late > STOP_GAP:
-                self.total += late
-            last = now
+            self.see(_perf())
+
+    def see(self, now: float) -> None:
+        """A beat at ``now``: one more than :data:`STOP_GAP` late adds its lateness."""
+        late = now - self._last - HEARTBEAT
+        if late > STOP_GAP:
+            self.total += late
+        self._last = now
 
 
 _STOPS = _Stops()

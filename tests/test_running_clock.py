@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -36,35 +37,51 @@ CHILD = textwrap.dedent(
 )
 
 
-def _child(sleep: float, stop_for: float | None) -> tuple[float, float, float]:
-    """(perf seconds, running seconds, seconds the parent held it stopped)."""
+def _child(sleep: float) -> tuple[float, float]:
+    """(perf seconds, running seconds) of a fresh process across a sleep."""
     # the parent's own gencraft (a mutation run's copy included)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-c", CHILD, str(sleep)]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) as p:
-        assert p.stdout.readline().strip() == "ready"
-        held = 0.0
-        if stop_for is not None:
-            time.sleep(0.3)
-            t0 = time.perf_counter()
-            p.send_signal(signal.SIGSTOP)
-            time.sleep(stop_for)
-            held = time.perf_counter() - t0
-            p.send_signal(signal.SIGCONT)
-        perf, running = map(float, p.stdout.readline().split())
-        assert p.wait(timeout=30) == 0
-    return perf, running, held
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60, check=True)
+    assert out.stdout.splitlines()[0] == "ready"
+    perf, running = map(float, out.stdout.splitlines()[1].split())
+    return perf, running
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="POSIX job control")
-def test_a_stopped_process_s_clock_leaves_out_the_stop():
-    perf, running, held = _child(4.5, stop_for=2.5)
-    assert perf >= 4.5
-    assert abs((perf - running) - held) < 0.6, (perf, running, held)
+def test_a_stopped_process_s_clock_leaves_out_the_stop(monkeypatch):
+    """This very process is stopped twice for 1.5 s by a helper that then continues it: a
+    fresh watch and the process's own clock each leave out both stops."""
+    monkeypatch.setattr(timing, "HEARTBEAT", 0.05)
+    monkeypatch.setattr(timing, "STOP_GAP", 1.0)
+    r0, p0 = timing.running_clock(), time.perf_counter()
+    time.sleep(1.1)  # a beat already asleep at the old pace wakes and takes the new one
+    watch = timing._Stops()
+    watch.start()
+    me = os.getpid()
+    stop = f"sleep 0.2; kill -STOP {me}; sleep 1.5; kill -CONT {me}; "
+    subprocess.run(["sh", "-c", stop + stop], check=True, timeout=60)
+    time.sleep(0.3)  # the late beats land
+    perf, running = time.perf_counter() - p0, timing.running_clock() - r0
+    assert perf >= 1.1 + 2 * (0.2 + 1.5) + 0.3
+    assert 2.7 < perf - running < 4.5, (perf, running)
+    assert 2.7 < watch.total < 4.5, watch.total
+    beats = [t for t in threading.enumerate() if t.name == "gencraft-stops"]
+    assert len(beats) == 2 and all(t.daemon for t in beats)  # the process's and the fresh one
+
+
+def test_a_beat_counts_only_its_lateness_beyond_the_gap(monkeypatch):
+    monkeypatch.setattr(timing, "HEARTBEAT", 1.0)
+    monkeypatch.setattr(timing, "STOP_GAP", 4.0)
+    watch = timing._Stops()
+    assert watch.total == 0.0
+    for now, total in [(1.0, 0.0), (2.5, 0.0), (7.5, 0.0), (13.0, 4.5), (14.0, 4.5), (30.0, 19.5)]:
+        watch.see(now)  # 7.5 is exactly STOP_GAP late: not a stop
+        assert watch.total == total, now
 
 
 def test_a_process_never_stopped_reads_perf_counter():
-    perf, running, _ = _child(1.5, stop_for=None)
+    perf, running = _child(1.5)
     assert perf >= 1.5
     assert running == pytest.approx(perf, abs=0.05)
 
