@@ -25,11 +25,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import median
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from gencraft.errors import GencraftError
+
+if TYPE_CHECKING:  # torch loads on first use: the CLI's help reads this module's clock
+    import torch
 
 # bound once: a test's fake time.perf_counter or time.sleep leaves the watch alone
 _perf, _sleep = time.perf_counter, time.sleep
@@ -121,6 +122,8 @@ def _quantile(xs: list[float], q: float) -> float:
 
 def synchronize() -> None:
     """Wait for queued CUDA work, so a timer sees it (no-op on CPU)."""
+    import torch
+
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
@@ -192,6 +195,8 @@ def saved_tensor_bytes(fn: Callable[[], torch.Tensor]) -> int:
     """Bytes of the tensors autograd saves for backward while ``fn()`` builds its loss (the
     backward pass is then run and freed). Tensors saved twice count twice: an upper bound on
     the activation memory, exact for what the method adds to it."""
+    import torch
+
     total = 0
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -208,6 +213,8 @@ def saved_tensor_bytes(fn: Callable[[], torch.Tensor]) -> int:
 def cuda_peak_bytes(fn: Callable[[], Any]) -> int | None:
     """Peak CUDA memory allocated during ``fn()`` above what was allocated before (None on
     CPU)."""
+    import torch
+
     if not torch.cuda.is_available():
         return None
     synchronize()
