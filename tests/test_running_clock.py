@@ -37,6 +37,22 @@ CHILD = textwrap.dedent(
 )
 
 
+# stops process argv[1] twice for 1.5 s; prints each stop's length
+HELPER = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    me = int(sys.argv[1])
+    for _ in range(2):
+        time.sleep(0.2)
+        t0 = time.perf_counter()
+        os.kill(me, signal.SIGSTOP)
+        time.sleep(1.5)
+        os.kill(me, signal.SIGCONT)
+        print(time.perf_counter() - t0, flush=True)
+    """
+)
+
+
 def _child(sleep: float) -> tuple[float, float]:
     """(perf seconds, running seconds) of a fresh process across a sleep."""
     # the parent's own gencraft (a mutation run's copy included)
@@ -59,13 +75,13 @@ def test_a_stopped_process_s_clock_leaves_out_the_stop(monkeypatch):
     watch = timing._Stops()
     watch.start()
     me = os.getpid()
-    # each stop's length as the helper saw it: from just before STOP to just after CONT
-    stop = f"sleep 0.2; date +%s.%N; kill -STOP {me}; sleep 1.5; kill -CONT {me}; date +%s.%N; "
-    out = subprocess.run(["sh", "-c", stop + stop], capture_output=True, text=True, timeout=60)
+    # the helper prints each stop's length, from just before STOP to just after CONT
+    out = subprocess.run(
+        [sys.executable, "-c", HELPER, str(me)], capture_output=True, text=True, timeout=60
+    )
     time.sleep(0.3)  # the late beats land
     perf, running = time.perf_counter() - p0, timing.running_clock() - r0
-    t = [float(x) for x in out.stdout.split()]
-    held = (t[1] - t[0]) + (t[3] - t[2])
+    held = sum(float(x) for x in out.stdout.split())
     assert held >= 3.0 and perf >= 1.1 + held + 0.3
     # a beat counts its lateness: the stop less the part of a beat (0.05 s) it fell in, plus
     # how late the beat woke after the CONT (the upper bound's room for a loaded machine)
