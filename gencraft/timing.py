@@ -44,7 +44,8 @@ class _Stops:
     :data:`HEARTBEAT` seconds at a time: a beat more than :data:`STOP_GAP` late means every
     thread was held (SIGSTOP or SIGTSTP until SIGCONT, Slurm's ``scontrol suspend``), and the
     lateness counts. A sleeping thread is otherwise woken within milliseconds, even on a busy
-    machine, since torch and Python's own switching release the GIL."""
+    machine, since torch and Python's own switching release the GIL (one C call holding the
+    GIL past the gap would count as a stop)."""
 
     def __init__(self) -> None:
         self.total = 0.0
