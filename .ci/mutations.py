@@ -4061,8 +4061,8 @@ M = [
     (
         "campaign-interim-counts-all-expected",
         "gencraft/campaign.py",
-        "len(st.expected) - len(st.left) if st.expected",
-        "len(st.expected) if st.expected",
+        "done = sum(len(st.expected) - len(st.left) for st in states)",
+        "done = sum(len(st.expected) for st in states)",
         'tests/test_campaign.py -k "interim or tiny_campaign"',
     ),
     (
@@ -6801,6 +6801,55 @@ M = [
         "            self.total += late",
         "            self.total = late",
         "tests/test_running_clock.py",
+    ),
+    (
+        "campaign-epoch-floors",
+        "gencraft/campaign.py",
+        "return -(-E2E_TRAIN_PAIRS // batch)",
+        "return E2E_TRAIN_PAIRS // batch",
+        "tests/test_campaign.py -k one_epoch",
+    ),
+    (
+        "campaign-other-runs-last-not-longest",
+        "gencraft/campaign.py",
+        "known[k] = max(t, known.get(k, 0.0))",
+        "known[k] = t",
+        "tests/test_campaign.py -k other_runs_estimate_each",
+    ),
+    (
+        "campaign-other-runs-need-times",
+        "gencraft/campaign.py",
+        '.get("unit_seconds", {}).items():\n                known',
+        '["unit_seconds"].items():\n                known',
+        "tests/test_campaign.py -k other_runs_estimate_each",
+    ),
+    (
+        "campaign-runs-dir-not-placed",
+        "gencraft/campaign.py",
+        '"runs_dir": str(folder / "runs")',
+        '"runs": str(folder / "runs")',
+        "tests/test_campaign.py -k own_folder",
+    ),
+    (
+        "campaign-held-column-renamed",
+        "gencraft/campaign.py",
+        '{"in use by": holder.describe()}',
+        '{"held by": holder.describe()}',
+        "tests/test_folder_lock.py -k skips_a_run",
+    ),
+    (
+        "campaign-left-notes-joined-by-comma",
+        "gencraft/campaign.py",
+        "'; '.join(notes)",
+        "', '.join(notes)",
+        "tests/test_lost_work.py -k model_gone_as_left",
+    ),
+    (
+        "campaign-plan-ignores-parts",
+        "gencraft/campaign.py",
+        "state.seconds, k, default, known, state.parts, state.progress",
+        "state.seconds, k, default, known, None, state.progress",
+        "tests/test_unit_parts.py -k share_left",
     ),
 ]
 

@@ -176,7 +176,7 @@ class RunState:
     overrides: dict[str, Any]
     units: dict[str, Any] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
-    expected: list[str] | None = None
+    expected: list[str] = field(default_factory=list)  # every claim's experiment lists its units
     # unfinished units' saved work: items of units in parts, steps of resumable units
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)
     progress: dict[str, list[int]] = field(default_factory=dict)
@@ -185,11 +185,9 @@ class RunState:
     lost: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def left(self) -> list[str] | None:
+    def left(self) -> list[str]:
         """The expected units not finished (a unit saved whole, before an experiment split it,
-        covers the keys it prefixes); None when the experiment declares no units."""
-        if self.expected is None:
-            return None
+        covers the keys it prefixes)."""
         return units_left(self.expected, self.units)
 
 
@@ -209,7 +207,7 @@ def run_states(claim: Claim, scale: str, root: Path, data_dir: str | None) -> li
             state.parts, state.progress = data.get("unit_parts", {}), data.get("unit_progress", {})
             state.spent = data.get("unit_partial_seconds", {})
             _forget_lost(state, exp)
-        state.expected = exp.units(settings) if exp.units else None
+        state.expected = exp.units(settings)
         out.append(state)
     return out
 
@@ -222,9 +220,8 @@ def _forget_lost(state: RunState, exp: Any) -> None:
         return
     redo, restart = lost_work(exp.kept(state.settings), state.folder, state.units, state.progress)
     state.lost = {k: state.units.pop(k) for k in redo}
-    for k in restart:
+    for k in restart:  # its seconds so far stay in spent, unread without its progress
         del state.progress[k]
-        state.spent.pop(k, None)
 
 
 def _other_runs(claim: Claim, scale: str, root: Path, name: str) -> dict[str, float]:
@@ -260,16 +257,11 @@ def plan_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any
         for state in run_states(claim, scale, root, s.data_dir):
             default = 60 * claim.unit_minutes[scale]
             known = _other_runs(claim, scale, root, state.name)
-            left = state.left
-            need = (
-                default
-                if left is None
-                else sum(
-                    estimate_left(
-                        state.seconds, k, default, known, state.parts, state.progress, state.spent
-                    )
-                    for k in left
+            need = sum(
+                estimate_left(
+                    state.seconds, k, default, known, state.parts, state.progress, state.spent
                 )
+                for k in state.left
             )
             rows.append(
                 {
@@ -291,8 +283,6 @@ def plan_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any
 def _left_note(state: RunState) -> str:
     """The plan's count of a run's units left, and of those under way (work saved)."""
     left = state.left
-    if left is None:
-        return ""
     going = sum(k in state.parts or k in state.progress for k in left)
     notes = [f"{going} under way"] if going else []
     notes += [f"{len(state.lost)} again, its model gone"] if state.lost else []
@@ -359,7 +349,7 @@ def verdict_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, 
         claim = CLAIMS[name]
         exp = get_experiment(claim.experiment)
         states = run_states(claim, scale, root, s.data_dir) if claim.runs[scale] else []
-        done = [st for st in states if st.left == [] or (st.left is None and st.units)]
+        done = [st for st in states if not st.left]
         size = {
             "claim": name,
             "runs done": f"{len(done)} of {len(states)}",
@@ -386,11 +376,8 @@ def verdict_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, 
 
 def _interim(states: list[RunState]) -> str:
     """The mark of a verdict on unfinished runs: how many of their units it rests on."""
-    expected = sum(len(st.expected) if st.expected is not None else 1 for st in states)
-    done = sum(
-        len(st.expected) - len(st.left) if st.expected is not None else int(bool(st.units))
-        for st in states
-    )
+    expected = sum(len(st.expected) for st in states)
+    done = sum(len(st.expected) - len(st.left) for st in states)
     return f"interim ({done} of {expected} units): "
 
 

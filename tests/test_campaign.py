@@ -6,12 +6,21 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gencraft.campaign import CLAIM_ORDER, CLAIMS, CampaignSettings, plan_rows, run_states
+from gencraft.campaign import (
+    CLAIM_ORDER,
+    CLAIMS,
+    E2E_TRAIN_PAIRS,
+    CampaignSettings,
+    _other_runs,
+    plan_rows,
+    run_states,
+)
 from gencraft.cli.main import main
 from gencraft.experiments import (
     Clock,
@@ -227,6 +236,52 @@ def test_the_claims_other_runs_estimate_a_unit_before_its_kind(tmp_path, capsys)
     assert rows[0] == ["fame", "seed0", f"{n} done, 0 left", "0"]
     want = ["fame", "seed1", f"0 done, {n} left", f"{1.5 * n:g}"]
     assert rows[1] == want and len(rows) == 10  # not the claim's 7-minute guess
+
+
+def test_the_other_runs_estimate_each_unit_by_its_longest_and_skip_what_they_lack(tmp_path):
+    """FAME's slot seeds: seed 0's units are estimated by seeds 1-9, each by its longest time
+    (not the last run read, not rounded up to a second); a run with no times is passed over."""
+    fame = tmp_path / "fame"
+    times = {"seed1": {"a": 120.0, "b": 0.25}, "seed2": {"a": 60.0, "c": 3.0}}
+    for name, seconds in times.items():
+        (fame / name).mkdir(parents=True)
+        (fame / name / "results.json").write_text(json.dumps({"unit_seconds": seconds}))
+    (fame / "seed3").mkdir()
+    (fame / "seed3" / "results.json").write_text(json.dumps({"units": {}}))
+    (fame / "seed0").mkdir()
+    (fame / "seed0" / "results.json").write_text(json.dumps({"unit_seconds": {"a": 999.0}}))
+    claim = CLAIMS["fame"]
+    assert _other_runs(claim, "slot", tmp_path, "seed0") == {"a": 120.0, "b": 0.25, "c": 3.0}
+    assert _other_runs(claim, "slot", tmp_path, "seed1") == {"a": 999.0, "c": 3.0}
+    assert _other_runs(claim, "cpu", tmp_path, "seed0") == {}  # FAME has no cpu runs
+
+
+@pytest.mark.parametrize("scale", ["tiny", "cpu", "slot"])
+def test_every_run_reads_the_data_asked_for_and_writes_inside_its_own_folder(scale, tmp_path):
+    """Two runs (seeds, claims) never share a work or runs folder, nor one in the working
+    directory: each location setting a run's experiment has points inside the run's folder."""
+    seen = set()
+    for name in CLAIM_ORDER:
+        for state in run_states(CLAIMS[name], scale, tmp_path, "/data/here"):
+            fields = state.settings.__dataclass_fields__
+            for where in ("runs_dir", "work_dir"):
+                if where in fields:
+                    seen.add(where)
+                    got = getattr(state.settings, where)
+                    assert got is not None and Path(got).is_relative_to(state.folder)
+            if "data_dir" in fields:
+                assert state.settings.data_dir == "/data/here"
+    assert seen == (set() if scale == "cpu" else {"runs_dir", "work_dir"})  # DASP's, FAME's
+
+
+@pytest.mark.parametrize("scale", ["cpu", "slot"])
+def test_every_nar_model_trains_one_epoch_of_e2e(scale, tmp_path):
+    """Issue 43: one full epoch of E2E's 42,061 training pairs (tests/data checks the count),
+    the same steps for the models from scratch as for the pretrained starts."""
+    for state in run_states(CLAIMS["rum-sundae"], scale, tmp_path, None):
+        s = state.settings
+        assert s.steps == s.scratch_steps
+        assert (s.steps - 1) * s.batch_size < E2E_TRAIN_PAIRS <= s.steps * s.batch_size
 
 
 def test_a_budget_reads_the_claims_other_runs(shared_data, tmp_path, capsys):

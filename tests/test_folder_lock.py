@@ -215,6 +215,7 @@ def test_the_campaign_skips_a_run_another_process_holds_and_runs_the_rest(
     args += ["--data-dir", str(shared_data), "--claims", "recurrence"]
     assert main([*args, "--plan"]) == 0
     plan = capsys.readouterr().out
+    assert "| minutes left (est.) | starts by minute | in budget | in use by |" in plan
     assert f"| 0 done, 8 left | 0.4 | 0 | - | process {other_process.pid} on" in plan
     assert main(args) == 0
     out = capsys.readouterr().out

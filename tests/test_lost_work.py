@@ -191,6 +191,8 @@ def test_the_plan_counts_a_model_gone_as_left_at_its_own_time(tmp_path):
     assert row()["units"] == f"1 done, {n - 1} left"  # its checkpoint is gone: not under way
     (folder / "recurrent" / "checkpoint").mkdir(parents=True)
     assert row()["units"] == f"1 done, {n - 1} left (1 under way)"
+    shutil.rmtree(folder / "baseline")  # the finished training's model goes too
+    assert row()["units"] == f"0 done, {n} left (1 under way; 1 again, its model gone)"
 
 
 @pytest.mark.parametrize("name", ["recurrence-lm", "nar-tasks"])

@@ -191,6 +191,28 @@ def test_a_fewshot_run_cut_inside_a_unit_resumes_at_its_batch_and_equals_an_uncu
     assert [len(v["correct"]) for v in cut_run.values()] == [4, 2, 4, 4]
 
 
+def test_the_plan_estimates_a_unit_in_parts_by_the_share_left(tmp_path, monkeypatch):
+    """A few-shot unit cut after 2 of its 4 batches: the plan counts it under way and needs half
+    the claim's guess for it, or, with the seconds its 2 batches took, 2 batches at that pace."""
+    from gencraft.campaign import CLAIMS, plan_rows, run_states
+
+    monkeypatch.setitem(CLAIMS["hso-fewshot"].unit_minutes, "tiny", 10.0)  # 600 s a unit
+    s = CampaignSettings(claims=("hso-fewshot",))
+    (state,) = run_states(CLAIMS["hso-fewshot"], "tiny", tmp_path, None)
+    key, n = state.expected[0], len(state.expected)
+    state.folder.mkdir(parents=True)
+    saved = {"units": {}, "unit_parts": {key: {"total": 4, "items": [[1], [2]]}}}
+    (state.folder / "results.json").write_text(json.dumps(saved))
+    (row,) = plan_rows(s, "tiny", tmp_path)
+    assert row["units"] == f"0 done, {n} left (1 under way)"
+    assert row["minutes left (est.)"] == round((600 * (n - 1) + 300) / 60, 1)
+    saved["unit_partial_seconds"] = {key: 40.0}
+    (state.folder / "results.json").write_text(json.dumps(saved))
+    assert plan_rows(s, "tiny", tmp_path)[0]["minutes left (est.)"] == round(
+        (600 * (n - 1) + 40) / 60, 1
+    )
+
+
 def test_the_campaign_says_inside_which_unit_and_how_far_it_stopped(tmp_path, monkeypatch):
     import gencraft.campaign as campaign
 
