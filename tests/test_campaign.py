@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -256,19 +255,95 @@ def test_the_other_runs_estimate_each_unit_by_its_longest_and_skip_what_they_lac
     assert _other_runs(claim, "cpu", tmp_path, "seed0") == {}  # FAME has no cpu runs
 
 
+@pytest.mark.parametrize("minutes", [5.0, None])
+def test_every_run_shares_the_invocations_deadline_with_its_claims_guess(
+    tmp_path, monkeypatch, minutes
+):
+    """One deadline for the whole invocation (its --minutes from its start, none without), each
+    run's clock guessing an unmeasured unit at its claim's minutes and reading the claim's
+    other runs; every run of every claim asked for runs, in order, and reports its units and
+    minutes of work."""
+    import time
+
+    import gencraft.campaign as campaign
+    import gencraft.experiments as ex
+
+    calls = []
+
+    def records(name, **kw):
+        clock = ex._CLOCK.get()
+        clock.started.append(f"{name}: a unit")
+        calls.append((name, kw["output"], clock, time.monotonic()))
+
+    monkeypatch.setattr(campaign, "reproduce", records)
+    ticks = iter([0.0, 90.0, 100.0, 130.0, 200.0, 201.3])  # each run's start and end
+    monkeypatch.setattr(campaign, "running_clock", lambda: next(ticks))
+    (tmp_path / "recurrence" / "seed0").mkdir(parents=True)
+    (tmp_path / "recurrence" / "seed0" / "results.json").write_text(
+        json.dumps({"unit_seconds": {"train baseline": 42.0}})
+    )
+    t0 = time.monotonic()
+    s = CampaignSettings(claims=("recurrence", "hso-fewshot"), minutes=minutes)
+    rows = campaign.run_claims(s, "tiny", tmp_path)
+    assert [(r["run"], r["ended"], r["units this call"], r["minutes this call"]) for r in rows] == [
+        ("seed0", "done", 1, 1.5), ("seed1", "done", 1, 0.5), ("run", "done", 1, 0.02)
+    ]  # fmt: skip
+    assert [c[:2] for c in calls] == [
+        ("recurrence-lm", tmp_path / "recurrence" / "seed0"),
+        ("recurrence-lm", tmp_path / "recurrence" / "seed1"),
+        ("hso-fewshot", tmp_path / "hso-fewshot" / "run"),
+    ]
+    deadlines = {c[2].deadline for c in calls}
+    if minutes is None:
+        assert deadlines == {math.inf}
+    else:
+        (deadline,) = deadlines
+        assert t0 + 60 * minutes <= deadline <= calls[0][3] + 60 * minutes
+    guesses = [c[2].default_seconds for c in calls]
+    assert guesses == [60 * CLAIMS[n].unit_minutes["tiny"] for n in ("recurrence",) * 2] + [
+        60 * CLAIMS["hso-fewshot"].unit_minutes["tiny"]
+    ]
+    assert [c[2].known for c in calls] == [{}, {"train baseline": 42.0}, {}]
+
+
+def test_the_verdict_table_says_for_every_claim_what_ran_and_why_there_is_no_verdict(tmp_path):
+    """At cpu scale with one recurrence training finished: every claim gets a row, in order,
+    with its runs, units and minutes, and the reason it has no verdict yet."""
+    from gencraft.campaign import verdict_rows
+
+    seed0 = tmp_path / "recurrence" / "seed0"
+    (seed0 / "baseline" / "best").mkdir(parents=True)
+    saved = {"units": {"train baseline": {"steps": 3}}, "unit_seconds": {"train baseline": 94.0}}
+    (seed0 / "results.json").write_text(json.dumps(saved))
+    n = sum(len(st.expected) for st in run_states(CLAIMS["recurrence"], "cpu", tmp_path, None))
+
+    def row(claim, runs, verdict, units=0, minutes=0.0):
+        return {"claim": claim, "runs done": runs, "units": units, "minutes": minutes,
+                "verdict": verdict}  # fmt: skip
+
+    assert verdict_rows(CampaignSettings(), "cpu", tmp_path) == [
+        row("hso-fewshot", "0 of 1", "no unit finished yet"),
+        row("recurrence", "0 of 2", f"interim (1 of {n} units): no comparison finished yet",
+            1, 1.6),
+        row("fame", "0 of 0", "not run at this scale"),
+        row("rum-sundae", "0 of 1", "no unit finished yet"),
+        row("dasp", "0 of 0", "not run at this scale"),
+    ]  # fmt: skip
+
+
 @pytest.mark.parametrize("scale", ["tiny", "cpu", "slot"])
 def test_every_run_reads_the_data_asked_for_and_writes_inside_its_own_folder(scale, tmp_path):
-    """Two runs (seeds, claims) never share a work or runs folder, nor one in the working
+    """Two runs (seeds, claims) never share a work or runs folder, nor use one in the working
     directory: each location setting a run's experiment has points inside the run's folder."""
     seen = set()
     for name in CLAIM_ORDER:
         for state in run_states(CLAIMS[name], scale, tmp_path, "/data/here"):
             fields = state.settings.__dataclass_fields__
-            for where in ("runs_dir", "work_dir"):
+            # the names the saved campaigns' folders already use
+            for where, inside in (("runs_dir", state.folder / "runs"), ("work_dir", state.folder)):
                 if where in fields:
                     seen.add(where)
-                    got = getattr(state.settings, where)
-                    assert got is not None and Path(got).is_relative_to(state.folder)
+                    assert getattr(state.settings, where) == str(inside)
             if "data_dir" in fields:
                 assert state.settings.data_dir == "/data/here"
     assert seen == (set() if scale == "cpu" else {"runs_dir", "work_dir"})  # DASP's, FAME's

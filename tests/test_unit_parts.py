@@ -208,9 +208,14 @@ def test_the_plan_estimates_a_unit_in_parts_by_the_share_left(tmp_path, monkeypa
     assert row["minutes left (est.)"] == round((600 * (n - 1) + 300) / 60, 1)
     saved["unit_partial_seconds"] = {key: 40.0}
     (state.folder / "results.json").write_text(json.dumps(saved))
-    assert plan_rows(s, "tiny", tmp_path)[0]["minutes left (est.)"] == round(
-        (600 * (n - 1) + 40) / 60, 1
-    )
+    need = (600 * (n - 1) + 40) / 60
+    both = CampaignSettings(claims=("hso-fewshot", "recurrence"), minutes=need - 0.01)
+    rows = plan_rows(both, "tiny", tmp_path)
+    assert rows[0]["minutes left (est.)"] == round(need, 1) and rows[0]["starts by minute"] == 0
+    assert [r["starts by minute"] for r in rows[1:]] == [round(need, 1), round(need + 0.4, 1)]
+    assert [r["in budget"] for r in rows] == ["yes", "no", "no"]  # seed 0: 8 units of 3 s
+    none = CampaignSettings(claims=("hso-fewshot",), minutes=0.0)
+    assert plan_rows(none, "tiny", tmp_path)[0]["in budget"] == "no"  # nothing starts in 0
 
 
 def test_the_campaign_says_inside_which_unit_and_how_far_it_stopped(tmp_path, monkeypatch):
@@ -220,12 +225,16 @@ def test_the_campaign_says_inside_which_unit_and_how_far_it_stopped(tmp_path, mo
         raise OutOfTime("n=8 seed=1 hso2", 90.0, 30.0, 48, 200)
 
     monkeypatch.setattr(campaign, "reproduce", stops)
-    s = CampaignSettings(claims=("hso-fewshot", "dasp"), minutes=5)
+    s = CampaignSettings(claims=("hso-fewshot", "recurrence", "dasp"), minutes=5)
     rows = campaign.run_claims(s, "tiny", tmp_path)
     assert rows[0]["ended"] == (
         "stopped inside 'n=8 seed=1 hso2' (48 of 200 items done) (needs ~1.5 min)"
     )
-    assert rows[1] == {"claim": "dasp", "run": "run", "ended": "not started"}
+    assert rows[1:] == [
+        {"claim": "recurrence", "run": "seed0", "ended": "not started"},
+        {"claim": "recurrence", "run": "seed1", "ended": "not started"},
+        {"claim": "dasp", "run": "run", "ended": "not started"},
+    ]
 
 
 def test_a_nar_test_unit_cut_in_its_second_batch_resumes_there_and_equals_an_uncut_one(
