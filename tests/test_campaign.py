@@ -264,16 +264,23 @@ def test_every_run_shares_the_invocations_deadline_with_its_claims_guess(
     other runs; every run of every claim asked for runs, in order, and reports its units and
     minutes of work."""
     import time
+    from typing import NamedTuple
 
     import gencraft.campaign as campaign
     import gencraft.experiments as ex
+
+    class Call(NamedTuple):
+        name: str
+        output: object
+        clock: Clock
+        at: float  # time.monotonic() when the run started
 
     calls = []
 
     def records(name, **kw):
         clock = ex._CLOCK.get()
         clock.started.append(f"{name}: a unit")
-        calls.append((name, kw["output"], clock, time.monotonic()))
+        calls.append(Call(name, kw["output"], clock, time.monotonic()))
 
     monkeypatch.setattr(campaign, "reproduce", records)
     ticks = iter([0.0, 90.0, 100.0, 130.0, 200.0, 201.3])  # each run's start and end
@@ -288,22 +295,21 @@ def test_every_run_shares_the_invocations_deadline_with_its_claims_guess(
     assert [(r["run"], r["ended"], r["units this call"], r["minutes this call"]) for r in rows] == [
         ("seed0", "done", 1, 1.5), ("seed1", "done", 1, 0.5), ("run", "done", 1, 0.02)
     ]  # fmt: skip
-    assert [c[:2] for c in calls] == [
+    assert [(c.name, c.output) for c in calls] == [
         ("recurrence-lm", tmp_path / "recurrence" / "seed0"),
         ("recurrence-lm", tmp_path / "recurrence" / "seed1"),
         ("hso-fewshot", tmp_path / "hso-fewshot" / "run"),
     ]
-    deadlines = {c[2].deadline for c in calls}
+    deadlines = {c.clock.deadline for c in calls}
     if minutes is None:
         assert deadlines == {math.inf}
     else:
         (deadline,) = deadlines
-        assert t0 + 60 * minutes <= deadline <= calls[0][3] + 60 * minutes
-    guesses = [c[2].default_seconds for c in calls]
-    assert guesses == [60 * CLAIMS[n].unit_minutes["tiny"] for n in ("recurrence",) * 2] + [
-        60 * CLAIMS["hso-fewshot"].unit_minutes["tiny"]
-    ]
-    assert [c[2].known for c in calls] == [{}, {"train baseline": 42.0}, {}]
+        assert t0 + 60 * minutes <= deadline <= calls[0].at + 60 * minutes
+    claims = ("recurrence", "recurrence", "hso-fewshot")
+    guesses = [60 * CLAIMS[n].unit_minutes["tiny"] for n in claims]
+    assert [c.clock.default_seconds for c in calls] == guesses
+    assert [c.clock.known for c in calls] == [{}, {"train baseline": 42.0}, {}]
 
 
 def test_the_verdict_table_says_for_every_claim_what_ran_and_why_there_is_no_verdict(tmp_path):
