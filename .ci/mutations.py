@@ -6942,6 +6942,34 @@ M = [
         '"yes" if total <= 60 * s.minutes',
         "tests/test_unit_parts.py -k share_left",
     ),
+    (
+        "nar-run-order: a training that runs again keeps its place",
+        "gencraft/nar/experiments.py",
+        'return sorted(variants, key=lambda v: f"train {v}" in earlier)',
+        "return list(variants)",
+        "tests/nar/test_nar_run_order.py",
+    ),
+    (
+        "nar-run-order: the trainings that run again go first",
+        "gencraft/nar/experiments.py",
+        'return sorted(variants, key=lambda v: f"train {v}" in earlier)',
+        'return sorted(variants, key=lambda v: f"train {v}" not in earlier)',
+        "tests/nar/test_nar_run_order.py -k trainings_that_run_again",
+    ),
+    (
+        "nar-run-order: the test table follows the run order",
+        "gencraft/nar/experiments.py",
+        "    rows = [done[n][0] for n in s.variants]",
+        "    rows = [done[n][0] for n in done]",
+        "tests/nar/test_nar_run_order.py -k resumed",
+    ),
+    (
+        "nar-run-order: the curve table follows the run order",
+        "gencraft/nar/experiments.py",
+        "    curve = [r for n in _curve_models(s) for r in curves[n]]",
+        "    curve = [r for n in curves for r in curves[n]]",
+        "tests/nar/test_nar_run_order.py -k resumed",
+    ),
 ]
 
 

@@ -92,16 +92,17 @@ def _curve_models(s: NARTasksSettings) -> list[str]:
 
 
 def _tasks_units(s: NARTasksSettings) -> list[str]:
-    """The unit keys of a run: each model's training, temperature (SUNDAE) and test; then the
-    curve's points."""
+    """The unit keys of a run in the order a new run computes them: each model's training,
+    temperature (SUNDAE) and test, then for a curve model its curve's points."""
     keys = []
     for v in s.variants:
         keys.append(f"train {v}")
         keys += [f"tune {v}"] if VARIANTS[v][2] == "sundae" else []
         keys.append(f"test {v}")
-    points = [f"curve {v} {n}" for v in _curve_models(s) for n in s.curve_steps]
-    taus = [f"curve {v} tau={t}" for v in _curve_models(s) for t in s.curve_thresholds]
-    return keys + points + taus
+        if v in _curve_models(s):
+            keys += [f"curve {v} {n}" for n in s.curve_steps]
+            keys += [f"curve {v} tau={t}" for t in s.curve_thresholds]
+    return keys
 
 
 #: (claimed better, other) pairs the verdict compares, when both ran
@@ -186,18 +187,27 @@ def tasks_verdict(runs: list[tuple[NARTasksSettings, dict]]) -> list[dict]:
     verdict=tasks_verdict,
 )
 def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
-    rows: list[dict[str, Any]] = []
-    conventions: list[dict[str, Any]] = []
+    done: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    curves: dict[str, list[dict]] = {}
     temperatures: dict[str, float] = {}  # each SUNDAE model decodes at its own tuned temperature
-    for name in s.variants:
-        row, lower = _variant(s, run, name, temperatures)
-        rows.append(row)
-        conventions.append(lower)
+    for name in run_order(s.variants, run.earlier):
+        done[name] = _variant(s, run, name, temperatures)
+        if name in _curve_models(s):  # while its model is on disk (a new checkout loses it)
+            curves[name] = _curve(s, run, name, temperatures.get(name, 1.0))
+    rows = [done[n][0] for n in s.variants]
+    conventions = [done[n][1] for n in s.variants]
     _relative_cost(rows)
     _report_tasks(s, run, rows, conventions)
-    curve = _curve(s, run, temperatures)
+    curve = [r for n in _curve_models(s) for r in curves[n]]
     if curve:
         _report_curve(s, run, curve)
+
+
+def run_order(variants: tuple[str, ...], earlier: dict[str, Any]) -> list[str]:
+    """The order the variants run in: as given, except that one whose finished training runs
+    again (its model gone, ``ExperimentRun.earlier``) comes after those that are new, so that
+    a resumed run spends its time on new models first."""
+    return sorted(variants, key=lambda v: f"train {v}" in earlier)
 
 
 def _train_config(s: NARTasksSettings, scratch: bool) -> NARTrainConfig:
@@ -344,31 +354,30 @@ def threshold_target(curve: list[dict]) -> list[dict]:
     return rows
 
 
-def _curve(s: NARTasksSettings, run: ExperimentRun, temperatures: dict) -> list[dict]:
-    """The quality-vs-calls points of the curve's models: each of ``curve_steps`` fixed steps,
-    and each of ``curve_thresholds`` (one unit each)."""
+def _curve(s: NARTasksSettings, run: ExperimentRun, name: str, temperature: float) -> list[dict]:
+    """The quality-vs-calls points of curve model ``name`` (decoding at ``temperature``): each
+    of ``curve_steps`` fixed steps, and each of ``curve_thresholds`` (one unit each)."""
+    method = VARIANTS[name][2]
+    settings = [(n, None) for n in s.curve_steps]
+    settings += [(s.threshold_steps, t) for t in s.curve_thresholds]
     curve = []
-    for name in _curve_models(s):
-        method = VARIANTS[name][2]
-        settings = [(n, None) for n in s.curve_steps]
-        settings += [(s.threshold_steps, t) for t in s.curve_thresholds]
-        for steps, tau in settings:
+    for steps, tau in settings:
 
-            def point(name=name, method=method, steps=steps, tau=tau):
-                model, tok, _ = load_run(Path(run.directory) / name / "best")
-                sp = sampling_for(
-                    method, steps=steps, samples=s.samples, temperature=temperatures.get(name, 1.0),
-                    length_candidates=s.length_candidates, threshold=tau,
-                )  # fmt: skip
-                r = evaluate(
-                    model, tok, task=s.task, split="test", limit=s.curve_inputs, sampling=sp,
-                    method=method, data_dir=s.data_dir, batch_size=s.decode_batch,
-                )  # fmt: skip
-                return {k: r[k] for k in ("BLEU", "ROUGE-L", "calls/output", "seconds/output")}
+        def point(steps=steps, tau=tau):
+            model, tok, _ = load_run(Path(run.directory) / name / "best")
+            sp = sampling_for(
+                method, steps=steps, samples=s.samples, temperature=temperature,
+                length_candidates=s.length_candidates, threshold=tau,
+            )  # fmt: skip
+            r = evaluate(
+                model, tok, task=s.task, split="test", limit=s.curve_inputs, sampling=sp,
+                method=method, data_dir=s.data_dir, batch_size=s.decode_batch,
+            )  # fmt: skip
+            return {k: r[k] for k in ("BLEU", "ROUGE-L", "calls/output", "seconds/output")}
 
-            key = f"curve {name} {steps}" if tau is None else f"curve {name} tau={tau}"
-            row = {"model": name, "max steps": steps, "threshold": "-" if tau is None else tau}
-            curve.append({**row, **run.unit(key, point)})
+        key = f"curve {name} {steps}" if tau is None else f"curve {name} tau={tau}"
+        row = {"model": name, "max steps": steps, "threshold": "-" if tau is None else tau}
+        curve.append({**row, **run.unit(key, point)})
     return curve
 
 
