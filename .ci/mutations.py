@@ -6970,6 +6970,34 @@ M = [
         "    curve = [r for n in curves for r in curves[n]]",
         "tests/nar/test_nar_run_order.py -k resumed",
     ),
+    (
+        "nar-peers: the peers are judged as claims",
+        "gencraft/nar/experiments.py",
+        "            if (a, b) in COMPARED:\n",
+        "            if True:\n",
+        "tests/test_campaign.py -k peers_after_the_claims",
+    ),
+    (
+        "nar-peers: the peers are not compared",
+        "gencraft/nar/experiments.py",
+        "        for a, b in [*COMPARED, *PEERS]:",
+        "        for a, b in COMPARED:",
+        "tests/test_campaign.py -k peers_after_the_claims",
+    ),
+    (
+        "nar-peers: the lower model is named",
+        "gencraft/nar/experiments.py",
+        'return f"{a if mean > 0 else b} higher (peer, no claim)"',
+        'return f"{a if mean < 0 else b} higher (peer, no claim)"',
+        "tests/test_campaign.py -k 'peer_verdict or peers_after'",
+    ),
+    (
+        "nar-peers: a peer is decided at any p",
+        "gencraft/nar/experiments.py",
+        "    if p < alpha and mean != 0:\n        return f\"{a if",
+        "    if mean != 0:\n        return f\"{a if",
+        "tests/test_campaign.py -k peer_verdict",
+    ),
 ]
 
 

@@ -545,6 +545,50 @@ def test_the_nar_verdict_is_the_paired_bootstrap_of_test_bleu(shared_data):
     assert math.isclose(swapped["low"], -v["high"], abs_tol=1e-9)
 
 
+@settings(max_examples=60, deadline=None)
+@given(mean=st.floats(-5, 5), p=st.floats(0.0, 1.0), alpha=st.sampled_from([0.01, 0.05]))
+def test_a_peer_verdict_names_the_higher_model_where_a_claim_would_be_decided(mean, p, alpha):
+    from gencraft.metrics.stats import VERDICTS, verdict_of
+    from gencraft.nar.experiments import peer_verdict
+
+    want = {
+        VERDICTS[0]: "a higher (peer, no claim)",
+        VERDICTS[1]: "b higher (peer, no claim)",
+        VERDICTS[2]: "not distinguishable at this size (peer, no claim)",
+    }[verdict_of(mean, p, alpha=alpha)]
+    assert peer_verdict("a", "b", mean, p, alpha) == want
+
+
+def test_the_nar_verdict_compares_rum_sundae_with_its_peers_after_the_claims(shared_data):
+    from gencraft.data.tasks import pick_examples, references_of, task_examples
+    from gencraft.metrics.tasks import bleu_paired
+    from gencraft.nar.experiments import NARTasksSettings, tasks_verdict
+
+    s = NARTasksSettings(test_limit=20, data_dir=str(shared_data))
+    examples = pick_examples(task_examples("e2e", "test", s.data_dir), 20, spread=True)
+    refs = [references_of(e) for e in examples]
+    good = [r[0].lower() for r in refs]
+    bad = [" ".join(x.split()[:4]) for x in good]
+    outs = {"rum-sundae": bad, "sundae-scratch": bad, "mask-predict": good,
+            "autoregressive": bad}  # fmt: skip
+    units = {f"test {m}": {"predictions": o} for m, o in outs.items()}
+    rows = tasks_verdict([(s, units)])
+    assert [r["comparison"] for r in rows] == [
+        "rum-sundae − sundae-scratch, BLEU",
+        "rum-sundae − mask-predict, BLEU",
+        "rum-sundae − autoregressive, BLEU",
+    ]  # the copied model did not run: its claim has no row
+    want = bleu_paired("e2e", bad, good, refs, lowercase=True)
+    assert (rows[1]["mean"], rows[1]["low"], rows[1]["p"]) == pytest.approx(
+        (want["mean"], want["low"], want["p"])
+    )
+    assert rows[1]["verdict"] == "mask-predict higher (peer, no claim)" and rows[1]["p"] < 0.01
+    assert rows[2]["verdict"] == "not distinguishable at this size (peer, no claim)"
+    assert rows[0]["verdict"] == "not reproduced at this size" and rows[2]["mean"] == 0
+    units["test autoregressive"]["predictions"] = [" ".join(x.split()[:2]) for x in good]
+    assert tasks_verdict([(s, units)])[2]["verdict"] == "rum-sundae higher (peer, no claim)"
+
+
 def test_every_claim_names_a_registered_experiment_with_units_and_a_verdict():
     for name in CLAIM_ORDER:
         claim = CLAIMS[name]

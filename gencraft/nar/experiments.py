@@ -107,12 +107,22 @@ def _tasks_units(s: NARTasksSettings) -> list[str]:
 
 #: (claimed better, other) pairs the verdict compares, when both ran
 COMPARED = (("rum-sundae", "sundae-scratch"), ("rum-sundae-copy", "rum-sundae"))
+#: peers the thesis claims nothing against, compared at equal training steps for the record
+PEERS = (("rum-sundae", "mask-predict"), ("rum-sundae", "autoregressive"))
+
+
+def peer_verdict(a: str, b: str, mean: float, p: float, alpha: float = 0.05) -> str:
+    """A peer comparison's verdict: which of ``a`` and ``b`` scores higher (p < ``alpha``),
+    or neither; never "reproduced" or "contradicted", since no claim is tested."""
+    if p < alpha and mean != 0:
+        return f"{a if mean > 0 else b} higher (peer, no claim)"
+    return "not distinguishable at this size (peer, no claim)"
 
 
 def tasks_verdict(runs: list[tuple[NARTasksSettings, dict]]) -> list[dict]:
     """Paired bootstrap of test BLEU (lower-cased convention) over the test inputs, for each
-    pair of :data:`COMPARED` that a run finished. Runs whose settings differ only in ``seed``
-    (the training seed) are pooled: one row over their inputs and seeds
+    pair of :data:`COMPARED`, then of :data:`PEERS`, that a run finished. Runs whose settings
+    differ only in ``seed`` (the training seed) are pooled: one row over their inputs and seeds
     (:func:`~gencraft.metrics.tasks.bleu_paired_runs`); runs set otherwise get rows apart."""
     from gencraft.data.tasks import pick_examples, references_of, task_examples
     from gencraft.metrics.stats import verdict_of
@@ -125,20 +135,24 @@ def tasks_verdict(runs: list[tuple[NARTasksSettings, dict]]) -> list[dict]:
             task_examples(s.task, "test", s.data_dir), s.test_limit, spread=True
         )
         refs = [references_of(e) for e in examples]
-        for a, b in COMPARED:
+        for a, b in [*COMPARED, *PEERS]:
             done = [u for _, u in group if f"test {a}" in u and f"test {b}" in u]
             if not done:
                 continue
             outs = [[u[f"test {m}"]["predictions"] for u in done] for m in (a, b)]
             r = bleu_paired_runs(s.task, *outs, refs, lowercase=True)
             seeds = f" × {r['runs']} training seeds" if r["runs"] > 1 else ""
+            if (a, b) in COMPARED:
+                verdict = verdict_of(r["mean"], r["p"])
+            else:
+                verdict = peer_verdict(a, b, r["mean"], r["p"])
             rows.append(
                 {
                     "comparison": f"{a} − {b}, BLEU",
                     "pairs": f"test inputs{seeds} (paired bootstrap)",
                     "unit": "BLEU",
                     **r,
-                    "verdict": verdict_of(r["mean"], r["p"]),
+                    "verdict": verdict,
                     "needed": None,
                 }
             )
