@@ -508,16 +508,24 @@ def test_the_fame_and_dasp_verdicts_pair_seeds():
     assert v["verdict"] == "not reproduced at this size" and v["needed"] is None
 
 
-def test_the_nar_verdict_is_the_paired_bootstrap_of_test_bleu(shared_data):
+def _nar_outputs(shared_data):
+    """nar-tasks settings scoring 20 E2E test inputs, their references, and two sets of outputs:
+    the first reference of each (good) and its first four words (bad)."""
     from gencraft.data.tasks import pick_examples, references_of, task_examples
-    from gencraft.metrics.tasks import bleu_paired, score_task
-    from gencraft.nar.experiments import NARTasksSettings, tasks_verdict
+    from gencraft.nar.experiments import NARTasksSettings
 
     s = NARTasksSettings(test_limit=20, data_dir=str(shared_data))
     examples = pick_examples(task_examples("e2e", "test", s.data_dir), 20, spread=True)
     refs = [references_of(e) for e in examples]
     good = [r[0].lower() for r in refs]
-    bad = [" ".join(x.split()[:4]) for x in good]
+    return s, refs, good, [" ".join(x.split()[:4]) for x in good]
+
+
+def test_the_nar_verdict_is_the_paired_bootstrap_of_test_bleu(shared_data):
+    from gencraft.metrics.tasks import bleu_paired, score_task
+    from gencraft.nar.experiments import tasks_verdict
+
+    s, refs, good, bad = _nar_outputs(shared_data)
     units = {"test rum-sundae": {"predictions": good}, "test sundae-scratch": {"predictions": bad}}
     (v,) = tasks_verdict([(s, units)])
     low = [
@@ -560,15 +568,10 @@ def test_a_peer_verdict_names_the_higher_model_where_a_claim_would_be_decided(me
 
 
 def test_the_nar_verdict_compares_rum_sundae_with_its_peers_after_the_claims(shared_data):
-    from gencraft.data.tasks import pick_examples, references_of, task_examples
     from gencraft.metrics.tasks import bleu_paired
-    from gencraft.nar.experiments import NARTasksSettings, tasks_verdict
+    from gencraft.nar.experiments import tasks_verdict
 
-    s = NARTasksSettings(test_limit=20, data_dir=str(shared_data))
-    examples = pick_examples(task_examples("e2e", "test", s.data_dir), 20, spread=True)
-    refs = [references_of(e) for e in examples]
-    good = [r[0].lower() for r in refs]
-    bad = [" ".join(x.split()[:4]) for x in good]
+    s, refs, good, bad = _nar_outputs(shared_data)
     outs = {"rum-sundae": bad, "sundae-scratch": bad, "mask-predict": good,
             "autoregressive": bad}  # fmt: skip
     units = {f"test {m}": {"predictions": o} for m, o in outs.items()}
