@@ -6998,6 +6998,34 @@ M = [
         "    if mean != 0:\n        return f\"{a if",
         "tests/test_campaign.py -k peer_verdict",
     ),
+    (
+        "lost-work: a saved training to run again is not read back",
+        "gencraft/experiments.py",
+        '            self.earlier = saved.get("units_earlier", {})',
+        "            self.earlier = {}",
+        "tests/test_lost_work.py -k stays_so",
+    ),
+    (
+        "lost-work: a training to run again is not saved",
+        "gencraft/experiments.py",
+        '                **({"units_earlier": self.earlier} if self.earlier else {}),',
+        "",
+        "tests/test_lost_work.py -k stays_so",
+    ),
+    (
+        "lost-work: a training run again stays in earlier",
+        "gencraft/experiments.py",
+        "            before = self.earlier.pop(key, None)",
+        "            before = self.earlier.get(key)",
+        "tests/test_lost_work.py -k stays_so",
+    ),
+    (
+        "lost-work: the plan forgets a saved training to run again",
+        "gencraft/campaign.py",
+        "    state.lost = dict(earlier)",
+        "    state.lost = {}",
+        "tests/test_lost_work.py -k saved_training_to_run_again_as_again",
+    ),
 ]
 
 

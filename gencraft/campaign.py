@@ -207,20 +207,22 @@ def run_states(claim: Claim, scale: str, root: Path, data_dir: str | None) -> li
             state.units, state.seconds = data.get("units", {}), data.get("unit_seconds", {})
             state.parts, state.progress = data.get("unit_parts", {}), data.get("unit_progress", {})
             state.spent = data.get("unit_partial_seconds", {})
-            _forget_lost(state, exp)
+            _forget_lost(state, exp, data.get("units_earlier", {}))
         state.expected = exp.units(settings)
         out.append(state)
     return out
 
 
-def _forget_lost(state: RunState, exp: Any) -> None:
+def _forget_lost(state: RunState, exp: Any, earlier: dict[str, Any]) -> None:
     """What the run will find gone when it starts (:meth:`ExperimentRun._forget_lost`): a unit
-    whose model is gone counts as left (estimated by its own seconds), a training whose
-    checkpoint is gone as not started."""
+    whose model is gone counts as left (estimated by its own seconds), as does one an earlier
+    invocation found so (``earlier``, saved) and has not finished again; a training whose
+    checkpoint is gone counts as not started."""
+    state.lost = dict(earlier)  # finished again, a unit leaves it (ExperimentRun.unit)
     if exp.kept is None:
         return
     redo, restart = lost_work(exp.kept(state.settings), state.folder, state.units, state.progress)
-    state.lost = {k: state.units.pop(k) for k in redo}
+    state.lost |= {k: state.units.pop(k) for k in redo}
     for k in restart:  # its seconds so far stay in spent, unread without its progress
         del state.progress[k]
 

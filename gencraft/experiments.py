@@ -379,6 +379,9 @@ class ExperimentRun:
         # the steps saved of resumable units (a training's checkpoint), until whole
         self.progress: dict[str, list[int]] = {}
         self._mark = 0.0  # when the running unit's time was last added to ``partial``
+        # finished units being computed again (:func:`lost_work`): their earlier results, kept
+        # (and saved) until the new one is in, to compare and to order the work left
+        self.earlier: dict[str, Any] = {}
         if self.results_path.is_file():
             saved = json.loads(self.results_path.read_text())
             old = saved.get("settings", {})
@@ -398,12 +401,12 @@ class ExperimentRun:
             self.partial = saved.get("unit_partial_seconds", {})
             self.parts = saved.get("unit_parts", {})
             self.progress = saved.get("unit_progress", {})
+            self.earlier = saved.get("units_earlier", {})
         from gencraft.experiment_shards import load_unit_files
 
         load_unit_files(self, set(VOLATILE) | set(experiment.volatile))  # a sharded run's
         self.shard: Any = None  # set during a sharded run's passes
         self.blocks: list[str] = []
-        self.earlier: dict[str, Any] = {}  # results of units computed again (lost_work)
         self._forget_lost()
         self.resumed = bool(self.units)
 
@@ -473,11 +476,11 @@ class ExperimentRun:
             self.seconds[key] = self.partial.pop(key)
             self.parts.pop(key, None)
             self.progress.pop(key, None)
+            again = key in self.earlier
+            before = self.earlier.pop(key, None)
             self._save()
-            if key in self.earlier:
-                print(
-                    f"{self.experiment.name}: {key!r} again: {_changes(self.earlier[key], value)}"
-                )
+            if again:
+                print(f"{self.experiment.name}: {key!r} again: {_changes(before, value)}")
         return self.units[key]
 
     def _compute(self, key: str, compute: Callable[[], Any], clock: Clock | None, resumes: bool):
@@ -600,6 +603,7 @@ class ExperimentRun:
                 **({"unit_partial_seconds": self.partial} if self.partial else {}),
                 **({"unit_parts": self.parts} if self.parts else {}),
                 **({"unit_progress": self.progress} if self.progress else {}),
+                **({"units_earlier": self.earlier} if self.earlier else {}),
             },
         )
 

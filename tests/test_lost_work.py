@@ -116,6 +116,43 @@ def test_a_finished_training_whose_model_is_gone_runs_again_and_says_how_it_diff
     assert "'train m' again: the same result as before" in capsys.readouterr().out
 
 
+def test_a_training_to_run_again_stays_so_in_results_json_until_it_has_run(tmp_path, capsys):
+    """An invocation stopped before the training ran again: the next one still knows it as a
+    training run again (its earlier result saved beside the units), and says so once."""
+    value = [1]
+    run = _toy(tmp_path)
+    run.unit("train m", _train(tmp_path, value))
+    shutil.rmtree(tmp_path / "m")
+    run = _toy(tmp_path)
+    run.unit("other", lambda: 3)  # any save, then the invocation stops
+    assert _saved(tmp_path)["units_earlier"] == {"train m": {"loss": 1, "wall_seconds": 10.0}}
+    capsys.readouterr()
+    run = _toy(tmp_path)
+    assert run.earlier == {"train m": {"loss": 1, "wall_seconds": 10.0}}
+    assert "train m" not in run.units and capsys.readouterr().out == ""
+    value[0] = 2
+    run.unit("train m", _train(tmp_path, value))
+    assert "'train m' again: loss 2 (before: 1)" in capsys.readouterr().out
+    assert "units_earlier" not in _saved(tmp_path) and run.earlier == {}
+    assert _toy(tmp_path).earlier == {}
+
+
+def test_the_plan_counts_a_saved_training_to_run_again_as_again(tmp_path):
+    claim = CLAIMS["recurrence"]
+    name = claim.runs["tiny"][0][0]
+    folder = tmp_path / "recurrence" / name
+    folder.mkdir(parents=True)
+    data = {"units": {"eval baseline valid": 1.0}, "unit_seconds": {"train baseline": 60.0},
+            "units_earlier": {"train baseline": {"steps": 3}}}  # fmt: skip
+    (folder / "results.json").write_text(json.dumps(data))
+    state = run_states(claim, "tiny", tmp_path, None)[0]
+    assert state.lost == {"train baseline": {"steps": 3}} and list(state.units) == [
+        "eval baseline valid"
+    ]
+    row = next(r for r in plan_rows(CampaignSettings(claims=("recurrence",)), "tiny", tmp_path))
+    assert row["units"] == f"1 done, {len(state.expected) - 1} left (1 again, its model gone)"
+
+
 def test_a_training_whose_checkpoint_is_gone_starts_over(tmp_path, capsys):
     run = _toy(tmp_path)
     run.progress["train m"], run.partial["train m"] = [4, 10], 40.0
