@@ -4656,8 +4656,8 @@ M = [
     (
         "lost-work: the plan counts a lost unit as done",
         "gencraft/campaign.py",
-        "    state.lost = {k: state.units.pop(k) for k in redo}",
-        "    state.lost = {k: state.units.get(k) for k in redo}",
+        "    state.lost |= {k: state.units.pop(k) for k in redo}",
+        "    state.lost |= {k: state.units.get(k) for k in redo}",
         "tests/test_lost_work.py",
     ),
     (
