@@ -6959,8 +6959,8 @@ M = [
     (
         "nar-run-order: the test table follows the run order",
         "gencraft/nar/experiments.py",
-        "    rows = [done[n][0] for n in s.variants]",
-        "    rows = [done[n][0] for n in done]",
+        "    rows = [done[n].test for n in s.variants]",
+        "    rows = [done[n].test for n in done]",
         "tests/nar/test_nar_run_order.py -k resumed",
     ),
     (

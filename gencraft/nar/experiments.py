@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gencraft.experiments import (
     ExperimentRun,
@@ -201,15 +201,15 @@ def tasks_verdict(runs: list[tuple[NARTasksSettings, dict]]) -> list[dict]:
     verdict=tasks_verdict,
 )
 def nar_tasks(s: NARTasksSettings, run: ExperimentRun) -> None:
-    done: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    done: dict[str, VariantRows] = {}
     curves: dict[str, list[dict]] = {}
     temperatures: dict[str, float] = {}  # each SUNDAE model decodes at its own tuned temperature
     for name in run_order(s.variants, run.earlier):
         done[name] = _variant(s, run, name, temperatures)
         if name in _curve_models(s):  # while its model is on disk (a new checkout loses it)
             curves[name] = _curve(s, run, name, temperatures.get(name, 1.0))
-    rows = [done[n][0] for n in s.variants]
-    conventions = [done[n][1] for n in s.variants]
+    rows = [done[n].test for n in s.variants]
+    conventions = [done[n].lower for n in s.variants]
     _relative_cost(rows)
     _report_tasks(s, run, rows, conventions)
     curve = [r for n in _curve_models(s) for r in curves[n]]
@@ -243,9 +243,16 @@ def _train_config(s: NARTasksSettings, scratch: bool) -> NARTrainConfig:
     )
 
 
+class VariantRows(NamedTuple):
+    """A variant's row of the test table and its row under the lower-cased convention."""
+
+    test: dict[str, Any]
+    lower: dict[str, Any]
+
+
 def _variant(
     s: NARTasksSettings, run: ExperimentRun, name: str, temperatures: dict[str, float]
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> VariantRows:
     """Units ``train NAME``, ``tune NAME`` (SUNDAE) and ``test NAME``: the variant's row of the
     test table and its row under the lower-cased convention. Records a SUNDAE model's tuned
     temperature in ``temperatures``."""
@@ -277,7 +284,7 @@ def _variant(
         "decoding": method + (f" (T={temperatures[name]})" if method == "sundae" else ""),
         **{k: v for k, v in r.items() if k not in ("predictions", "lower-cased")},
     }
-    return row, {"model": name, **r["lower-cased"]}
+    return VariantRows(row, {"model": name, **r["lower-cased"]})
 
 
 def _report_tasks(
