@@ -1247,8 +1247,8 @@ M = [
     (
         "generate --output is written only at the end",
         "gencraft/prefix/evaluate.py",
-        "batch_outputs, len(sources), batch_size, partial_dir=partial_dir, on_batch=bar.update",
-        "batch_outputs, len(sources), batch_size, partial_dir=None, on_batch=bar.update",
+        'shard = {"partial_dir": partial_dir, "fingerprint"',
+        'shard = {"partial_dir": None, "fingerprint"',
         "tests/cli/test_your_data_and_machines.py -k interrupted_generate",
     ),
     (
@@ -6224,8 +6224,8 @@ M = [
     (
         "generate_outputs' bar never moves",
         "gencraft/prefix/evaluate.py",
-        "on_batch=bar.update",
-        "on_batch=None",
+        '"on_batch": bar.update}',
+        '"on_batch": None}',
         "tests/prefix/test_prefix_outputs.py -k bar",
     ),
     (

@@ -62,3 +62,14 @@ def positive(obj: Any, *names: str, allow_none: bool = False) -> None:
         if v is None and allow_none:
             continue
         check(v is not None and v >= 1, f"{name} must be >= 1, got {v}")
+
+
+def check_cad_alpha(alpha: float | None, name: str = "--cad-alpha") -> None:
+    """CAD's weight A: None (off) or a finite number >= 0 (one rule for every entry that
+    takes it; ``inf`` would turn every score into nan)."""
+    import math
+
+    check(
+        alpha is None or (math.isfinite(alpha) and alpha >= 0),
+        f"{name} takes a finite weight A >= 0, got {alpha}",
+    )

@@ -17,13 +17,15 @@ input order:
   wrong table;
 * each process appends finished batches to its own partial file (``partial_dir``), so an
   interrupted run resumes without redoing them, whatever the process count of the next run;
+  the folder records a fingerprint of what made them (inputs, model, settings, seed, gencraft
+  version), and a rerun that differs in any of them is refused, naming what differs;
 * only the main process (:func:`is_main`) scores and writes.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,16 +131,85 @@ def gather_in_order(pairs: Sequence[tuple[int, Any]], total: int) -> list[Any]:
     return [seen[i] for i in range(total)]
 
 
-def _load_partials(partial_dir: Path | None, total: int, batch_size: int) -> dict[int, Any]:
-    """Finished ``(index, value)`` results of earlier runs (any process count) of the same
-    inputs and batch size; lines of another input count or batch size are ignored."""
+#: the partial folder's record of the run that made it (:func:`check_partials`)
+FINGERPRINT_FILE = "fingerprint.json"
+
+
+def fingerprint_of(parts: Mapping[str, Any]) -> dict[str, str]:
+    """Each named part of what makes a run's outputs (its inputs' content, the model and its
+    weights, every setting, the seed), hashed to 16 hex digits, plus gencraft's version: the
+    record a partial folder keeps (:func:`map_sharded`). Parts are JSON-able values."""
+    import hashlib
+
+    from gencraft import __version__
+
+    def digest(value: Any) -> str:
+        text = json.dumps(value, sort_keys=True, default=str, ensure_ascii=False)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    return {**{k: digest(v) for k, v in parts.items()}, "gencraft version": digest(__version__)}
+
+
+def check_partials(folder: Path, fingerprint: dict[str, str]) -> None:
+    """Refuse in one line a partial folder another run made, naming the parts that differ
+    and how to start afresh; a folder with no partial results yet is taken as new."""
+    written = folder / FINGERPRINT_FILE
+    lines = list(folder.glob("partial-*.jsonl")) if folder.is_dir() else []
+    if not written.is_file():
+        if lines:
+            raise GencraftError(
+                f"{folder} holds partial results with no record of the run that made them (an "
+                "older gencraft); remove that folder (the CLI: --restart) to start afresh"
+            )
+        return
+    recorded = json.loads(written.read_text())
+    differ = sorted(k for k in {*recorded, *fingerprint} if recorded.get(k) != fingerprint.get(k))
+    if differ:
+        raise GencraftError(
+            f"{folder} holds partial results of another run ({', '.join(differ)} differ); "
+            "rerun as before to resume it, or remove that folder (the CLI: --restart) to "
+            "start afresh"
+        )
+
+
+def _record_fingerprint(folder: Path, fingerprint: dict[str, str]) -> None:
+    """Write the folder's fingerprint once, atomically (several processes may race)."""
+    import os
+
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / FINGERPRINT_FILE
+    if target.is_file():
+        return
+    temp = folder / f".{FINGERPRINT_FILE}.{os.getpid()}"
+    temp.write_text(json.dumps(fingerprint, sort_keys=True))
+    temp.replace(target)
+
+
+def _load_partials(folder: Path | None, key: str) -> dict[int, Any]:
+    """Finished ``(index, value)`` results of earlier runs (any process count) whose lines
+    carry ``key``, the run's fingerprint digest."""
     done: dict[int, Any] = {}
-    for path in sorted(partial_dir.glob("partial-*.jsonl")) if partial_dir else []:
+    for path in sorted(folder.glob("partial-*.jsonl")) if folder else []:
         for line in path.read_text().splitlines():
             entry = json.loads(line)
-            if entry["total"] == total and entry["batch_size"] == batch_size:
-                done.update({int(i): v for i, v in entry["results"]})
+            if entry.get("fingerprint") != key:  # cannot pass check_partials; never reused
+                raise GencraftError(f"{path} holds a line of another run; remove {folder}")
+            done.update({int(i): v for i, v in entry["results"]})
     return done
+
+
+def _label_bar(on_batch: Callable[[int], None] | None, share: Share) -> None:
+    """Under several processes, the progress bar whose ``update`` is ``on_batch`` counts this
+    process's share and says so ("process 2 of 2: 3 of 7 inputs"): each process draws its
+    own bar, and one that stopped at its share would read as unfinished."""
+    bar = getattr(on_batch, "__self__", None)
+    if share.processes < 2 or bar is None or not hasattr(bar, "set_description"):
+        return
+    mine = sum(len(b) for b in share.batches())
+    bar.total = mine
+    label = f"process {share.process + 1} of {share.processes}: {mine} of {share.total} inputs"
+    desc = str(getattr(bar, "desc", "") or "").rstrip(": ")
+    bar.set_description(f"{desc} ({label})" if desc else label)
 
 
 def map_sharded(
@@ -147,16 +218,29 @@ def map_sharded(
     batch_size: int,
     *,
     partial_dir: str | Path | None = None,
+    fingerprint: Mapping[str, Any] | None = None,
     on_batch: Callable[[int], None] | None = None,
 ) -> list[Any]:
     """``fn`` on every batch of this process's share (``fn(indices) -> one JSON-able value per
     index``), gathered in input order: ``total`` values on every process. With
     ``partial_dir``, finished batches are appended to ``partial-<process>-of-<N>.jsonl`` and
-    skipped on a rerun. ``on_batch(n)``: called with each batch's size (a progress bar)."""
+    skipped on a rerun of the same run: ``fingerprint`` names what makes the outputs (the
+    inputs, the model, the settings, the seed; :func:`fingerprint_of`), and a folder another
+    run made is refused before any batch runs. ``on_batch(n)``: called with each batch's size
+    (a progress bar's ``update``; under several processes the bar is relabelled with this
+    process's share)."""
     process, processes = process_info()
     share = share_of(total, process, processes, batch_size)
     folder = Path(partial_dir) if partial_dir is not None else None
-    done = _load_partials(folder, total, batch_size)
+    record, key = {}, ""
+    if folder is not None:
+        if fingerprint is None:
+            raise GencraftError("partial results need a fingerprint of the run that makes them")
+        record = fingerprint_of({**fingerprint, "input count": total, "batch size": batch_size})
+        key = fingerprint_of({"all": record})["all"]
+        check_partials(folder, record)
+    done = _load_partials(folder, key)
+    _label_bar(on_batch, share)
     pairs: list[tuple[int, Any]] = []
     for batch in share.batches():
         if all(i in done for i in batch):
@@ -166,12 +250,8 @@ def map_sharded(
             if len(values) != len(batch):
                 raise GencraftError(f"a batch of {len(batch)} inputs gave {len(values)} results")
             if folder is not None:
-                folder.mkdir(parents=True, exist_ok=True)
-                line = {
-                    "total": total,
-                    "batch_size": batch_size,
-                    "results": list(zip(batch, values, strict=True)),
-                }
+                _record_fingerprint(folder, record)
+                line = {"fingerprint": key, "results": list(zip(batch, values, strict=True))}
                 with (folder / f"partial-{process}-of-{processes}.jsonl").open("a") as f:
                     f.write(json.dumps(line) + "\n")
         pairs += zip(batch, values, strict=True)

@@ -5,6 +5,7 @@ generate`` on 2 processes writes what 1 process writes."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -45,6 +46,9 @@ def test_gathering_refuses_a_missing_or_repeated_index():
         gather_in_order([(0, "a"), (1, "b"), (5, "c")], 2)
 
 
+RUN = {"model": {"name": "m", "weights": "w1"}, "inputs": ["a", "b"], "settings": {}, "seed": 0}
+
+
 def test_a_rerun_resumes_from_the_partial_files(tmp_path):
     calls, stop = [], [True]
 
@@ -55,18 +59,89 @@ def test_a_rerun_resumes_from_the_partial_files(tmp_path):
         return [i * i for i in batch]
 
     with pytest.raises(KeyboardInterrupt):
-        map_sharded(fn, 11, 3, partial_dir=tmp_path)
+        map_sharded(fn, 11, 3, partial_dir=tmp_path, fingerprint=RUN)
     calls.clear()
     stop[0] = False
-    assert map_sharded(fn, 11, 3, partial_dir=tmp_path) == [i * i for i in range(11)]
+    assert map_sharded(fn, 11, 3, partial_dir=tmp_path, fingerprint=RUN) == [
+        i * i for i in range(11)
+    ]
     assert calls == [[6, 7, 8], [9, 10]]  # the two finished batches were not redone
-    # a partial file of another run (another process count) counts too; another size not
-    line = {"total": 11, "batch_size": 3, "results": [[9, 81], [10, 100]]}
+    # a partial file of the same run on another process count counts too
+    key = json.loads((tmp_path / "partial-0-of-1.jsonl").read_text().splitlines()[0])
+    line = {"fingerprint": key["fingerprint"], "results": [[9, 81], [10, 100]]}
     (tmp_path / "partial-1-of-2.jsonl").write_text(json.dumps(line) + "\n")
     calls.clear()
-    assert map_sharded(fn, 11, 3, partial_dir=tmp_path)[9:] == [81, 100] and calls == []
-    assert map_sharded(fn, 11, 4, partial_dir=tmp_path) == [i * i for i in range(11)]
-    assert len(calls) == 3  # batch size 4: nothing reusable
+    got = map_sharded(fn, 11, 3, partial_dir=tmp_path, fingerprint=RUN)
+    assert got[9:] == [81, 100] and calls == []
+
+
+CHANGES = {
+    "model": {**RUN, "model": {"name": "other", "weights": "w1"}},
+    "weights": {**RUN, "model": {"name": "m", "weights": "w2"}},
+    "inputs": {**RUN, "inputs": ["a", "c"]},
+    "settings": {**RUN, "settings": {"max_new_tokens": 5}},
+    "seed": {**RUN, "seed": 1},
+}
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    changed=st.lists(st.sampled_from(sorted(CHANGES)), min_size=1, max_size=3, unique=True),
+    batch=st.integers(1, 4),
+    more_batch=st.booleans(),
+)
+def test_a_rerun_of_another_run_is_refused_naming_what_differs(
+    tmp_path_factory, changed, batch, more_batch
+):
+    """Partial results of one run, then a rerun differing in drawn parts (model name, weights,
+    inputs, settings, seed, batch size): refused before any batch runs, naming exactly the
+    parts that differ; the same run resumes without a call."""
+    folder = tmp_path_factory.mktemp("p")
+    map_sharded(lambda b: [str(i) for i in b], 5, batch, partial_dir=folder, fingerprint=RUN)
+    other = dict(RUN)
+    for name in changed:
+        key = "model" if name == "weights" else name
+        other[key] = CHANGES[name][key]
+    calls = []
+    size = batch + 1 if more_batch else batch
+    with pytest.raises(GencraftError) as err:
+        map_sharded(lambda b: calls.append(b) or b, 5, size, partial_dir=folder, fingerprint=other)
+    parts = sorted(
+        {"model" if n == "weights" else n for n in changed}
+        | ({"batch size"} if more_batch else set())
+    )
+    assert f"({', '.join(parts)} differ)" in str(err.value) and calls == []
+    assert "--restart" in str(err.value) and "\n" not in str(err.value)
+    got = map_sharded(lambda b: calls.append(b) or b, 5, batch, partial_dir=folder, fingerprint=RUN)
+    assert got == [str(i) for i in range(5)] and calls == []
+
+
+def test_partial_results_without_a_record_or_a_fingerprint_are_refused(tmp_path):
+    line = {"total": 2, "batch_size": 1, "results": [[0, "x"]]}  # an older gencraft's line
+    (tmp_path / "partial-0-of-1.jsonl").write_text(json.dumps(line) + "\n")
+    with pytest.raises(GencraftError, match="no record of the run that made them"):
+        map_sharded(lambda b: b, 2, 1, partial_dir=tmp_path, fingerprint=RUN)
+    with pytest.raises(GencraftError, match="need a fingerprint"):
+        map_sharded(lambda b: b, 2, 1, partial_dir=tmp_path / "new")
+    assert map_sharded(lambda b: b, 2, 1, partial_dir=tmp_path / "new", fingerprint=RUN) == [0, 1]
+
+
+def test_each_process_bar_counts_its_share_and_says_so(monkeypatch):
+    """Under 2 processes, process 2's bar counts its 3 of 7 inputs and is labelled with them;
+    one process leaves the bar as it was."""
+    import gencraft.distributed as dist
+    from gencraft.progress import tqdm
+
+    monkeypatch.setattr(dist, "gather_in_order", lambda pairs, total: [v for _, v in pairs])
+    monkeypatch.setattr(dist, "process_info", lambda: (1, 2))
+    bar = tqdm(total=7, desc="generate", file=io.StringIO())
+    assert map_sharded(lambda b: b, 7, 2, on_batch=bar.update) == [4, 5, 6]
+    assert bar.total == 3 and bar.n == 3
+    assert bar.desc.startswith("generate (process 2 of 2: 3 of 7 inputs)")
+    monkeypatch.setattr(dist, "process_info", lambda: (0, 1))
+    alone = tqdm(total=7, desc="generate", file=io.StringIO())
+    map_sharded(lambda b: b, 7, 2, on_batch=alone.update)
+    assert alone.total == 7 and alone.desc == "generate"
 
 
 def _free_port() -> int:
@@ -182,3 +257,48 @@ def test_nar_generate_on_two_processes_prints_what_one_prints(method, capsys):
         return [{k: v for k, v in r.items() if k != "seconds"} for r in json.loads(text)]
 
     assert drop(two.stdout) == drop(one) and len(drop(one)) == 5
+
+
+@pytest.mark.multiprocess
+def test_generate_resumes_on_two_processes_from_one_process_partial_results(tmp_path, capsys):
+    """One process stops after its first batch; the same command on 2 gloo processes reuses
+    that batch (its kept value, marked here, comes back) and decodes the rest: in order, once.
+    Another model on 2 processes is refused in one line by each."""
+    import gencraft.models.generate as generate_module
+    from gencraft.cli.main import main
+
+    out = tmp_path / "gen.jsonl"
+    args = ["generate", "--model", "tiny-llama", "--batch-size", "2", "--max-new-tokens", "3"]
+    for i in range(5):
+        args += ["--prompt", f"prompt number {i}"]
+    args += ["--output", str(out)]
+    real, calls = generate_module.generate_text, []
+
+    def stopping(*a, **k):
+        calls.append(1)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    generate_module.generate_text = stopping
+    try:
+        assert main(args) == 130
+    finally:
+        generate_module.generate_text = real
+    kept = out.parent / "gen.jsonl.partial" / "partial-0-of-1.jsonl"
+    line = json.loads(kept.read_text())
+    line["results"] = [[i, "KEPT"] for i, _ in line["results"]]
+    kept.write_text(json.dumps(line) + "\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    launch += ["--master_port", str(_free_port()), "-m", "gencraft"]
+    other = [a if a != "tiny-llama" else "tiny-gpt2" for a in args]
+    refused = subprocess.run([*launch, *other], env=env, capture_output=True, text=True)
+    assert refused.returncode != 0 and "(model differ)" in refused.stderr
+    two = subprocess.run([*launch, *args], env=env, capture_output=True, text=True)
+    assert two.returncode == 0, two.stderr[-1500:]
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == list(range(5))
+    assert [r["output"] for r in rows[:2]] == ["KEPT", "KEPT"]
+    assert "KEPT" not in {r["output"] for r in rows[2:]}
+    assert not (out.parent / "gen.jsonl.partial").exists()

@@ -25,14 +25,14 @@ def read_texts(path: str | Path, role: str, field: str | None = None) -> list:
     if path.suffix != ".jsonl":
         return read_lines(path)
     rows = read_jsonl(path)
-    keys = (field,) if field else FIELDS[role]
+    keys = (field,) if field else FIELDS[role]  # --field: the predictions' only
     out = []
     for i, row in enumerate(rows, 1):
         key = next((k for k in keys if k in row), None)
         if key is None:
+            how = "choose it with --field" if role == "predictions" else "rename it to one of them"
             raise DataError(
-                f"{path}: record {i} has none of the fields {', '.join(keys)} "
-                "(choose one with --field)"
+                f"{path}: record {i} has none of the {role} fields {', '.join(keys)} ({how})"
             )
         value = row[key]
         ok = isinstance(value, str) or (

@@ -6,7 +6,7 @@ import argparse
 import json
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +88,7 @@ def _summaries(
     document's index), so the outputs do not depend on the process count. ``partial``: a
     folder keeping each process's finished batches, so an interrupted run resumes."""
     from gencraft.cli.flags import dataclass_from_args
-    from gencraft.cli.options import use_run_task
+    from gencraft.cli.options import output_fingerprint, use_run_task
     from gencraft.distributed import announce, map_sharded
     from gencraft.focus.config import FocusDecodeConfig
     from gencraft.focus.evaluate import summarize
@@ -114,9 +114,19 @@ def _summaries(
         )  # fmt: skip
         return groups if decode.mbr_utility is None else _mbr_first(groups, decode.mbr_utility)
 
+    made_by = None
+    if partial is not None:  # what makes the summaries: only the same run resumes them
+        settings = {**asdict(decode), "num_beams": args.num_beams, "max_new": args.max_new_tokens}
+        texts = [d.document for d in docs]
+        made_by = output_fingerprint(model, args.checkpoint, texts, settings, args.seed)
     bar = tqdm(total=len(docs), desc=f"summarize ({decode.decoding})", disable=args.quiet)
     groups = map_sharded(
-        batch, len(docs), args.batch_size, partial_dir=partial, on_batch=bar.update
+        batch,
+        len(docs),
+        args.batch_size,
+        partial_dir=partial,
+        fingerprint=made_by,
+        on_batch=bar.update,
     )
     bar.close()
     return docs, groups
@@ -145,21 +155,16 @@ def _cad_batch(model: Any, tok: Any, texts: list[str], decode: Any, args: argpar
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
-    from gencraft.cli.options import JsonLines
+    from gencraft.cli.options import JsonLines, partial_folder
     from gencraft.distributed import is_main
 
     def record(d: Any, g: list[str]) -> dict:
         # "prediction": the first summary, so the file feeds `gencraft eval --field prediction`
-        refs = {"references": d.references} if hasattr(d, "references") else {}
-        return {
-            "id": d.id,
-            "prediction": g[0],
-            "summaries": g,
-            **(refs or {"reference": d.summary}),
-        }
+        refs = list(d.references) if hasattr(d, "references") else [d.summary]
+        return {"id": d.id, "prediction": g[0], "summaries": g, "references": refs}
 
-    # an interrupted run keeps its finished batches beside --output and resumes from them
-    partial = Path(args.output + ".partial") if args.output else None
+    # an interrupted run keeps its finished batches beside --output; the same run resumes them
+    partial = partial_folder(args.output)
     docs, groups = _summaries(args, partial)
     if not is_main():  # only the main process writes
         return
@@ -253,9 +258,15 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         add_dataclass_arguments(g, DataOptions, only=data)
         add_dataclass_arguments(g, FocusDecodeConfig)
         add_dataclass_arguments(g, DecodeOptions)
-        run = ("seed", "device", "dtype", "output", "quiet", "json")
-        add_dataclass_arguments(g, RunOptions, only=run)
+        run = ("seed", "device", "dtype", "output", "restart", "quiet", "json")
+        what = {
+            "generate": "a .jsonl file of the summaries; an interrupted run keeps its finished "
+            "batches beside it (F.partial/) and the same command resumes them",
+            "eval": "a .json file of the scores",
+        }
+        add_dataclass_arguments(g, RunOptions, only=run, helps={"output": what[name]})
         if name == "eval":
             add_dataclass_arguments(g, FocusEvalCommand)
         add_data_dir(g)
-        g.set_defaults(func=func, output_kind="file")
+        suffix = (".jsonl",) if name == "generate" else (".json",)
+        g.set_defaults(func=func, output_kind="file", output_suffixes=suffix)

@@ -9,7 +9,7 @@ import os
 import shutil
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,9 @@ class GenerateCommand:
         repeat=True,
     )
     context_template: str = option(
-        "{context}\n\n{prompt}", "how a context and its prompt make the model's input"
+        "{context}\n\n{prompt}",
+        "how a context and its prompt make the model's input: {context} and {prompt} are "
+        "replaced, a typed \\n is a newline (default: '{context}\\n\\n{prompt}')",
     )
 
 
@@ -173,7 +175,17 @@ def export_dataset(name: str, split: str, output: str, data_dir: str | None) -> 
     return len(examples)
 
 
+#: what ``data export`` writes: a task's JSON lines, CSV or TSV, or a corpus's text
+EXPORT_SUFFIXES = (".jsonl", ".csv", ".tsv", ".txt")
+
+
 def cmd_data_export(args: argparse.Namespace) -> None:
+    from gencraft import data
+
+    corpus = args.name in data.LM_CORPORA
+    if (Path(args.output).suffix.lower() == ".txt") != corpus:
+        want = ".txt (a text corpus)" if corpus else ".jsonl, .csv or .tsv (a task)"
+        raise GencraftError(f"--output {args.output}: {args.name} is written as {want}")
     n = export_dataset(args.name, args.split, args.output, args.data_dir)
     print(f"{args.name} {args.split}: {n} lines -> {args.output}")
 
@@ -206,8 +218,6 @@ def _with_contexts(
         raise GencraftError(
             f"give one --context per prompt ({len(prompts)}) or one for all, not {len(contexts)}"
         )
-    if contexts and not all(k in args.context_template for k in ("{context}", "{prompt}")):
-        raise GencraftError("--context-template must hold {context} and {prompt}")
     contexts = contexts * len(prompts) if len(contexts) == 1 else contexts
     inputs = (
         [
@@ -235,14 +245,9 @@ def _cad_kwargs(alpha: float) -> dict[str, Any]:
     return {"custom_generate": context_aware, "cad_alpha": alpha}
 
 
-def cmd_generate(args: argparse.Namespace) -> None:
-    from gencraft.cli.flags import dataclass_from_args
-    from gencraft.models import load_model
-    from gencraft.models.generate import generate_text
-    from gencraft.models.settings import GenerationSettings
-    from gencraft.progress import tqdm
-
-    settings = dataclass_from_args(GenerationSettings, args)
+def _prompts(args: argparse.Namespace) -> list[str]:
+    """The prompts of ``--prompt`` and ``--prompt-file``, refused in one line when none is
+    given or one is empty."""
     prompts = list(args.prompt or [])
     if args.prompt_file:
         from gencraft.data import read_lines
@@ -258,12 +263,67 @@ def cmd_generate(args: argparse.Namespace) -> None:
     empty = [str(i + 1) for i, p in enumerate(prompts) if not p.strip()]
     if empty:
         raise GencraftError(f"--prompt number {', '.join(empty)} is empty; give text to continue")
-    model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
-    chat = {"auto": None, "on": True, "off": False}[settings.chat]
-    from gencraft.cli.options import JsonLines
-    from gencraft.distributed import announce, is_main, map_sharded
+    return prompts
 
-    inputs, negatives = _with_contexts(args, prompts, settings, model)
+
+def _refuse_run_folder(model: str) -> None:
+    """A method's run folder given as ``--model`` names the command that generates with it:
+    a plug-in (FAME, a prefix...) is no plain transformers checkpoint, and a run folder holds
+    its model in ``best/``."""
+    from gencraft.models.method import LEGACY_CONFIGS, METHOD_CONFIG
+    from gencraft.training.run import RUN_COMMANDS, run_method
+
+    folder = Path(model).expanduser()
+    d = folder / "best" if (folder / "best").is_dir() else folder
+    found = run_method(d) if folder.is_dir() else None
+    if found is None:
+        return
+    plug_in = any((d / f).is_file() for f in (METHOD_CONFIG, *LEGACY_CONFIGS))
+    plain = not plug_in and (d / "config.json").is_file()
+    if plain and d == folder:
+        return  # a fine-tuned control's model folder: a transformers checkpoint
+    verb = RUN_COMMANDS.get(found, ("--help",))[0]
+    also = f", or give its model folder, --model {d}" if plain else ""
+    raise GencraftError(
+        f"--model {model} is a gencraft {found} run, not a plain model; generate with it by "
+        f"`gencraft {found} {verb} {model}`{also}"
+    )
+
+
+def _template(args: argparse.Namespace) -> str:
+    """``--context-template`` with ``\\n``/``\\t`` typed on a command line made real, refused
+    when it lacks ``{context}`` or ``{prompt}`` or names another ``{field}``."""
+    import re
+
+    template = args.context_template.replace("\\n", "\n").replace("\\t", "\t")
+    if args.context:
+        unknown = sorted(set(re.findall(r"\{(\w*)\}", template)) - {"context", "prompt"})
+        if unknown:
+            raise GencraftError(
+                f"--context-template names {', '.join('{' + u + '}' for u in unknown)}; "
+                "it takes only {context} and {prompt}"
+            )
+        if not all(k in template for k in ("{context}", "{prompt}")):
+            raise GencraftError("--context-template must hold {context} and {prompt}")
+    return template
+
+
+def _generate_all(
+    args: argparse.Namespace,
+    settings: Any,
+    model: Any,
+    tok: Any,
+    inputs: list,
+    negatives: list | None,
+) -> list[str]:
+    """Every input's text, a ``generate`` call per batch, sharded over the processes; with
+    ``--output``, finished batches are kept beside it and only the same run resumes them."""
+    from gencraft.cli.options import output_fingerprint, partial_folder
+    from gencraft.distributed import announce, map_sharded
+    from gencraft.models.generate import generate_text
+    from gencraft.progress import tqdm
+
+    chat = {"auto": None, "on": True, "off": False}[settings.chat]
     extra = {} if settings.cad_alpha is None else _cad_kwargs(settings.cad_alpha)
 
     def batch_texts(indices: list[int]) -> list[str]:  # one generate call per batch
@@ -274,13 +334,39 @@ def cmd_generate(args: argparse.Namespace) -> None:
             **settings.generate_kwargs(), **extra,
         )  # fmt: skip
 
-    size = args.batch_size
-    announce("generate", len(prompts), size)
-    bar = tqdm(total=len(prompts), desc="generate", disable=len(prompts) < 2)
-    # an interrupted run keeps its finished batches beside --output and resumes from them
-    partial = Path(args.output + ".partial") if args.output else None
-    texts = map_sharded(batch_texts, len(prompts), size, partial_dir=partial, on_batch=bar.update)
+    announce("generate", len(inputs), args.batch_size)
+    partial, made_by = partial_folder(args.output), None
+    if partial is not None:
+        decoding = {k: v for k, v in asdict(settings).items() if k != "seed"}
+        given = {"inputs": inputs, "context-free inputs": negatives}
+        made_by = output_fingerprint(model, args.model, given, decoding, settings.seed)
+    bar = tqdm(total=len(inputs), desc="generate", disable=len(inputs) < 2)
+    texts = map_sharded(
+        batch_texts,
+        len(inputs),
+        args.batch_size,
+        partial_dir=partial,
+        fingerprint=made_by,
+        on_batch=bar.update,
+    )
     bar.close()
+    return texts
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from gencraft.cli.flags import dataclass_from_args
+    from gencraft.cli.options import JsonLines, partial_folder
+    from gencraft.distributed import is_main
+    from gencraft.models import load_model
+    from gencraft.models.settings import GenerationSettings
+
+    settings = dataclass_from_args(GenerationSettings, args)
+    prompts = _prompts(args)
+    args.context_template = _template(args)  # refused before the model loads
+    _refuse_run_folder(args.model)
+    model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
+    inputs, negatives = _with_contexts(args, prompts, settings, model)
+    texts = _generate_all(args, settings, model, tok, inputs, negatives)
     if not is_main():  # only the main process writes
         return
     with JsonLines(args.output) as out:
@@ -289,8 +375,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
             out.write(
                 {"id": i, "prompt": prompt, **({"context": given} if given else {}), "output": text}
             )
-    if partial is not None:
-        shutil.rmtree(partial, ignore_errors=True)
+    if args.output:
+        shutil.rmtree(partial_folder(args.output), ignore_errors=True)
         print(f"{len(out.lines)} outputs -> {args.output}")
     for line in [] if args.output else out.lines:
         row = json.loads(line)
@@ -323,6 +409,25 @@ def cmd_demo(args: argparse.Namespace) -> None:
     )
 
 
+def _add_data_parser(sub: Any) -> None:
+    """``gencraft data stats|export``."""
+    from gencraft.cli.flags import add_dataclass_arguments
+    from gencraft.cli.options import RunOptions
+
+    p = sub.add_parser("data", help="dataset utilities")
+    dsub = p.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+    s = dsub.add_parser("stats", help="statistics of a dataset (Table-1 style for LM corpora)")
+    add_dataclass_arguments(s, DataStatsCommand)
+    add_dataclass_arguments(s, RunOptions, only=("json",))
+    _add_data_dir(s)
+    s.set_defaults(func=cmd_data_stats)
+    x = dsub.add_parser("export", help="write a named dataset in the own-data formats")
+    add_dataclass_arguments(x, DataExportCommand)
+    add_dataclass_arguments(x, RunOptions, only=("restart",))
+    _add_data_dir(x)
+    x.set_defaults(func=cmd_data_export, output_kind="file", output_suffixes=EXPORT_SUFFIXES)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from gencraft.cli.flags import add_dataclass_arguments
     from gencraft.cli.options import DecodeOptions, RunOptions
@@ -335,17 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_arguments(p, RunOptions, only=("json",))
     p.set_defaults(func=cmd_models)
 
-    p = sub.add_parser("data", help="dataset utilities")
-    dsub = p.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
-    s = dsub.add_parser("stats", help="statistics of a dataset (Table-1 style for LM corpora)")
-    add_dataclass_arguments(s, DataStatsCommand)
-    add_dataclass_arguments(s, RunOptions, only=("json",))
-    _add_data_dir(s)
-    s.set_defaults(func=cmd_data_stats)
-    x = dsub.add_parser("export", help="write a named dataset in the own-data formats")
-    add_dataclass_arguments(x, DataExportCommand)
-    _add_data_dir(x)
-    x.set_defaults(func=cmd_data_export, output_kind="file")
+    _add_data_parser(sub)
 
     p = sub.add_parser("generate", help="generate text with a model")
     add_dataclass_arguments(p, GenerateCommand)
@@ -362,10 +457,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_dataclass_arguments(
         p,
         RunOptions,
-        only=("device", "dtype", "json", "output"),
-        helps={"output": "a JSON-lines file of id, prompt and output, written a batch at a time"},
+        only=("device", "dtype", "json", "output", "restart"),
+        helps={
+            "output": "a .jsonl file of id, prompt and output; an interrupted run keeps its "
+            "finished batches beside it (F.partial/) and the same command resumes them"
+        },
     )
-    p.set_defaults(func=cmd_generate, output_kind="file")
+    p.set_defaults(func=cmd_generate, output_kind="file", output_suffixes=(".jsonl",))
 
     p = sub.add_parser("eval", help="score predictions against references")
     add_dataclass_arguments(p, EvalCommand)
@@ -378,7 +476,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the offline walk through every method (SmolLM2-135M)")
     add_dataclass_arguments(p, DemoCommand)
     add_dataclass_arguments(
-        p, RunOptions, only=("output", "device"), defaults={"output": "outputs/demo"}
+        p,
+        RunOptions,
+        only=("output", "device"),
+        defaults={"output": "outputs/demo"},
+        helps={"output": "the folder the demo writes its runs and outputs to"},
     )
     _add_data_dir(p)
     p.set_defaults(func=cmd_demo, output_kind="dir")
@@ -415,6 +517,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gencraft.cli.options import check_output
 
             check_output(args.output, kind)
+            if kind == "file":
+                from gencraft.cli.options import claim_output
+
+                claim_output(args)
         if getattr(args, "takes_extra", False):
             args.func(args, extra)
         else:

@@ -126,6 +126,13 @@ def _sources(args: argparse.Namespace) -> list[str]:
     """The sources to decode: ``--sources`` (none empty), else the inputs of the task's split
     (the run's own task unless ``--task`` says; the first ``--limit``)."""
     if args.sources is not None:
+        task_flags = ("task", "split", "limit", "source_field", "target_field")
+        clash = [f"--{n.replace('_', '-')}" for n in task_flags if n in getattr(args, "given", ())]
+        if clash:
+            raise GencraftError(
+                f"--sources gives the inputs; {', '.join(clash)} picks a task's inputs instead: "
+                "give one or the other"
+            )
         empty = [str(i + 1) for i, s in enumerate(args.sources) if not s.strip()]
         if empty:  # training refuses empty sources too: nothing to condition on
             raise GencraftError(f"--sources number {', '.join(empty)} is empty; give an input")
@@ -174,7 +181,13 @@ def cmd_eval(args: argparse.Namespace) -> None:
         return
     announce("nar eval", r["outputs"], args.batch_size)
     preds = r.pop("predictions")
-    if args.output:
+    if args.output and Path(args.output).suffix.lower() == ".jsonl":
+        from gencraft.cli.options import JsonLines
+
+        with JsonLines(args.output) as out:
+            for i, text in enumerate(preds):
+                out.write({"id": i, "prediction": text})
+    elif args.output:
         Path(args.output).write_text("\n".join(preds) + "\n")
     if args.json:
         print(json.dumps(r, indent=2))
@@ -232,6 +245,7 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         DataOptions,
         only=("task", "source_field", "target_field", "split", "limit", "lowercase"),
     )
-    add_dataclass_arguments(e, RunOptions, only=("output",))
+    out = "the predictions: a .txt file (one a line) or a .jsonl file (id and prediction)"
+    add_dataclass_arguments(e, RunOptions, only=("output", "restart"), helps={"output": out})
     add_data_dir(e)
-    e.set_defaults(func=cmd_eval, output_kind="file")
+    e.set_defaults(func=cmd_eval, output_kind="file", output_suffixes=(".txt", ".jsonl"))

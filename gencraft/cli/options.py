@@ -22,7 +22,11 @@ class RunOptions:
         "where the results go (a training run resumes there)",
         aliases=("--output-dir", "--predictions"),
     )
-    restart: bool = option(False, "start over: clear an earlier run in --output, not resume it")
+    restart: bool = option(
+        False,
+        "start over: clear what an earlier run left in --output (a training run, an output "
+        "file, its partial results) instead of resuming it or refusing",
+    )
     quiet: bool = option(False, "no progress bars")
     seed: int = option(0, "seed of every random draw")
     device: str | None = option(None, "cpu, cuda or cuda:N (default: cuda when there is one)")
@@ -147,6 +151,53 @@ def check_output(path: str | Path, kind: str) -> None:
     except OSError as err:
         why = err.strerror or str(err)
         raise ConfigError(f"--output {path}: cannot write there ({why})") from None
+
+
+def partial_folder(output: str | None) -> Path | None:
+    """Where a file command keeps its finished batches until the file is written: beside
+    ``--output``, as ``F.partial/`` (:func:`gencraft.distributed.map_sharded`)."""
+    return Path(output + ".partial") if output else None
+
+
+def claim_output(args: object) -> None:
+    """The one rule for a command that writes one ``--output`` file, applied before any work:
+    a suffix the command cannot write (``args.output_suffixes``) is refused; an existing file
+    is refused unless ``--restart`` says to replace it (it is overwritten when the new one is
+    written, so a run refused later keeps it); ``--restart`` clears the partial results
+    beside it (on the main process). A partial folder alone is resumed, and only by the run
+    that made it (the fingerprint check)."""
+    from gencraft.errors import ConfigError
+    from gencraft.utils import world_rank
+
+    output = Path(args.output)
+    suffixes = getattr(args, "output_suffixes", None)
+    if suffixes and output.suffix.lower() not in suffixes:
+        raise ConfigError(
+            f"--output {args.output}: this command writes {' or '.join(suffixes)} files, "
+            f"not {output.suffix or 'a name without a suffix'}"
+        )
+    restart = getattr(args, "restart", False)
+    if output.is_file() and not restart:
+        raise ConfigError(
+            f"--output {args.output} exists; add --restart to replace it, or give another file"
+        )
+    if restart and world_rank() == 0:
+        import shutil
+
+        shutil.rmtree(partial_folder(args.output), ignore_errors=True)
+
+
+def output_fingerprint(
+    model: object, name: str, inputs: object, settings: dict, seed: int | None = None
+) -> dict:
+    """What makes a file command's outputs, for its partial results
+    (:func:`gencraft.distributed.map_sharded`): the model's name and weights, the inputs'
+    content, every decoding setting and the seed."""
+    from gencraft.models.introspect import weights_digest
+    from gencraft.models.registry import canonical_name
+
+    model_part = {"name": canonical_name(name), "weights": weights_digest(model)}
+    return {"model": model_part, "inputs": inputs, "settings": settings, "seed": seed}
 
 
 class JsonLines:

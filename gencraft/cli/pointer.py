@@ -36,11 +36,30 @@ class PointerTrainCommand:
     dropout: float | None = option(None, "locked dropout on layer inputs")
     zoneout: float | None = option(None, "zoneout rate of c and h")
     final_eval_batch_size: int = option(1, "streams for the final valid/test perplexity")
+    model: str | None = option(
+        None,
+        "a pretrained causal LM (registered name, path or hub id): train the pointer sentinel "
+        "head on it, the base frozen, in blocks of --bptt tokens (docs/pointer.md) instead of "
+        "an LSTM",
+    )
+    eval_tokens: int | None = option(
+        None, "with --model: the first N tokens of the validation and test splits (default: all)"
+    )
+
+
+#: flags of the LSTM that a head on a pretrained LM (``--model``) has no use for
+LSTM_ONLY = ("preset", "pointer", "hidden_size", "dropout", "zoneout", "k1", "window_refresh")
+LSTM_ONLY += ("optimizer", "weight_decay", "lr_decay", "pointer_loss_weight", "revert_on_worse")
 
 
 @dataclass
 class PointerEvalCommand:
     bptt: int = option(100, "tokens per evaluated chunk (the state carries across them)")
+
+    def __post_init__(self) -> None:
+        from gencraft.config import positive
+
+        positive(self, "bptt")
 
 
 @dataclass
@@ -68,6 +87,10 @@ def cmd_train(args: argparse.Namespace) -> None:
 
     cfg = dataclass_from_args(TrainConfig, args)  # settings are checked before any loading
     args.corpus = dataclass_from_args(PointerTrainCommand, args).corpus  # a path: absolute
+    if args.model is not None:
+        return _train_head(args, cfg)
+    if args.eval_tokens is not None:
+        raise GencraftError("--eval-tokens applies with --model (a head on a pretrained LM)")
     if cfg.k1 != (k1 := preset_k1(args.preset, cfg.k1)):
         cfg.k1 = k1
         say(f"--preset {args.preset}: k1 = {k1} (the paper's schedule; --k1 {cfg.bptt}: k1 = k2)")
@@ -121,13 +144,121 @@ def unk_share(ids: Any, vocab: Any) -> float:
     return 0.0 if unk is None or ids.numel() == 0 else float((ids == unk).float().mean())
 
 
+def _head_fit_config(args: argparse.Namespace, cfg: Any) -> Any:
+    """The training loop's settings for a head, from ``pointer train``'s flags: one epoch
+    unless ``--max-epochs`` says, a constant learning rate."""
+    from gencraft.training import FitConfig
+
+    return FitConfig(
+        epochs=cfg.max_epochs if "max_epochs" in args.given else 1,
+        max_steps=cfg.max_steps,
+        max_time=cfg.max_time,
+        batch_size=cfg.batch_size,
+        eval_batch_size=cfg.eval_batch_size,
+        clip=cfg.clip,
+        decay="constant",
+        eval_every=cfg.eval_every,
+        save_every=cfg.save_every,
+        seed=cfg.seed,
+        mixed_precision=cfg.mixed_precision,
+        patience=cfg.patience,
+    )
+
+
+def _train_head(args: argparse.Namespace, cfg: Any) -> None:
+    """``pointer train --model NAME``: the head's recipe on a pretrained LM (the base frozen,
+    Adam on the pointer's parameters, blocks of ``--bptt`` tokens), then the validation and
+    test token perplexity of the head against its base alone."""
+    from gencraft.cli.options import default_output, say
+    from gencraft.models import load_model
+    from gencraft.pointer import PointerSentinelHead
+    from gencraft.pointer.evaluate import evaluate_head, token_blocks
+    from gencraft.pointer.train import train_head
+    from gencraft.training import load_run
+    from gencraft.utils import seed_everything, world_rank
+
+    given = sorted(f"--{n.replace('_', '-')}" for n in LSTM_ONLY if n in args.given)
+    if given:
+        raise GencraftError(f"{', '.join(given)} set the LSTM; they do not apply with --model")
+    lr = cfg.lr if "lr" in args.given else 1e-3  # the LSTM's SGD default (20) is no Adam rate
+    fit_cfg = _head_fit_config(args, cfg)
+    corpus = _corpus(args.corpus, args.data_dir, ("train", "valid", "test"))
+    out = default_output(args.output, "pointer", args.corpus, args.model, "head")
+    seed_everything(cfg.seed)
+    base, tok = load_model(args.model, device=cfg.device, dtype=cfg.dtype)
+    head = PointerSentinelHead(base, window=args.window or 100, base_name_or_path=args.model)
+    blocks = {
+        "train": token_blocks(tok, corpus.text("train"), cfg.bptt),
+        "valid": token_blocks(tok, corpus.text("valid"), cfg.bptt, args.eval_tokens),
+        "test": token_blocks(tok, corpus.text("test"), cfg.bptt, args.eval_tokens),
+    }
+    say(
+        f"pointer head on {args.model}: {head.num_pointer_parameters():,} new parameters, "
+        f"{blocks['train'].shape[0]} training blocks of {cfg.bptt} tokens -> {out}"
+    )
+    run = {"model": args.model, "corpus": args.corpus, "block": cfg.bptt}
+    fitted = train_head(
+        head,
+        blocks,
+        out,
+        lr=lr,
+        config=fit_cfg,
+        settings=run,
+        progress=not args.quiet,
+        restart=args.restart,
+    )
+    best = load_run(out, method="pointer", command="eval", device=cfg.device).model
+    result: dict[str, Any] = {"steps": fitted.steps, "stopped": fitted.stopped}
+    for split in ("valid", "test"):
+        size = args.final_eval_batch_size
+        quiet = args.quiet
+        result[split] = evaluate_head(
+            best, blocks[split], batch_size=size, desc=split, progress=not quiet
+        )
+    if world_rank() == 0:
+        (out / "results.json").write_text(json.dumps(result, indent=2))
+    say(json.dumps(result, indent=2))
+
+
+def _eval_head(args: argparse.Namespace, loaded: Any) -> None:
+    """``pointer eval`` of a head run: the token perplexity of the head and of its base alone
+    on ``--split`` of the run's corpus (or ``--corpus``), in blocks of ``--bptt`` tokens (the
+    first ``--limit`` tokens)."""
+    from gencraft.distributed import is_main
+    from gencraft.pointer.evaluate import evaluate_head, token_blocks
+
+    recorded = loaded.settings.get("head", {})
+    corpus_name = args.corpus or recorded.get("corpus")
+    if not corpus_name:
+        raise GencraftError("the checkpoint records no corpus; pass --corpus")
+    corpus = _corpus(corpus_name, args.data_dir, (args.split,))
+    blocks = token_blocks(loaded.tokenizer, corpus.text(args.split), args.bptt, args.limit)
+    r = evaluate_head(
+        loaded.model, blocks, batch_size=args.batch_size, desc=args.split, progress=not args.quiet
+    )
+    if not is_main():
+        return
+    row = {"corpus": corpus_name, "split": args.split, **r}
+    if args.json:
+        print(json.dumps(row, ensure_ascii=False))
+    else:
+        from gencraft.cli.evaluate import format_table
+
+        print(format_table([row]))
+
+
 def cmd_eval(args: argparse.Namespace) -> None:
+    from gencraft.cli.flags import dataclass_from_args
     from gencraft.distributed import is_main
     from gencraft.pointer.evaluate import evaluate
     from gencraft.training import load_run
 
+    dataclass_from_args(PointerEvalCommand, args)  # --bptt checked before anything loads
     place = {"device": args.device, "dtype": args.dtype}
-    model = load_run(args.checkpoint, method="pointer", command="eval", **place).model
+    loaded = load_run(args.checkpoint, method="pointer", command="eval", **place)
+    model = loaded.model
+    if not hasattr(model, "config"):  # a head on a pretrained LM: its tokens, against its base
+        return _eval_head(args, loaded)
     corpus_name = args.corpus or model.config.extra.get("corpus")
     if not corpus_name:
         raise GencraftError("the checkpoint records no corpus; pass --corpus")

@@ -34,10 +34,9 @@ class PrefixDecodeCommand:
     )
 
     def __post_init__(self) -> None:
-        if self.cad_alpha is not None and not self.cad_alpha >= 0:
-            from gencraft.errors import GencraftError
+        from gencraft.config import check_cad_alpha
 
-            raise GencraftError(f"--cad-alpha takes A >= 0, got {self.cad_alpha}")
+        check_cad_alpha(self.cad_alpha)
 
 
 @dataclass
@@ -160,11 +159,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
         for s, o in zip(args.source, outs, strict=True) if is_main() else []:
             print(json.dumps({"source": s, "output": o}, ensure_ascii=False))
         return
-    from gencraft.cli.options import JsonLines
+    from gencraft.cli.options import JsonLines, partial_folder
     from gencraft.distributed import is_main
 
-    # an interrupted run keeps its finished batches beside --output and resumes from them
-    partial = Path(args.output + ".partial") if args.output else None
+    # an interrupted run keeps its finished batches beside --output; the same run resumes them
+    partial = partial_folder(args.output)
     result = _run(args, "generate", partial)
     if not is_main():  # only the main process writes
         return
@@ -291,11 +290,18 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         add_dataclass_arguments(g, DecodeOptions, defaults=decode)
         add_dataclass_arguments(g, PrefixDecodeCommand)
         add_dataclass_arguments(g, PrefixBaseInput)
-        add_dataclass_arguments(g, RunOptions, only=("output", "quiet", "json", "device", "dtype"))
+        what = {
+            "generate": "a .jsonl file of the outputs; an interrupted run keeps its finished "
+            "batches beside it (F.partial/) and the same command resumes them",
+            "eval": "a .json file of the scores and outputs",
+        }
+        run = ("output", "restart", "quiet", "json", "device", "dtype")
+        add_dataclass_arguments(g, RunOptions, only=run, helps={"output": what[name]})
         if name == "generate":
             add_dataclass_arguments(g, PrefixGenerateCommand)
         add_data_dir(g)
-        g.set_defaults(func=func, output_kind="file")
+        suffix = (".jsonl",) if name == "generate" else (".json",)
+        g.set_defaults(func=func, output_kind="file", output_suffixes=suffix)
 
     a = psub.add_parser("analyze", help="attention maps and the spectrum plot (PNG)")
     add_dataclass_arguments(a, RunInput)

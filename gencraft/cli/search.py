@@ -186,11 +186,42 @@ def cmd_errors(args: argparse.Namespace) -> None:
         print(json.dumps({"summary": True, **line}, ensure_ascii=False))
 
 
+def _classifier_prompts(args: argparse.Namespace) -> list[str]:
+    """The prompts a classifier's samples come from: the first ``--num-prompts`` of
+    ``--prompt-file`` (one a line), of ``--task``'s training inputs, or of the XSum/E2E
+    instruction prompts (``--prompts``). Refused in one line when two sources are given or
+    none holds a prompt."""
+    from gencraft.errors import GencraftError
+    from gencraft.search.prompts import instruction_texts
+
+    own = [f for f in ("prompt_file", "task") if getattr(args, f) is not None]
+    clash = own + (["prompts"] if "prompts" in getattr(args, "given", ()) else [])
+    if len(clash) > 1:
+        flags = " and ".join(f"--{f.replace('_', '-')}" for f in clash)
+        raise GencraftError(f"{flags} each give the prompts: give one")
+    if args.prompt_file is not None:
+        from gencraft.data import read_lines
+
+        texts = [p for p in read_lines(args.prompt_file) if p.strip()]
+    elif args.task is not None:
+        from gencraft.data.tasks import source_of, task_examples
+
+        examples = task_examples(args.task, "train", args.data_dir, source_field=args.source_field)
+        texts = [source_of(e) for e in examples]
+    else:
+        kinds = ("xsum", "e2e") if args.prompts == "both" else (args.prompts,)
+        n = args.num_prompts // len(kinds)
+        return [t for k in kinds for t in instruction_texts(k, n, args.data_dir, split="train")]
+    if not texts:
+        raise GencraftError(f"--{own[0].replace('_', '-')} holds no prompt")
+    return texts[: args.num_prompts]
+
+
 def cmd_train_classifier(args: argparse.Namespace) -> None:
     from gencraft.cli.flags import dataclass_from_args
     from gencraft.cli.options import default_output
     from gencraft.models import load_model
-    from gencraft.search.prompts import encode_prompt, instruction_texts
+    from gencraft.search.prompts import encode_prompt
     from gencraft.search.train import (
         ClassifierTrainConfig,
         classifier_for,
@@ -200,16 +231,9 @@ def cmd_train_classifier(args: argparse.Namespace) -> None:
     from gencraft.utils import seed_everything
 
     cfg = dataclass_from_args(ClassifierTrainConfig, args)  # checked before any loading
+    texts = _classifier_prompts(args)
     seed_everything(args.seed)
     model, tok = load_model(args.model, device=args.device, dtype=args.dtype)
-    kinds = ("xsum", "e2e") if args.prompts == "both" else (args.prompts,)
-    texts = [
-        t
-        for kind in kinds
-        for t in instruction_texts(
-            kind, args.num_prompts // len(kinds), args.data_dir, split="train"
-        )
-    ]
     prompts = [encode_prompt(tok, t) for t in texts]
     out = default_output(args.output, "search-clf", args.attribute, args.model)
     print(

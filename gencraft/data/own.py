@@ -169,7 +169,9 @@ def load_task_path(
     source_field: str = "source",
     target_field: str = "target",
 ) -> list[OwnExample]:
-    """``split`` of the task at ``spec`` (a file: every split; a folder: its split file)."""
+    """``split`` of the task at ``spec`` (a file: every split; a folder: its split file). A
+    split name outside train/validation/test is refused either way."""
+    normalize_split(split, ("train", "validation", "test"))
     path = Path(spec).expanduser()
     if path.is_dir():
         path = split_file(path, split, TASK_SUFFIXES, "a task")
@@ -191,6 +193,8 @@ def corpus_files(spec: str | os.PathLike, splits: tuple[str, ...]) -> dict[str, 
             f"{path.suffix}; write the text itself to a .txt file"
         )
     if path.is_file():
+        for s in splits:  # a file is every split, but a misspelt split is still refused
+            normalize_split(s, ("train", "validation", "test"))
         return {s: path for s in splits}
     if path.is_dir():
         return {s: split_file(path, s, (".txt",), "a corpus") for s in splits}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
-from gencraft.config import check, option, positive
+from gencraft.config import check, check_cad_alpha, option, positive
 from gencraft.training.config import FitConfig, fit_options
 
 
@@ -147,10 +147,7 @@ class FocusDecodeConfig:
             from gencraft.metrics.mbr import check_utility
 
             check_utility(self.mbr_utility)
-        check(
-            self.cad_alpha is None or self.cad_alpha >= 0,
-            f"cad_alpha must be >= 0, got {self.cad_alpha}",
-        )
+        check_cad_alpha(self.cad_alpha)
         check(
             self.cad_alpha is None or (self.decoding == "beam" and self.samples == 1),
             "--cad-alpha decodes with beam search: one summary per document",

@@ -1,11 +1,12 @@
 """Every place gencraft depends on the ``transformers`` release, in one file.
 
 Supported: the range ``pyproject.toml`` declares, 5.5 <= transformers < 6 (tested at its floor
-5.5.0, at the CI pin 5.23.0 and at the newest release 5.24.0, ``constraints/``). What moved
+5.5.0, at the CI pin 5.23.0 and at the newest release 5.25.0, ``constraints/``). What moved
 between those releases, and how it is read here:
 
 * the cache argument and output field: ``past_key_values`` until 5.23, ``cache`` from 5.24
-  (the old name is deprecated there): :data:`CACHE_ARG`, :func:`cache_kwargs`,
+  (the old name is deprecated there, and from 5.25 even asking an output for it logs a
+  warning): :data:`CACHE_ARG`, :func:`cache_kwargs`,
   :func:`output_cache`, :func:`takes_cache`;
 * gencraft's own ``ModelOutput`` classes carry the cache under that same name
   (:data:`CACHE_ARG`);
@@ -77,9 +78,14 @@ def cache_kwargs(cache_value: Any) -> dict[str, Any]:
 
 
 def output_cache(output: Any) -> Any:
-    """The cache a model's output carries (None when it has none)."""
+    """The cache a model's output carries (None when it has none). An old name is read only
+    where the output declares it (a plain dict, or an output class of older code): asking a
+    5.25 ``ModelOutput`` for ``past_key_values`` logs a deprecation warning."""
+    if not isinstance(output, dict):
+        return None
+    declared = getattr(output, "__dataclass_fields__", None)
     for name in CACHE_NAMES:
-        if isinstance(output, dict) and name in output:
+        if (name == CACHE_ARG or declared is None or name in declared) and name in output:
             return output[name]
     return None
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
+from gencraft.config import check_cad_alpha
 from gencraft.errors import GencraftError
 from gencraft.models.stepping import contrast
 
@@ -36,8 +37,8 @@ class PairedContrast(LogitsProcessor):
     log-probabilities [N, V], given to both halves."""
 
     def __init__(self, alpha: float = 0.5, adaptive: bool = False) -> None:
-        if not adaptive and not alpha >= 0:
-            raise GencraftError(f"cad alpha must be >= 0, got {alpha}")
+        if not adaptive:
+            check_cad_alpha(alpha, "cad alpha")
         self.alpha, self.adaptive = alpha, adaptive
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:

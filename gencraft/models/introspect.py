@@ -164,6 +164,20 @@ def fingerprint(model: nn.Module) -> str:
     return digest.hexdigest()[:16]
 
 
+def weights_digest(model: nn.Module) -> str:
+    """A hash of every parameter and buffer of ``model`` (names, dtypes, shapes and bytes): the
+    identity of the weights a run's outputs came from, unlike :func:`fingerprint`, which reads
+    only the first embedding rows. About a second for 135M float32 parameters."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"{name}:{flat.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 def context_size(model: nn.Module) -> int | None:
     """Positions the generating stack can take (None: no absolute limit)."""
     return _first(

@@ -220,6 +220,25 @@ def set_special_ids(model: Any, tokenizer: Any, ids: dict[str, int]) -> None:
             setattr(cfg, f"{name}_token_id", i)
 
 
+@contextmanager
+def gguf_bar() -> Iterator[None]:
+    """transformers' GGUF conversion bar (a plain ``tqdm``, which ``hf_bars_off`` does not
+    reach) drawn by :mod:`gencraft.progress`: whole lines, not ``\\r`` redraws, in a log."""
+    from unittest import mock
+
+    from gencraft.progress import tqdm
+
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - a release without the module
+        gguf_utils = None
+    if gguf_utils is None or not hasattr(gguf_utils, "tqdm"):
+        yield
+        return
+    with mock.patch.object(gguf_utils, "tqdm", tqdm):
+        yield
+
+
 def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
     """Dequantise a GGUF causal LM to fp32 and save it (model + tokenizer) as safetensors.
     BOS, EOS and pad come from the GGUF metadata (:func:`gguf_special_ids`): under
@@ -236,7 +255,7 @@ def convert_gguf(gguf_file: Path, out_dir: Path) -> Path:
     tokenizer = byte_level_tokenizer(
         AutoTokenizer.from_pretrained(src_dir, gguf_file=name), gguf_file
     )
-    with hf_bars_off():
+    with hf_bars_off(), gguf_bar():
         gguf_model = AutoModelForCausalLM.from_pretrained(
             src_dir, gguf_file=name, dtype=torch.float32
         )

@@ -153,6 +153,24 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 _ANNOUNCED: set[str] = set()
 
 
+def _hub_id(name: str) -> bool:
+    """Whether ``name`` (not registered, not on disk) may be a hub id: ORG/NAME whose ORG is
+    not a local folder, or a bare legacy id (``gpt2``) that is no near-miss of a registered
+    name (a typo fails at once, with no network call)."""
+    local = Path(name).expanduser()
+    if _HUB_ID.fullmatch(name):
+        return not local.parent.is_dir()
+    bare = re.fullmatch(r"[A-Za-z0-9][\w.-]*", name)
+    return bool(bare) and not difflib.get_close_matches(name, MODELS, n=1, cutoff=0.8)
+
+
+def _cached(hub_id: str) -> bool:
+    """Whether the Hugging Face cache holds ``hub_id``'s config (what loads offline)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(hub_id, "config.json"), str)
+
+
 def _load_hf(path_or_id: str, task: str | None, dtype: torch.dtype | None, **kw):
     """Plain ``from_pretrained`` for a local directory / .gguf file or a hub id."""
     gguf_kw = {}
@@ -162,17 +180,17 @@ def _load_hf(path_or_id: str, task: str | None, dtype: torch.dtype | None, **kw)
         path_or_id = str(local.parent)
     elif local.exists():
         path_or_id = str(local)
-    elif not _HUB_ID.fullmatch(path_or_id) or local.parent.is_dir():
-        # not registered, not on disk, and not of the hub's org/name form: no network call
+    elif not _hub_id(path_or_id):
+        # not registered, not on disk, and not of the hub's form: no network call
         raise _unknown_name_error(
             path_or_id,
             "not a Hugging Face Hub id either (those are ORG/NAME); check the spelling or the path",
         )
-    elif is_offline():
+    elif is_offline() and not _cached(path_or_id):
         raise _unknown_name_error(
             path_or_id,
-            "the Hugging Face Hub is disabled here (HF_HUB_OFFLINE=1); pass a local "
-            "directory, or unset HF_HUB_OFFLINE where the network is reachable",
+            "HF_HUB_OFFLINE=1 is set and the Hugging Face cache holds no copy of it; pass a "
+            "local directory, or unset HF_HUB_OFFLINE where the network is reachable",
         )
     if not local.exists() and path_or_id not in _ANNOUNCED:
         _ANNOUNCED.add(path_or_id)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gencraft.config import check_cad_alpha
 from gencraft.errors import GencraftError
 
 
@@ -65,16 +66,20 @@ class GenerationSettings:
             raise GencraftError(f"temperature must be > 0, got {self.temperature}")
         if not self.do_sample and (self.top_k is not None or self.top_p is not None):
             raise GencraftError("--top-k/--top-p only apply with --do-sample")
-        if self.mbr < 0:
-            raise GencraftError(f"mbr must be >= 0 candidates, got {self.mbr}")
+        if self.mbr < 0 or self.mbr == 1:
+            raise GencraftError(
+                f"--mbr takes 0 (off) or N >= 2 candidates to choose among, got {self.mbr}"
+            )
         if self.epsilon is not None and not (self.mbr and self.do_sample):
             raise GencraftError("--epsilon applies to --mbr's samples: give --mbr N --do-sample")
         if self.epsilon is not None and not 0 < self.epsilon < 1:
             raise GencraftError(f"epsilon must lie in (0, 1), got {self.epsilon}")
-        if self.cad_alpha is not None and (self.cad_alpha < 0 or self.do_sample or self.mbr):
+        check_cad_alpha(self.cad_alpha)
+        clash = [f for f, on in (("--do-sample", self.do_sample), ("--mbr", self.mbr)) if on]
+        if self.cad_alpha is not None and clash:
             raise GencraftError(
-                f"--cad-alpha takes A >= 0 (got {self.cad_alpha}) and decodes greedily or with "
-                "beam search: leave out --do-sample and --mbr"
+                f"--cad-alpha decodes greedily or with beam search; it does not combine with "
+                f"{' and '.join(clash)}"
             )
 
     def generate_kwargs(self) -> dict:

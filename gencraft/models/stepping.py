@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from gencraft.config import check_cad_alpha
 from gencraft.errors import GencraftError
 from gencraft.models.attention import attention_context, current_context
 from gencraft.models.compat import (
@@ -431,8 +432,8 @@ class ContrastStepper:
             )
         if context.vocab_size != plain.vocab_size:
             raise GencraftError("the two streams' models have different vocabularies")
-        if not adaptive and not alpha >= 0:
-            raise GencraftError(f"cad alpha must be >= 0, got {alpha}")
+        if not adaptive:
+            check_cad_alpha(alpha, "cad alpha")
         self.context, self.plain, self.alpha, self.adaptive = context, plain, alpha, adaptive
         # around every call of the context-free stream: a method whose base both streams share
         # keeps its own state out of it (FocusForConditionalGeneration.bypassed)

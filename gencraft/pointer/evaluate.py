@@ -1,5 +1,7 @@
 """Evaluation of :class:`PointerSentinelLSTM` on a token stream: per-token log-loss over the
-whole stream in BPTT-sized chunks, the LSTM state carried across them."""
+whole stream in BPTT-sized chunks, the LSTM state carried across them; and of a
+:class:`~gencraft.pointer.PointerSentinelHead` on a pretrained LM, block by block, against its
+base (:func:`evaluate_head`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 
 import torch
 
+from gencraft.errors import GencraftError
 from gencraft.models.modes import scoring
 from gencraft.pointer.lstm import PointerSentinelLSTM
 from gencraft.progress import tqdm
@@ -99,3 +102,52 @@ def evaluate(
         result["gate"] = torch.cat(run.gates, 1) if run.gates else None
         result["targets"] = data[:, 1 : n + 1].cpu()
     return result
+
+
+def token_blocks(tokenizer: Any, text: str, block: int, limit: int | None = None) -> torch.Tensor:
+    """``text`` tokenized by a pretrained LM's tokenizer (no special tokens) and cut into
+    non-overlapping blocks: [N, block] token ids, the last partial block dropped; the first
+    ``limit`` tokens only, when given. Refuses a text too short for one block."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = ids[:limit] if limit is not None else ids
+    n = len(ids) // block
+    if n < 1:
+        raise GencraftError(
+            f"the text holds {len(ids)} tokens, fewer than one block of {block} (--bptt)"
+        )
+    return torch.tensor(ids[: n * block], dtype=torch.long).view(n, block)
+
+
+def evaluate_head(
+    head: Any,
+    blocks: torch.Tensor,
+    *,
+    batch_size: int = 8,
+    progress: bool = False,
+    desc: str = "eval",
+) -> dict[str, float]:
+    """Token perplexity of a :class:`~gencraft.pointer.PointerSentinelHead` over ``blocks``
+    [N, T] and of its base alone (the head disabled: gate 1), each block scored on its own
+    (T - 1 predictions; nothing carries across blocks), ``batch_size`` blocks a call. Returns
+    ``{"head_ppl", "base_ppl", "tokens", "mean_gate"}``; ``mean_gate`` is the softmax share."""
+    device = next(head.parameters()).device
+    totals = {"head": 0.0, "base": 0.0}
+    gate_sum, scored = 0.0, 0
+    bar = tqdm(total=blocks.shape[0], desc=desc, disable=not progress, leave=False)
+    with scoring(head):
+        for start in range(0, blocks.shape[0], batch_size):
+            batch = blocks[start : start + batch_size].to(device)
+            out = head(batch)
+            totals["head"] += float(out.nll.sum())
+            gate_sum += float(out.gate[:, :-1].sum())
+            scored += batch.numel() - batch.shape[0]
+            with head.disable():
+                totals["base"] += float(head(batch).nll.sum())
+            bar.update(batch.shape[0])
+    bar.close()
+    return {
+        "head_ppl": math.exp(totals["head"] / scored),
+        "base_ppl": math.exp(totals["base"] / scored),
+        "tokens": scored,
+        "mean_gate": gate_sum / scored,
+    }

@@ -336,3 +336,43 @@ def _rows(tensors: Any, rows: slice, dim: int, device: torch.device) -> Any:
         return None
     index = (slice(None),) * dim + (rows,)
     return tuple(t[index].to(device) for t in tensors)
+
+
+def train_head(
+    head: Any,
+    blocks: dict[str, torch.Tensor],
+    output_dir: str | Path,
+    *,
+    config: Any,
+    lr: float = 1e-3,
+    settings: dict[str, Any] | None = None,
+    progress: bool = True,
+    restart: bool = False,
+) -> FitResult:
+    """The recipe for a :class:`~gencraft.pointer.PointerSentinelHead` on a pretrained LM:
+    the base frozen, the H² + 2H pointer parameters trained with Adam (``lr``) on the
+    ``blocks["train"]`` [N, T] token blocks through :func:`gencraft.training.fit`
+    (``config``: a :class:`~gencraft.training.FitConfig`; budgets, checkpoints, resumption),
+    ``best/`` picked by the mean NLL on ``blocks["valid"]``. ``settings``: what else defines
+    the run (the model, corpus, block size), compared on resume."""
+    params = [p for p in head.parameters() if p.requires_grad]
+    if not params:
+        raise GencraftError("the pointer head has no trainable parameters")
+
+    def loss_fn(model: Any, batch: torch.Tensor) -> torch.Tensor:  # batch: [B, T] token ids
+        return model(batch).loss
+
+    return fit(
+        head,
+        torch.optim.Adam(params, lr=lr),
+        list(blocks["train"]),
+        loss_fn=loss_fn,
+        config=config,
+        output_dir=Path(output_dir),
+        valid=list(blocks["valid"]),
+        collate_fn=torch.stack,
+        save_fn=lambda m, d: m.save_pretrained(d),
+        settings={"head": {**(settings or {}), "lr": lr, "window": head.window}},
+        restart=restart,
+        progress=progress,
+    )

@@ -19,6 +19,14 @@ from gencraft.progress import tqdm
 from gencraft.timing import running_clock
 
 
+def _made_by(model: nn.Module, sources: list[str], settings: dict) -> dict:
+    """What makes a run of outputs (the weights, prefixes included; the sources; every
+    setting), for its partial results: only the same run resumes them."""
+    from gencraft.models.introspect import weights_digest
+
+    return {"model": weights_digest(model), "inputs": sources, "settings": settings}
+
+
 def generate_outputs(
     model: nn.Module,
     tokenizer: Any,
@@ -37,10 +45,11 @@ def generate_outputs(
     Under several processes each decodes its share of the batches
     (:func:`gencraft.distributed.map_sharded`; the outputs, gathered in input order on every
     process, are one process's). ``partial_dir``: each process's finished batches are kept
-    there, so an interrupted run resumes. ``cad_alpha``: context-aware decoding against the
-    same model on the input without its source (the separator alone; an encoder-decoder's
-    empty source), by paired rows (:func:`gencraft.models.contrast.paired_contrast_generate`:
-    both streams keep the prefixes, each its own block tables)."""
+    there, and only a run of the same weights, sources and settings resumes them.
+    ``cad_alpha``: context-aware decoding against the same model on the input without its
+    source (the separator alone; an encoder-decoder's empty source), by paired rows
+    (:func:`gencraft.models.contrast.paired_contrast_generate`: both streams keep the
+    prefixes, each its own block tables)."""
     from gencraft.distributed import map_sharded
 
     base = getattr(model, "base", model)
@@ -50,6 +59,7 @@ def generate_outputs(
     sep = tokenizer(SEPARATOR, add_special_tokens=False)["input_ids"]
     dev = next(model.parameters()).device
     end = [eos] if ed else sep  # what follows the source; alone, the context-free input
+    kw_base = dict(max_new_tokens=max_new_tokens, num_beams=num_beams, **generate_kw)
 
     def batch_outputs(indices: list[int]) -> list[str]:
         rows = []
@@ -57,18 +67,20 @@ def generate_outputs(
             ids = tokenizer(sources[i], add_special_tokens=False)["input_ids"][:max_source_tokens]
             rows.append({"input_ids": ids + end})
         batch = pad_batch(rows, pad, left=not ed)
-        kw = dict(max_new_tokens=max_new_tokens, num_beams=num_beams, eos_token_id=eos)
         free = None if cad_alpha is None else [{"input_ids": end} for _ in indices]
         with torch.no_grad():
-            seq = _generate(model, batch, free, pad, cad_alpha, dev, {**kw, **generate_kw})
+            seq = _generate(
+                model, batch, free, pad, cad_alpha, dev, {"eos_token_id": eos, **kw_base}
+            )
         if not ed:
             seq = seq[:, batch["input_ids"].shape[1] :]
         return [t.strip() for t in tokenizer.batch_decode(seq, skip_special_tokens=True)]
 
+    settings = dict(max_source_tokens=max_source_tokens, cad_alpha=cad_alpha, **kw_base)
+    made_by = None if partial_dir is None else _made_by(model, sources, settings)
     bar = tqdm(total=len(sources), desc="generate", disable=not progress)
-    outs = map_sharded(
-        batch_outputs, len(sources), batch_size, partial_dir=partial_dir, on_batch=bar.update
-    )
+    shard = {"partial_dir": partial_dir, "fingerprint": made_by, "on_batch": bar.update}
+    outs = map_sharded(batch_outputs, len(sources), batch_size, **shard)
     bar.close()
     return outs
 

@@ -109,7 +109,16 @@ class ClassifierDataConfig:
     prompts: Literal["xsum", "e2e", "both"] = option(
         "both", "instruction prompts built from these training splits"
     )
-    num_prompts: int = option(200, "prompts sampled from")
+    prompt_file: str | None = option(
+        None, "your own prompts instead: a text file, one prompt per line"
+    )
+    task: str | None = option(
+        None,
+        "your own prompts instead: a task's training inputs (a named task, or a .jsonl/.csv/"
+        ".tsv file or a folder; its --source-field)",
+    )
+    source_field: str = option("source", "with --task PATH: the field holding the prompt")
+    num_prompts: int = option(200, "prompts sampled from (the first N)")
     samples_per_prompt: int = option(8, "samples per prompt (>= 1)")
     sample_batch: int = option(8, "prompts sampled together (x samples per prompt rows)")
     censored: bool = option(

@@ -309,7 +309,15 @@ def _split_rows(
     order = list(range(len(rows)))
     random.Random(config.fit.seed).shuffle(order)
     n_valid = max(1, int(len(rows) * config.valid_fraction))
-    return [rows[i] for i in order[n_valid:]], [rows[i] for i in order[:n_valid]]
+    train, valid = [rows[i] for i in order[n_valid:]], [rows[i] for i in order[:n_valid]]
+    for name, part in (("validation", valid), ("training", train)):
+        if all(bool((r["labels"] == -100).all()) for r in part):  # a loss over 0 positions
+            raise GencraftError(
+                f"none of the {len(part)} {name} samples has a labelled position (each was cut "
+                "at max_new_tokens, so its final length is unknown); sample with a larger "
+                "max_new_tokens or more prompts"
+            )
+    return train, valid
 
 
 def train_classifier(

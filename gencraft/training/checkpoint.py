@@ -196,6 +196,8 @@ class RunCheckpoint:
             checkpoint written with other settings is refused.
         budget_keys: settings that may change between a run and its continuation
             (``max_steps``, ``max_time``, ``epochs``...).
+        own_keys: the top-level settings the method itself gives (not the loop's): a saved
+            run that has none of them is another method's, refused as such.
     """
 
     def __init__(
@@ -203,12 +205,14 @@ class RunCheckpoint:
         output_dir: str | Path,
         settings: dict[str, Any],
         budget_keys: tuple[str, ...] = RESUMABLE,
+        own_keys: tuple[str, ...] = (),
     ) -> None:
         self.output_dir = Path(output_dir)
         self.directory = self.output_dir / CHECKPOINT_DIR
         self.path = self.directory / STATE_FILE
         self.settings = settings
         self.budget_keys = set(budget_keys)
+        self.own_keys = set(own_keys)
 
     def exists(self) -> bool:
         return self.path.is_file()
@@ -228,13 +232,32 @@ class RunCheckpoint:
             ) from None
         if not isinstance(payload, dict) or "settings" not in payload:
             raise GencraftError(f"{self.path} is not a gencraft checkpoint; pass --restart")
+        self._check_kind(payload["settings"])
         diff = _differences(payload["settings"], self.settings, self.budget_keys)
         if diff:
+            more = f"; and {len(diff) - 5} more" if len(diff) > 5 else ""
             raise GencraftError(
-                f"{self.output_dir} holds a run with other settings ({'; '.join(diff)}); "
+                f"{self.output_dir} holds a run with other settings ({'; '.join(diff[:5])}{more}); "
                 "re-run with the same settings to resume, or pass --restart or another --output"
             )
         return payload
+
+    def _check_kind(self, saved: dict[str, Any]) -> None:
+        """Refuse, naming it, a run of another kind (another method's: its settings have other
+        parts), rather than list every setting as changed."""
+        if not isinstance(saved, dict) or not self.own_keys or self.own_keys & set(saved):
+            return
+        from gencraft.training.run import run_method
+
+        found = next(
+            (m for n in ("best", "last") if (m := run_method(self.output_dir / n)) is not None),
+            None,
+        )
+        kind = f"a {found} run" if found else "a run of another kind (another method's)"
+        raise GencraftError(
+            f"{self.output_dir} holds {kind}, not one of this command; pass --restart to "
+            "replace it, or another --output"
+        )
 
     def check_fresh_output(self, result_names: tuple[str, ...] = ("best", "last")) -> None:
         """Refuse to train over results that have no checkpoint to resume from."""

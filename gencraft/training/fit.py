@@ -340,7 +340,8 @@ class _Loop:
         ``restart`` clears an earlier run, a fresh run refuses an output holding results."""
         if self.out is not None:
             fit_settings = {k: v for k, v in asdict(self.cfg).items() if k != "save_every"}
-            self.ckpt = RunCheckpoint(self.out, {**(settings or {}), **fit_settings})
+            own = tuple(settings or {})
+            self.ckpt = RunCheckpoint(self.out, {**(settings or {}), **fit_settings}, own_keys=own)
             if self.acc.is_main_process:
                 if restart or not resume:  # start over (as PointerTrainer.train(resume=False))
                     self.ckpt.clear()

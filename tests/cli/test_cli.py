@@ -296,6 +296,9 @@ def test_every_flag_is_generated_from_a_dataclass_field():
     nar_eval = subcommand(subcommand(build_parser(), "nar"), "eval")
     helps = {a.dest: a.help for a in nar_eval._actions if a.help != argparse.SUPPRESS}
     assert helps["num_beams"].startswith("beam size (1: greedy)")
+    assert helps["output"].startswith("the predictions: a .txt file")
+    train = subcommand(subcommand(build_parser(), "nar"), "train")
+    helps = {a.dest: a.help for a in train._actions if a.help != argparse.SUPPRESS}
     assert helps["output"].startswith("where the results go")
 
 

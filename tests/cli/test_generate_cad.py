@@ -90,10 +90,21 @@ def test_empty_sources_encode_as_the_tokenizers_special_tokens_or_eos(name):
         (["--context", "a", "--context", "b", "--context", "c"], "one --context per prompt (2)"),
         (
             ["--cad-alpha", "0.5", "--do-sample", "--context", "a"],
-            "leave out --do-sample and --mbr",
+            "it does not combine with --do-sample",
         ),
-        (["--cad-alpha", "-1", "--context", "a"], "A >= 0 (got -1.0)"),
+        (
+            ["--cad-alpha", "0.5", "--mbr", "4", "--context", "a"],
+            "it does not combine with --mbr",
+        ),
+        (["--cad-alpha", "-1", "--context", "a"], "A >= 0, got -1.0"),
+        (["--cad-alpha", "inf", "--context", "a"], "finite weight A >= 0, got inf"),
+        (["--cad-alpha", "nan", "--context", "a"], "finite weight A >= 0, got nan"),
+        (["--mbr", "1"], "--mbr takes 0 (off) or N >= 2 candidates"),
         (["--context", "a", "--context-template", "{prompt}"], "must hold {context} and {prompt}"),
+        (
+            ["--context", "a", "--context-template", "{foo} {context} {prompt}"],
+            "--context-template names {foo}; it takes only {context} and {prompt}",
+        ),
     ],
 )
 def test_bad_combinations_are_refused_in_one_line(extra, message, capsys):

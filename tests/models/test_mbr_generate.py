@@ -79,7 +79,7 @@ def test_cli_mbr_and_its_errors(capsys):
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["id"] for r in rows] == [0, 1]
     for bad, msg in (
-        (["--mbr", "-1"], "mbr must be >= 0"),
+        (["--mbr", "-1"], "--mbr takes 0 (off) or N >= 2 candidates"),
         (["--epsilon", "0.1"], "--epsilon applies to --mbr's samples"),
         (["--mbr", "2", "--do-sample", "--epsilon", "1.5"], "epsilon must lie in \\(0, 1\\)"),
     ):

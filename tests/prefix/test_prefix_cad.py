@@ -174,12 +174,13 @@ def test_cli_eval_and_generate_take_cad_alpha(tmp_path, capsys, shared_data):
     new = seq[:, ctx["input_ids"].shape[1] :]
     want = [t.strip() for t in tok.batch_decode(new, skip_special_tokens=True)]
     assert got["outputs"] == want
-    assert main(args) == 0  # without CAD (a random tiny model: a large alpha moves it)
+    assert main([*args, "--restart"]) == 0  # without CAD (a random tiny model: alpha moves it)
     assert json.loads(out.read_text())["outputs"] != want
     capsys.readouterr()
     gen = ["prefix", "generate", str(run / "best"), "--source", sources[0], "--cad-alpha", "10"]
     assert main([*gen, "--num-beams", "2", "--max-new-tokens", "6", "--quiet", *data]) == 0
     assert json.loads(capsys.readouterr().out)["output"] == want[0]
-    assert main([*args, "--cad-alpha", "-1"]) == 2
+    assert main([*args, "--cad-alpha", "-1", "--restart"]) == 2
+    assert json.loads(out.read_text())["outputs"] != want  # a refused run keeps the file
     err = capsys.readouterr().err
-    assert "--cad-alpha takes A >= 0, got -1.0" in err and "Traceback" not in err
+    assert "--cad-alpha takes a finite weight A >= 0, got -1.0" in err and "Traceback" not in err

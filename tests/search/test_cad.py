@@ -184,7 +184,7 @@ def test_js_divergence_and_refusals():
             input_ids=ids, max_new_tokens=2, custom_generate=context_aware,
             negative_input_ids=torch.tensor([[3], [4]]),
         )  # fmt: skip
-    with pytest.raises(GencraftError, match="cad alpha must be >= 0"):
+    with pytest.raises(GencraftError, match="cad alpha takes a finite weight A >= 0"):
         model.generate(
             input_ids=ids, max_new_tokens=2, custom_generate=context_aware, cad_alpha=-1.0,
             negative_input_ids=torch.tensor([[3]]),
@@ -305,4 +305,4 @@ def test_focus_generate_with_cad_alpha_is_cad_beam_search(shared_data, capsys):
             want += [t.strip() for t in tok.batch_decode(new, skip_special_tokens=True)]
         assert got == want  # (the random tiny model writes the same with or without CAD)
     assert main([*args[:-1], "-1"]) == 2
-    assert "cad_alpha must be >= 0" in capsys.readouterr().err
+    assert "--cad-alpha takes a finite weight A >= 0" in capsys.readouterr().err

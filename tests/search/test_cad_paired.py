@@ -97,7 +97,7 @@ def test_paired_contrast_refusals():
     with pytest.raises(GencraftError, match="2 context-free inputs for 1 inputs"):
         two = torch.tensor([[3], [4]])
         paired_contrast_generate(model.generate, ids, mask, two, torch.ones_like(two), **kw)
-    with pytest.raises(GencraftError, match="cad alpha must be >= 0"):
+    with pytest.raises(GencraftError, match="cad alpha takes a finite weight A >= 0"):
         PairedContrast(-0.5)
     with pytest.raises(GencraftError, match=r"an even number of rows, got 3$"):
         PairedContrast()(ids, torch.zeros(3, 5))

@@ -66,7 +66,14 @@ def test_the_split_refuses_too_few_or_unlabelled_rows():
         "is known; sample with a larger max_new_tokens"
     )
     mixed = [{"labels": torch.tensor([-100])}, {"labels": torch.tensor([-100, 2])}]
-    assert len(st._split_rows(mixed, _config())[1]) == 1
+    with pytest.raises(GencraftError) as err:  # a loss over 0 positions is no validation
+        st._split_rows(mixed, _config())
+    assert str(err.value).startswith("none of the 1 validation samples has a labelled position")
+    both = [{"labels": torch.tensor([-100, 2])}, *mixed]
+    train, valid = st._split_rows(both, _config())
+    assert len(valid) == 1 and all(
+        any((r["labels"] != -100).any() for r in p) for p in (train, valid)
+    )
 
 
 def test_a_padded_batch_holds_each_row():
