@@ -45,7 +45,7 @@ test: $(STAMP)
 # the method contract, precision and architecture tests against the other two dependency sets:
 # the newest releases (constraints/newest.txt) and the declared floors (constraints/floors.txt),
 # each an overlay over .venv (.ci/compat.py)
-COMPAT_TESTS := tests/models/test_deprecated_names.py tests/test_methods.py tests/test_architectures.py tests/models/test_introspect.py tests/models/test_generate_text.py tests/test_precision.py tests/test_custom_generate.py tests/test_custom_generate_calls.py tests/models/test_smollm2_conversion.py
+COMPAT_TESTS := tests/models/test_deprecated_names.py tests/models/test_falcon_keys.py tests/test_methods.py tests/test_architectures.py tests/models/test_introspect.py tests/models/test_generate_text.py tests/test_precision.py tests/test_custom_generate.py tests/test_custom_generate_calls.py tests/models/test_smollm2_conversion.py
 COMPAT_PEFT := tests/prefix/test_prefix_model.py -k "peft and not t5"
 test-compat: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider -m multiprocess

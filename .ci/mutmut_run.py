@@ -83,6 +83,20 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     ),
     "data/own": (["gencraft/data/own.py"], ["tests/data/test_own_data.py"]),
     "folder_lock": (["gencraft/folder_lock.py"], ["tests/test_folder_lock.py"]),
+    # sharding and the partial results' fingerprint (the one-process tests; gloo ones aside)
+    "distributed": (
+        ["gencraft/distributed.py"],
+        [
+            "tests/test_distributed.py::test_shares_are_the_one_process_batches_split_contiguously",
+            "tests/test_distributed.py::test_gathering_refuses_a_missing_or_repeated_index",
+            "tests/test_distributed.py::test_a_rerun_resumes_from_the_partial_files",
+            "tests/test_distributed.py::test_a_rerun_of_another_run_is_refused_naming_what_differs",
+            "tests/test_distributed.py::"
+            "test_partial_results_without_a_record_or_a_fingerprint_are_refused",
+            "tests/test_distributed.py::test_each_process_bar_counts_its_share_and_says_so",
+            "tests/cli/test_rerun_outputs.py",
+        ],
+    ),
     "payload": (["gencraft/payload.py"], ["tests/test_payload.py"]),
     # the verdicts' statistics: the fast tests only (the tiny campaigns take minutes each)
     "metrics/stats": (

@@ -490,8 +490,8 @@ def project_key_value(module: nn.Module, hidden: torch.Tensor) -> tuple[torch.Te
     """The keys and values an attention module computes from inputs ``hidden`` [B, P, H]:
     [B, n_kv, P, d] each, without position embedding (for extra inputs such as recurrence's
     h_prev). Llama-style ``k_proj``/``v_proj`` (with a ``k_norm`` per head as in Qwen3, or over
-    all heads as in OLMo-2), Phi-3's fused ``qkv_proj``, GPT-NeoX's ``query_key_value`` and
-    GPT-2's ``c_attn``."""
+    all heads as in OLMo-2), Phi-3's fused ``qkv_proj``, GPT-NeoX's and Falcon's
+    ``query_key_value`` and GPT-2's ``c_attn``."""
     b, p, _ = hidden.shape
     d = getattr(module, "head_dim", None) or getattr(module, "head_size", None)
     k_norm = getattr(module, "k_norm", None)
@@ -510,6 +510,8 @@ def project_key_value(module: nn.Module, hidden: torch.Tensor) -> tuple[torch.Te
         q_size = qkv.shape[-1] - 2 * n_kv * d
         k, v = qkv[..., q_size : q_size + n_kv * d], qkv[..., q_size + n_kv * d :]
         return k.view(b, p, -1, d).transpose(1, 2), v.view(b, p, -1, d).transpose(1, 2)
+    if hasattr(module, "query_key_value") and hasattr(module, "multi_query") and d:
+        return _falcon_key_value(module, module.query_key_value(hidden).view(b, p, -1, d))
     if hasattr(module, "query_key_value") and d:  # GPT-NeoX: per head [q | k | v]
         qkv = module.query_key_value(hidden).view(b, p, -1, 3 * d).transpose(1, 2)
         _, k, v = qkv.chunk(3, dim=-1)
@@ -529,6 +531,22 @@ def project_key_value(module: nn.Module, hidden: torch.Tensor) -> tuple[torch.Te
         f"cannot project keys/values with {type(module).__name__} (no k_proj/v_proj, qkv_proj, "
         "query_key_value or c_attn)"
     )
+
+
+def _falcon_key_value(module: nn.Module, fused: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Falcon's fused ``query_key_value`` [B, P, columns / d, d] in its three layouts (the
+    registry's from transformers 5.25): grouped (new decoder architecture: each kv group's
+    queries, then its key and value), multi-query ([all queries | k | v]) or per head
+    interleaved; keys and values [B, n_kv, P, d]."""
+    b, p, _, d = fused.shape
+    if module.new_decoder_architecture:
+        grouped = fused.view(b, p, module.num_kv_heads, -1, d)
+        k, v = grouped[..., -2, :], grouped[..., -1, :]
+    elif module.multi_query:
+        _, k, v = fused.split([module.num_heads, 1, 1], dim=-2)
+    else:
+        _, k, v = fused.unflatten(-2, (module.num_heads, 3)).unbind(-2)
+    return k.transpose(1, 2), v.transpose(1, 2)
 
 
 def _norm_width(norm: nn.Module) -> int | None:

@@ -354,13 +354,22 @@ def train_head(
     ``blocks["train"]`` [N, T] token blocks through :func:`gencraft.training.fit`
     (``config``: a :class:`~gencraft.training.FitConfig`; budgets, checkpoints, resumption),
     ``best/`` picked by the mean NLL on ``blocks["valid"]``. ``settings``: what else defines
-    the run (the model, corpus, block size), compared on resume."""
+    the run (the model, corpus, block size), compared on resume and saved beside the head
+    (``run_settings.json``: ``pointer eval`` reads its corpus there)."""
+    from gencraft.training.run import RUN_SETTINGS
+
     params = [p for p in head.parameters() if p.requires_grad]
     if not params:
         raise GencraftError("the pointer head has no trainable parameters")
 
+    recorded = {"head": {**(settings or {}), "lr": lr, "window": head.window}}
+
     def loss_fn(model: Any, batch: torch.Tensor) -> torch.Tensor:  # batch: [B, T] token ids
         return model(batch).loss
+
+    def save_fn(model: Any, directory: Path) -> None:  # the head, and what its run was
+        model.save_pretrained(directory)
+        write_json(directory / RUN_SETTINGS, recorded)
 
     return fit(
         head,
@@ -371,8 +380,8 @@ def train_head(
         output_dir=Path(output_dir),
         valid=list(blocks["valid"]),
         collate_fn=torch.stack,
-        save_fn=lambda m, d: m.save_pretrained(d),
-        settings={"head": {**(settings or {}), "lr": lr, "window": head.window}},
+        save_fn=save_fn,
+        settings=recorded,
         restart=restart,
         progress=progress,
     )
