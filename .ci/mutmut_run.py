@@ -94,6 +94,11 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
             "tests/test_distributed.py::"
             "test_partial_results_without_a_record_or_a_fingerprint_are_refused",
             "tests/test_distributed.py::test_each_process_bar_counts_its_share_and_says_so",
+            "tests/test_distributed.py::"
+            "test_the_fingerprint_record_is_order_free_sized_and_keys_each_line",
+            "tests/test_distributed.py::"
+            "test_a_foreign_line_and_a_wrong_count_are_refused_word_for_word",
+            "tests/test_distributed.py::test_a_bar_is_labelled_from_its_description_or_alone",
             "tests/cli/test_rerun_outputs.py",
         ],
     ),

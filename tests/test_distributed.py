@@ -302,3 +302,83 @@ def test_generate_resumes_on_two_processes_from_one_process_partial_results(tmp_
     assert [r["output"] for r in rows[:2]] == ["KEPT", "KEPT"]
     assert "KEPT" not in {r["output"] for r in rows[2:]}
     assert not (out.parent / "gen.jsonl.partial").exists()
+
+
+def test_the_fingerprint_record_is_order_free_sized_and_keys_each_line(tmp_path, monkeypatch):
+    """Each part's digest is 16 hex digits and does not depend on a dict's key order; the
+    record names gencraft's version (a run of another version is refused naming it); every
+    line carries the digest of the whole record; nested folders are made."""
+    import gencraft
+    from gencraft.distributed import fingerprint_of
+
+    a = fingerprint_of({"settings": {"x": 1, "y": [1, 2]}})
+    assert a == fingerprint_of({"settings": {"y": [1, 2], "x": 1}})
+    assert set(a) == {"settings", "gencraft version"}
+    assert all(len(v) == 16 and int(v, 16) >= 0 for v in a.values())
+    folder = tmp_path / "a" / "b" / "out.jsonl.partial"
+    assert map_sharded(lambda b: b, 3, 2, partial_dir=folder, fingerprint=RUN) == [0, 1, 2]
+    record = json.loads((folder / "fingerprint.json").read_text())
+    key = fingerprint_of({"all": record})["all"]
+    lines = [json.loads(x) for x in (folder / "partial-0-of-1.jsonl").read_text().splitlines()]
+    assert [x["fingerprint"] for x in lines] == [key, key]
+    monkeypatch.setattr(gencraft, "__version__", "0.0.0-other")
+    with pytest.raises(GencraftError) as err:
+        map_sharded(lambda b: b, 3, 2, partial_dir=folder, fingerprint=RUN)
+    assert str(err.value) == (
+        f"{folder} holds partial results of another run (gencraft version differ); rerun as "
+        "before to resume it, or remove that folder (the CLI: --restart) to start afresh"
+    )
+
+
+def test_a_foreign_line_and_a_wrong_count_are_refused_word_for_word(tmp_path):
+    map_sharded(lambda b: b, 2, 1, partial_dir=tmp_path, fingerprint=RUN)
+    foreign = tmp_path / "partial-1-of-2.jsonl"
+    foreign.write_text(json.dumps({"fingerprint": "0" * 16, "results": [[1, 5]]}) + "\n")
+    with pytest.raises(GencraftError) as err:
+        map_sharded(lambda b: b, 2, 1, partial_dir=tmp_path, fingerprint=RUN)
+    assert str(err.value) == f"{foreign} holds a line of another run; remove {tmp_path}"
+    foreign.unlink()
+    (tmp_path / "fingerprint.json").unlink()
+    with pytest.raises(GencraftError) as err:
+        map_sharded(lambda b: b, 2, 1, partial_dir=tmp_path, fingerprint=RUN)
+    assert str(err.value) == (
+        f"{tmp_path} holds partial results with no record of the run that made them (an older "
+        "gencraft); remove that folder (the CLI: --restart) to start afresh"
+    )
+    with pytest.raises(GencraftError) as err:
+        map_sharded(lambda b: [0, 0], 3, 1)
+    assert str(err.value) == "a batch of 1 inputs gave 2 results"
+    with pytest.raises(GencraftError) as err:
+        map_sharded(lambda b: b, 3, 1, partial_dir=tmp_path / "x")
+    assert str(err.value) == "partial results need a fingerprint of the run that makes them"
+
+
+def test_a_bar_is_labelled_from_its_description_or_alone(monkeypatch):
+    """Under 2 processes: a description set earlier (tqdm keeps it with ': ') is kept before
+    the label; a bar without one gets the label alone; an ``on_batch`` that is no bar (a
+    list's ``append``) is called and left alone."""
+    import gencraft.distributed as dist
+    from gencraft.progress import tqdm
+
+    monkeypatch.setattr(dist, "gather_in_order", lambda pairs, total: [v for _, v in pairs])
+    monkeypatch.setattr(dist, "process_info", lambda: (0, 2))
+    bar = tqdm(total=5, file=io.StringIO())
+    bar.set_description("summarize")
+    map_sharded(lambda b: b, 5, 2, on_batch=bar.update)
+    assert bar.desc.startswith("summarize (process 1 of 2: 4 of 5 inputs)")
+
+    class Bare:
+        total, label = 5, None
+
+        def update(self, n: int) -> None:
+            pass
+
+        def set_description(self, text: str) -> None:
+            self.label = text
+
+    bare = Bare()
+    map_sharded(lambda b: b, 5, 2, on_batch=bare.update)
+    assert bare.label == "process 1 of 2: 4 of 5 inputs" and bare.total == 4
+    seen: list[int] = []
+    assert map_sharded(lambda b: b, 5, 2, on_batch=seen.append) == [0, 1, 2, 3]
+    assert seen == [2, 2]

@@ -145,24 +145,13 @@ def unk_share(ids: Any, vocab: Any) -> float:
 
 
 def _head_fit_config(args: argparse.Namespace, cfg: Any) -> Any:
-    """The training loop's settings for a head, from ``pointer train``'s flags: one epoch
-    unless ``--max-epochs`` says, a constant learning rate."""
-    from gencraft.training import FitConfig
+    """The training loop's settings for a head: ``pointer train``'s own
+    (:meth:`TrainConfig.fit_config`), one epoch unless ``--max-epochs`` says, and
+    ``--patience`` as early stopping (there is no plateau rule for a head)."""
+    from dataclasses import replace
 
-    return FitConfig(
-        epochs=cfg.max_epochs if "max_epochs" in args.given else 1,
-        max_steps=cfg.max_steps,
-        max_time=cfg.max_time,
-        batch_size=cfg.batch_size,
-        eval_batch_size=cfg.eval_batch_size,
-        clip=cfg.clip,
-        decay="constant",
-        eval_every=cfg.eval_every,
-        save_every=cfg.save_every,
-        seed=cfg.seed,
-        mixed_precision=cfg.mixed_precision,
-        patience=cfg.patience,
-    )
+    epochs = cfg.max_epochs if "max_epochs" in args.given else 1
+    return replace(cfg.fit_config(), epochs=epochs, patience=cfg.patience)
 
 
 def _train_head(args: argparse.Namespace, cfg: Any) -> None:

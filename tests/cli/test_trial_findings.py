@@ -11,19 +11,10 @@ import json
 
 import pytest
 import torch
+from test_rerun_outputs import _one_line_error
 
 from gencraft.cli.main import main
 from gencraft.errors import GencraftError
-
-
-def _one_line_error(capsys, argv: list[str], *messages: str) -> str:
-    code = main(argv)
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("gencraft: error:")]
-    assert code == 2, err
-    assert len(lines) == 1 and all(m in lines[0] for m in messages), err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 @pytest.mark.parametrize(

@@ -257,6 +257,14 @@ def test_project_key_value_equals_the_modules_own_keys(arch):
     from gencraft.models.architectures import tiny_architecture
 
     model = tiny_architecture(arch, vocab_size=16, seed=0)
+    projected, seen = projected_and_own_keys(model)
+    torch.testing.assert_close(projected[0], seen["key"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(projected[1], seen["value"], atol=1e-5, rtol=1e-5)
+
+
+def projected_and_own_keys(model) -> tuple[tuple[torch.Tensor, torch.Tensor], dict]:
+    """Layer 1's ``project_key_value`` of its input at position 0, and the keys and values
+    the module itself computed there (``seen["key"]``, ``seen["value"]``)."""
     _, module = A.select_sites(model, layers=[1])[0]
     seen = {}
 
@@ -269,9 +277,7 @@ def test_project_key_value_equals_the_modules_own_keys(arch):
     obs.observe = lambda probs, call: seen.update(key=call.key, value=call.value)
     with torch.no_grad(), A.attach(model, obs, layers=[1]):
         model(torch.tensor([[5]]))
-        k, v = A.project_key_value(module, seen["x"])
-    torch.testing.assert_close(k, seen["key"], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(v, seen["value"], atol=1e-5, rtol=1e-5)
+        return A.project_key_value(module, seen["x"]), seen
 
 
 def test_a_plugin_whose_module_never_runs_through_the_dispatcher_raises():

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from gencraft.models import attention as A
+from test_attention import projected_and_own_keys
 
 LAYOUTS = {
     "multi-query": {"multi_query": True, "new_decoder_architecture": False},
@@ -36,19 +35,7 @@ def test_project_key_value_equals_falcons_own_keys(layout):
     )  # fmt: skip
     model = FalconForCausalLM(config).eval()
     model.config._attn_implementation = "eager"
-    _, module = A.select_sites(model, layers=[1])[0]
-    seen = {}
-
-    def grab(m, args, kw):
-        seen.setdefault("x", kw.get("hidden_states", args[0] if args else None))
-
-    module.register_forward_pre_hook(grab, with_kwargs=True)
-    obs = A.AttentionPlugin()
-    obs.observes = True
-    obs.observe = lambda probs, call: seen.update(key=call.key, value=call.value)
-    with torch.no_grad(), A.attach(model, obs, layers=[1]):
-        model(torch.tensor([[5]]))
-        k, v = A.project_key_value(module, seen["x"])
+    (k, v), seen = projected_and_own_keys(model)
     kv_heads = 1 if layout == "multi-query" else (2 if layout == "grouped" else 4)
     assert k.shape == (1, kv_heads, 1, 8)
     torch.testing.assert_close(k, seen["key"], atol=1e-5, rtol=1e-5)
