@@ -99,6 +99,7 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
             "tests/test_distributed.py::"
             "test_a_foreign_line_and_a_wrong_count_are_refused_word_for_word",
             "tests/test_distributed.py::test_a_bar_is_labelled_from_its_description_or_alone",
+            "tests/test_distributed.py::test_shares_and_gathering_refuse_word_for_word",
             "tests/cli/test_rerun_outputs.py",
         ],
     ),

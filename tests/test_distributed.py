@@ -382,3 +382,32 @@ def test_a_bar_is_labelled_from_its_description_or_alone(monkeypatch):
     seen: list[int] = []
     assert map_sharded(lambda b: b, 5, 2, on_batch=seen.append) == [0, 1, 2, 3]
     assert seen == [2, 2]
+
+
+def test_shares_and_gathering_refuse_word_for_word():
+    """Each refusal of ``share_of`` and ``gather_in_order`` at its boundary, and the first ten
+    indices named at most; a repeated index alone (nothing missing) is refused too."""
+    from pathlib import Path
+
+    from gencraft.distributed import fingerprint_of
+
+    for process, processes in ((0, 0), (2, 2), (-1, 2)):
+        with pytest.raises(GencraftError) as err:
+            share_of(5, process, processes, 1)
+        assert str(err.value) == f"process {process} of {processes} does not exist"
+    assert share_of(5, 1, 2, 1).batches() == [[3], [4]]
+    with pytest.raises(GencraftError) as err:
+        share_of(5, 0, 1, 0)
+    assert str(err.value) == "batch size must be >= 1, got 0"
+    with pytest.raises(GencraftError) as err:
+        share_of(-1, 0, 1, 1)
+    assert str(err.value) == "the input count must be >= 0, got -1"
+    with pytest.raises(GencraftError, match=r"repeated \[0\], missing \[\], outside \[\]"):
+        gather_in_order([(0, "a"), (0, "a"), (1, "b")], 2)
+    with pytest.raises(GencraftError, match=r"outside \[2\]"):
+        gather_in_order([(0, "a"), (1, "b"), (2, "c")], 2)
+    with pytest.raises(GencraftError) as err:
+        gather_in_order([(i, i) for i in range(12)] * 2, 24)
+    assert f"repeated {list(range(10))}, missing {list(range(12, 22))}," in str(err.value)
+    # a part that JSON cannot write as is (a path) is hashed by its text
+    assert fingerprint_of({"p": Path("x/y")}) == fingerprint_of({"p": "x/y"})
