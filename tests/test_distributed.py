@@ -409,5 +409,8 @@ def test_shares_and_gathering_refuse_word_for_word():
     with pytest.raises(GencraftError) as err:
         gather_in_order([(i, i) for i in range(12)] * 2, 24)
     assert f"repeated {list(range(10))}, missing {list(range(12, 22))}," in str(err.value)
+    with pytest.raises(GencraftError) as err:
+        gather_in_order([(i, i) for i in range(14)], 2)
+    assert str(err.value).endswith(f"outside {list(range(2, 12))}")
     # a part that JSON cannot write as is (a path) is hashed by its text
     assert fingerprint_of({"p": Path("x/y")}) == fingerprint_of({"p": "x/y"})
