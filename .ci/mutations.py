@@ -1778,9 +1778,9 @@ M = [
     ),
     (
         "an empty prompt file is not named",
-        "gencraft/cli/main.py",
-        "        if not read:\n            raise GencraftError(",
-        "        if False:\n            raise GencraftError(",
+        "gencraft/cli/options.py",
+        "    if not prompts:\n        raise GencraftError(f\"--prompt-file",
+        "    if False:\n        raise GencraftError(f\"--prompt-file",
         "tests/cli/test_new_user_trial.py -k empty_prompt_file",
     ),
     (

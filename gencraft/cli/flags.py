@@ -227,6 +227,13 @@ def dataclass_from_args(cls: type, args: argparse.Namespace, **overrides: Any) -
         raise GencraftError(str(err)) from None
 
 
+def given_among(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
+    """The flags (``--name-spelling``) of those of ``names`` written out on the command line
+    (:func:`given_flags`), in ``names``' order: what a command refuses as clashing."""
+    given = getattr(args, "given", ())
+    return [f"--{n.replace('_', '-')}" for n in names if n in given]
+
+
 def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[str]:
     """The destinations of the flags written in ``argv`` (not left at their defaults), over
     ``parser`` and its subcommands: what a command may refuse as not applying."""

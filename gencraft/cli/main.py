@@ -250,14 +250,9 @@ def _prompts(args: argparse.Namespace) -> list[str]:
     given or one is empty."""
     prompts = list(args.prompt or [])
     if args.prompt_file:
-        from gencraft.data import read_lines
+        from gencraft.cli.options import read_prompt_file
 
-        read = [p for p in read_lines(args.prompt_file) if p.strip()]
-        if not read:
-            raise GencraftError(
-                f"--prompt-file {args.prompt_file} holds no prompt (it is empty or blank)"
-            )
-        prompts += read
+        prompts += read_prompt_file(args.prompt_file)
     if not prompts:
         raise GencraftError("give at least one --prompt or a --prompt-file")
     empty = [str(i + 1) for i, p in enumerate(prompts) if not p.strip()]

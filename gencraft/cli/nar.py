@@ -125,9 +125,11 @@ def cmd_generate(args: argparse.Namespace) -> None:
 def _sources(args: argparse.Namespace) -> list[str]:
     """The sources to decode: ``--sources`` (none empty), else the inputs of the task's split
     (the run's own task unless ``--task`` says; the first ``--limit``)."""
+    from gencraft.cli.flags import given_among
+
     if args.sources is not None:
         task_flags = ("task", "split", "limit", "source_field", "target_field")
-        clash = [f"--{n.replace('_', '-')}" for n in task_flags if n in getattr(args, "given", ())]
+        clash = given_among(args, task_flags)
         if clash:
             raise GencraftError(
                 f"--sources gives the inputs; {', '.join(clash)} picks a task's inputs instead: "

@@ -153,6 +153,18 @@ def check_output(path: str | Path, kind: str) -> None:
         raise ConfigError(f"--output {path}: cannot write there ({why})") from None
 
 
+def read_prompt_file(path: str) -> list[str]:
+    """The prompts of a ``--prompt-file``, one a line, blank lines skipped; refused in one
+    line when it holds none."""
+    from gencraft.data import read_lines
+    from gencraft.errors import GencraftError
+
+    prompts = [p for p in read_lines(path) if p.strip()]
+    if not prompts:
+        raise GencraftError(f"--prompt-file {path} holds no prompt (it is empty or blank)")
+    return prompts
+
+
 def partial_folder(output: str | None) -> Path | None:
     """Where a file command keeps its finished batches until the file is written: beside
     ``--output``, as ``F.partial/`` (:func:`gencraft.distributed.map_sharded`)."""

@@ -158,6 +158,7 @@ def _train_head(args: argparse.Namespace, cfg: Any) -> None:
     """``pointer train --model NAME``: the head's recipe on a pretrained LM (the base frozen,
     Adam on the pointer's parameters, blocks of ``--bptt`` tokens), then the validation and
     test token perplexity of the head against its base alone."""
+    from gencraft.cli.flags import given_among
     from gencraft.cli.options import default_output, say
     from gencraft.models import load_model
     from gencraft.pointer import PointerSentinelHead
@@ -166,7 +167,7 @@ def _train_head(args: argparse.Namespace, cfg: Any) -> None:
     from gencraft.training import load_run
     from gencraft.utils import seed_everything, world_rank
 
-    given = sorted(f"--{n.replace('_', '-')}" for n in LSTM_ONLY if n in args.given)
+    given = sorted(given_among(args, LSTM_ONLY))
     if given:
         raise GencraftError(f"{', '.join(given)} set the LSTM; they do not apply with --model")
     lr = cfg.lr if "lr" in args.given else 1e-3  # the LSTM's SGD default (20) is no Adam rate
@@ -198,11 +199,10 @@ def _train_head(args: argparse.Namespace, cfg: Any) -> None:
     )
     best = load_run(out, method="pointer", command="eval", device=cfg.device).model
     result: dict[str, Any] = {"steps": fitted.steps, "stopped": fitted.stopped}
+    size = args.final_eval_batch_size
     for split in ("valid", "test"):
-        size = args.final_eval_batch_size
-        quiet = args.quiet
         result[split] = evaluate_head(
-            best, blocks[split], batch_size=size, desc=split, progress=not quiet
+            best, blocks[split], batch_size=size, desc=split, progress=not args.quiet
         )
     if world_rank() == 0:
         (out / "results.json").write_text(json.dumps(result, indent=2))

@@ -191,19 +191,18 @@ def _classifier_prompts(args: argparse.Namespace) -> list[str]:
     ``--prompt-file`` (one a line), of ``--task``'s training inputs, or of the XSum/E2E
     instruction prompts (``--prompts``). Refused in one line when two sources are given or
     none holds a prompt."""
+    from gencraft.cli.flags import given_among
     from gencraft.errors import GencraftError
     from gencraft.search.prompts import instruction_texts
 
-    own = [f for f in ("prompt_file", "task") if getattr(args, f) is not None]
-    clash = own + (["prompts"] if "prompts" in getattr(args, "given", ()) else [])
+    clash = given_among(args, ("prompt_file", "task", "prompts"))
     if len(clash) > 1:
-        flags = " and ".join(f"--{f.replace('_', '-')}" for f in clash)
-        raise GencraftError(f"{flags} each give the prompts: give one")
+        raise GencraftError(f"{' and '.join(clash)} each give the prompts: give one")
     if args.prompt_file is not None:
-        from gencraft.data import read_lines
+        from gencraft.cli.options import read_prompt_file
 
-        texts = [p for p in read_lines(args.prompt_file) if p.strip()]
-    elif args.task is not None:
+        return read_prompt_file(args.prompt_file)[: args.num_prompts]
+    if args.task is not None:
         from gencraft.data.tasks import source_of, task_examples
 
         examples = task_examples(args.task, "train", args.data_dir, source_field=args.source_field)
@@ -213,7 +212,7 @@ def _classifier_prompts(args: argparse.Namespace) -> list[str]:
         n = args.num_prompts // len(kinds)
         return [t for k in kinds for t in instruction_texts(k, n, args.data_dir, split="train")]
     if not texts:
-        raise GencraftError(f"--{own[0].replace('_', '-')} holds no prompt")
+        raise GencraftError(f"--task {args.task} holds no prompt")
     return texts[: args.num_prompts]
 
 

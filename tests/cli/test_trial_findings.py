@@ -239,4 +239,4 @@ def test_a_classifier_trains_on_the_users_own_prompts(source, tmp_path, monkeypa
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
     argv = ["search", "train-classifier", "--model", "tiny-llama", "--prompt-file", str(empty)]
-    _one_line_error(capsys, argv, "--prompt-file holds no prompt")
+    _one_line_error(capsys, argv, f"--prompt-file {empty} holds no prompt (it is empty or blank)")
