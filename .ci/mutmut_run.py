@@ -109,6 +109,7 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
         ["gencraft/metrics/stats.py"],
         [
             "tests/metrics/test_stats.py",
+            "tests/metrics/test_compare_paired.py",
             "tests/test_pooled_verdicts.py",
             "tests/search/test_conditional_statistics.py",
             "tests/test_campaign.py::test_student_t_matches_published_quantiles_and_tails",

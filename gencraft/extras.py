@@ -16,7 +16,7 @@ from gencraft.errors import GencraftError
 
 #: the extras of pyproject.toml and what each adds (kept in step by tests/test_packaging.py)
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "metrics": ("rouge_score", "sacrebleu", "nltk", "pycocoevalcap"),
+    "metrics": ("rouge_score", "sacrebleu", "nltk", "pycocoevalcap", "scipy"),
     "bertscore": ("bert_score", "pandas"),
     "plots": ("matplotlib",),
     "peft": ("peft",),

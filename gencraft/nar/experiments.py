@@ -125,7 +125,7 @@ def tasks_verdict(runs: list[tuple[NARTasksSettings, dict]]) -> list[dict]:
     differ only in ``seed`` (the training seed) are pooled: one row over their inputs and seeds
     (:func:`~gencraft.metrics.tasks.bleu_paired_runs`); runs set otherwise get rows apart."""
     from gencraft.data.tasks import pick_examples, references_of, task_examples
-    from gencraft.metrics.stats import verdict_of
+    from gencraft.metrics.stats import verdict as claim_verdict
     from gencraft.metrics.tasks import bleu_paired_runs
 
     rows = []
@@ -143,7 +143,7 @@ def tasks_verdict(runs: list[tuple[NARTasksSettings, dict]]) -> list[dict]:
             r = bleu_paired_runs(s.task, *outs, refs, lowercase=True)
             seeds = f" × {r['runs']} training seeds" if r["runs"] > 1 else ""
             if (a, b) in COMPARED:
-                verdict = verdict_of(r["mean"], r["p"])
+                verdict = claim_verdict(r)
             else:
                 verdict = peer_verdict(a, b, r["mean"], r["p"])
             rows.append(
