@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Literal
 
 from gencraft.config import option
@@ -14,6 +15,9 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     from gencraft.cli.evaluate import format_table
     from gencraft.experiments import experiments, get_experiment, reproduce
 
+    if args.name == "claims":
+        cmd_claims(args, extra)
+        return
     if args.list and args.name:  # one experiment: its settings at each scale
         exp = get_experiment(args.name)
         print(f"{exp.name}: {exp.title} (scales: {', '.join(exp.scales)})")
@@ -31,6 +35,7 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
             for e in experiments().values()
         ]
         print(format_table(rows))
+        print("\nclaims: every claim's verdict from the committed runs (no model runs)")
         if not args.list:
             print("\ngencraft reproduce NAME [--scale cpu|gpu|tiny] [--output DIR] [--FIELD V]")
         return
@@ -41,6 +46,41 @@ def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     )
     print(report.read_text())
     print(f"wrote {report}")
+
+
+@dataclass
+class ClaimsOptions:
+    runs: str | None = option(
+        None, "the committed runs (default: docs/results/runs of this checkout)"
+    )
+    data_dir: str | None = option(None, "datasets directory (labels and references)")
+
+
+def _default_runs() -> Path:
+    import gencraft
+
+    return Path(gencraft.__file__).resolve().parents[1] / "docs" / "results" / "runs"
+
+
+def cmd_claims(args: argparse.Namespace, extra: list[str]) -> None:
+    """``gencraft reproduce claims --output DIR``: claims.json and claims.md from the
+    committed runs, every verdict by the one rule."""
+    import os
+
+    from gencraft.studies.claims import claim_rows, write_claims
+    from gencraft.studies.claims_report import _counts
+
+    opts = _overrides(ClaimsOptions, extra, "claims")
+    if not args.output:
+        raise GencraftError("reproduce claims needs --output DIR (claims.json, claims.md)")
+    runs = Path(opts.get("runs") or _default_runs())
+    if not runs.is_dir():
+        raise GencraftError(f"no runs folder {runs}: give the committed runs with --runs DIR")
+    data_dir = opts.get("data_dir") or os.environ.get("GENCRAFT_DATA_DIR")
+    rows = claim_rows(runs, data_dir)
+    js, md = write_claims(rows, Path(args.output))
+    print(f"{len(rows)} claims: {_counts(rows)}")
+    print(f"wrote {js} and {md}")
 
 
 def _settings_rows(exp: Any) -> list[dict[str, Any]]:

@@ -71,6 +71,9 @@ class Paired:
     def __getitem__(self, key: str) -> Any:
         return getattr(self, key)
 
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key, default)
+
     def keys(self) -> list[str]:
         return list(asdict(self))
 
@@ -80,13 +83,15 @@ class Paired:
 
 
 def _unit_index(ids: Sequence[Any], n: int, what: str) -> tuple[Any, int]:
-    """The position of each row's id among the distinct ids (``[n]`` ints) and their count."""
+    """The position of each row's id among the distinct ids, sorted (numbers numerically,
+    anything else by its text), as ``[n]`` ints, and their count."""
     np = _np()
     if len(ids) != n:
         raise GencraftError(f"compare_paired needs one {what} id per row: {len(ids)} for {n} rows")
-    keys = [repr(x) if not isinstance(x, (int, str)) else x for x in ids]
-    _, inverse = np.unique(np.asarray([str(k) for k in keys]), return_inverse=True)
-    return inverse.reshape(-1), int(inverse.max()) + 1
+    numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in ids)
+    keys = np.asarray(ids if numeric else [str(x) for x in ids])
+    _, inverse = np.unique(keys, return_inverse=True)
+    return inverse.reshape(-1), int(inverse.max()) + 1 if n else 0
 
 
 def _diffs(a: Sequence[float], b: Sequence[float]) -> Any:

@@ -84,16 +84,20 @@ def rouge_per_example(
     predictions: Sequence[str],
     references: References,
     rouge_type: str = "rougeL",
+    measure: str = "fmeasure",
     *,
     use_stemmer: bool = True,
 ) -> list[float]:
-    """ROUGE F1 (x100) of each prediction; their mean is :func:`rouge`'s."""
+    """ROUGE F1 (x100; ``measure`` "precision" or "recall" for the others) of each
+    prediction; the mean F1 is :func:`rouge`'s."""
+    if measure not in ("fmeasure", "precision", "recall"):
+        raise ValueError(f"measure must be fmeasure, precision or recall, not {measure!r}")
     _check_parallel(predictions, references, "predictions", "references")
     scorer = require("rouge_score.rouge_scorer", "metrics", "ROUGE").RougeScorer(
         [rouge_type], use_stemmer=use_stemmer
     )
     return [
-        100.0 * scorer.score_multi(refs, pred)[rouge_type].fmeasure
+        100.0 * getattr(scorer.score_multi(refs, pred)[rouge_type], measure)
         for pred, refs in zip(predictions, _as_multi(references), strict=True)
     ]
 
