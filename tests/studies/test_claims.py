@@ -78,8 +78,8 @@ def _claim(**kw) -> Claim:
 
 @settings(max_examples=25, deadline=None, derandomize=True, database=None)
 @given(
-    st.lists(st.floats(0.0, 1.0), min_size=1, max_size=4),
-    st.floats(-3, 3),
+    st.lists(st.floats(0.0, 1.0, allow_subnormal=False), min_size=1, max_size=4),
+    st.floats(-3, 3, allow_subnormal=False),
     st.booleans(),
     st.sampled_from([1, -1]),
 )
