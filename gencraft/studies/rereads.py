@@ -53,10 +53,6 @@ def _jsonl(path: Path) -> list[Any]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def _rel(runs: Path, path: Path) -> str:
-    return str(path.relative_to(runs.parent.parent.parent)) if runs.parent.name else str(path)
-
-
 # --- HSO few-shot (campaign-cpu/hso-fewshot/run) ------------------------------------------
 
 HSO_FEWSHOT = "campaign-cpu/hso-fewshot/run/results.json"
