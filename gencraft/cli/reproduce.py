@@ -68,7 +68,7 @@ def cmd_claims(args: argparse.Namespace, extra: list[str]) -> None:
     import os
 
     from gencraft.studies.claims import claim_rows, write_claims
-    from gencraft.studies.claims_report import _counts
+    from gencraft.studies.claims_report import verdict_counts
 
     opts = _overrides(ClaimsOptions, extra, "claims")
     if not args.output:
@@ -79,7 +79,7 @@ def cmd_claims(args: argparse.Namespace, extra: list[str]) -> None:
     data_dir = opts.get("data_dir") or os.environ.get("GENCRAFT_DATA_DIR")
     rows = claim_rows(runs, data_dir)
     js, md = write_claims(rows, Path(args.output))
-    print(f"{len(rows)} claims: {_counts(rows)}")
+    print(f"{len(rows)} claims: {verdict_counts(rows)}")
     print(f"wrote {js} and {md}")
 
 

@@ -47,7 +47,7 @@ def _cells(row: dict[str, Any]) -> list[str]:
     ]
 
 
-def _counts(rows: list[dict[str, Any]]) -> str:
+def verdict_counts(rows: list[dict[str, Any]]) -> str:
     got = {w: sum(r["verdict"] == w for r in rows) for w in VERDICTS}
     return ", ".join(f"{n} {w}" for w, n in got.items() if n)
 
@@ -99,7 +99,7 @@ def claims_markdown(rows: list[dict[str, Any]]) -> str:
         "`excluded at this scale`, `undecided`, `not attempted`. A p at its resampling "
         'floor is written "< 1/R".',
         "",
-        f"{len(rows)} claims: {_counts(rows)}.",
+        f"{len(rows)} claims: {verdict_counts(rows)}.",
         "",
         "| " + " | ".join(COLUMNS) + " |",
         "|" + "---|" * len(COLUMNS),

@@ -253,9 +253,11 @@ def empty_modes(runs: Path, data_dir: str | None):
 
     if not (runs / SEARCH_ERRORS).is_file():
         return None
-    rows = [e["row"] for _, _, e in _error_entries(runs)]
-    proven = [r for r in rows if r["proven"]]
-    k, n, p0 = sum(r["mode_empty"] for r in proven), len(proven), 0.077
+    from gencraft.search.errors import SearchErrorRow, empty_bounds
+
+    rows = [SearchErrorRow.from_json(e["row"]) for _, _, e in _error_entries(runs)]
+    proven = [r for r in rows if r.proven]
+    k, n, p0 = sum(r.mode_empty for r in proven), len(proven), THESIS_EMPTY["Guanaco-7B"] / 100
     low, high = wilson_interval(k, n)
     res = {
         "mean": k / n - p0,
@@ -264,8 +266,8 @@ def empty_modes(runs: Path, data_dir: str | None):
         "units": n,
         "p": float(binomtest(k, n, p0).pvalue),
     }
-    lp = statistics.median(r["mode_logprob"] for r in proven)
-    bound = sum(r["mode_empty"] or r.get("best_empty", False) for r in rows)
+    lp = statistics.median(r.mode_logprob for r in proven)
+    least, most = empty_bounds(rows)
     rates = ", ".join(
         f"{m} {v}%" if not isinstance(v, tuple) else f"{m} {v[0]}–{v[1]}%"
         for m, v in THESIS_EMPTY.items()
@@ -274,8 +276,8 @@ def empty_modes(runs: Path, data_dir: str | None):
         Comparison("empty share of proven modes − Guanaco's 7.7%", res, "proven prompt"),
         notes=(
             f"{k} of {n} proven modes empty, {100 * low:.1f}–{100 * high:.1f}% (Wilson); "
-            f"over all {len(rows)} prompts between {k} and {k + len(rows) - n - 0} could be "
-            f"empty ({bound} with an empty best-so-far).",
+            f"over all {len(rows)} prompts between {least} and {most} modes are empty (the "
+            "unproven ones count when their best output found is empty).",
             "Selection: a mode is proven within the node budget only when a confident "
             f"non-empty output bounds the search; proven modes have a median log-prob of "
             f"{lp:.1f}, far above what the empty output costs, so proven modes are rarely "
@@ -402,8 +404,8 @@ def conditional_length(runs: Path, data_dir: str | None):
         return None
     a, b, ids = [], [], []
     for batch in _jsonl(path):
-        per = len(batch["rows"]) // max(1, min(batch["size"], len(batch["rows"])))
-        per = 10 if len(batch["rows"]) % 10 == 0 else per  # 5 ratios x 2 beam sizes
+        # rows come in prompt, ratio, beam order: one row per (ratio, beams) a prompt
+        per = len({(row["ratio"], row["beams"]) for row in batch["rows"]})
         for j, row in enumerate(batch["rows"]):
             a.append(row["cond_log_prob"])
             b.append(row["beam_log_prob"])
