@@ -5543,10 +5543,10 @@ M = [
         "tests/hso/test_fewshot.py -k family_task",
     ),
     (
-        "few-shot topic pool drawn from the validation split",
+        "few-shot pools drawn from the validation split",
         "gencraft/hso/fewshot.py",
-        '_TOPICS, rows("train"), rows("test"))',
-        '_TOPICS, rows("validation"), rows("test"))',
+        'for split in ("train", "test"))',
+        'for split in ("validation", "test"))',
         "tests/hso/test_fewshot.py -k topic_task",
     ),
     (

@@ -20,6 +20,7 @@ from gencraft.data.lm import (
     LMCorpus,
     Vocabulary,
     load_lm_corpus,
+    stream_articles,
     subword_stream,
     wikitext_detokenize,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "read_lines",
     "references_of",
     "source_of",
+    "stream_articles",
     "subword_stream",
     "task_examples",
     "training_pairs",

@@ -12,6 +12,7 @@ lists PTB counts one higher (929,590 / 73,761 / 82,431) than the official files 
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 from collections import Counter, OrderedDict
@@ -124,13 +125,18 @@ class LMCorpus:
 
 
 def _count_articles(lines: list[str]) -> int:
-    """WikiText article titles: `` = Title = `` between two blank lines (table rows such as
-    `` = Goals ; A = `` inside articles are not between blank lines)."""
-    return sum(
-        1
+    return len(article_title_lines(lines))
+
+
+def article_title_lines(lines: list[str]) -> list[int]:
+    """The indices of WikiText's article titles among ``lines``: `` = Title = `` between two
+    blank lines (table rows such as `` = Goals ; A = `` inside articles are not between blank
+    lines)."""
+    return [
+        i
         for i in range(1, len(lines) - 1)
         if _ARTICLE_TITLE.match(lines[i]) and not lines[i - 1].strip() and not lines[i + 1].strip()
-    )
+    ]
 
 
 def _read_split(path: Path) -> tuple[list[str], list[str]]:
@@ -264,3 +270,35 @@ def subword_stream(
     if add_bos and bos is not None:
         ids = [bos, *ids]
     return torch.tensor(ids, dtype=torch.long), words
+
+
+def stream_articles(
+    name: str,
+    split: str,
+    tokenizer,
+    *,
+    data_dir: str | os.PathLike | None = None,
+    max_words: int | None = None,
+    add_bos: bool = True,
+) -> torch.Tensor:
+    """The article of each token of :func:`subword_stream`'s stream (the same arguments):
+    ``[N]`` indices counting WikiText's articles from 0 in order; a token before the first
+    title (the BOS) belongs to article 0. A token belongs to the article whose title line
+    starts at or before the character it starts at. Needs a fast tokenizer (its offsets)."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise DataError(
+            f"stream_articles needs a fast tokenizer (character offsets); "
+            f"{type(tokenizer).__name__} is not one"
+        )
+    corpus = load_lm_corpus(name, data_dir, splits=(split,))
+    words = int(corpus[split].numel()) if max_words is None else min(max_words, len(corpus[split]))
+    text = corpus.text(split, words)
+    line_starts = [0]
+    for line in text.split("\n")[:-1]:
+        line_starts.append(line_starts[-1] + len(line) + 1)
+    titles = [line_starts[i] for i in article_title_lines(corpus.lines[split][: len(line_starts)])]
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    found = [max(0, bisect.bisect_right(titles, a) - 1) for a, _ in enc["offset_mapping"]]
+    if add_bos and getattr(tokenizer, "bos_token_id", None) is not None:
+        found = [0, *found]
+    return torch.tensor(found, dtype=torch.long)

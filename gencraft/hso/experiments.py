@@ -6,6 +6,11 @@
   model, HSO at the thesis's LM setting, the Table 3.3 ablations (validation only, as there),
   and dynamic evaluation; seconds per token against the plain model's in the same run. One
   unit per (split, variant): a stopped run goes on where it stopped.
+* ``hso-ppl``: the confirmatory perplexity run: a whole split in contexts with the state
+  reset between them, plain vs HSO at the thesis's LM setting, each context's summed NLL and
+  token count and the article it lies in saved, so that the paired comparison is clustered by
+  article (``compare_paired(clusters=...)``). The contexts are computed and saved a batch at a
+  time: a stopped run loses one batch.
 """
 
 from __future__ import annotations
@@ -14,11 +19,11 @@ import math
 import random
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-from gencraft.data import subword_stream
+from gencraft.data import stream_articles, subword_stream
 from gencraft.errors import GencraftError
 from gencraft.experiments import ExperimentRun, register, settings_field
 from gencraft.hso.config import DynamicEvalConfig, HSOConfig
@@ -29,11 +34,12 @@ from gencraft.hso.fewshot import (
     classify_batch,
     draw_prompt,
     label_token_ids,
+    task_rows,
 )
-from gencraft.hso.functional import hso_nll
+from gencraft.hso.functional import contexts, hso_nll
 from gencraft.metrics import windowed_nll
 from gencraft.metrics.lm import stream_perplexities
-from gencraft.metrics.stats import decide
+from gencraft.metrics.stats import compare_paired, decide, holm, p_text, sign_test
 from gencraft.metrics.text import bootstrap_mean
 from gencraft.models import load_model
 from gencraft.timing import running_clock
@@ -185,6 +191,174 @@ def _report_lm(s: HSOLMSettings, run: ExperimentRun, rows: list[dict[str, Any]])
 
 
 @dataclass
+class HSOPplSettings:
+    model: str = settings_field("smollm2-135m", "model name or path")
+    corpus: str = settings_field("wikitext-2", "word-level corpus with articles (wikitext-2)")
+    split: str = settings_field("test", "split scored whole")
+    max_words: int | None = settings_field(None, "words of the split scored (None: all)")
+    context: int = settings_field(512, "inputs per context; the state resets between contexts")
+    batch_size: int = settings_field(8, "contexts run together (a saved part)")
+    resamples: int = settings_field(10_000, "bootstrap and randomisation resamples")
+    data_dir: str | None = settings_field(None, "datasets directory")
+
+
+class _Contexts(NamedTuple):
+    """A stream ``ids`` [N], its contexts' input ranges [(c0, c1)] and each context's article."""
+
+    ids: torch.Tensor
+    ranges: list[tuple[int, int]]
+    articles: list[int]
+
+
+def _stream_contexts(s: HSOPplSettings, model, tok) -> _Contexts:
+    """The split as one stream cut into contexts of ``s.context`` inputs; a context's article
+    is the one most of its targets lie in (the earlier on a tie)."""
+    kw = {"data_dir": s.data_dir, "max_words": s.max_words}
+    ids, _ = subword_stream(s.corpus, s.split, tok, **kw)
+    of_token = stream_articles(s.corpus, s.split, tok, **kw)
+    ranges = contexts(ids.numel() - 1, s.context, model)
+    arts = [int(torch.bincount(of_token[c0 + 1 : c1 + 1]).argmax()) for c0, c1 in ranges]
+    return _Contexts(ids, ranges, arts)
+
+
+def context_sums(fn, stream: _Contexts, a: int, b: int) -> list[list[float]]:
+    """``[summed NLL, targets]`` of contexts ``a..b-1``, scoring their stretch of the stream
+    with ``fn`` (token ids ``[M]`` -> NLL ``[M - 1]``, the state reset every context)."""
+    part = stream.ranges[a:b]
+    nll = fn(stream.ids[part[0][0] : part[-1][1] + 1])
+    sizes = [c1 - c0 for c0, c1 in part]
+    return [[math.fsum(x.tolist()), len(x)] for x in torch.split(nll.double(), sizes)]
+
+
+def ppl_analysis(units: dict, resamples: int = 10_000) -> dict[str, Any]:
+    """The planned analysis of an ``hso-ppl`` run's units: HSO − plain NLL per token, one row
+    per context, clustered by article (primary), and the sign test over articles (secondary;
+    Holm over both)."""
+    arts = units["articles"]["article"]
+    per_token = {m: [x / n for x, n in units[m]["contexts"]] for m in ("hso", "plain")}
+    primary = compare_paired(
+        per_token["hso"], per_token["plain"], clusters=arts, resamples=resamples
+    )
+    by_article: dict[int, list[float]] = {}
+    for a, h, p in zip(arts, per_token["hso"], per_token["plain"], strict=True):
+        by_article.setdefault(a, []).append(h - p)
+    means = [math.fsum(d) / len(d) for d in by_article.values()]
+    wins, losses = sum(d < 0 for d in means), sum(d > 0 for d in means)
+    p_sign = sign_test(wins, losses)
+    adjusted = holm([primary.p, p_sign])
+    return {
+        "primary": primary,
+        "p_holm": adjusted[0],
+        "sign": {"lower": wins, "higher": losses, "p": p_sign, "p_holm": adjusted[1]},
+    }
+
+
+def _ppl_unit(run: ExperimentRun, s: HSOPplSettings, stream: _Contexts, name: str, fn) -> dict:
+    """Unit ``name``: every context's ``[summed NLL, targets]``, saved a batch at a time."""
+
+    def combine(items: list, seconds: float) -> dict:
+        return {"contexts": items, "seconds": seconds}
+
+    total = len(stream.ranges)
+    return run.unit_over(
+        name,
+        total,
+        s.batch_size,
+        lambda a, b: context_sums(fn, stream, a, b),
+        combine,
+        progress=f"{name} contexts",
+    )
+
+
+@register(
+    "hso-ppl",
+    title="HSO perplexity, confirmatory: a whole split, paired over contexts by article",
+    settings=HSOPplSettings,
+    scales={
+        "tiny": {"model": "tiny-llama", "max_words": 400, "context": 32, "resamples": 200},
+        "cpu": {},
+        "gpu": {},
+    },
+    cpu_minutes=110,
+    units=lambda s: ["articles", "plain", "hso"],
+    volatile=("batch_size",),
+)
+def hso_ppl(s: HSOPplSettings, run: ExperimentRun) -> None:
+    """Plain vs HSO on every context of the split; the pre-registered analysis first."""
+    model, tok = load_model(s.model, device=default_device())
+    model.eval()
+    stream = _stream_contexts(s, model, tok)
+    units = {
+        "articles": run.unit(
+            "articles", lambda: {"article": stream.articles, "tokens": int(stream.ids.numel())}
+        )
+    }
+    hso = HSOConfig(reset_every=s.context)
+    units["plain"] = _ppl_unit(
+        run,
+        s,
+        stream,
+        "plain",
+        lambda x: windowed_nll(model, x, window=s.context, overlap=0, batch_size=s.batch_size),
+    )
+    units["hso"] = _ppl_unit(
+        run, s, stream, "hso", lambda x: hso_nll(model, x, hso, batch_size=s.batch_size).token_nll
+    )
+    _report_ppl(s, run, units, hso)
+
+
+def _report_ppl(s: HSOPplSettings, run: ExperimentRun, units: dict, hso: HSOConfig) -> None:
+    """The planned analysis, then the exploratory totals."""
+    a = ppl_analysis(units, s.resamples)
+    r, sign = a["primary"], a["sign"]
+    run.text(
+        f"{s.model} on {s.corpus} {s.split} ({'all' if s.max_words is None else s.max_words} "
+        f"words), contexts of {s.context} tokens with the state reset between them; HSO "
+        f"k = {hso.window}, η = {hso.lr}, β = {tuple(hso.betas)}. Each context's article is "
+        "the one most of its targets lie in.\n\n**Planned analysis** (registered before the "
+        "run): HSO − plain NLL per token (nats), one row per context, clustered by article "
+        "(each article one unit: the mean of its contexts); sign-flip randomisation p and "
+        f"BCa 95 % interval, {s.resamples:,} resamples; secondary: the sign test over "
+        "articles; Holm over both."
+    )
+    run.table(
+        [
+            {
+                "comparison": "HSO − plain, nats/token (primary)",
+                "mean": r.mean,
+                "95% interval": f"[{r.low:+.5f}, {r.high:+.5f}]",
+                "p (Holm)": p_text(a["p_holm"], s.resamples),
+                "articles": r.units,
+                "contexts": r.rows,
+            },
+            {
+                "comparison": f"sign test: HSO lower in {sign['lower']}, higher in "
+                f"{sign['higher']} articles",
+                "mean": "",
+                "95% interval": "",
+                "p (Holm)": p_text(sign["p_holm"]),
+                "articles": sign["lower"] + sign["higher"],
+                "contexts": "",
+            },
+        ]
+    )
+    run.text("**Exploratory** (not part of the plan): totals over every target token.")
+    rows = []
+    for m in ("plain", "hso"):
+        ctx = units[m]["contexts"]
+        nll, n = math.fsum(x for x, _ in ctx), sum(k for _, k in ctx)
+        rows.append(
+            {
+                "method": m,
+                "tokens": n,
+                "token ppl": math.exp(nll / n),
+                "ms/token": 1000 * units[m]["seconds"] / n,
+            }
+        )
+    run.table(rows)
+
+
+@dataclass
 class FewShotSettings:
     model: str = settings_field("smollm2-135m", "model name or path")
     task: str = settings_field("e2e-family", "e2e-family (binary) or webnlg-topic (4-way)")
@@ -231,7 +405,7 @@ def _fewshot_rows(s: FewShotSettings, units: dict[tuple[int, int], dict]) -> lis
     for n in s.shots:
         per_seed = [units[n, seed] for seed in s.seeds]
         row = {"n": n, "prompt tokens": statistics.mean(u["mean prompt tokens"] for u in per_seed)}
-        for m in METHODS:
+        for m in per_seed[0]["accuracy"]:  # the methods the run ran, in METHODS' order
             accs = [u["accuracy"][m] for u in per_seed]
             sd = statistics.stdev(accs) if len(accs) > 1 else 0.0
             row[m] = f"{statistics.mean(accs):.1f} ± {sd:.1f}"
@@ -403,8 +577,17 @@ def hso_fewshot(s: FewShotSettings, run: ExperimentRun) -> None:
     model, tok = load_model(s.model, device=default_device())
     model.eval()
     task = build_task(s.task, s.data_dir)
-    shared, label_ids = label_token_ids(tok, task.labels)
     tests = _test_examples(task, s.examples, tok, s.max_test_tokens)
+    units = _fewshot_cells_run(s, run, (model, tok), task, tests, METHODS)
+    _report_fewshot(s, run, task, tests, units)
+
+
+def _fewshot_cells_run(
+    s: FewShotSettings, run: ExperimentRun, loaded: tuple, task, tests: list, methods
+) -> dict[tuple[int, int], dict]:
+    """Every (n, seed) cell's unit: one unit per method, each saved batch by batch."""
+    model, tok = loaded
+    shared, label_ids = label_token_ids(tok, task.labels)
     hso = HSOConfig(window=s.hso_window, lr=s.hso_lr, betas=tuple(s.hso_betas))
     de = DynamicEvalConfig(window=s.hso_window, lr=s.de_lr)
     setup = _FewShot(model, tok, task, shared, label_ids, tests, hso, de)
@@ -415,11 +598,15 @@ def hso_fewshot(s: FewShotSettings, run: ExperimentRun) -> None:
             if key in run.units:  # a whole unit saved before units were kept per method
                 units[n, seed] = run.units[key]
                 continue
-
             # a unit per method, each saved batch by batch: a stopped run loses one batch
             cell = _Cell(n, seed)
-            parts = {m: _method_unit(run, s, setup, cell, m) for m in METHODS}
+            parts = {m: _method_unit(run, s, setup, cell, m) for m in methods}
             units[n, seed] = _combine(parts)
+    return units
+
+
+def _report_fewshot(s: FewShotSettings, run: ExperimentRun, task, tests, units) -> None:
+    """The accuracy table per n and the paired differences per (n, seed)."""
     rows = _fewshot_rows(s, units)
     run.text(
         f"{s.model}, task {s.task} ({len(task.labels)} classes: {', '.join(task.labels)}); "
@@ -442,3 +629,176 @@ def hso_fewshot(s: FewShotSettings, run: ExperimentRun) -> None:
         "(points; ± the 95 % paired bootstrap interval, 1,000 resamples):"
     )
     run.table(_paired_rows(units))
+
+
+#: the sizes of the test draws of every committed or documented ``hso-fewshot`` run (the CPU
+#: default, the CPU campaign, the GPU slot): their examples are not fresh
+USED_DRAWS = (16, 200, 400)
+#: the confirmatory comparisons in the registered order: (method, n); the first is primary
+CONFIRM_COMPARISONS = (("hso2", 2), ("hso", 2), ("hso2", 4), ("hso", 4))
+
+
+@dataclass
+class FewShotConfirmSettings(FewShotSettings):
+    shots: tuple[int, ...] = settings_field((2, 4), "examples per prompt (n)")
+    seeds: tuple[int, ...] = settings_field((0, 1, 2), "seeds of the prompt draws")
+    examples: int = settings_field(450, "fresh test examples (class-balanced as the pool allows)")
+    methods: tuple[str, ...] = settings_field(("baseline", "hso", "hso2"), "methods run")
+    used_draws: tuple[int, ...] = settings_field(
+        USED_DRAWS, "sizes of earlier runs' test draws, whose examples are left out"
+    )
+    resamples: int = settings_field(10_000, "bootstrap and randomisation resamples")
+
+
+def balanced_counts(sizes: list[int], n: int) -> list[int]:
+    """How many of each class to take for ``n`` examples from classes of ``sizes``: as equal
+    as the sizes allow (one more each, in turn, to every class with some left)."""
+    take = [0] * len(sizes)
+    while sum(take) < n and any(t < z for t, z in zip(take, sizes, strict=True)):
+        for i, z in enumerate(sizes):
+            if take[i] < z and sum(take) < n:
+                take[i] += 1
+    return take
+
+
+def fresh_examples(
+    task, held_out: list[tuple[str, int]], n: int, used_draws: tuple[int, ...]
+) -> list[tuple[str, int]]:
+    """``n`` (text, label) examples no earlier run scored: the ``held_out`` rows (the
+    validation split) and the test rows none of the ``used_draws`` draws picked, class-balanced
+    as far as the pool allows (:func:`balanced_counts`), in a seeded order."""
+    used = set().union(*(_test_examples(task, k, None, None) for k in used_draws))
+    pool = list(dict.fromkeys([*held_out, *(t for t in task.test if t not in used)]))
+    rng = random.Random(4321)
+    by_class = [[t for t in pool if t[1] == y] for y in range(len(task.labels))]
+    for rows in by_class:
+        rng.shuffle(rows)
+    take = balanced_counts([len(r) for r in by_class], n)
+    out = [t for rows, k in zip(by_class, take, strict=True) for t in rows[:k]]
+    if len(out) < n:
+        raise GencraftError(f"{task.name} has {len(out)} fresh examples; {n} were asked for")
+    rng.shuffle(out)
+    return out
+
+
+def confirm_analysis(units: dict, labels: list[int], seeds, resamples: int = 10_000) -> dict:
+    """The registered analysis of an ``hso-fewshot-confirm`` run's units: each comparison of
+    :data:`CONFIRM_COMPARISONS` (method − plain accuracy in points at n) clustered by test
+    example over the seeds, Holm over all of them (None where a cell is unfinished), and per
+    method and n the accuracy on each class and the share of each answer."""
+    out: dict[str, Any] = {"comparisons": [], "answers": []}
+    for m, n in CONFIRM_COMPARISONS:
+        keys = [(f"n={n} seed={sd} {m}", f"n={n} seed={sd} baseline") for sd in seeds]
+        if not all(a in units and b in units for a, b in keys):
+            out["comparisons"].append(None)
+            continue
+        a = [100.0 * c for k, _ in keys for c in units[k]["correct"]]
+        b = [100.0 * c for _, k in keys for c in units[k]["correct"]]
+        ids = [i for _ in seeds for i in range(len(labels))]
+        r = compare_paired(a, b, clusters=ids, resamples=resamples)
+        out["comparisons"].append({"method": m, "n": n, "result": r})
+    done = [c for c in out["comparisons"] if c]
+    for c, q in zip(done, holm([c["result"].p for c in done]), strict=True):
+        c["p_holm"] = q
+    for key in sorted(units):
+        if key.startswith("n="):
+            out["answers"].append({"unit": key, **answer_rates(units[key]["correct"], labels)})
+    return out
+
+
+def answer_rates(correct: list[int], labels: list[int], classes: int = 2) -> dict[str, Any]:
+    """Accuracy on each class and the share of each answer (%), from correctness and labels
+    (two classes: a wrong answer is the other label)."""
+    right, seen, said = [0] * classes, [0] * classes, [0] * classes
+    for c, y in zip(correct, labels, strict=True):
+        right[y] += c
+        seen[y] += 1
+        said[y if c else 1 - y] += 1
+    return {
+        "class accuracy": [100.0 * r / max(1, k) for r, k in zip(right, seen, strict=True)],
+        "answer share": [100.0 * k / max(1, len(correct)) for k in said],
+    }
+
+
+@register(
+    "hso-fewshot-confirm",
+    title="HSO few-shot, confirmatory: fresh examples, HSO-2 − plain at n = 2 by example",
+    settings=FewShotConfirmSettings,
+    scales={
+        "tiny": {
+            "model": "tiny-llama",
+            "shots": (2,),
+            "seeds": (0, 1),
+            "examples": 6,
+            "max_example_tokens": 80,
+            "resamples": 200,
+        },
+        "cpu": {},
+        "gpu": {},
+    },
+    cpu_minutes=300,
+    units=lambda s: [
+        "examples",
+        *(f"n={n} seed={sd} {m}" for n in s.shots for sd in s.seeds for m in s.methods),
+    ],
+    volatile=("batch_size",),
+)
+def hso_fewshot_confirm(s: FewShotConfirmSettings, run: ExperimentRun) -> None:
+    """The registered comparisons on fresh examples, then the exploratory tables."""
+    if s.task != "e2e-family":
+        raise GencraftError("hso-fewshot-confirm runs the binary task e2e-family only")
+    model, tok = load_model(s.model, device=default_device())
+    model.eval()
+    task = build_task(s.task, s.data_dir)
+    tests = fresh_examples(
+        task, task_rows(s.task, "validation", s.data_dir), s.examples, tuple(s.used_draws)
+    )
+    labels = run.unit("examples", lambda: {"label": [y for _, y in tests]})["label"]
+    units = _fewshot_cells_run(s, run, (model, tok), task, tests, tuple(s.methods))
+    _report_confirm(s, run, labels, task.labels)
+    run.text("**Exploratory** (not part of the plan): accuracy per n and per seed.")
+    run.table(_fewshot_rows(s, units))
+    run.table(_paired_rows(units))
+
+
+def _report_confirm(s: FewShotConfirmSettings, run: ExperimentRun, labels, names) -> None:
+    """The registered analysis: the comparisons under Holm, then answers per class."""
+    a = confirm_analysis(run.units, labels, s.seeds, s.resamples)
+    counts = [labels.count(y) for y in range(len(names))]
+    run.text(
+        f"{s.model}, {s.task}: {len(labels)} fresh examples ("
+        + ", ".join(f"{k} {w!r}" for k, w in zip(counts, names, strict=True))
+        + ") from the validation split and the test examples no earlier run drew; prompts of "
+        f"n examples from the training split, drawn afresh per example with seeds "
+        f"{list(s.seeds)}. HSO k = {s.hso_window}, η = {s.hso_lr}, β = {tuple(s.hso_betas)}; "
+        "HSO-2 two steps per window.\n\n**Planned analysis** (registered before the run): "
+        "each method − plain accuracy (points), clustered by example (its mean over the "
+        f"seeds); sign-flip randomisation p and BCa 95 % interval, {s.resamples:,} resamples; "
+        "Holm over the four comparisons; the first is primary."
+    )
+    rows = []
+    for c in a["comparisons"]:
+        if c is None:
+            continue
+        r = c["result"]
+        rows.append(
+            {
+                "comparison": f"{c['method']} − plain, n = {c['n']}",
+                "mean": r.mean,
+                "95% interval": f"[{r.low:+.2f}, {r.high:+.2f}]",
+                "p (Holm)": p_text(c["p_holm"], s.resamples),
+                "examples": r.units,
+            }
+        )
+    run.table(rows)
+    run.text("Accuracy on each class and the share of each answer (%, descriptive):")
+    run.table(
+        [
+            {
+                "cell": x["unit"],
+                **{f"acc {w}": v for w, v in zip(names, x["class accuracy"], strict=True)},
+                **{f"says {w}": v for w, v in zip(names, x["answer share"], strict=True)},
+            }
+            for x in a["answers"]
+        ]
+    )

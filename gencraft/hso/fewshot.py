@@ -52,37 +52,41 @@ class FewShotTask:
     _short: dict = dataclass_field(default_factory=dict, repr=False)
 
 
+#: each task's prompt fields and label words
+_FIELDS = {
+    "e2e-family": ("Review", "Family friendly", ("yes", "no")),
+    "webnlg-topic": ("Sentence", "Topic", _TOPICS),
+}
+
+
 def build_task(name: str, data_dir: str | None = None) -> FewShotTask:
+    """The task ``name``: prompts drawn from its training split, test examples from its test
+    split (:func:`task_rows`)."""
+    if name not in _FIELDS:
+        raise GencraftError(f"unknown few-shot task {name!r}; choose one of {', '.join(TASKS)}")
+    rows = (task_rows(name, split, data_dir) for split in ("train", "test"))
+    return FewShotTask(name, *_FIELDS[name], *rows)
+
+
+def task_rows(name: str, split: str, data_dir: str | None = None) -> list[tuple[str, int]]:
+    """(text, label index) of every example of task ``name`` in ``split`` (the module
+    docstring says which text and label)."""
     from gencraft.data.data2text import load_data_to_text
 
+    out = []
     if name == "e2e-family":
-
-        def rows(split):
-            out = []
-            for ex in load_data_to_text("e2e", split, data_dir):
-                mr = ex.meta["mr"]
-                label = (
-                    0 if "familyFriendly[yes]" in mr else 1 if "familyFriendly[no]" in mr else None
-                )
-                if label is None:
-                    continue
+        for ex in load_data_to_text("e2e", split, data_dir):
+            mr = ex.meta["mr"]
+            label = 0 if "familyFriendly[yes]" in mr else 1 if "familyFriendly[no]" in mr else None
+            if label is not None:
                 out += [(r, label) for r in ex.references if _FAMILY.search(r)][:1]
-            return out
-
-        return FewShotTask(
-            name, "Review", "Family friendly", ("yes", "no"), rows("train"), rows("test")
-        )
+        return out
     if name == "webnlg-topic":
-
-        def rows(split):
-            out = []
-            for ex in load_data_to_text("webnlg", split, data_dir):
-                cat = ex.meta.get("category")
-                if cat in _TOPICS and ex.references:
-                    out.append((ex.references[0], _TOPICS.index(cat)))
-            return out
-
-        return FewShotTask(name, "Sentence", "Topic", _TOPICS, rows("train"), rows("test"))
+        for ex in load_data_to_text("webnlg", split, data_dir):
+            cat = ex.meta.get("category")
+            if cat in _TOPICS and ex.references:
+                out.append((ex.references[0], _TOPICS.index(cat)))
+        return out
     raise GencraftError(f"unknown few-shot task {name!r}; choose one of {', '.join(TASKS)}")
 
 

@@ -170,30 +170,44 @@ def compare_paired(
 
 def _one_level(u: Any, rows: int, resamples: int, seed: int, level: float) -> Paired:
     """Bootstrap interval and sign-flip randomisation p over the unit means ``u`` ``[U]``."""
-    np, ss = _np(), _scipy_stats()
+    np = _np()
     mean = float(u.mean())
-    if u.size == 1 or np.all(u == u[0]):  # no spread: a zero-width interval
-        return Paired(mean, mean, mean, float(mean == 0), int(u.size), rows, test="no spread")
+    if np.all(u == 0):
+        return Paired(mean, mean, mean, 1.0, int(u.size), rows, test="no difference")
     rng = np.random.default_rng(seed)
-    perm = ss.permutation_test(
-        (u,), np.mean, permutation_type="samples", n_resamples=resamples, rng=rng,
-        vectorized=True, axis=-1,
-    )  # fmt: skip
-    exact = 2**u.size <= resamples
-    # two-sided by |mean|, as sacrebleu's approximate randomisation: at least 1/(R+1)
-    beyond = (np.abs(perm.null_distribution) >= abs(mean) * (1 - 1e-12)).sum()
-    p = beyond / perm.null_distribution.size if exact else (beyond + 1) / (resamples + 1)
-    boot = ss.bootstrap((u,), np.mean, n_resamples=resamples, method="BCa", rng=rng,
-                        confidence_level=level, vectorized=True, axis=-1)  # fmt: skip
+    p, exact = _sign_flip_p(u, mean, resamples, rng)
+    test = "sign-flip randomisation (exact)" if exact else "sign-flip randomisation"
+    if np.all(u == u[0]):  # no spread: the p stands, the interval has zero width
+        return Paired(mean, mean, mean, p, int(u.size), rows, test=f"{test}; no spread",
+                      resamples=0 if exact else resamples, level=level)  # fmt: skip
+    boot = _scipy_stats().bootstrap((u,), np.mean, n_resamples=resamples, method="BCa", rng=rng,
+                                    confidence_level=level, vectorized=True, axis=-1)  # fmt: skip
     low, high = boot.confidence_interval
     if not (np.isfinite(low) and np.isfinite(high)):  # BCa degenerate: the percentile interval
         dist = boot.bootstrap_distribution
         low, high = np.percentile(dist, [50 * (1 - level), 50 * (1 + level)])
     return Paired(
-        mean, float(low), float(high), float(min(1.0, p)), int(u.size), rows,
+        mean, float(low), float(high), p, int(u.size), rows,
         se=float(boot.standard_error), resamples=0 if exact else resamples, level=level,
-        test="sign-flip randomisation (exact)" if exact else "sign-flip randomisation",
+        test=test,
     )  # fmt: skip
+
+
+def _sign_flip_p(u: Any, mean: float, resamples: int, rng: Any) -> tuple[float, bool]:
+    """The two-sided sign-flip p of the unit means ``u`` ``[U]`` (by |mean|, as sacrebleu's
+    approximate randomisation), and whether it is exact (2^U <= ``resamples``: every flip);
+    a resampled p is at least 1/(R+1). One unit: p = 1 (both flips are as extreme)."""
+    np = _np()
+    if u.size == 1:
+        return 1.0, True
+    perm = _scipy_stats().permutation_test(
+        (u,), np.mean, permutation_type="samples", n_resamples=resamples, rng=rng,
+        vectorized=True, axis=-1,
+    )  # fmt: skip
+    exact = 2**u.size <= resamples
+    beyond = (np.abs(perm.null_distribution) >= abs(mean) * (1 - 1e-12)).sum()
+    p = beyond / perm.null_distribution.size if exact else (beyond + 1) / (resamples + 1)
+    return float(min(1.0, p)), exact
 
 
 def _two_level(grid: Any, rows: int, resamples: int, seed: int, level: float) -> Paired:

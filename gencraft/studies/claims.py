@@ -172,7 +172,7 @@ HSO_PPL_PLAN = Plan(
     test="compare_paired(clusters=article): sign-flip randomisation p, BCa 95% interval; "
     "direction: HSO lower",
     alpha=0.05,
-    size="the whole WikiText-2 test split (about 290k tokens, ~570 contexts, 62 articles)",
+    size="the whole WikiText-2 test split (about 290k tokens, ~570 contexts, ~60 articles)",
     stopping="none: every context runs; an interim look reports progress only",
     command="gencraft reproduce hso-ppl --scale cpu --data-dir ../shared/data",
     registered=_REGISTERED,
@@ -197,6 +197,13 @@ HSO_FEWSHOT_PLAN = Plan(
         "per-class accuracy and answer rates (descriptive)",
     ),
     cost="about 4–5 CPU hours",
+    amended=(
+        "2026-12-06, at the run's start, before any result: the validation split holds 397 "
+        "examples with a label word (217 yes, 180 no), too few for 450 class-balanced ones; "
+        "the pool adds the 147 test examples no earlier run drew (the draws of 16, 200 and "
+        "400 examples), and the 450 are as balanced as it allows: 240 yes, 210 no. The "
+        "command runs the three methods only (no dynamic evaluation).",
+    ),
 )
 POINTER_PLAN = Plan(
     endpoint="pointer sentinel − LSTM test NLL per word (nats) at batch 1",
@@ -206,11 +213,17 @@ POINTER_PLAN = Plan(
     alpha=0.05,
     size="PTB, the small preset, 3 seeds per model",
     stopping="each model trains to early stopping on validation perplexity, at most 20 epochs",
-    command="gencraft reproduce pointer-vs-lstm --scale cpu --seeds 0,1,2 --data-dir "
-    "../shared/data",
+    command="gencraft reproduce pointer-confirm --scale cpu --data-dir ../shared/data",
     registered=_REGISTERED,
     secondary=("rare-word buckets: the gain per frequency decile, with intervals",),
     cost="about 10 CPU hours",
+    amended=(
+        "2026-12-06, before the run started: the command is its own experiment, "
+        "pointer-confirm (seeds 0, 1, 2 by default; pointer-vs-lstm keeps its time budget); "
+        "Adam 3e-3, batch 8, validation every epoch with patience 3, the best weights reloaded "
+        "on a worse validation, as the CPU runs before it. A sentence's unit value is its "
+        "mean NLL per word (each sentence weighs the same).",
+    ),
 )
 
 CLAIMS: tuple[Claim, ...] = (
@@ -654,7 +667,8 @@ CLAIMS: tuple[Claim, ...] = (
         unit="training seed",
         direction=-1,
         test="two-level bootstrap over seeds × test sentences",
-        study="pointer-vs-lstm",
+        study="pointer-confirm",
+        run="docs/results/runs/pointer-confirm-cpu",
         scale=Scale(
             1.0, 0.25, True, "both to early stopping on the whole PTB; the small preset (2 × 256)"
         ),
@@ -692,11 +706,16 @@ CLAIMS: tuple[Claim, ...] = (
             "PTB",
             "to convergence",
         ),
-        endpoint="gain in the rarest decile − gain in the most frequent",
-        unit="training seed",
-        test="two-level bootstrap",
-        study="pointer-vs-lstm",
-        decide="the pre-registered pointer-ptb run (its secondary)",
+        endpoint="gain (LSTM − pointer NLL) on the rarest decile's words − on the most "
+        "frequent decile's, within a test sentence",
+        unit="training seed (test sentences holding both as the second level)",
+        test="two-level bootstrap over seeds × test sentences",
+        study="pointer-confirm",
+        run="docs/results/runs/pointer-confirm-cpu",
+        scale=Scale(
+            1.0, 0.25, True, "both to early stopping on the whole PTB; the small preset (2 × 256)"
+        ),
+        decide="the pre-registered pointer-ptb run (its buckets are secondary there)",
     ),
     Claim(
         id="dasp-matches-dense",

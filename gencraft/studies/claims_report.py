@@ -83,6 +83,7 @@ def _detail(row: dict[str, Any]) -> list[str]:
             f"under Holm: {'; '.join(p['secondary']) or 'none'}. Anything else is "
             "exploratory."
         )
+        lines += [f"- Amended: {a}" for a in p.get("amended", ())]
     return [*lines, ""]
 
 

@@ -49,7 +49,8 @@ def _frac(x: float) -> str:
 class Plan:
     """A confirmatory run's pre-registration: primary endpoint, unit, test, α, size and
     stopping rule, the command, and the date it was committed. The report lists these
-    analyses first; any other is exploratory. An interim look never changes them."""
+    analyses first; any other is exploratory. An interim look never changes them; a change
+    made before any result was seen is listed in ``amended``, with its reason."""
 
     endpoint: str
     unit: str
@@ -61,6 +62,8 @@ class Plan:
     registered: str
     secondary: tuple[str, ...] = ()
     cost: str = ""
+    #: changes made before any result was seen, each with its date and reason
+    amended: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

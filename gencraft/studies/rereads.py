@@ -111,9 +111,51 @@ def _answers_table(cells: dict, labels: list[int], names: list[str]) -> list[tup
     return rows
 
 
+HSO_FEWSHOT_CONFIRM = "hso-fewshot-confirm-cpu/results.json"
+
+
+def hso_fewshot_confirm(runs: Path, data_dir: str | None):
+    """The pre-registered analysis of ``hso-fewshot-confirm`` (:func:`gencraft.hso.
+    experiments.confirm_analysis`): HSO-2 − plain at n = 2 by example, then the other three
+    comparisons; None until every comparison's cells are finished."""
+    from gencraft.hso.experiments import CONFIRM_COMPARISONS, confirm_analysis
+
+    path = runs / HSO_FEWSHOT_CONFIRM
+    if not path.is_file():
+        return None
+    run = _json(path)
+    units, s = run["units"], run["settings"]
+    if "examples" not in units:
+        return None
+    labels = units["examples"]["label"]
+    a = confirm_analysis(units, labels, s["seeds"], s["resamples"])
+    if any(c is None for c in a["comparisons"]):
+        return None
+    comps = [
+        Comparison(f"{m} − plain, n = {n}", c["result"], "example")
+        for (m, n), c in zip(CONFIRM_COMPARISONS, a["comparisons"], strict=True)
+    ]
+    details = [
+        (
+            f"{x['unit']}: accuracy per class",
+            f"yes {x['class accuracy'][0]:.1f}%, no {x['class accuracy'][1]:.1f}%; answers: "
+            f"yes {x['answer share'][0]:.1f}%, no {x['answer share'][1]:.1f}%",
+        )
+        for x in a["answers"]
+    ]
+    notes = (
+        f"Pre-registered; {len(labels)} fresh examples ({labels.count(0)} yes, "
+        f"{labels.count(1)} no), prompt seeds {s['seeds']}; each example one unit.",
+    )
+    return Measured(comps[0], tuple(comps[1:]), notes, tuple(details), files=(HSO_FEWSHOT_CONFIRM,))
+
+
 def hso_fewshot(runs: Path, data_dir: str | None, *, a: str = "hso", b: str = "baseline"):
     """HSO (or ``a``) minus ``b`` in accuracy points, clustered by test example over the
-    (n, seed) cells; secondary: the other HSO variant."""
+    (n, seed) cells; secondary: the other HSO variant. Once the pre-registered run has
+    finished, HSO and the claim are read from it (:func:`hso_fewshot_confirm`)."""
+    if a == "hso" and (confirmed := hso_fewshot_confirm(runs, data_dir)) is not None:
+        return confirmed
     path = runs / HSO_FEWSHOT
     if not path.is_file():
         return None
@@ -163,6 +205,155 @@ def hso_cost(runs: Path, data_dir: str | None):
             f"{len(both)} cells); dynamic evaluation ran on the first 20 examples of each cell.",
         ),
         files=(HSO_FEWSHOT,),
+    )
+
+
+# --- HSO perplexity, confirmatory (hso-ppl-cpu) ---------------------------------------------
+
+HSO_PPL = "hso-ppl-cpu/results.json"
+
+
+def hso_ppl(runs: Path, data_dir: str | None):
+    """The pre-registered analysis of the ``hso-ppl`` run (:func:`gencraft.hso.experiments.
+    ppl_analysis`): HSO − plain NLL per token by article; secondary: the sign test over
+    articles. None until both methods have scored every context (an interim look decides
+    nothing)."""
+    from gencraft.hso.experiments import ppl_analysis
+
+    path = runs / HSO_PPL
+    if not path.is_file():
+        return None
+    run = _json(path)
+    units = run["units"]
+    if not {"articles", "plain", "hso"} <= set(units):
+        return None
+    a = ppl_analysis(units, run["settings"]["resamples"])
+    lower, higher = a["sign"]["lower"], a["sign"]["higher"]
+    sign = {
+        "mean": (lower - higher) / max(1, lower + higher),
+        "low": math.nan,
+        "high": math.nan,
+        "p": a["sign"]["p"],
+        "units": lower + higher,
+    }
+    totals = []
+    for m in ("plain", "hso"):
+        ctx = units[m]["contexts"]
+        n = sum(k for _, k in ctx)
+        ppl = math.exp(math.fsum(x for x, _ in ctx) / n)
+        totals.append((f"{m}: token perplexity (exploratory)", f"{ppl:.3f} over {n:,} tokens"))
+    return Measured(
+        Comparison("HSO − plain, NLL nats/token", a["primary"], "article"),
+        (
+            Comparison(
+                f"sign test: HSO lower in {lower}, higher in {higher} articles", sign, "article"
+            ),
+        ),
+        notes=(
+            f"Pre-registered; {a['primary'].rows} contexts of {run['settings']['context']} "
+            f"tokens in {a['primary'].units} articles, each article one unit.",
+        ),
+        details=tuple(totals),
+        files=(HSO_PPL,),
+    )
+
+
+# --- pointer sentinel vs LSTM, confirmatory (pointer-confirm-cpu) ----------------------------
+
+POINTER_CONFIRM = "pointer-confirm-cpu/results.json"
+
+
+def _pointer_run(runs: Path, data_dir: str | None):
+    """(results, corpus) of the pre-registered pointer run, or None until its every seed has
+    both test units."""
+    path = runs / POINTER_CONFIRM
+    if not path.is_file():
+        return None
+    run = _json(path)
+    s = run["settings"]
+    keys = [f"test {m}-s{sd}" for sd in s["seeds"] for m in ("lstm", "pointer")]
+    if not all(k in run["units"] for k in keys):
+        return None
+    from gencraft.data import load_lm_corpus
+
+    return run, load_lm_corpus(s["corpus"], data_dir, splits=("test",))
+
+
+def pointer_ptb(runs: Path, data_dir: str | None):
+    """Pointer − LSTM NLL per word over seeds × test sentences (the registered primary), and
+    the gain in each frequency bucket (secondary) (:func:`gencraft.pointer.experiments.
+    pointer_confirm_analysis`)."""
+    from gencraft.pointer.experiments import pointer_confirm_analysis
+
+    got = _pointer_run(runs, data_dir)
+    if got is None:
+        return None
+    run, corpus = got
+    s = run["settings"]
+    a = pointer_confirm_analysis(run["units"], corpus, s["seeds"], s["resamples"])
+    buckets = tuple(
+        Comparison(
+            f"gain LSTM − pointer, bucket {b['bucket']} ({b['words']:,} words)",
+            b["result"],
+            "sentence within seed",
+        )
+        for b in a["buckets"]
+    )
+    ppl = [
+        (
+            f"{m}: test perplexity per seed (batch 1)",
+            ", ".join(
+                f"{math.exp(statistics.fmean(run['units'][f'test {m}-s{sd}']['token_nll'])):.1f}"
+                for sd in s["seeds"]
+            ),
+        )
+        for m in ("lstm", "pointer")
+    ]
+    return Measured(
+        Comparison("pointer − LSTM, NLL nats/word", a["primary"], "training seed"),
+        buckets,
+        notes=(
+            f"Pre-registered; {len(s['seeds'])} seeds, {a['primary'].units:,} test sentences "
+            "as the second level.",
+        ),
+        details=tuple(ppl),
+        files=(POINTER_CONFIRM,),
+    )
+
+
+def pointer_rare(runs: Path, data_dir: str | None):
+    """Within each test sentence holding words of both, the gain (LSTM − pointer NLL) on the
+    rarest decile's words minus that on the most frequent decile's, over seeds × sentences."""
+    from gencraft.data import EOS
+    from gencraft.pointer.analysis import frequency_buckets
+    from gencraft.pointer.experiments import sentence_of_words
+
+    got = _pointer_run(runs, data_dir)
+    if got is None:
+        return None
+    run, corpus = got
+    test = corpus["test"]
+    sent = sentence_of_words(test, corpus.vocab.stoi[EOS])
+    bucket = frequency_buckets(corpus.vocab.counts, 10)[test[1:]].tolist()
+    rare, frequent, ids, seeds = [], [], [], []
+    for sd in run["settings"]["seeds"]:
+        lstm = run["units"][f"test lstm-s{sd}"]["token_nll"]
+        ptr = run["units"][f"test pointer-s{sd}"]["token_nll"]
+        gains: dict[tuple[int, int], list[float]] = {}
+        for i, (x, y) in enumerate(zip(lstm, ptr, strict=True)):
+            if bucket[i] in (0, 9):
+                gains.setdefault((sent[i], bucket[i]), []).append(x - y)
+        for (k, b), g in sorted(gains.items()):
+            if b == 9 and (k, 0) in gains:
+                rare.append(statistics.fmean(g))
+                frequent.append(statistics.fmean(gains[k, 0]))
+                ids.append(k)
+                seeds.append(sd)
+    r = compare_paired(rare, frequent, clusters=ids, seeds=seeds)
+    return Measured(
+        Comparison("gain on the rarest decile − on the most frequent", r, "training seed"),
+        notes=(f"{r.units:,} test sentences hold words of both deciles.",),
+        files=(POINTER_CONFIRM,),
     )
 
 
@@ -570,6 +761,7 @@ def bad_mode_toys(runs: Path, data_dir: str | None):
 
 #: claim id -> reader
 READERS: dict[str, Callable[[Path, str | None], Measured | None]] = {
+    "hso-ppl": hso_ppl,
     "hso-fewshot": hso_fewshot,
     "hso2-vs-hso": lambda r, d: hso_fewshot(r, d, a="hso2", b="hso"),
     "hso-cost": hso_cost,
@@ -582,4 +774,6 @@ READERS: dict[str, Callable[[Path, str | None], Measured | None]] = {
     "fame-rouge": fame_rouge,
     "fame-faithfulness": fame_faithfulness,
     "bad-mode-toys": bad_mode_toys,
+    "pointer-ptb": pointer_ptb,
+    "pointer-rare": pointer_rare,
 }

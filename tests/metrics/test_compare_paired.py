@@ -39,12 +39,20 @@ def test_one_level_p_is_the_exact_sign_flip_test(diffs):
     b = [0.0] * len(diffs)
     got = compare_paired(diffs, b, resamples=1000)
     assert got.units == got.rows == len(diffs) and got.mean == pytest.approx(np.mean(diffs))
-    if len(set(diffs)) == 1:  # no spread
-        assert got.low == got.high == got.mean and got.p == float(got.mean == 0)
-        return
     assert got.p == pytest.approx(_exact_sign_flip_p(diffs), rel=1e-9)
+    if len(set(diffs)) == 1:  # no spread: the same test, an interval of zero width
+        assert got.low == got.high == got.mean
+        return
     assert got.resamples == 0 and "exact" in got.test  # 2^9 <= 1000 flips: exact
     assert got.low <= got.mean <= got.high
+
+
+def test_one_unit_is_no_evidence():
+    """One cluster (one article, one document) cannot reject: both sign flips are as extreme."""
+    got = compare_paired([1.0, 2.0, 3.0], [0.0, 0.0, 0.0], clusters=["a", "a", "a"])
+    assert (got.units, got.rows, got.mean, got.p) == (1, 3, 2.0, 1.0)
+    same = compare_paired([0.5] * 20, [0.0] * 20, clusters=range(20), resamples=199)
+    assert same.p == pytest.approx(1 / 200) and same.low == same.high == 0.5
 
 
 @settings(max_examples=12, deadline=None, derandomize=True, database=None)
