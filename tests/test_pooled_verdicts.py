@@ -65,7 +65,7 @@ def test_pooled_bleu_is_the_two_level_bootstrap_recomputed_by_brute_force(outs, 
 @settings(max_examples=20, deadline=None, derandomize=True, database=None)
 def test_one_run_is_bleu_paired_and_copies_of_it_change_nothing(a, b, copies):
     one = bleu_paired_runs("e2e", [a], [b], REFS, resamples=100)
-    assert {k: one[k] for k in ("n", "mean", "low", "high", "p")} == bleu_paired(
+    assert {k: one[k] for k in ("n", "mean", "low", "high", "p", "test")} == bleu_paired(
         "e2e", a, b, REFS, resamples=100
     )
     same = bleu_paired_runs("e2e", [a] * copies, [b] * copies, REFS, resamples=100)

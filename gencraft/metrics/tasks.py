@@ -231,12 +231,14 @@ def bleu_paired(
     lowercase: bool = False,
     resamples: int = 1000,
     seed: int = 12345,
+    test: str = "bootstrap",
 ) -> dict[str, float | int]:
     """Corpus BLEU of A minus B by a data-to-text task's convention, with the paired bootstrap
     over test inputs (Koehn 2004; sacrebleu's sufficient statistics, so each resample costs a
     sum): ``n`` inputs, ``mean`` the observed difference, ``low``/``high`` the 95% percentile
     interval of the resampled differences, ``p`` two-sided (twice the share of resamples on
-    the far side of 0, at least 1 / resamples). :func:`bleu_paired_runs` of one run."""
+    the far side of 0, at least 1 / resamples; ``test="randomisation"``: approximate
+    randomisation's instead). :func:`bleu_paired_runs` of one run."""
     r = bleu_paired_runs(
         task,
         [outputs_a],
@@ -245,8 +247,9 @@ def bleu_paired(
         lowercase=lowercase,
         resamples=resamples,
         seed=seed,
+        test=test,
     )
-    return {k: r[k] for k in ("n", "mean", "low", "high", "p")}
+    return {k: r[k] for k in ("n", "mean", "low", "high", "p", "test")}
 
 
 def bleu_paired_runs(
@@ -258,6 +261,7 @@ def bleu_paired_runs(
     lowercase: bool = False,
     resamples: int = 1000,
     seed: int = 12345,
+    test: str = "bootstrap",
 ) -> dict[str, Any]:
     """:func:`bleu_paired` pooled over K paired runs (``runs_a[k]`` and ``runs_b[k]``: system
     A's and B's outputs on the same inputs under training seed k). ``mean`` is the mean over
@@ -267,8 +271,17 @@ def bleu_paired_runs(
     interval so widens with the spread between seeds as well as between inputs (with K = 2
     it still understates the seeds' share: a bootstrap over K values has variance (K-1)/K
     of theirs). One run gives :func:`bleu_paired`'s numbers; ``run_means`` holds each run's
-    difference."""
+    difference.
+
+    ``test="randomisation"`` takes ``p`` from approximate randomisation instead (Riezler &
+    Maxwell 2005; sacrebleu's ``--paired-ar``): each resample swaps A's and B's outputs on a
+    random half of the inputs (the same inputs in every run), and p = (c + 1) / (R + 1) with
+    c the resamples whose mean difference is at least as far from 0 as the observed one; the
+    interval stays the bootstrap's."""
     import numpy as np
+
+    if test not in ("bootstrap", "randomisation"):
+        raise ConfigError(f"paired BLEU's test is bootstrap or randomisation, not {test!r}")
 
     if CONVENTIONS.get(task, _SUMM).family != "data-to-text":
         raise ConfigError(f"paired BLEU is for data-to-text tasks, not {task!r}")
@@ -282,16 +295,20 @@ def bleu_paired_runs(
         raise ConfigError(f"paired BLEU needs as many outputs in every run, got {sizes}")
     refs = _references(task, references, n)
     idx = np.random.default_rng(seed).choice(n, size=(resamples, n), replace=True)
-    observed, resampled = [], []
+    observed, resampled, stats = [], [], []
     for outs_a, outs_b in zip(runs_a, runs_b, strict=True):
         a, b = (_bleu_resampled(o, refs, lowercase, idx) for o in (outs_a, outs_b))
         observed.append(a.score - b.score)
         resampled.append(a.resampled - b.resampled)
+        stats.append((a.stats, b.stats))
     k = len(observed)
     drawn = np.random.default_rng(seed + 1).integers(k, size=(resamples, k))
     diffs = np.stack(resampled)[drawn, np.arange(resamples)[:, None]].mean(1)
     far = min((diffs <= 0).mean(), (diffs >= 0).mean())
     low, high = np.percentile(diffs, [2.5, 97.5])
+    p = min(1.0, max(2 * far, 1 / resamples))
+    if test == "randomisation":
+        p = _randomisation_p(stats, float(np.mean(observed)), resamples, seed + 2)
     return {
         "n": n,
         "runs": k,
@@ -299,15 +316,40 @@ def bleu_paired_runs(
         "run_means": observed,
         "low": float(low),
         "high": float(high),
-        "p": float(min(1.0, max(2 * far, 1 / resamples))),
+        "p": float(p),
+        "test": test,
     }
 
 
+def _randomisation_p(stats: list, observed: float, resamples: int, seed: int) -> float:
+    """Approximate randomisation's two-sided p of the mean corpus-BLEU difference over runs:
+    ``stats`` holds each run's (A, B) per-input sufficient statistics ``[n, S]``."""
+    import numpy as np
+
+    sacrebleu = require("sacrebleu", "metrics", "BLEU and TER")
+    metric = sacrebleu.BLEU()
+    swap = np.random.default_rng(seed).random((resamples, stats[0][0].shape[0])) < 0.5
+    keep = (~swap).astype("float64")
+    swap = swap.astype("float64")
+    diffs = np.zeros(resamples)
+    for a, b in stats:
+        for which, (x, y) in enumerate(zip(keep @ a + swap @ b, swap @ a + keep @ b, strict=True)):
+            diffs[which] += (
+                metric._compute_score_from_stats(x.tolist()).score
+                - metric._compute_score_from_stats(y.tolist()).score
+            )
+    diffs /= len(stats)
+    beyond = int((np.abs(diffs) >= abs(observed) * (1 - 1e-12)).sum())
+    return (beyond + 1) / (resamples + 1)
+
+
 class _Resampled(NamedTuple):
-    """Corpus BLEU of some outputs, and its value on each bootstrap resample (array ``[R]``)."""
+    """Corpus BLEU of some outputs, its value on each bootstrap resample (array ``[R]``), and
+    the per-input sufficient statistics it comes from (``[n, S]``)."""
 
     score: float
     resampled: Any
+    stats: Any
 
 
 def _bleu_resampled(
@@ -325,4 +367,4 @@ def _bleu_resampled(
     stats = np.array(metric._extract_corpus_statistics(outs, streams), dtype="float64")
     score = metric._compute_score_from_stats(stats.sum(0)).score
     again = [metric._compute_score_from_stats(stats[i].sum(0)).score for i in idx]
-    return _Resampled(score, np.array(again))
+    return _Resampled(score, np.array(again), stats)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from gencraft.extras import require
 
@@ -100,6 +101,27 @@ def rouge_per_example(
         100.0 * getattr(scorer.score_multi(refs, pred)[rouge_type], measure)
         for pred, refs in zip(predictions, _as_multi(references), strict=True)
     ]
+
+
+def rouge_paired(
+    outputs_a: Sequence[str],
+    outputs_b: Sequence[str],
+    references: References,
+    rouge_type: str = "rougeL",
+    measure: str = "fmeasure",
+    *,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> Any:
+    """Corpus ROUGE (x100; the mean over documents, as ``rouge-score``'s aggregate) of A minus
+    B, resampled by document: :func:`gencraft.metrics.stats.compare_paired` on the
+    per-document scores (BCa bootstrap interval, sign-flip randomisation p, one unit per
+    document)."""
+    from gencraft.metrics.stats import compare_paired
+
+    a = rouge_per_example(outputs_a, references, rouge_type, measure)
+    b = rouge_per_example(outputs_b, references, rouge_type, measure)
+    return compare_paired(a, b, resamples=resamples, seed=seed)
 
 
 def bootstrap_mean(
