@@ -287,7 +287,7 @@ def _train_full(s: PointerConfirmSettings, corpus, ptr: bool, out: Path, seed: i
     model = build(s.preset, len(corpus.vocab), ptr, seed, s.zoneout)
     tr = PointerTrainer(model, corpus, cfg, out, progress=True)
     history = tr.train()
-    valid = [h["ppl"] for h in history if "ppl" in h]
+    valid = [h["valid_ppl"] for h in history if "valid_ppl" in h]
     return {
         "epochs": tr.result.epochs_done,
         "steps": tr.global_step,

@@ -31,9 +31,9 @@ def corpus(synthetic_lm_dir):
 def confirm_run(tmp_path_factory, synthetic_lm_dir):
     runs = tmp_path_factory.mktemp("runs")
     out = runs / "pointer-confirm-cpu"
-    reproduce(
-        "pointer-confirm", scale="tiny", output=out, overrides={"data_dir": str(synthetic_lm_dir)}
-    )
+    # one whole epoch of the small corpus (validated at its end), not the scale's 3 steps
+    over = {"data_dir": str(synthetic_lm_dir), "max_steps": None}
+    reproduce("pointer-confirm", scale="tiny", output=out, overrides=over)
     return runs, json.loads((out / "results.json").read_text())
 
 
@@ -51,8 +51,11 @@ def test_each_seed_trains_both_models_and_scores_every_test_word(confirm_run, co
     u = res["units"]
     names = [f"{m}-s{sd}" for sd in (0, 1) for m in ("lstm", "pointer")]
     assert list(u) == [f"{k} {n}" for n in names for k in ("train", "test")]
+    steps = (corpus["train"].numel() // 4 - 1 + 99) // 100  # batch 4, BPTT 100: one epoch
     for n in names:
-        assert u[f"train {n}"]["steps"] == 3 and u[f"train {n}"]["stopped by"] == "max_steps"
+        assert u[f"train {n}"]["steps"] == steps and u[f"train {n}"]["stopped by"] == "epochs"
+        history = json.loads((runs / "pointer-confirm-cpu" / n / "history.json").read_text())
+        assert u[f"train {n}"]["best valid ppl"] == min(h["valid_ppl"] for h in history)
         assert len(u[f"test {n}"]["token_nll"]) == corpus["test"].numel() - 1
     best = PointerSentinelLSTM.from_pretrained(runs / "pointer-confirm-cpu" / "pointer-s1" / "best")
     direct = evaluate(best, corpus["test"], batch_size=1, return_details=True)["token_nll"][0]
