@@ -3270,8 +3270,8 @@ M = [
     (
         "bleu-paired-p-one-sided",
         "gencraft/metrics/tasks.py",
-        '"p": float(min(1.0, max(2 * far, 1 / resamples))),',
-        '"p": float(min(1.0, max(far, 1 / resamples))),',
+        "return float(low), float(high), float(min(1.0, max(2 * far, 1 / resamples)))",
+        "return float(low), float(high), float(min(1.0, max(far, 1 / resamples)))",
         'tests/test_campaign.py -k "not interrupted"',
     ),
     (
@@ -4649,8 +4649,8 @@ M = [
     (
         "pooled-verdict: the runs are drawn with the inputs' generator",
         "gencraft/metrics/tasks.py",
-        "np.random.default_rng(seed + 1).integers",
-        "np.random.default_rng(seed).integers",
+        "_two_level_bootstrap(resampled, resamples, seed + 1)",
+        "_two_level_bootstrap(resampled, resamples, seed)",
         "tests/test_pooled_verdicts.py::test_pooled_bleu_is_the_two_level_bootstrap_recomputed_by_brute_force",
     ),
     (

@@ -280,9 +280,34 @@ def bleu_paired_runs(
     interval stays the bootstrap's."""
     import numpy as np
 
+    n = _check_runs(task, runs_a, runs_b, test)
+    refs = _references(task, references, n)
+    idx = np.random.default_rng(seed).choice(n, size=(resamples, n), replace=True)
+    observed, resampled, stats = [], [], []
+    for outs_a, outs_b in zip(runs_a, runs_b, strict=True):
+        a, b = (_bleu_resampled(o, refs, lowercase, idx) for o in (outs_a, outs_b))
+        observed.append(a.score - b.score)
+        resampled.append(a.resampled - b.resampled)
+        stats.append((a.stats, b.stats))
+    low, high, p = _two_level_bootstrap(resampled, resamples, seed + 1)
+    if test == "randomisation":
+        p = _randomisation_p(stats, float(np.mean(observed)), resamples, seed + 2)
+    return {
+        "n": n,
+        "runs": len(observed),
+        "mean": float(np.mean(observed)),
+        "run_means": observed,
+        "low": low,
+        "high": high,
+        "p": float(p),
+        "test": test,
+    }
+
+
+def _check_runs(task: str, runs_a: Sequence, runs_b: Sequence, test: str) -> int:
+    """The inputs per run of :func:`bleu_paired_runs`, after its checks of the arguments."""
     if test not in ("bootstrap", "randomisation"):
         raise ConfigError(f"paired BLEU's test is bootstrap or randomisation, not {test!r}")
-
     if CONVENTIONS.get(task, _SUMM).family != "data-to-text":
         raise ConfigError(f"paired BLEU is for data-to-text tasks, not {task!r}")
     if not runs_a or len(runs_a) != len(runs_b):
@@ -293,32 +318,21 @@ def bleu_paired_runs(
     if any(len(o) != n for o in (*runs_a, *runs_b)):
         sizes = sorted({len(o) for o in (*runs_a, *runs_b)})
         raise ConfigError(f"paired BLEU needs as many outputs in every run, got {sizes}")
-    refs = _references(task, references, n)
-    idx = np.random.default_rng(seed).choice(n, size=(resamples, n), replace=True)
-    observed, resampled, stats = [], [], []
-    for outs_a, outs_b in zip(runs_a, runs_b, strict=True):
-        a, b = (_bleu_resampled(o, refs, lowercase, idx) for o in (outs_a, outs_b))
-        observed.append(a.score - b.score)
-        resampled.append(a.resampled - b.resampled)
-        stats.append((a.stats, b.stats))
-    k = len(observed)
-    drawn = np.random.default_rng(seed + 1).integers(k, size=(resamples, k))
+    return n
+
+
+def _two_level_bootstrap(resampled: list, resamples: int, seed: int) -> tuple[float, ...]:
+    """(low, high, p) of the mean over runs from each run's resampled differences ``[R]``:
+    each resample draws the runs with replacement; the 95% percentile interval, and p two-sided
+    (twice the share on the far side of 0, at least 1 / resamples)."""
+    import numpy as np
+
+    k = len(resampled)
+    drawn = np.random.default_rng(seed).integers(k, size=(resamples, k))
     diffs = np.stack(resampled)[drawn, np.arange(resamples)[:, None]].mean(1)
     far = min((diffs <= 0).mean(), (diffs >= 0).mean())
     low, high = np.percentile(diffs, [2.5, 97.5])
-    p = min(1.0, max(2 * far, 1 / resamples))
-    if test == "randomisation":
-        p = _randomisation_p(stats, float(np.mean(observed)), resamples, seed + 2)
-    return {
-        "n": n,
-        "runs": k,
-        "mean": float(np.mean(observed)),
-        "run_means": observed,
-        "low": float(low),
-        "high": float(high),
-        "p": float(p),
-        "test": test,
-    }
+    return float(low), float(high), float(min(1.0, max(2 * far, 1 / resamples)))
 
 
 def _randomisation_p(stats: list, observed: float, resamples: int, seed: int) -> float:

@@ -165,6 +165,7 @@ def train_and_score(s: PrefixTaskSettings, variant: str, seed: int, progress: bo
         "examples": result["examples"],
         "generate_seconds": result["generate_seconds"],
         "scores": {k: v for k, v in result["scores"].items() if isinstance(v, float)},
+        "outputs": list(result["outputs"]),  # per input: what paired tests between rows read
     }
     unit.update(_intervals(s, result["outputs"], examples))
     return unit

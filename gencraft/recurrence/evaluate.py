@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from gencraft.data import subword_stream
+from gencraft.data import stream_articles, subword_stream
 from gencraft.metrics import windowed_nll
 from gencraft.metrics.lm import stream_perplexities
 from gencraft.timing import running_clock
@@ -68,7 +68,13 @@ def evaluate(
     the state of the one before), so its overlaps are, one per process at a time."""
     ids, words = subword_stream(corpus, split, tok, data_dir=data_dir, max_words=max_words)
     kw = {"progress": progress, "batch_size": batch_size, "shard": shard}
-    return score_overlaps(model, ids, words, window=window, overlaps=overlaps, **kw)
+    rows = score_overlaps(model, ids, words, window=window, overlaps=overlaps, **kw)
+    if corpus in ("wikitext-2", "wikitext-103"):  # the blocks' articles: the unit to pair on
+        arts = stream_articles(corpus, split, tok, data_dir=data_dir, max_words=max_words)
+        found = block_articles(arts, BLOCK)
+        for r in rows:
+            r["block_article"] = found
+    return rows
 
 
 def score_overlaps(
@@ -96,6 +102,13 @@ def score_overlaps(
 
 #: tokens per block of ``block_nll``: the unit two models' losses are paired on
 BLOCK = 1024
+
+
+def block_articles(articles: torch.Tensor, block: int) -> list[int]:
+    """The article of each block of :func:`block_means` over a stream whose tokens lie in
+    ``articles`` [N] (:func:`gencraft.data.stream_articles`): the one most of the block's
+    targets (tokens 1..N-1) lie in, the earlier on a tie."""
+    return [int(torch.bincount(x).argmax()) for x in articles[1:].split(block)]
 
 
 def block_means(nll: torch.Tensor, block: int) -> list[float]:

@@ -313,7 +313,7 @@ CLAIMS: tuple[Claim, ...] = (
         plan=HSO_PPL_PLAN,
         notes=(
             "The earlier hso-lm run kept only each stream's perplexity, not per-unit "
-            "values: it cannot be re-read.",
+            "values: it cannot be re-read. hso-ppl saves each context's NLL and article.",
         ),
     ),
     Claim(
@@ -736,7 +736,10 @@ CLAIMS: tuple[Claim, ...] = (
         study="prefix-tasks",
         scale=Scale(0.02, 0.3, False, "120 steps (2% of an epoch) on 80 near-identical test MRs"),
         decide="2,000 steps × 3 seeds on the whole test set (GPU slots)",
-        notes=("The 120-step run saved no per-MR outputs; it is not a test of the claim.",),
+        notes=(
+            "The 120-step run saved no per-MR outputs; it is not a test of the claim. "
+            "prefix-tasks runs now keep every test input's output, for paired BLEU.",
+        ),
     ),
     Claim(
         id="dasp-hierblock-vs-uniblock",

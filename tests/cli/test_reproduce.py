@@ -104,6 +104,9 @@ def test_prefix_tasks_seeds_share_runs_and_rescore_on_new_decoding(shared_data, 
     assert units["dense/seed0"]["best_valid_loss"] != units["dense/seed1"]["best_valid_loss"]
     mean, half = units["dense/seed0"]["BLEU_bootstrap"]
     assert 0 <= mean <= 100 and half >= 0
+    # each test input's output is kept: rows can be paired input by input later
+    saved_outputs = json.loads((runs / "dense" / "test-3.json").read_text())["outputs"]
+    assert units["dense/seed0"]["outputs"] == saved_outputs and len(saved_outputs) == 3
     # a second experiment folder reuses the trained run and its saved test scores...
     saved = runs / "dense" / "test-3.json"
     result = json.loads(saved.read_text())

@@ -14,6 +14,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from synthetic_data import write_wikitext
 
 from gencraft.data import stream_articles, subword_stream
 from gencraft.errors import DataError
@@ -24,24 +25,6 @@ from gencraft.hso.functional import contexts, hso_nll
 from gencraft.metrics import windowed_nll
 from gencraft.metrics.stats import compare_paired, sign_test
 from gencraft.models import load_model
-
-
-def _wikitext(root: Path, sizes: list[int]) -> None:
-    """A WikiText-format corpus whose test split has one article per entry of ``sizes`` (its
-    paragraph count), each with a section heading; train holds every word."""
-
-    def article(i: int, paragraphs: int) -> list[str]:
-        lines = [" ", f" = Title {i} = ", " "]
-        for j in range(paragraphs):
-            if j == 1:
-                lines += [" = = Section = = ", " "]
-            lines += [f" article {i} says thing {j} , and more @-@ words . ", " "]
-        return lines
-
-    (root / "wikitext-2").mkdir(parents=True, exist_ok=True)
-    for split, arts in (("train", [4] * 6), ("valid", [2]), ("test", sizes)):
-        lines = [x for i, n in enumerate(arts) for x in article(i, n)]
-        (root / "wikitext-2" / f"wiki.{split}.tokens").write_text("\n".join(lines) + "\n")
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +38,7 @@ def tiny():
 def test_each_token_belongs_to_the_article_whose_title_it_follows(tiny, sizes):
     _, tok = tiny
     with tempfile.TemporaryDirectory() as d:
-        _wikitext(Path(d), sizes)
+        write_wikitext(Path(d), sizes)
         ids, _ = subword_stream("wikitext-2", "test", tok, data_dir=d)
         arts = stream_articles("wikitext-2", "test", tok, data_dir=d)
     assert arts.shape == ids.shape and int(arts[0]) == 0
@@ -68,7 +51,7 @@ def test_each_token_belongs_to_the_article_whose_title_it_follows(tiny, sizes):
 
 
 def test_a_slow_tokenizer_is_refused_in_one_line(tiny, tmp_path):
-    _wikitext(tmp_path, [1])
+    write_wikitext(tmp_path, [1])
 
     class Slow:
         is_fast = False
@@ -88,7 +71,7 @@ def _stream(model, tok, d: str, size: int) -> _Contexts:
 def test_context_sums_are_the_windowed_nll_of_each_context(tiny, size, a, span):
     model, tok = tiny
     with tempfile.TemporaryDirectory() as d:
-        _wikitext(Path(d), [3, 2])
+        write_wikitext(Path(d), [3, 2])
         stream = _stream(model, tok, d, size)
     a = min(a, len(stream.ranges) - 1)
     b = min(a + span, len(stream.ranges))
@@ -139,7 +122,7 @@ def test_the_planned_analysis_is_by_article_with_the_sign_test_under_holm(rows):
 
 
 def test_the_run_saves_every_context_with_its_article_and_resumes(tmp_path):
-    _wikitext(tmp_path, [4, 2, 3])
+    write_wikitext(tmp_path, [4, 2, 3])
     out = tmp_path / "run"
     over = {"data_dir": str(tmp_path), "max_words": None, "batch_size": 4}
     reproduce("hso-ppl", scale="tiny", output=out, overrides=over)

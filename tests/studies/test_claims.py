@@ -173,6 +173,26 @@ def test_the_length_reread_clusters_pairs_by_prompt():
     assert (got.units, got.rows) == (60, 600)
 
 
+def test_the_recurrence_reread_clusters_by_article_once_the_run_saves_them(tmp_path):
+    base = {"block_nll": [3.0, 3.1, 2.9, 3.3, 3.2, 3.0], "words": 100, "tokens": 130}
+    rec = {"block_nll": [2.9, 3.2, 2.7, 3.3, 3.0, 2.95]}
+    units = {"eval baseline verdict": [base], "eval recurrent verdict": [rec]}
+    path = tmp_path / rereads.RECURRENCE
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"units": units}))
+    old = rereads.recurrence(tmp_path, None)
+    assert old.primary.unit == f"run of {rereads.RECURRENCE_BLOCK} consecutive blocks"
+    articles = tmp_path / "articles"
+    path = articles / rereads.RECURRENCE
+    path.parent.mkdir(parents=True)
+    base["block_article"] = [0, 0, 1, 1, 1, 2]
+    path.write_text(json.dumps({"units": units}))
+    got = rereads.recurrence(articles, None)
+    want = compare_paired(rec["block_nll"], base["block_nll"], clusters=base["block_article"])
+    assert got.primary.unit == "article" and got.primary.result == want
+    assert got.primary.result.units == 3
+
+
 def test_reproduce_claims_writes_json_and_markdown(tmp_path, capsys):
     out = tmp_path / "out"
     empty = tmp_path / "runs"
