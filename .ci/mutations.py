@@ -4812,7 +4812,7 @@ M = [
         "gencraft/prefix/experiments.py",
         "per_doc = rouge_per_example(outputs, refs)",
         "per_doc = rouge_per_example(outputs, refs)[:-1]",
-        "tests/cli/test_reproduce.py -k prefix_tasks_seeds",
+        "tests/cli/test_reproduce.py -k prefix_tasks_on_xsum",
     ),
     (
         "prefix-intervals: no BLEU interval",
