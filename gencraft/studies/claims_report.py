@@ -61,13 +61,13 @@ def _detail(row: dict[str, Any]) -> list[str]:
     )
     if row.get("comparison"):
         lines.append(
-            f"- Primary: {row['comparison']}, {_effect(row)}, p = {row['p_text']} "
+            f"- Primary: {row['comparison']}, {_effect(row)}, {_p(row['p_text'])} "
             f"(Holm; unadjusted {row['p_raw']:.3g}), {row['units']} {row['unit']}s."
         )
     for s in row["secondary"]:
         lines.append(
             f"- Secondary: {s['comparison']}, {_num(s['effect'])} "
-            f"[{_num(s['low'])}, {_num(s['high'])}], p = {s['p_text']} (Holm), "
+            f"[{_num(s['low'])}, {_num(s['high'])}], {_p(s['p_text'])} (Holm), "
             f"{s['units']} {s['unit']}s."
         )
     lines += [f"- {label}: {text}" for label, text in row.get("details", [])]
@@ -130,7 +130,7 @@ def page_block(rows: list[dict[str, Any]], page: str) -> str:
     mine = [r for r in rows if r["id"].startswith(PAGES[page])]
     lines = [START, "", "The claims this page measures ([claims.md](claims.md) decides them):", ""]
     for r in mine:
-        effect = "" if r["effect"] is None else f": {_effect(r)}, p = {r['p_text']} (Holm), "
+        effect = "" if r["effect"] is None else f": {_effect(r)}, {_p(r['p_text'])} (Holm), "
         units = "" if not r["units"] else f"{r['units']} independent units ({r['unit']})"
         lines.append(f"- `{r['id']}`, {r['claim']}{effect}{units}: **{r['verdict']}**.")
     return "\n".join([*lines, "", END])
@@ -148,3 +148,8 @@ def update_pages(rows: list[dict[str, Any]], folder: Any) -> list[Any]:
         path.write_text(head + page_block(rows, page) + rest.split(END, 1)[1])
         done.append(path)
     return done
+
+
+def _p(text: str) -> str:
+    """ "p = 0.012", or "p < 0.0001" where p sits at its resampling floor."""
+    return f"p {text}" if text.startswith("<") else f"p = {text}"

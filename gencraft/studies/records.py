@@ -42,7 +42,7 @@ class Scale:
 def _frac(x: float) -> str:
     if x >= 0.95:
         return f"{x:.2g}×"
-    return f"1/{round(1 / x):,}" if x < 0.5 else f"{x:.2f}"
+    return f"1/{round(1 / x):,}" if x < 0.1 else f"{x:.2f}"
 
 
 @dataclass(frozen=True)
