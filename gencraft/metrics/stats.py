@@ -178,19 +178,43 @@ def _one_level(u: Any, rows: int, resamples: int, seed: int, level: float) -> Pa
     p, exact = _sign_flip_p(u, mean, resamples, rng)
     test = "sign-flip randomisation (exact)" if exact else "sign-flip randomisation"
     if np.all(u == u[0]):  # no spread: the p stands, the interval has zero width
-        return Paired(mean, mean, mean, p, int(u.size), rows, test=f"{test}; no spread",
-                      resamples=0 if exact else resamples, level=level)  # fmt: skip
-    boot = _scipy_stats().bootstrap((u,), np.mean, n_resamples=resamples, method="BCa", rng=rng,
-                                    confidence_level=level, vectorized=True, axis=-1)  # fmt: skip
+        return Paired(
+            mean,
+            mean,
+            mean,
+            p,
+            int(u.size),
+            rows,
+            test=f"{test}; no spread",
+            resamples=0 if exact else resamples,
+            level=level,
+        )
+    boot = _scipy_stats().bootstrap(
+        (u,),
+        np.mean,
+        n_resamples=resamples,
+        method="BCa",
+        rng=rng,
+        confidence_level=level,
+        vectorized=True,
+        axis=-1,
+    )
     low, high = boot.confidence_interval
     if not (np.isfinite(low) and np.isfinite(high)):  # BCa degenerate: the percentile interval
         dist = boot.bootstrap_distribution
         low, high = np.percentile(dist, [50 * (1 - level), 50 * (1 + level)])
     return Paired(
-        mean, float(low), float(high), p, int(u.size), rows,
-        se=float(boot.standard_error), resamples=0 if exact else resamples, level=level,
+        mean,
+        float(low),
+        float(high),
+        p,
+        int(u.size),
+        rows,
+        se=float(boot.standard_error),
+        resamples=0 if exact else resamples,
+        level=level,
         test=test,
-    )  # fmt: skip
+    )
 
 
 def _sign_flip_p(u: Any, mean: float, resamples: int, rng: Any) -> tuple[float, bool]:
@@ -201,9 +225,14 @@ def _sign_flip_p(u: Any, mean: float, resamples: int, rng: Any) -> tuple[float, 
     if u.size == 1:
         return 1.0, True
     perm = _scipy_stats().permutation_test(
-        (u,), np.mean, permutation_type="samples", n_resamples=resamples, rng=rng,
-        vectorized=True, axis=-1,
-    )  # fmt: skip
+        (u,),
+        np.mean,
+        permutation_type="samples",
+        n_resamples=resamples,
+        rng=rng,
+        vectorized=True,
+        axis=-1,
+    )
     exact = 2**u.size <= resamples
     beyond = (np.abs(perm.null_distribution) >= abs(mean) * (1 - 1e-12)).sum()
     p = beyond / perm.null_distribution.size if exact else (beyond + 1) / (resamples + 1)
