@@ -73,8 +73,7 @@ def claim_row(claim: Claim, runs: Path, data_dir: str | None) -> dict[str, Any]:
     reader = READERS.get(claim.id)
     m = reader(runs, data_dir) if reader else None
     if m is None:
-        why = "no committed per-unit results to read" + (f" ({claim.run})" if claim.run else "")
-        return _empty_row(claim, VERDICTS[3], why)
+        return _empty_row(claim, VERDICTS[3], _unread(claim, runs))
     adj = _holm_adjusted(m)
     r = m.primary.result
     paper = m.paper_effect if m.paper_effect is not None else claim.reported.value
@@ -114,6 +113,14 @@ def claim_row(claim: Claim, runs: Path, data_dir: str | None) -> dict[str, Any]:
     row["notes"] = [*claim.notes, *m.notes]
     row["details"] = [list(d) for d in m.details]
     return row
+
+
+def _unread(claim: Claim, runs: Path) -> str:
+    """Why a claim's reader found nothing: its run is under way, or no run saved per-unit
+    values."""
+    if claim.run and (runs / Path(claim.run).name / "results.json").is_file():
+        return "its run has not finished; an interim look decides nothing"
+    return "no committed per-unit results to read" + (f" ({claim.run})" if claim.run else "")
 
 
 def _as_dict(r: Any) -> dict[str, Any]:

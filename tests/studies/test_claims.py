@@ -193,6 +193,17 @@ def test_the_recurrence_reread_clusters_by_article_once_the_run_saves_them(tmp_p
     assert got.primary.result.units == 3
 
 
+def test_a_started_preregistered_run_is_undecided_until_it_finishes(tmp_path):
+    claim = next(c for c in CLAIMS if c.id == "pointer-ptb")
+    assert "no committed per-unit results" in claim_row(claim, tmp_path, None)["why"]
+    folder = tmp_path / Path(claim.run).name
+    folder.mkdir()
+    (folder / "results.json").write_text(json.dumps({"settings": {"seeds": [0]}, "units": {}}))
+    row = claim_row(claim, tmp_path, None)
+    assert row["verdict"] == "undecided" and row["effect"] is None
+    assert row["why"] == "its run has not finished; an interim look decides nothing"
+
+
 def test_reproduce_claims_writes_json_and_markdown(tmp_path, capsys):
     out = tmp_path / "out"
     empty = tmp_path / "runs"
