@@ -173,7 +173,7 @@ def _one_level(u: Any, rows: int, resamples: int, seed: int, level: float) -> Pa
     np = _np()
     mean = float(u.mean())
     if np.all(u == 0):
-        return Paired(mean, mean, mean, 1.0, int(u.size), rows, test="no difference")
+        return Paired(mean, mean, mean, 1.0, int(u.size), rows, test="no difference", level=level)
     rng = np.random.default_rng(seed)
     p, exact = _sign_flip_p(u, mean, resamples, rng)
     test = "sign-flip randomisation (exact)" if exact else "sign-flip randomisation"

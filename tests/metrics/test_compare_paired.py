@@ -220,3 +220,30 @@ def test_holm_on_a_worked_example_and_its_refusal():
     assert holm([]) == []
     with pytest.raises(GencraftError, match=r"^holm needs p-values in \[0, 1\], got \[1.5\]$"):
         holm([1.5])
+
+
+def test_each_path_says_its_test_level_and_resamples():
+    """What a result says of itself: the test that gave p, whether p was resampled (0: exact)
+    and the interval's level, on every path; a lower level narrows the interval."""
+    diffs = [1.0, -0.5, 2.0, 0.3, 1.2, -0.1]
+    exact = compare_paired(diffs, [0.0] * 6, resamples=1000, level=0.9)
+    assert (exact.test, exact.resamples, exact.level) == (
+        "sign-flip randomisation (exact)",
+        0,
+        0.9,
+    )
+    assert exact.se > 0
+    wide = compare_paired(diffs, [0.0] * 6, resamples=1000)
+    assert wide.low < exact.low < exact.high < wide.high and wide.level == 0.95
+    drawn = compare_paired([float(k) for k in range(1, 13)], [0.0] * 12, resamples=999)
+    assert (drawn.test, drawn.resamples) == ("sign-flip randomisation", 999)
+    flat = compare_paired([0.5] * 3, [0.0] * 3, resamples=1000, level=0.8)
+    assert (flat.test, flat.resamples, flat.level) == (
+        "sign-flip randomisation (exact); no spread",
+        0,
+        0.8,
+    )
+    flat = compare_paired([0.5] * 20, [0.0] * 20, resamples=199)
+    assert (flat.test, flat.resamples) == ("sign-flip randomisation; no spread", 199)
+    zero = compare_paired([0.0] * 5, [0.0] * 5, level=0.9)
+    assert (zero.test, zero.p, zero.level, zero.low, zero.high) == ("no difference", 1.0, 0.9, 0, 0)
