@@ -249,6 +249,16 @@ def wikitext_detokenize(text: str) -> str:
     return "\n".join(out)
 
 
+def _split_text(
+    name: str, split: str, data_dir: str | os.PathLike | None, max_words: int | None
+) -> tuple[LMCorpus, int, str]:
+    """The corpus, the word count kept (the first ``max_words``; None: all) and their
+    detokenised text: what :func:`subword_stream` tokenises."""
+    corpus = load_lm_corpus(name, data_dir, splits=(split,))
+    words = int(corpus[split].numel()) if max_words is None else min(max_words, len(corpus[split]))
+    return corpus, words, corpus.text(split, words)
+
+
 def subword_stream(
     name: str,
     split: str,
@@ -263,9 +273,8 @@ def subword_stream(
     detokenised, then tokenised by ``tokenizer`` (its BOS first when ``add_bos``, so every text
     token is scored). Returns ``(ids [N], words)``; per-word perplexity is
     ``exp(summed NLL of ids[1:] / words)``."""
-    corpus = load_lm_corpus(name, data_dir, splits=(split,))
-    words = int(corpus[split].numel()) if max_words is None else min(max_words, len(corpus[split]))
-    ids = tokenizer(corpus.text(split, words), add_special_tokens=False).input_ids
+    _, words, text = _split_text(name, split, data_dir, max_words)
+    ids = tokenizer(text, add_special_tokens=False).input_ids
     bos = getattr(tokenizer, "bos_token_id", None)
     if add_bos and bos is not None:
         ids = [bos, *ids]
@@ -290,9 +299,7 @@ def stream_articles(
             f"stream_articles needs a fast tokenizer (character offsets); "
             f"{type(tokenizer).__name__} is not one"
         )
-    corpus = load_lm_corpus(name, data_dir, splits=(split,))
-    words = int(corpus[split].numel()) if max_words is None else min(max_words, len(corpus[split]))
-    text = corpus.text(split, words)
+    corpus, _, text = _split_text(name, split, data_dir, max_words)
     line_starts = [0]
     for line in text.split("\n")[:-1]:
         line_starts.append(line_starts[-1] + len(line) + 1)
