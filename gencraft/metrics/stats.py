@@ -305,8 +305,8 @@ def equivalence(
     up = ss.ttest_1samp(u, -margin, alternative="greater")
     down = ss.ttest_1samp(u, margin, alternative="less")
     ci = ss.ttest_1samp(u, 0.0).confidence_interval(1 - 2 * alpha)
-    p = float(max(up.pvalue, down.pvalue))
-    p = p if math.isfinite(p) else float(not abs(float(u.mean())) < margin)
+    tails = (float(up.pvalue), float(down.pvalue))  # NaN where a mean sits on a bound, sd 0
+    p = max(tails) if all(map(math.isfinite, tails)) else float(not abs(u.mean()) < margin)
     return Equivalence(float(u.mean()), float(ci.low), float(ci.high), p, int(u.size), margin)
 
 

@@ -247,3 +247,48 @@ def test_each_path_says_its_test_level_and_resamples():
     assert (flat.test, flat.resamples) == ("sign-flip randomisation; no spread", 199)
     zero = compare_paired([0.0] * 5, [0.0] * 5, level=0.9)
     assert (zero.test, zero.p, zero.level, zero.low, zero.high) == ("no difference", 1.0, 0.9, 0, 0)
+
+
+def test_two_levels_give_the_bootstraps_p_interval_and_se_on_a_known_distribution():
+    """Two seeds that measured the same, three units [-1, 1, 1]: a resample's mean is the mean
+    of three draws, so P(mean <= 0) = 7/27, the p is twice that, the 2.5 and 97.5 % points
+    are -1 and 1, the 20 and 80 % points -1/3 and 1, and the se is sqrt(8/27)."""
+    a = [-1.0, 1.0, 1.0] * 2
+    seeds, units = [0, 0, 0, 1, 1, 1], [0, 1, 2] * 2
+    got = compare_paired(a, [0.0] * 6, clusters=units, seeds=seeds, resamples=20_000)
+    assert got.p == pytest.approx(14 / 27, abs=0.03) and got.se == pytest.approx(0.5443, abs=0.01)
+    assert (got.low, got.high, got.level) == (-1.0, 1.0, 0.95)
+    assert got.test == "two-level bootstrap (seeds x units)" and got.resamples == 20_000
+    narrow = compare_paired(a, [0.0] * 6, clusters=units, seeds=seeds, resamples=20_000, level=0.6)
+    assert (narrow.low, narrow.high, narrow.level) == (pytest.approx(-1 / 3), 1.0, 0.6)
+    even = compare_paired([-1.0, 1.0] * 2, [0.0] * 4, clusters=[0, 1] * 2, seeds=[0, 0, 1, 1])
+    assert even.p == 1.0  # resampled means of exactly 0 count on both sides
+
+
+def test_a_drawn_sign_flip_p_approximates_the_enumeration_and_follows_its_seed():
+    rng = np.random.default_rng(3)
+    diffs = list(rng.normal(0.3, 1.0, 12))
+    exact = _exact_sign_flip_p(diffs)
+    runs = [compare_paired(diffs, [0.0] * 12, resamples=1999, seed=s) for s in (1, 1, 2)]
+    assert 0.05 < exact < 0.95 and all(abs(r.p - exact) < 0.04 for r in runs)
+    assert (
+        runs[0] == runs[1] and runs[0].p != runs[2].p and runs[0].test == "sign-flip randomisation"
+    )
+    edge = compare_paired(diffs[:10], [0.0] * 10, resamples=1024)  # 2^10 flips: every one
+    assert edge.test.endswith("(exact)") and edge.p == pytest.approx(_exact_sign_flip_p(diffs[:10]))
+    assert not compare_paired(diffs[:10], [0.0] * 10, resamples=1023).test.endswith("(exact)")
+    one = compare_paired([1.0, 2.0], [0.0, 0.0], clusters=["a", "a"])
+    assert one.test == "sign-flip randomisation (exact); no spread" and one.resamples == 0
+
+
+def test_tost_on_units_without_spread_and_at_the_edge_of_its_size():
+    """Zero spread: the mean is inside the margin or not; on the margin it is not inside."""
+    assert equivalence([0.5] * 3, [0.0] * 3, 1.0).p == 0.0
+    assert equivalence([0.5] * 3, [0.0] * 3, 0.4).p == 1.0
+    assert equivalence([0.5] * 3, [0.0] * 3, 0.5).p == 1.0
+    two = equivalence([1.0, 2.0], [0.0, 0.0], 3.0)
+    assert two.units == 2 and two.p == pytest.approx(0.1024, abs=1e-4)
+    with pytest.raises(
+        GencraftError, match=r"^compare_paired needs one cluster id per row: 1 for 2"
+    ):
+        equivalence([1, 2], [0, 0], 1.0, clusters=[1])
