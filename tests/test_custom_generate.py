@@ -337,3 +337,22 @@ def test_exact_arguments_reach_the_search_and_an_empty_search_gives_the_prompt(m
         # no complete output within the budget: the prompt alone
         found.append([] if r.log_prob == float("-inf") else [*r.tokens, 2])
     assert out.tolist() == _expected_rows(model, PROMPTS, found, ids)
+
+
+@pytest.mark.parametrize("eos", [4, 10])
+@pytest.mark.parametrize(
+    "scoring",
+    [{"length_penalty": 2.0}, {"early_stopping": "never"}, {"length_penalty": -1.0}],
+)
+def test_one_beam_from_generate_is_generates_greedy_whatever_the_scoring(eos, scoring):
+    """``num_beams=1``: generate's greedy path, where a row ends at its first EOS; an explicit
+    length penalty or ``early_stopping="never"`` does not turn it into a one-beam search that
+    goes on past EOS."""
+    model = _causal()
+    model.generation_config.eos_token_id = eos
+    ids, mask = _left_padded(PROMPTS)
+    kw = dict(input_ids=ids, attention_mask=mask, num_beams=1, max_new_tokens=8, do_sample=False)
+    greedy = model.generate(**kw, pad_token_id=0)
+    assert (greedy == eos).any()  # some row meets EOS before the cap
+    out = model.generate(**kw, pad_token_id=0, custom_generate=cg.beam_search, **scoring)
+    assert out.tolist() == greedy.tolist()

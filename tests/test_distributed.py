@@ -414,3 +414,30 @@ def test_shares_and_gathering_refuse_word_for_word():
     assert str(err.value).endswith(f"outside {list(range(2, 12))}")
     # a part that JSON cannot write as is (a path) is hashed by its text
     assert fingerprint_of({"p": Path("x/y")}) == fingerprint_of({"p": "x/y"})
+
+
+@pytest.mark.multiprocess
+def test_nar_eval_on_two_processes_writes_and_prints_what_one_does(shared_data, tmp_path, capsys):
+    """5 E2E inputs in batches of 2 on 2 gloo processes: one process's scores and counts,
+    printed once, and the predictions file one process writes."""
+    from gencraft.cli.main import main
+
+    args = ["nar", "eval", "tiny-bert", "--limit", "5", "--batch-size", "2", "--steps", "2"]
+    args += ["--data-dir", str(shared_data), "--json", "--quiet", "--output"]
+    assert main([*args, str(tmp_path / "one.jsonl")]) == 0
+    one = capsys.readouterr().out
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    launch += ["--master_port", str(_free_port()), "-m", "gencraft"]
+    run = [*launch, *args, str(tmp_path / "two.jsonl")]
+    two = subprocess.run(run, env=env, capture_output=True, text=True)
+    assert two.returncode == 0, two.stderr[-1500:]
+
+    def drop(text: str) -> dict:
+        return {k: v for k, v in json.loads(text).items() if not k.startswith("seconds")}
+
+    assert "nar eval: 5 inputs on 2 processes" in two.stderr
+    assert drop(two.stdout) == drop(one) and drop(one)["outputs"] == 5
+    written = (tmp_path / "one.jsonl").read_text()
+    assert (tmp_path / "two.jsonl").read_text() == written
+    assert [json.loads(line)["id"] for line in written.splitlines()] == list(range(5))

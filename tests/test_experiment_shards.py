@@ -37,6 +37,7 @@ def _toy(s: ToySettings, run) -> None:
     squares = [
         run.unit(f"square {i}", lambda i=i: _computed(s, f"square {i}", i * i)) for i in range(s.n)
     ]
+    run.text(json.dumps(squares))  # a stand-in met by json (TypeError): the pass stops here
     total = sum(squares)  # needs every square: a pass stops here until they are all done
     plus = run.unit("total + 1", lambda: _computed(s, "total + 1", total + 1))
     if total > 50:  # which units are asked for depends on finished ones
@@ -118,6 +119,20 @@ def test_a_stand_in_cannot_be_read():
     for use in uses:
         with pytest.raises(Blocked):
             use()
+
+
+def test_an_error_where_no_stand_in_was_handed_out_is_one_line_naming_the_experiment(
+    monkeypatch, tmp_path, toy
+):
+    from gencraft import distributed
+
+    monkeypatch.setattr(distributed, "process_info", lambda: (0, 2))
+    with pytest.raises(GencraftError) as err:  # n = "x": range() refuses it before any unit
+        reproduce(NAME, scale="tiny", output=tmp_path / "r", overrides={"n": "x"})
+    assert str(err.value) == (
+        "toy-sharded failed on a process: "
+        "TypeError: 'str' object cannot be interpreted as an integer"
+    )
 
 
 def test_units_kept_by_the_processes_of_an_interrupted_run_are_not_redone(tmp_path, toy):

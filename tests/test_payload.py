@@ -305,3 +305,33 @@ def test_a_piece_is_at_most_its_size_to_the_byte(tmp_path):
         GencraftError, match=r"unknown claims \['x'\]; the campaign has hso-fewshot, "
     ):
         campaign_entries(("x",), "tiny", tmp_path, None)
+
+
+def test_a_file_whose_hash_differs_from_the_manifests_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("GENCRAFT_CACHE", str(tmp_path / "cache"))
+    m = pack(_entries(1), tmp_path / "out")
+    m["files"][1]["sha256"] = "0" * 64  # the pieces are whole; one file's checksum is not its
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(GencraftError, match=r"^data/e2e/testset\.csv in the payload does not"):
+        unpack(tmp_path / "out", tmp_path / "stage", tmp_path / "campaign")
+    assert not (tmp_path / "stage" / "data").exists()
+
+
+def test_a_damaged_leftover_piece_counts_as_missing(tmp_path, monkeypatch):
+    """A piece staged by an earlier transfer and damaged since is not present: unpack asks for
+    it again instead of restoring from it."""
+    monkeypatch.setenv("GENCRAFT_CACHE", str(tmp_path / "cache"))
+    m = pack(_entries(2), tmp_path / "out", piece_mb=0.001)
+    into = tmp_path / "stage"
+    first = tmp_path / "call1"
+    first.mkdir()
+    for name in ("manifest.json", "payload.000", "payload.001"):
+        (first / name).write_bytes((tmp_path / "out" / name).read_bytes())
+    unpack(first, into, None)
+    kept = into / "pieces" / "payload.001"
+    kept.write_bytes(kept.read_bytes()[:-1])
+    manifest_only = tmp_path / "call2"
+    manifest_only.mkdir()
+    (manifest_only / "manifest.json").write_bytes((tmp_path / "out" / "manifest.json").read_bytes())
+    r = unpack(manifest_only, into, None)
+    assert r["missing"] == [p["name"] for p in m["pieces"][1:]]

@@ -78,7 +78,7 @@ def test_plain_lines_are_ascii_narrow_and_carry_every_update(monkeypatch):
     last = lines[-1]
     assert last.startswith("train:") and "lr=0.1" in last and "50/50" in last
     assert all(line.isascii() and len(line) <= 100 and line == line.strip() for line in lines)
-    assert bar.maxinterval >= 10.0
+    assert bar.maxinterval == 1000.0  # the longest silence: the period asked for
 
 
 def test_a_negative_or_unreadable_period_falls_back_to_the_default(monkeypatch):
@@ -86,7 +86,11 @@ def test_a_negative_or_unreadable_period_falls_back_to_the_default(monkeypatch):
 
     for value in ("-5", "soon"):
         monkeypatch.setenv("GENCRAFT_PROGRESS_SECONDS", value)
-        assert tqdm(total=1, file=io.StringIO()).mininterval == 30.0
+        bar = tqdm(total=1, file=io.StringIO())
+        assert (bar.mininterval, bar.maxinterval) == (30.0, 30.0)
+    monkeypatch.setenv("GENCRAFT_PROGRESS_SECONDS", "0")  # a line per update, 10 s at most apart
+    bar = tqdm(total=1, file=io.StringIO())
+    assert (bar.mininterval, bar.maxinterval) == (0.0, 10.0)
 
 
 def test_a_nested_bar_writes_no_cursor_moves_to_a_log(capsys, monkeypatch):

@@ -91,3 +91,32 @@ def test_each_output_check_fails_when_the_batched_rows_are_not_the_loops(shared_
         monkeypatch.setattr(module, fn, lambda *a, real=real, c=change, **k: c(real(*a, **k)))
     for name in names:
         assert _lm_cases(s, name, 4, ctx)["same"]() is False, name
+
+
+@pytest.mark.parametrize("name", ["sundae", "mask-predict"])
+def test_the_nar_check_compares_outputs_and_call_counts(name, shared_data, monkeypatch):
+    """A batched NAR decode is the loop's only if both its outputs and its decoder calls per
+    output agree: each made to differ alone is refused."""
+    from dataclasses import replace
+
+    import gencraft.nar.decoding as decoding
+    from gencraft.experiments import experiments
+    from gencraft.throughput import ThroughputSettings, _context, _nar_cases
+
+    tiny = experiments()["throughput"].scales["tiny"]
+    s = ThroughputSettings(**{**tiny, "decoders": (name,), "data_dir": str(shared_data)})
+    ctx = _context(s)
+    assert _nar_cases(s, name, 3, ctx)["same"]() is True
+    fn = "sundae_generate" if name == "sundae" else "mask_predict_generate"
+    real = getattr(decoding, fn)
+    for change in (
+        lambda r: replace(r, model_calls=[c + 1 for c in r.model_calls]),
+        lambda r: replace(r, sequences=[[*q[:-1], q[-1] + 1] for q in r.sequences]),
+    ):
+
+        def batched_differs(*a, change=change, **k):
+            out = real(*a, **k)
+            return change(out) if k.get("batch_size") is None else out
+
+        monkeypatch.setattr(decoding, fn, batched_differs)
+        assert _nar_cases(s, name, 3, ctx)["same"]() is False

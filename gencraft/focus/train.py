@@ -211,12 +211,7 @@ class FocusTrainer:
         self.history = result.history
         self.step, self.train_time = result.steps, result.train_time
         self.trained_examples = result.trained_examples
-        return result.write_summary(
-            self.out,
-            started,
-            train_time=result.train_time,
-            trained_examples=result.trained_examples,
-        )
+        return result.write_summary(self.out, started, train_time=result.train_time)
 
     def _validate(self, model: nn.Module, loader: Any) -> dict[str, float]:
         """The validation loss, plus ROUGE-L (F, %) of beam-searched summaries of the first

@@ -109,9 +109,10 @@ class FitResult:
 
     def write_summary(self, directory: str | Path, started: float, **extra: Any) -> dict[str, Any]:
         """Write ``directory/train_summary.json`` (steps, budget, best validation loss, times,
-        ``extra``, history) and return it. ``wall_seconds`` is the whole run's: this call's
-        since ``started`` (:func:`~gencraft.timing.running_clock`, which leaves out the time
-        the process was stopped) plus the earlier invocations' that it resumed."""
+        processes, global batch, examples trained on, ``extra``, history) and return it.
+        ``wall_seconds`` is the whole run's: this call's since ``started``
+        (:func:`~gencraft.timing.running_clock`, which leaves out the time the process was
+        stopped) plus the earlier invocations' that it resumed."""
         if started > time.perf_counter():  # a time.time() reading (never a running_clock one)
             raise GencraftError(f"started={started:g} is not a running_clock() reading")
         now = running_clock()
@@ -124,6 +125,7 @@ class FitResult:
             "train_seconds": self.train_time,
             "processes": self.processes,
             "global_batch": self.global_batch,
+            "trained_examples": self.trained_examples,
             **extra,
             "history": self.history,
         }

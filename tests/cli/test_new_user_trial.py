@@ -160,6 +160,8 @@ def test_focus_train_writes_its_summary_with_processes_and_global_batch(own, tmp
     argv = ["focus", "train", "--model", "tiny-bart", "--task", str(task), *FIELDS]
     argv += ["--max-steps", "2", "--batch-size", "2", "--grad-accum", "2", "--frequent-size", "4"]
     assert main([*argv, "--output", str(run), "--quiet"]) == 0
+    header = "batch 2 per process x 2 accumulated x 1 process(es) = 4 examples a step"
+    assert header in capsys.readouterr().out
     summary = json.loads((run / "train_summary.json").read_text())
     assert (summary["steps"], summary["processes"], summary["global_batch"]) == (2, 1, 4)
     assert summary["trained_examples"] == 8 and summary["history"]
@@ -187,3 +189,18 @@ def test_nar_generate_decodes_a_task_split_with_limit_and_quiet(own, tmp_path, c
     assert [r["source"] for r in json.loads(capsys.readouterr().out)] == [
         "name[Place 0], food[Thai]"
     ]
+
+
+@pytest.mark.parametrize(
+    ("accum", "world", "words"),
+    [
+        (1, 1, "batch 4 per process x 1 process(es) = 4 examples a step"),
+        (3, 1, "batch 4 per process x 3 accumulated x 1 process(es) = 12 examples a step"),
+        (2, 3, "batch 4 per process x 2 accumulated x 3 process(es) = 24 examples a step"),
+    ],
+)
+def test_the_training_header_counts_accumulation_and_processes(accum, world, words, monkeypatch):
+    from gencraft.cli.options import batch_note
+
+    monkeypatch.setenv("WORLD_SIZE", str(world))
+    assert batch_note(4, accum) == words

@@ -527,6 +527,7 @@ def test_two_processes_print_once_and_a_resume_on_one_says_so(tmp_path, own, cap
     assert out.count('"steps": 2') == 1
     summary = json.loads((run / "train_summary.json").read_text())
     assert (summary["processes"], summary["global_batch"]) == (2, 4)
+    assert summary["trained_examples"] == 8  # 2 steps of 2 examples on each of 2 processes
     capsys.readouterr()
     assert main([*train, "--max-steps", "4"]) == 0
     err = capsys.readouterr().err
@@ -537,3 +538,4 @@ def test_two_processes_print_once_and_a_resume_on_one_says_so(tmp_path, own, cap
     assert [(r["processes"], r["global_batch"]) for r in history] == [(2, 4), (1, 2)]
     # 24 pairs: 2 steps of 4, then 2 steps of 2 = 12 examples, half an epoch
     assert history[-1]["epoch"] == pytest.approx(0.5)
+    assert json.loads((run / "train_summary.json").read_text())["trained_examples"] == 12

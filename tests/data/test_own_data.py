@@ -341,3 +341,21 @@ def test_a_corpus_is_tokenised_once_until_its_files_change(tmp_path, monkeypatch
     changed = load_lm_corpus(str(folder))
     assert len(calls) == 4 and changed["valid"].tolist() != first["valid"].tolist()
     assert changed.text("valid", detokenize=False) == f"a b\n{UNK}"  # zz: unseen in train
+
+
+@pytest.mark.parametrize(
+    ("row", "field"),
+    [
+        ({"source": "   ", "target": "t"}, "source"),
+        ({"source": "s", "target": "\t\n"}, "target"),
+        ({"source": "s", "target": ["fine", "  "]}, "target"),
+        ({"source": "s", "target": []}, "target"),
+    ],
+)
+def test_whitespace_only_or_missing_texts_are_refused_naming_line_and_field(tmp_path, row, field):
+    from gencraft.data.own import read_task_file
+
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"source": "a", "target": "b"}) + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(DataError, match=rf"t\.jsonl, line 2: field '{field}' must be non-empty"):
+        read_task_file(path)

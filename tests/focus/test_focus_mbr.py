@@ -63,3 +63,21 @@ def _one_thread(monkeypatch):
     import torch
 
     torch.set_num_threads(1)
+
+
+def test_each_batch_is_seeded_from_the_seed_and_its_first_documents_index(shared_data, capsys):
+    """Two batches of two: the second is the batch a lone ``summarize`` call decodes with seed
+    ``--seed`` + 2, so the outputs do not depend on how batches fall to processes."""
+    from gencraft.data import load_summarization
+    from gencraft.focus.evaluate import summarize
+    from gencraft.models import load_model
+
+    rows = _rows(["--limit", "4", "--seed", "3"], shared_data, capsys)
+    model, tok = load_model("tiny-llama")
+    docs = [d.document for d in load_summarization("xsum", "test", shared_data)[:4]]
+    kw = dict(decoding="top_k", samples=4, max_source=24, max_new_tokens=6, progress=False)
+    want = []
+    for first in (0, 2):
+        want += summarize(model, tok, docs[first : first + 2], seed=3 + first, batch_size=2, **kw)
+    assert [r["summaries"] for r in rows] == want
+    assert want[2:] != summarize(model, tok, docs[2:], seed=3, batch_size=2, **kw)

@@ -437,3 +437,38 @@ def test_the_plateau_rule_stops_the_run_and_a_rerun_says_so(corpus, tmp_path, ca
     again = PointerTrainer(tiny(len(corpus.vocab)), corpus, cfg, tmp_path, progress=False)
     assert again.train() == hist
     assert "already finished (early_stop" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("lr", "step_5_better"), [(5.0, True), (20.0, False)])
+def test_an_extended_run_ends_with_the_straight_runs_weights_and_keeps_its_own_validation(
+    corpus, tmp_path, lr, step_5_better
+):
+    """Default settings but the learning rate: a run trained to 5 steps and extended to 9 ends
+    with the weights of a run straight to 9 (last/), but it validated at step 5 too, where its
+    first invocation ended: its best/ is the better of steps 5 and 9, which a straight run
+    never compares."""
+    from safetensors.torch import load_file
+
+    def run(out, max_steps):
+        m = tiny(len(corpus.vocab))
+        cfg = TrainConfig(max_steps=max_steps, batch_size=4, bptt=10, seed=3, lr=lr)
+        return PointerTrainer(m, corpus, cfg, out, progress=False).train()
+
+    def weights(out, which):
+        return load_file(str(out / which / "method_model.safetensors"))
+
+    straight = run(tmp_path / "a", 9)
+    first = run(tmp_path / "b", 5)
+    extended = run(tmp_path / "b", 9)
+    assert [h["step"] for h in straight] == [9] and [h["step"] for h in extended] == [5, 9]
+    assert extended[0]["valid_loss"] == first[0]["valid_loss"]
+    assert extended[1]["valid_loss"] == straight[0]["valid_loss"]
+    for k, v in weights(tmp_path / "a", "last").items():
+        assert torch.equal(v, weights(tmp_path / "b", "last")[k]), k
+    at_5 = extended[0]["valid_loss"] < extended[1]["valid_loss"]
+    assert at_5 == step_5_better  # both cases are met
+    want = weights(tmp_path / "a", "best") if not at_5 else None
+    if at_5:  # the best model is step 5's: a third run stopped there has it
+        run(tmp_path / "c", 5)
+        want = weights(tmp_path / "c", "best")
+    assert all(torch.equal(v, want[k]) for k, v in weights(tmp_path / "b", "best").items())
