@@ -2,7 +2,11 @@
 package at a time against the tests that guard it, with a score per package.
 
     python .ci/mutmut_run.py plotting metrics/lm       # some packages
+    python .ci/mutmut_run.py gencraft/search/toy.py     # any library file, against its tests
     python .ci/mutmut_run.py --list                     # the packages and their tests
+
+A file given by path that no package names is mutated against its package's test folder
+(``gencraft/search/toy.py`` against ``tests/search``; a top-level module against ``tests``).
 
 Each package runs in its own work folder (``$GENCRAFT_MUTMUT_DIR``, default
 ``/tmp/gencraft-mutmut/<package>``) holding a copy of ``gencraft/``, ``tests/`` and ``hub/`` and a
@@ -222,10 +226,22 @@ def _score(work: Path) -> dict[str, int]:
     return counts
 
 
+def package_of(name: str) -> tuple[list[str], list[str]]:
+    """A named package's files and tests, or a library file's (see the module doc)."""
+    if name in PACKAGES:
+        return PACKAGES[name]
+    path = ROOT / name
+    parts = Path(name).parts
+    if not (name.endswith(".py") and path.is_file() and parts[0] == "gencraft"):
+        raise KeyError(name)
+    folder = ROOT / "tests" / parts[1] if len(parts) > 2 else None
+    return [name], [f"tests/{parts[1]}" if folder is not None and folder.is_dir() else "tests"]
+
+
 def run(package: str, children: int) -> dict:
-    files, tests = PACKAGES[package]
+    files, tests = package_of(package)
     base = Path(os.environ.get("GENCRAFT_MUTMUT_DIR", "/tmp/gencraft-mutmut"))
-    work = base / package.replace("/", "-")
+    work = base / package.removesuffix(".py").replace("/", "-")
     work.mkdir(parents=True, exist_ok=True)
     # a fresh copy; mutmut's own state in mutants/ stays. hub/ holds the custom_generate
     # folders that tests/test_custom_generate.py loads
@@ -260,9 +276,17 @@ def main(argv: list[str]) -> int:
         return 0
     children = int(os.environ.get("GENCRAFT_MUTMUT_CHILDREN", "2"))
     names = [a for a in argv if not a.startswith("-")] or list(PACKAGES)
-    unknown = [n for n in names if n not in PACKAGES]
+    unknown = []
+    for n in names:
+        try:
+            package_of(n)
+        except KeyError:
+            unknown.append(n)
     if unknown:
-        print(f"unknown package(s) {unknown}; --list shows them", file=sys.stderr)
+        print(
+            f"unknown package(s) {unknown}; --list shows them, or give a library file's path",
+            file=sys.stderr,
+        )
         return 2
     for name in names:
         r = run(name, children)

@@ -80,33 +80,51 @@ def _lm_claims() -> list[Claim]:
     rec_slot = {"epochs": 1, "overlaps": (0, 5, 10)}
     return [
         Claim(
-            "hso-fewshot", "hso-fewshot",
+            "hso-fewshot",
+            "hso-fewshot",
             "HSO and HSO-2 raise few-shot accuracy over the plain model (thesis Table 3.4)",
-            {"tiny": [("run", {})],
-             "cpu": [("run", {**few, "examples": 200, "de_examples": 20})],
-             "slot": [("run", {**few, "examples": 400, "de_examples": 100, "batch_size": 32,
-                                "de_batch_size": 25})]},
+            {
+                "tiny": [("run", {})],
+                "cpu": [("run", {**few, "examples": 200, "de_examples": 20})],
+                "slot": [
+                    (
+                        "run",
+                        {
+                            **few,
+                            "examples": 400,
+                            "de_examples": 100,
+                            "batch_size": 32,
+                            "de_batch_size": 25,
+                        },
+                    )
+                ],
+            },
             {"tiny": 0.05, "cpu": 12.0, "slot": 1.5},
             "thesis: every test example of each task, 5 prompt seeds",
             ("e2e",),
         ),
         Claim(
-            "recurrence", "recurrence-lm",
+            "recurrence",
+            "recurrence-lm",
             "recurrence between windows lowers perplexity at equal training (thesis Table 2.1)",
-            {"tiny": [(f"seed{k}", {"seed": k, "verdict_words": 400}) for k in (0, 1)],
-             # cpu: 5 overlaps on 8,000 words of each split, then the verdict's pairs on the
-             # whole test split at overlap 0 (~280 blocks; ~33 min a model on one thread)
-             "cpu": [(f"seed{k}", {"max_steps": 1000, "seed": k, "verdict_words": None})
-                     for k in (0, 1)],
-             "slot": [(f"overlap0-seed{k}", {**rec_slot, "seed": k}) for k in (0, 1, 2)]
-             + [(f"overlap{o}-seed0", {**rec_slot, "train_overlap": o}) for o in (5, 10)]},
+            {
+                "tiny": [(f"seed{k}", {"seed": k, "verdict_words": 400}) for k in (0, 1)],
+                # cpu: 5 overlaps on 8,000 words of each split, then the verdict's pairs on the
+                # whole test split at overlap 0 (~280 blocks; ~33 min a model on one thread)
+                "cpu": [
+                    (f"seed{k}", {"max_steps": 1000, "seed": k, "verdict_words": None})
+                    for k in (0, 1)
+                ],
+                "slot": [(f"overlap0-seed{k}", {**rec_slot, "seed": k}) for k in (0, 1, 2)]
+                + [(f"overlap{o}-seed0", {**rec_slot, "train_overlap": o}) for o in (5, 10)],
+            },
             # cpu: the mean of a run's 6 units, 2 trainings of 1,000 steps (11.4 s a step on
             # one thread, measured: ~190 min) and 4 evaluations (guessed: ~2 min)
             {"tiny": 0.05, "cpu": 65.0, "slot": 4.0},
             "thesis: GPT-2 fine-tuned on WikiText-103, T = 300, 20 windows of BPTT",
             ("wikitext-2",),
         ),
-    ]  # fmt: skip
+    ]
 
 
 def _trained_claims() -> list[Claim]:
@@ -115,37 +133,57 @@ def _trained_claims() -> list[Claim]:
     nar_slot = {"steps": _epoch_steps(64), "scratch_steps": _epoch_steps(64), "curve_inputs": 630}
     return [
         Claim(
-            "fame", "focus-quality",
+            "fame",
+            "focus-quality",
             "FAME raises ROUGE-L and ROUGE-1 precision against the document (Aralikatte et al.)",
-            {"tiny": [("seed0", {}), ("seed1", {"seed": 1})],
-             "cpu": [],
-             "slot": [(f"seed{k}", {**_FAME_SLOT, "seed": k}) for k in range(10)]},
+            {
+                "tiny": [("seed0", {}), ("seed1", {"seed": 1})],
+                "cpu": [],
+                "slot": [(f"seed{k}", {**_FAME_SLOT, "seed": k}) for k in range(10)],
+            },
             {"tiny": 0.05, "cpu": 90.0, "slot": 7.0},
             "paper: BART-large / PEGASUS on all of XSum (204K training documents)",
             ("xsum",),
         ),
         Claim(
-            "rum-sundae", "nar-tasks",
+            "rum-sundae",
+            "nar-tasks",
             "RUM-SUNDAE beats SUNDAE from scratch at equal training (thesis ch. 4)",
-            {"tiny": [("run", {"variants": ("rum-sundae", "rum-sundae-copy", "sundae-scratch")})],
-             "cpu": [("run", nar_cpu)],
-             "slot": [("run", nar_slot)]},
+            {
+                "tiny": [
+                    ("run", {"variants": ("rum-sundae", "rum-sundae-copy", "sundae-scratch")})
+                ],
+                "cpu": [("run", nar_cpu)],
+                "slot": [("run", nar_slot)],
+            },
             {"tiny": 0.05, "cpu": 30.0, "slot": 3.0},
             "thesis: 20K (pretrained) to 60K (scratch) steps of batch 64",
             ("e2e",),
         ),
         Claim(
-            "dasp", "prefix-tasks",
+            "dasp",
+            "prefix-tasks",
             "structured prefixes (UniBlock, HierBlock) match or beat dense prefixes on E2E (DASP)",
-            {"tiny": [("run", {"variants": "dense,hierblock", "metrics": ("BLEU",)})],
-             "cpu": [],
-             "slot": [("run", {"variants": "dense,uniblock,hierblock", "steps": 2000,
-                               "seeds": "0,1,2", "test_limit": None})]},
+            {
+                "tiny": [("run", {"variants": "dense,hierblock", "metrics": ("BLEU",)})],
+                "cpu": [],
+                "slot": [
+                    (
+                        "run",
+                        {
+                            "variants": "dense,uniblock,hierblock",
+                            "steps": 2000,
+                            "seeds": "0,1,2",
+                            "test_limit": None,
+                        },
+                    )
+                ],
+            },
             {"tiny": 0.05, "cpu": 60.0, "slot": 5.0},
             "paper: BART-large, 5 epochs of E2E",
             ("e2e",),
         ),
-    ]  # fmt: skip
+    ]
 
 
 def _claims() -> dict[str, Claim]:

@@ -100,9 +100,13 @@ def cad_summaries(
             guard = getattr(model, "bypassed", None)
             stepper = ContrastStepper(stepper, plain, cad_alpha, plain_guard=guard)
         hyps = beam_search_batch(
-            stepper, num_beams=s.num_beams, eos_token_id=enc.eos_id, length_penalty=1.0,
-            early_stopping=False, **kw,
-        )  # fmt: skip
+            stepper,
+            num_beams=s.num_beams,
+            eos_token_id=enc.eos_id,
+            length_penalty=1.0,
+            early_stopping=False,
+            **kw,
+        )
         out += [tok.decode(h[0].tokens, skip_special_tokens=True).strip() for h in hyps]
     return out
 
@@ -147,13 +151,21 @@ def _differences(scores: dict[str, dict[str, list[float]]], keep: list[int]) -> 
     title="FAME against context-aware decoding (CAD) and both, on XSum",
     settings=FocusCadSettings,
     scales={
-        "tiny": {"model": "tiny-bert2bert", "minutes": 0.05, "epochs": 1, "test_docs": 3,
-                 "max_source": 32, "max_target": 6, "num_beams": 2, "batch_size": 4},
+        "tiny": {
+            "model": "tiny-bert2bert",
+            "minutes": 0.05,
+            "epochs": 1,
+            "test_docs": 3,
+            "max_source": 32,
+            "max_target": 6,
+            "num_beams": 2,
+            "batch_size": 4,
+        },
         "cpu": {"test_docs": 200},
         "gpu": {},
     },
     cpu_minutes=120,
-)  # fmt: skip
+)
 def focus_vs_cad(s: FocusCadSettings, run: ExperimentRun) -> None:
     """Train (or reuse) the base and FAME, decode the test documents four ways, and compare
     each with the base, paired by document, on all documents and on the no-conflict control."""

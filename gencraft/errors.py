@@ -22,11 +22,20 @@ class ConfigError(GencraftError, ValueError):
 
 
 class Interrupted(GencraftError):
-    """Training was stopped by Ctrl-C after saving a checkpoint; the message says where and
-    how to resume."""
+    """Training stopped after saving a checkpoint, by Ctrl-C or by a callback (``why``); its
+    first ``step`` of ``total`` steps are saved, and the message says where and how to
+    resume."""
 
-    def __init__(self, checkpoint: Path, command: str | None) -> None:
+    def __init__(
+        self,
+        checkpoint: Path,
+        command: str | None,
+        step: int = 0,
+        total: int = 0,
+        why: str = "interrupted",
+    ) -> None:
         self.checkpoint = checkpoint
         self.command = command
+        self.step, self.total, self.why = step, total, why
         how = f"; resume with: {command}" if command else "; run the same call again to resume"
-        super().__init__(f"interrupted: saved {checkpoint}{how}")
+        super().__init__(f"{why}: saved {checkpoint}{how}")

@@ -35,6 +35,7 @@ from gencraft.config import option
 from gencraft.errors import GencraftError
 from gencraft.timing import running_clock
 from gencraft.training.checkpoint import CHECKPOINT_DIR
+from gencraft.training.fit import StepState, TrainerCallback
 from gencraft.training.state import write_json
 
 #: modules whose import registers experiments (one per method; new methods add theirs)
@@ -194,9 +195,20 @@ def register(
     def wrap(fn: Callable) -> Callable:
         doc = (fn.__doc__ or "").strip().splitlines()
         _REGISTRY[name] = Experiment(
-            name, title, settings, fn, scales, cpu_minutes, doc[0] if doc else "", units,
-            verdict, volatile, shardable, exclusive, kept,
-        )  # fmt: skip
+            name,
+            title,
+            settings,
+            fn,
+            scales,
+            cpu_minutes,
+            doc[0] if doc else "",
+            units,
+            verdict,
+            volatile,
+            shardable,
+            exclusive,
+            kept,
+        )
         return fn
 
     return wrap
@@ -270,6 +282,26 @@ class Clock:
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
+
+
+class _Deadline(TrainerCallback):
+    """A resumable unit's :class:`~gencraft.training.TrainerCallback`: each checkpoint's saved
+    steps go to ``report``; under ``clock`` the training stops, saved, before a step that would
+    end after its deadline at this call's pace (``fired``). Without a checkpoint it trains
+    on: stopping would lose the work."""
+
+    def __init__(self, clock: Clock | None, report: Callable[[int, int], None]) -> None:
+        self.clock, self.report, self.fired = clock, report, False
+
+    def on_step_end(self, state: StepState) -> bool:
+        if self.clock is None or not state.checkpointed:
+            return False
+        self.fired = self.clock.left() < state.seconds_per_step
+        return self.fired
+
+    def on_save(self, step: int, total: int) -> None:
+        if total:
+            self.report(step, total)
 
 
 _CLOCK: contextvars.ContextVar[Clock | None] = contextvars.ContextVar("clock", default=None)
@@ -446,15 +478,15 @@ class ExperimentRun:
         now and saved at once (JSON-able values). Under a :func:`time_budget`, a unit whose
         estimate does not fit raises :class:`OutOfTime` instead of starting (``in_parts``:
         ``compute`` checks the budget before each part itself, :meth:`unit_over`).
-        ``resumes``: ``compute`` is one job that resumes from its own checkpoint (a training),
-        whose saved steps (:func:`~gencraft.progress.progress_saved`) are kept as the unit's
-        progress, so that its estimate counts only the steps left; under a budget it stops,
-        saved, before a step that would end after the deadline (:class:`OutOfTime` inside the
-        unit)."""
+        ``resumes``: ``compute(callbacks)`` is one training that resumes from its own
+        checkpoint and passes ``callbacks`` to :func:`~gencraft.training.fit`: the steps each
+        checkpoint saves are kept as the unit's progress, so that its estimate counts only the
+        steps left, and under a budget it stops, saved, before a step that would end after the
+        deadline (:class:`OutOfTime` inside the unit)."""
         if key not in self.units and self.shard is not None:
             from gencraft.experiment_shards import shard_unit
 
-            return shard_unit(self, key, compute)
+            return shard_unit(self, key, (lambda: compute(())) if resumes else compute)
         if key not in self.units:
             clock = _CLOCK.get()
             if clock is not None and not in_parts:
@@ -483,21 +515,24 @@ class ExperimentRun:
                 print(f"{self.experiment.name}: {key!r} again: {_changes(before, value)}")
         return self.units[key]
 
-    def _compute(self, key: str, compute: Callable[[], Any], clock: Clock | None, resumes: bool):
-        """``compute()`` as JSON-able values; a resumable job reports its saved steps and stops
-        at ``clock``'s deadline, raising :class:`OutOfTime` inside unit ``key``."""
-        from gencraft.progress import JobOutOfTime, saved_progress
+    def _compute(self, key: str, compute: Callable[..., Any], clock: Clock | None, resumes: bool):
+        """``compute()`` as JSON-able values; a resumable job, ``compute(callbacks)``, reports
+        its saved steps and stops at ``clock``'s deadline (:class:`_Deadline`), raising
+        :class:`OutOfTime` inside unit ``key``."""
+        from gencraft.errors import Interrupted
 
-        report = self._saved_upto(key) if resumes else None
+        if not resumes:
+            return json.loads(json.dumps(compute(), default=float))
+        deadline = _Deadline(clock, self._saved_upto(key))
         try:
-            with saved_progress(report, clock.deadline if clock is not None else None):
-                return json.loads(json.dumps(compute(), default=float))
-        except JobOutOfTime as late:
-            assert clock is not None  # a job stops only at a deadline
+            return json.loads(json.dumps(compute([deadline]), default=float))
+        except Interrupted as stop:
+            if clock is None or not deadline.fired:  # a Ctrl-C
+                raise
             self._bank(key)
             self._save()
             need = self.estimate(key, clock.default_seconds, clock.known)
-            raise OutOfTime(key, need, clock.left(), late.done, late.total, "steps") from None
+            raise OutOfTime(key, need, clock.left(), stop.step, stop.total, "steps") from None
 
     def _saved_upto(self, key: str) -> Callable[[int, int], None]:
         """What a resumable unit's job calls when it saves its first ``done`` of ``total``

@@ -15,9 +15,8 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any, TextIO
 
 from tqdm.auto import tqdm as _auto
@@ -102,50 +101,3 @@ class tqdm(_auto):
 
     def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
         super().set_description(desc, refresh=refresh and not getattr(self, "_plain", False))
-
-
-# A resumable job (a training) tells whoever runs it (an experiment's unit) how much of it is
-# saved, so that an estimate of what is left counts only the rest; and stops, saved, when the
-# time budget of whoever runs it ends.
-_SAVED_TO: ContextVar[Callable[[int, int], None] | None] = ContextVar("saved_to", default=None)
-_STOP_BY: ContextVar[float | None] = ContextVar("stop_by", default=None)
-
-
-class JobOutOfTime(Exception):
-    """A resumable job stopped, its first ``done`` of ``total`` steps saved, because its next
-    step would end after the deadline of :func:`saved_progress`."""
-
-    def __init__(self, done: int, total: int) -> None:
-        super().__init__(f"out of time after step {done} of {total} (saved)")
-        self.done, self.total = done, total
-
-
-@contextmanager
-def saved_progress(
-    report: Callable[[int, int], None] | None, stop_by: float | None = None
-) -> Iterator[None]:
-    """Inside the block, :func:`progress_saved` calls ``report(done, total)`` (None: nothing,
-    also for jobs inside an outer block), and a resumable job stops, saved, before a step that
-    would end after ``stop_by`` (``time.monotonic()`` seconds; None: no deadline), raising
-    :class:`JobOutOfTime`."""
-    tokens = _SAVED_TO.set(report), _STOP_BY.set(stop_by)
-    try:
-        yield
-    finally:
-        _SAVED_TO.reset(tokens[0])
-        _STOP_BY.reset(tokens[1])
-
-
-def progress_saved(done: int, total: int) -> None:
-    """``done`` of the job's ``total`` steps are saved: a resumed job starts after them."""
-    report = _SAVED_TO.get()
-    if report is not None:
-        report(done, total)
-
-
-def job_seconds_left() -> float:
-    """Seconds before the running job must stop (infinite without a deadline)."""
-    import time
-
-    stop_by = _STOP_BY.get()
-    return float("inf") if stop_by is None else stop_by - time.monotonic()

@@ -351,7 +351,7 @@ def _context(s: ThroughputSettings) -> dict[str, Any]:
     from gencraft.models import load_model
     from gencraft.models.introspect import eos_ids, model_shape, pad_id
     from gencraft.models.placement import check_placement
-    from gencraft.models.prompts import pad_batch
+    from gencraft.models.prompts import left_padded_batches
     from gencraft.search.prompts import encode_prompt, instruction_texts
 
     device, dtype = check_placement(s.device, s.dtype)  # one line for a bad device or dtype
@@ -366,15 +366,15 @@ def _context(s: ThroughputSettings) -> dict[str, Any]:
         )
         prompts = [encode_prompt(tok, t)[0].tolist() for t in texts[:top]]
         pad = pad_id(model, tok)
-        batch = pad_batch([{"input_ids": p} for p in prompts], pad, left=True)
+        ((_, ids, mask),) = left_padded_batches(model, tok, prompts, len(prompts))
         shape = model_shape(model)
         g = torch.Generator().manual_seed(0)
         ctx.update(
             model=model,
             pad=pad,
             eos=eos_ids(model, None),
-            ids=batch["input_ids"].to(device),
-            mask=batch["attention_mask"].to(device),
+            ids=ids.to(device),
+            mask=mask.to(device),
             rows=[torch.tensor([p], device=device) for p in prompts],
             hidden_shape=(shape.layers + 1, shape.hidden),
             seqs=torch.randint(10, shape.vocab - 10, (top, s.hso_tokens), generator=g).to(device),

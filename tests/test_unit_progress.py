@@ -1,7 +1,7 @@
 """A unit that resumes from its own checkpoint (a training: ``ExperimentRun.unit(...,
 resumes=True)``) keeps the steps its checkpoint holds as its progress, so that an estimate (a
 budget's, the campaign plan's) counts only the steps left; the shared training loop reports
-each checkpoint it saves (:func:`gencraft.progress.progress_saved`)."""
+each checkpoint it saves (its callback's ``on_save``)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,7 @@ from gencraft.experiments import (
     reproduce,
     time_budget,
 )
-from gencraft.progress import JobOutOfTime, progress_saved, saved_progress
-from gencraft.training import FitConfig, Interrupted, fit
+from gencraft.training import FitConfig, Interrupted, StepState, TrainerCallback, fit
 from tests.test_unit_parts import _run, _saved
 
 
@@ -98,10 +97,10 @@ def test_a_resumable_unit_keeps_its_saved_steps_until_it_is_whole(tmp_path, monk
     monkeypatch.setattr(ex, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
     monkeypatch.setattr(ex, "running_clock", lambda: now[0])
 
-    def cut():
+    def cut(callbacks):
         for step in (2, 4):
             now[0] += 30.0
-            progress_saved(step, 10)
+            callbacks[0].on_save(step, 10)
             # what a process killed now (no Ctrl-C, nothing saved on the way out) keeps
             assert _saved(tmp_path)["unit_progress"] == {"t seed=1": [step, 10]}
             assert _saved(tmp_path)["unit_partial_seconds"] == {"t seed=1": now[0]}
@@ -119,23 +118,34 @@ def test_a_resumable_unit_keeps_its_saved_steps_until_it_is_whole(tmp_path, monk
     alone.seconds = {}  # no other seed measures it: its own 65 s for 4 steps, 6 steps left
     assert alone.estimate("t seed=1", 0.0) == pytest.approx(65.0 / 4 * 6)
     with time_budget(Clock(now[0] + 50.0)), pytest.raises(OutOfTime) as stop:  # 60 s: no
-        run.unit("t seed=1", lambda: 1, resumes=True)
+        run.unit("t seed=1", lambda callbacks: 1, resumes=True)
     assert stop.value.estimate == pytest.approx(60.0)
     with time_budget(Clock(now[0] + 61.0)):  # started, although the whole unit would not fit
-        assert run.unit("t seed=1", lambda: progress_saved(10, 10) or 1, resumes=True) == 1
+        assert run.unit("t seed=1", lambda cb: cb[0].on_save(10, 10) or 1, resumes=True) == 1
     saved = _saved(tmp_path)
     assert "unit_progress" not in saved and saved["unit_seconds"]["t seed=1"] == 65.0
 
-    def ignored():
-        progress_saved(3, 10)
-        raise KeyboardInterrupt
 
-    with pytest.raises(KeyboardInterrupt):  # a unit that does not resume: its job's steps are
-        _run(tmp_path).unit("u", ignored)  # not its progress (it starts again from nothing)
-    assert "unit_progress" not in _saved(tmp_path)
+class _Record(TrainerCallback):
+    """What a callback saw: each checkpoint's (step, total) and each step's state; it stops
+    the run after step ``stop_after``."""
+
+    def __init__(self, stop_after: int | None = None) -> None:
+        self.saved: list[tuple[int, int]] = []
+        self.states: list[StepState] = []
+        self.stop_after = stop_after
+
+    def on_step_end(self, state: StepState) -> bool:
+        self.states.append(state)
+        return self.stop_after is not None and state.step >= self.stop_after
+
+    def on_save(self, step: int, total: int) -> None:
+        self.saved.append((step, total))
 
 
-def _fit(out, stop_at: int | None = None, steps: list[int] | None = None) -> torch.nn.Module:
+def _fit(
+    out, stop_at: int | None = None, steps: list[int] | None = None, callbacks=()
+) -> torch.nn.Module:
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1)
     data = [torch.randn(3) for _ in range(6)]
@@ -157,30 +167,31 @@ def _fit(out, stop_at: int | None = None, steps: list[int] | None = None) -> tor
         output_dir=out,
         progress=False,
         on_step=on_step,
+        callbacks=callbacks,
     )
     return model
 
 
 def test_the_training_loop_reports_each_checkpoint_it_saves(tmp_path):
-    got: list[tuple[int, int]] = []
-    with saved_progress(lambda done, total: got.append((done, total))):
-        with pytest.raises(Interrupted):
-            _fit(tmp_path / "run", stop_at=3)
-        # at the start, the evaluation of step 2, and on the Ctrl-C
-        assert got == [(0, 6), (2, 6), (3, 6)]
-        got.clear()
-        _fit(tmp_path / "run")  # resumed: where it starts, then as it saves
-        assert got[:2] == [(3, 6), (4, 6)] and got[-1] == (6, 6)
-        got.clear()
-        shutil.rmtree(tmp_path / "run" / "checkpoint")  # a checkpoint lost: from nothing
-        with pytest.raises(Interrupted):
-            _fit(tmp_path / "run", stop_at=1)
-        assert got == [(0, 6), (1, 6)]
-        got.clear()
-        _fit(None)  # no checkpoint kept: nothing saved to resume from
-        with saved_progress(None):  # a job inside a unit that does not resume
-            _fit(tmp_path / "inner")
-    assert got == []
+    rec = _Record()
+    with pytest.raises(Interrupted):
+        _fit(tmp_path / "run", stop_at=3, callbacks=[rec])
+    assert rec.saved == [(0, 6), (2, 6), (3, 6)]  # the start, step 2's evaluation, the Ctrl-C
+    assert [(s.step, s.total, s.first_step, s.checkpointed) for s in rec.states] == [
+        (k, 6, 0, True) for k in (1, 2, 3)
+    ]
+    rec = _Record()
+    _fit(tmp_path / "run", callbacks=[rec])  # resumed: where it starts, then as it saves
+    assert rec.saved[:2] == [(3, 6), (4, 6)] and rec.saved[-1] == (6, 6)
+    assert [s.first_step for s in rec.states] == [3, 3, 3] and rec.states[0].seconds > 0
+    shutil.rmtree(tmp_path / "run" / "checkpoint")  # a checkpoint lost: from nothing
+    rec = _Record()
+    with pytest.raises(Interrupted):
+        _fit(tmp_path / "run", stop_at=1, callbacks=[rec])
+    assert rec.saved == [(0, 6), (1, 6)]
+    rec = _Record()
+    _fit(None, callbacks=[rec])  # no checkpoint kept: nothing saved to resume from
+    assert rec.saved == [] and not any(s.checkpointed for s in rec.states)
 
 
 def _cut_at(step: int, monkeypatch) -> None:
@@ -236,41 +247,57 @@ def test_a_nar_training_unit_keeps_its_saved_steps(shared_data, tmp_path, monkey
     assert (key, done, more) == ("train mask-predict", 1, []) and total > 1
 
 
-def test_a_training_stops_saved_before_a_step_that_would_end_past_the_deadline(tmp_path):
-    got: list[tuple[int, int]] = []
+def test_a_callback_stops_the_training_saved_and_it_resumes_to_the_uncut_weights(tmp_path):
     ref = _fit(tmp_path / "ref")
-    report = lambda done, total: got.append((done, total))  # noqa: E731
-    with saved_progress(report, time.monotonic() - 1), pytest.raises(JobOutOfTime) as late:
-        _fit(tmp_path / "run")  # past already: one step, then saved
-    assert (late.value.done, late.value.total) == (1, 6) and got == [(0, 6), (1, 6)]
-    assert str(late.value) == "out of time after step 1 of 6 (saved)"
+    rec, other = _Record(stop_after=1), _Record()
+    with pytest.raises(Interrupted) as stop:
+        _fit(tmp_path / "run", callbacks=[rec, other])  # one step, then saved
+    assert (stop.value.step, stop.value.total, stop.value.why) == (1, 6, "stopped by a callback")
+    assert str(stop.value).startswith(f"stopped by a callback: saved {tmp_path / 'run'}")
+    assert rec.saved == other.saved == [(0, 6), (1, 6)] and len(other.states) == 1
     steps: list[int] = []
-    with saved_progress(None, time.monotonic() + 3600):  # an hour: it ends on its own
-        resumed = _fit(tmp_path / "run", steps=steps)
+    resumed = _fit(tmp_path / "run", steps=steps, callbacks=[_Record()])
     assert steps == [2, 3, 4, 5, 6]
     assert torch.equal(resumed.weight, ref.weight) and torch.equal(resumed.bias, ref.bias)
+
+
+def test_the_deadline_callback_stops_before_a_late_step_unless_nothing_would_keep_it(tmp_path):
+    from gencraft.experiments import _Deadline
+
+    got: list[tuple[int, int]] = []
+    past = _Deadline(Clock(time.monotonic() - 1), lambda done, total: got.append((done, total)))
+    with pytest.raises(Interrupted) as stop:
+        _fit(tmp_path / "run", callbacks=[past])  # past already: one step, then saved
+    assert past.fired and stop.value.step == 1 and got == [(0, 6), (1, 6)]
+    hour = _Deadline(Clock(time.monotonic() + 3600), lambda *_: None)
+    steps: list[int] = []
+    _fit(tmp_path / "run", steps=steps, callbacks=[hour])  # an hour: it ends on its own
+    assert steps == [2, 3, 4, 5, 6] and not hour.fired
     steps.clear()
-    with saved_progress(None, time.monotonic() - 1):  # no checkpoint kept: it trains on
-        _fit(None, steps=steps)
-    assert steps == [1, 2, 3, 4, 5, 6]
+    late = _Deadline(Clock(time.monotonic() - 1), lambda *_: None)
+    _fit(None, steps=steps, callbacks=[late])  # no checkpoint kept: it trains on
+    assert steps == [1, 2, 3, 4, 5, 6] and not late.fired
+    none = _Deadline(None, lambda *_: None)  # no budget: it reports, and never stops
+    _fit(tmp_path / "free", callbacks=[none])
+    assert not none.fired
 
 
-def test_a_ctrl_c_or_the_trainings_own_end_comes_before_the_deadline(tmp_path):
-    with pytest.raises(Interrupted), saved_progress(None, time.monotonic() - 1):
-        _fit(tmp_path / "run", stop_at=1)  # Ctrl-C and the deadline at step 1: the Ctrl-C
+def test_a_ctrl_c_or_the_trainings_own_end_comes_before_a_callbacks_stop(tmp_path):
+    with pytest.raises(Interrupted) as stop:
+        _fit(tmp_path / "run", stop_at=1, callbacks=[_Record(stop_after=1)])
+    assert stop.value.why == "interrupted"  # the Ctrl-C and the stop at step 1: the Ctrl-C
     with pytest.raises(Interrupted):
         _fit(tmp_path / "run", stop_at=5)
     steps: list[int] = []
-    with saved_progress(None, time.monotonic() - 1):  # its last step, past the deadline: it
-        _fit(tmp_path / "run", steps=steps)  # finishes (no checkpoint left to resume from)
-    assert steps == [6]
+    _fit(tmp_path / "run", steps=steps, callbacks=[_Record(stop_after=0)])  # its last step:
+    assert steps == [6]  # it finishes (no checkpoint left to resume from)
 
 
 def test_a_resumable_unit_stops_inside_at_the_deadline_with_its_steps_saved(tmp_path, monkeypatch):
     import types
+    from pathlib import Path
 
     import gencraft.experiments as ex
-    from gencraft.progress import _STOP_BY
 
     now = [0.0]
     monkeypatch.setattr(ex, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
@@ -278,12 +305,16 @@ def test_a_resumable_unit_stops_inside_at_the_deadline_with_its_steps_saved(tmp_
     run, seen = _run(tmp_path), []
     run.seconds = {"t seed=0": 100.0}
 
-    def job():
-        seen.append(_STOP_BY.get())
+    def job(callbacks, ctrl_c=False):
+        (deadline,) = callbacks
+        seen.append(deadline.clock.deadline)
         now[0] += 30.0
-        progress_saved(3, 10)
+        deadline.on_save(3, 10)
         now[0] += 5.0  # after the checkpoint, before the stop: counted too
-        raise JobOutOfTime(3, 10)
+        if not ctrl_c:  # 165 s left, a step takes 35 / 3: not late yet
+            assert deadline.on_step_end(StepState(3, 10, 0, 35.0, True)) is False
+            assert deadline.on_step_end(StepState(3, 10, 0, 600.0, True)) is True
+        raise Interrupted(Path("c"), None, 3, 10, "stopped by a callback")
 
     clock = Clock(200.0)
     with time_budget(clock), pytest.raises(OutOfTime) as stop:
@@ -293,20 +324,26 @@ def test_a_resumable_unit_stops_inside_at_the_deadline_with_its_steps_saved(tmp_
     saved = _saved(tmp_path)
     assert saved["unit_progress"] == {"t seed=1": [3, 10]}
     assert saved["unit_partial_seconds"] == {"t seed=1": 35.0}
-    with time_budget(clock):  # a unit that does not resume runs to its end: no deadline
-        assert run.unit("u", lambda: _STOP_BY.get()) is None
+    with time_budget(clock), pytest.raises(Interrupted):  # a Ctrl-C is not the deadline
+        run.unit("t seed=1", lambda cb: job(cb, ctrl_c=True), resumes=True)
+    with time_budget(clock):  # a unit that does not resume gets no callback
+        assert run.unit("u", lambda *a: len(a)) == 0
 
 
 def test_the_campaign_says_how_far_a_training_got_when_its_budget_ended(
     shared_data, tmp_path, monkeypatch
 ):
-    import importlib
 
-    fit_module = importlib.import_module("gencraft.training.fit")
-    real = fit_module._Loop.next_is_late
-    monkeypatch.setattr(  # the deadline comes after step 2 (the real test of lateness above)
-        fit_module._Loop, "next_is_late", lambda loop: loop.st.step >= 2 or real(loop)
-    )
+    import gencraft.experiments as ex
+
+    real = ex._Deadline.on_step_end
+
+    def late_after_step_2(deadline, state):  # (the real test of lateness is above)
+        if state.step >= 2 and state.checkpointed:
+            deadline.fired = True
+        return deadline.fired or real(deadline, state)
+
+    monkeypatch.setattr(ex._Deadline, "on_step_end", late_after_step_2)
     over = {"data_dir": str(shared_data), "claims": ("recurrence",), "minutes": 60}
     report = reproduce("campaign", scale="tiny", output=tmp_path, overrides=over).read_text()
     assert "| recurrence | seed0 | stopped inside 'train baseline' (2 of 4 steps done)" in report

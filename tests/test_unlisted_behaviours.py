@@ -212,7 +212,7 @@ def test_save_every_counts_seconds(tmp_path, monkeypatch):
 
     fit_module = importlib.import_module("gencraft.training.fit")  # the module, not fit()
     clock = iter(float(i) * 10.0 for i in range(10_000))  # each reading: 10 s later
-    monkeypatch.setattr(fit_module, "running_clock", lambda: next(clock))
+    monkeypatch.setattr(fit_module, "_now", lambda: next(clock))
     saves = []
     cls = fit_module._Loop
     real = cls.save_checkpoint

@@ -107,11 +107,19 @@ def _summaries(
                 for t in _cad_batch(model, tok, [docs[i].document for i in indices], decode, args)
             ]
         groups = summarize(
-            model, tok, [docs[i].document for i in indices], decoding=decode.decoding,
-            samples=decode.samples, focus_k=decode.focus_k, num_beams=args.num_beams,
-            max_source=decode.max_source, max_new_tokens=args.max_new_tokens,
-            batch_size=len(indices), seed=args.seed + indices[0], progress=False,
-        )  # fmt: skip
+            model,
+            tok,
+            [docs[i].document for i in indices],
+            decoding=decode.decoding,
+            samples=decode.samples,
+            focus_k=decode.focus_k,
+            num_beams=args.num_beams,
+            max_source=decode.max_source,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=len(indices),
+            seed=args.seed + indices[0],
+            progress=False,
+        )
         return groups if decode.mbr_utility is None else _mbr_first(groups, decode.mbr_utility)
 
     made_by = None
@@ -147,9 +155,11 @@ def _cad_batch(model: Any, tok: Any, texts: list[str], decode: Any, args: argpar
     from gencraft.comparisons import FocusCadSettings, cad_summaries
 
     s = FocusCadSettings(
-        num_beams=args.num_beams, max_source=decode.max_source,
-        max_target=args.max_new_tokens, eval_batch_size=len(texts),
-    )  # fmt: skip
+        num_beams=args.num_beams,
+        max_source=decode.max_source,
+        max_target=args.max_new_tokens,
+        eval_batch_size=len(texts),
+    )
     with torch.no_grad():
         return cad_summaries(model.eval(), tok, texts, cad_alpha=decode.cad_alpha, s=s)
 

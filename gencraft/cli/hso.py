@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from gencraft.config import option
-from gencraft.timing import running_clock
 
 
 @dataclass
@@ -70,9 +70,9 @@ def cmd_eval(args: argparse.Namespace) -> None:
     announce("hso eval (contexts)", len(spans), args.batch_size)
     rows = []
     for name, fn in _scorers(args, model, ids, cfg, context):
-        t0 = running_clock()
+        t0 = time.perf_counter()
         nll = fn()
-        rows.append({"method": name, **stream_perplexities(nll, words, running_clock() - t0)})
+        rows.append({"method": name, **stream_perplexities(nll, words, time.perf_counter() - t0)})
     if not is_main():  # every process has the whole result; only the main one prints
         return
     if args.json:

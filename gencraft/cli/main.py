@@ -323,11 +323,18 @@ def _generate_all(
 
     def batch_texts(indices: list[int]) -> list[str]:  # one generate call per batch
         return generate_text(
-            model, tok, [inputs[i] for i in indices], chat=chat, seed=settings.seed + indices[0],
-            mbr=settings.mbr, mbr_utility=settings.mbr_utility, epsilon=settings.epsilon,
+            model,
+            tok,
+            [inputs[i] for i in indices],
+            chat=chat,
+            seed=settings.seed + indices[0],
+            mbr=settings.mbr,
+            mbr_utility=settings.mbr_utility,
+            epsilon=settings.epsilon,
             negative_prompts=None if negatives is None else [negatives[i] for i in indices],
-            **settings.generate_kwargs(), **extra,
-        )  # fmt: skip
+            **settings.generate_kwargs(),
+            **extra,
+        )
 
     announce("generate", len(inputs), args.batch_size)
     partial, made_by = partial_folder(args.output), None

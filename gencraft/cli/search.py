@@ -108,12 +108,19 @@ def cmd_beam(args: argparse.Namespace) -> None:
 
     def decode(ids: Any, mask: Any) -> list[Any]:
         return beam_search_batch(
-            model, ids, mask, num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
+            model,
+            ids,
+            mask,
+            num_beams=args.num_beams,
+            max_new_tokens=args.max_new_tokens,
             finished=args.finished or ("aside" if clf is None else "on_beam"),
-            force_length=args.force_length, forced_eos=args.forced_eos, classifier=clf,
-            k=args.k if clf is not None else None, length_includes_eos=args.length_includes_eos,
+            force_length=args.force_length,
+            forced_eos=args.forced_eos,
+            classifier=clf,
+            k=args.k if clf is not None else None,
+            length_includes_eos=args.length_includes_eos,
             forced_ranking=args.forced_ranking,
-        )  # fmt: skip
+        )
 
     found = _sharded(model, tok, prompts, args, "beam", decode)
     for i, hyps in enumerate(found if is_main() else []):  # only the main process prints
@@ -136,9 +143,14 @@ def cmd_mode(args: argparse.Namespace) -> None:
 
     def decode(ids: Any, mask: Any) -> list[Any]:
         return exact_mode_batch(
-            model, ids, mask, max_new_tokens=args.max_new_tokens, length=args.length,
-            max_nodes=args.max_nodes, length_includes_eos=args.length_includes_eos,
-        )  # fmt: skip
+            model,
+            ids,
+            mask,
+            max_new_tokens=args.max_new_tokens,
+            length=args.length,
+            max_nodes=args.max_nodes,
+            length_includes_eos=args.length_includes_eos,
+        )
 
     found = _sharded(model, tok, prompts, args, "mode", decode)
     for i, r in enumerate(found if is_main() else []):  # only the main process prints
@@ -164,23 +176,31 @@ def cmd_errors(args: argparse.Namespace) -> None:
 
     def decode(ids: Any, mask: Any) -> list[Any]:
         return search_errors(
-            model, ids, mask, beams=args.beams, max_nodes=args.max_nodes,
-            max_new_tokens=args.max_new_tokens, seed=args.seed_bound,
-        )  # fmt: skip
+            model,
+            ids,
+            mask,
+            beams=args.beams,
+            max_nodes=args.max_nodes,
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed_bound,
+        )
 
     rows = _sharded(model, tok, prompts, args, "errors", decode)
     if not is_main():  # only the main process prints
         return
     for i, r in enumerate(rows):
         line = {
-            "input": i, "proven": r.proven, "mode": tok.decode(r.mode_tokens),
-            "mode_logprob": round(r.mode_logprob, 4), "mode_empty": r.mode_empty,
+            "input": i,
+            "proven": r.proven,
+            "mode": tok.decode(r.mode_tokens),
+            "mode_logprob": round(r.mode_logprob, 4),
+            "mode_empty": r.mode_empty,
             "nodes": r.nodes,
             "searches": {
                 k: {"text": tok.decode(o.tokens), "logprob": round(o.logprob, 4), "error": o.error}
                 for k, o in r.searches.items()
             },
-        }  # fmt: skip
+        }
         print(json.dumps(line, ensure_ascii=False))
     for line in error_table(rows):
         print(json.dumps({"summary": True, **line}, ensure_ascii=False))
@@ -267,11 +287,19 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
 
     p = sub.add_parser("search", help="beam search and exact mode search (Yoshida 2023 ch. 6-7)")
     ssub = p.add_subparsers(dest="search_command", required=True)
+    scoring = {
+        "beam": "Beam search, each hypothesis scored by the sum of its tokens' log-probabilities, "
+        "the EOS step included (no length normalisation: length_penalty 0); a row stops once "
+        "--num-beams hypotheses have finished (early_stopping True). This is the thesis's "
+        "scoring, and equals generate's beam search under those two settings.",
+        "mode": "The exact mode: the highest-scoring output (sum of its tokens' "
+        "log-probabilities) by depth-first search pruned by the best found so far.",
+    }
     for name, func, text in (
         ("beam", cmd_beam, "beam search (identical to generate's with length_penalty=0)"),
         ("mode", cmd_mode, "the exact mode by DFS with pruning"),
     ):
-        g = ssub.add_parser(name, help=text)
+        g = ssub.add_parser(name, help=text, description=scoring[name])
         add_dataclass_arguments(g, PromptInput)
         add_dataclass_arguments(g, ModelInput, defaults={"model": "smollm2-135m"})
         beam = ("num_beams", "max_new_tokens") if name == "beam" else ("max_new_tokens",)

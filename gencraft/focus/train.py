@@ -17,6 +17,7 @@ continues or says why not).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,6 @@ from gencraft.focus.functional import frequent_token_ids
 from gencraft.focus.model import FocusConfig, FocusForConditionalGeneration
 from gencraft.models.introspect import check_token_budget, target_eos_id
 from gencraft.progress import tqdm
-from gencraft.timing import running_clock
 from gencraft.training import (
     fit,
     load_run,
@@ -165,7 +165,7 @@ class FocusTrainer:
         ``output_dir/checkpoint``; Ctrl-C saves and raises
         :class:`~gencraft.training.Interrupted`). Writes ``train_summary.json`` (with the
         processes and the global batch, as every trainer) and returns it."""
-        cfg, started = self.cfg, running_clock()
+        cfg, started = self.cfg, time.perf_counter()
         if cfg.precompute:
             train_feats, residual = self._features(self.train_rows, "base states (train)")
             valid_feats = (

@@ -514,10 +514,11 @@ class _Cell:
         if not self.drawn:
             rng = random.Random(self.seed * 7919 + self.n)
             self.drawn += [
-                draw_prompt(setup.task, setup.tok, self.n, text, rng, s.max_example_tokens,
-                            setup.shared)
+                draw_prompt(
+                    setup.task, setup.tok, self.n, text, rng, s.max_example_tokens, setup.shared
+                )
                 for text, _ in setup.tests
-            ]  # fmt: skip
+            ]
         return self.drawn
 
 
@@ -529,9 +530,15 @@ def _method_unit(
 
     def labels(a: int, b: int) -> list[int]:
         return classify_batch(
-            setup.model, cell.prompts(s, setup)[a:b], setup.label_ids, m, setup.hso, setup.de,
-            batch_size=s.batch_size, de_batch_size=s.de_batch_size,
-        )  # fmt: skip
+            setup.model,
+            cell.prompts(s, setup)[a:b],
+            setup.label_ids,
+            m,
+            setup.hso,
+            setup.de,
+            batch_size=s.batch_size,
+            de_batch_size=s.de_batch_size,
+        )
 
     def combine(found: list[int], seconds: float) -> dict:
         prompts = cell.prompts(s, setup)

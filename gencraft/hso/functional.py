@@ -31,6 +31,7 @@ row's own, so each row is what :func:`hso_nll` gives for it alone.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +43,6 @@ from gencraft.models.compat import CACHE_ARG, DynamicCache, cache_kwargs, takes_
 from gencraft.models.introspect import context_size, hf_model, is_causal_lm, model_shape
 from gencraft.models.stepping import KVStates
 from gencraft.progress import tqdm
-from gencraft.timing import running_clock
 
 
 @dataclass
@@ -177,9 +177,12 @@ class _States:
 
 
 def _update(
-    st: _States, values: list[torch.Tensor], grads: list[torch.Tensor], upd: torch.Tensor,
+    st: _States,
+    values: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    upd: torch.Tensor,
     cfg: HSOConfig,
-) -> list[torch.Tensor]:  # fmt: skip
+) -> list[torch.Tensor]:
     """One optimiser step on the states where ``upd`` [B, S] (bool): the new values (2L
     tensors [B, n_kv, S, d]), and the moments and counts of ``st`` advanced."""
     on = upd[:, None, :, None]  # [B, 1, S, 1]
@@ -355,12 +358,12 @@ def hso_nll(
     ids = check_causal_lm(model, ids, what="HSO")
     if batch_size is not None and batch_size < 1:
         raise GencraftError(f"batch_size must be >= 1, got {batch_size}")
-    t0 = running_clock()
+    t0 = time.perf_counter()
     ranges = contexts(ids.numel() - 1, cfg.reset_every, model)
     size = batch_size or 1
     if not shard and (size == 1 or len(ranges) == 1):
         nll, _, windows = _run(model, [ids], cfg, progress)
-        return TokenScores(nll[0], windows[0], running_clock() - t0)
+        return TokenScores(nll[0], windows[0], time.perf_counter() - t0)
     rows = [ids[c0 : c1 + 1] for c0, c1 in ranges]  # context j: its inputs and their targets
 
     def batch(idx: list[int]) -> list[tuple[torch.Tensor, int]]:
@@ -373,7 +376,7 @@ def hso_nll(
     parts = map_batches(batch, len(rows), size, shard=shard, on_batch=bar.update)
     bar.close()
     nll = torch.cat([p[0] for p in parts])
-    return TokenScores(nll, sum(p[1] for p in parts), running_clock() - t0)
+    return TokenScores(nll, sum(p[1] for p in parts), time.perf_counter() - t0)
 
 
 def hso_nll_batch(
@@ -392,9 +395,9 @@ def hso_nll_batch(
     each what :func:`hso_nll` gives for that row alone."""
     cfg = config or HSOConfig()
     rows = check_batch(model, ids, attention_mask, what="HSO")
-    t0 = running_clock()
+    t0 = time.perf_counter()
     nll, _, windows = _run(model, rows, cfg, progress)
-    share = (running_clock() - t0) / len(rows)
+    share = (time.perf_counter() - t0) / len(rows)
     return [TokenScores(x, w, share) for x, w in zip(nll, windows, strict=True)]
 
 

@@ -30,9 +30,13 @@ def bertscore(
         num_layers: which layer's embeddings to use; default 6 for the local MiniLM.
     """
     p, r, f = bertscore_pairs(
-        predictions, references, model=model, num_layers=num_layers, batch_size=batch_size,
+        predictions,
+        references,
+        model=model,
+        num_layers=num_layers,
+        batch_size=batch_size,
         device=device,
-    )  # fmt: skip
+    )
     n = len(predictions)
     return {f"bertscore_{k}": 100 * sum(v) / n for k, v in (("p", p), ("r", r), ("f", f))}
 

@@ -257,10 +257,19 @@ def _two_level(grid: Any, rows: int, resamples: int, seed: int, level: float) ->
     far = min((stats <= 0).sum(), (stats >= 0).sum())
     p = min(1.0, (2 * far + 1) / (resamples + 1))  # at least 1/(R+1), as one level
     return Paired(
-        mean, float(low), float(high), float(p), n_units, rows, seeds=n_seeds,
-        se=float(stats.std(ddof=1)), resamples=resamples, level=level,
-        test="two-level bootstrap (seeds x units)", run_means=run_means,
-    )  # fmt: skip
+        mean,
+        float(low),
+        float(high),
+        float(p),
+        n_units,
+        rows,
+        seeds=n_seeds,
+        se=float(stats.std(ddof=1)),
+        resamples=resamples,
+        level=level,
+        test="two-level bootstrap (seeds x units)",
+        run_means=run_means,
+    )
 
 
 @dataclass(frozen=True)
@@ -296,9 +305,10 @@ def equivalence(
         raise GencraftError(f"an equivalence test needs a margin > 0, got {margin}")
     d = _diffs(a, b)
     units, n_units = (
-        _unit_index(clusters, d.size, "cluster") if clusters is not None
+        _unit_index(clusters, d.size, "cluster")
+        if clusters is not None
         else (np.arange(d.size), d.size)
-    )  # fmt: skip
+    )
     u = _grid(d, units, n_units, np.zeros(d.size, dtype=int), 1)[0]
     if u.size < 2:
         raise GencraftError("an equivalence test needs at least two units")
@@ -441,8 +451,14 @@ def paired_t(diffs: Sequence[float]) -> dict[str, float | int]:
         return {"n": n, "mean": mean, "sd": 0.0, "low": mean, "high": mean, "p": float(mean == 0)}
     t = _scipy_stats().ttest_1samp(d, 0.0)
     ci = t.confidence_interval(0.95)
-    return {"n": n, "mean": mean, "sd": sd, "low": float(ci.low), "high": float(ci.high),
-            "p": float(t.pvalue)}  # fmt: skip
+    return {
+        "n": n,
+        "mean": mean,
+        "sd": sd,
+        "low": float(ci.low),
+        "high": float(ci.high),
+        "p": float(t.pvalue),
+    }
 
 
 def decide(
@@ -458,8 +474,7 @@ def decide(
     ``needed``: about how many units would give 80% power at ``paper_effect`` (at the
     observed mean when none is given), when the verdict is ``undecided``."""
     t = paired_t(diffs)
-    word = verdict(t, direction=expected, alpha=alpha, deciding=deciding,
-                   paper_effect=paper_effect)  # fmt: skip
+    word = verdict(t, direction=expected, alpha=alpha, deciding=deciding, paper_effect=paper_effect)
     effect = paper_effect if paper_effect is not None else float(t["mean"])
     needed = None
     if word == VERDICTS[3] and int(t["n"]) > 1:

@@ -211,11 +211,18 @@ _CONTEXT: contextvars.ContextVar[AttentionContext | None] = contextvars.ContextV
 @contextmanager
 def attention_context(**values: Any) -> Iterator[AttentionContext]:
     """Per-call state for plug-ins, visible inside the block through :func:`current_context`:
-    ``prefix``, ``row_state`` and ``memory`` set those fields; any other name goes to
-    ``extra``. Nested blocks add to (and override) the outer ones."""
+    ``prefix``, ``row_state`` and ``memory`` set those fields, ``extra={name: value}`` adds a
+    user's own plug-in's values; any other name is refused. Nested blocks add to (and
+    override) the outer ones."""
+    unknown = sorted(set(values) - {*_FIELDS, "extra"})
+    if unknown:
+        raise GencraftError(
+            f"attention_context takes prefix, row_state, memory and extra, not {unknown}; "
+            "pass your own plug-in's values as extra={name: value}"
+        )
     outer = _CONTEXT.get() or _EMPTY
     known = {k: v for k, v in values.items() if k in _FIELDS}
-    extra = {**outer.extra, **{k: v for k, v in values.items() if k not in _FIELDS}}
+    extra = {**outer.extra, **dict(values.get("extra") or {})}
     token = _CONTEXT.set(replace(outer, **known, extra=extra))
     try:
         yield _CONTEXT.get()

@@ -93,9 +93,15 @@ def generate_text(
             )
         if mbr:
             return mbr_generate_text(
-                model, tokenizer, enc, n=mbr, utility=mbr_utility, seed=seed or 0, epsilon=epsilon,
+                model,
+                tokenizer,
+                enc,
+                n=mbr,
+                utility=mbr_utility,
+                seed=seed or 0,
+                epsilon=epsilon,
                 **generate_kw,
-            )  # fmt: skip
+            )
         if epsilon is not None:
             raise GencraftError("epsilon applies to --mbr's samples; give --mbr N")
         if seed is not None:
@@ -210,9 +216,14 @@ def _prepared(
 
 
 def mbr_candidates(
-    model: PreTrainedModel, enc: dict, *, n: int, seed: int = 0, epsilon: float | None = None,
+    model: PreTrainedModel,
+    enc: dict,
+    *,
+    n: int,
+    seed: int = 0,
+    epsilon: float | None = None,
     **generate_kw,
-) -> list[list[int]]:  # fmt: skip
+) -> list[list[int]]:
     """N candidates per input of the padded batch ``enc`` (B·n token lists, input 0's first):
     with ``do_sample``, samples of the batched sampler (input b seeded ``seed + b``; its
     ``temperature``, ``top_k``, ``top_p`` and ``epsilon`` as transformers' warpers); else the
@@ -244,9 +255,15 @@ def mbr_candidates(
         warpers.append(EpsilonLogitsWarper(epsilon))
     b = enc["input_ids"].shape[0]
     return sample_batch(
-        model, enc["input_ids"], enc["attention_mask"], n=n, max_new_tokens=new,
-        seeds=[seed + i for i in range(b)], eos_token_id=eos_ids(model, None), processors=warpers,
-    )  # fmt: skip
+        model,
+        enc["input_ids"],
+        enc["attention_mask"],
+        n=n,
+        max_new_tokens=new,
+        seeds=[seed + i for i in range(b)],
+        eos_token_id=eos_ids(model, None),
+        processors=warpers,
+    )
 
 
 def mbr_generate_text(

@@ -38,6 +38,7 @@ the calls, the last deciding the rest. See :func:`most_confident` and docs/nar.m
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -48,7 +49,6 @@ from gencraft.errors import GencraftError
 from gencraft.nar.config import SamplingConfig
 from gencraft.nar.model import NARSeq2Seq
 from gencraft.progress import tqdm
-from gencraft.timing import running_clock
 
 
 @dataclass
@@ -101,9 +101,9 @@ def _decode_batches(
     out = NAROutput()
     bar = tqdm(total=rows, desc=name, disable=not progress)
     for chunk in _chunks(rows, batch_size):
-        t0 = running_clock()
+        t0 = time.perf_counter()
         results = run(chunk)
-        share = (running_clock() - t0) / len(results)
+        share = (time.perf_counter() - t0) / len(results)
         for r in results:
             out.add(r.sequence, r.score, r.calls, r.steps, share)
         bar.update(len(results))
@@ -220,9 +220,15 @@ def sundae_draw(
     uniforms = None if argmax else torch.rand(tokens.shape, generator=generator, device=dev)
     coins = torch.rand(tokens.shape, generator=generator, device=dev)
     return sundae_update(
-        logits, tokens, target_mask, uniforms, coins, temperature=temperature,
-        proportion=proportion, argmax=argmax,
-    )  # fmt: skip
+        logits,
+        tokens,
+        target_mask,
+        uniforms,
+        coins,
+        temperature=temperature,
+        proportion=proportion,
+        argmax=argmax,
+    )
 
 
 def sundae_update(
@@ -415,9 +421,13 @@ class _Samples:
 
 
 def _sundae_start(
-    model: NARSeq2Seq, src: torch.Tensor, src_mask: torch.Tensor, lengths: torch.Tensor,
-    seed: int, noise: torch.Tensor,
-) -> _Samples:  # fmt: skip
+    model: NARSeq2Seq,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    lengths: torch.Tensor,
+    seed: int,
+    noise: torch.Tensor,
+) -> _Samples:
     """Random starts: each row's samples of ``lengths`` [b, n] get uniform noise tokens, drawn
     from the row's generator (its first draw)."""
     dev, (b, n) = src.device, lengths.shape
@@ -462,9 +472,15 @@ def _sundae_refine(
         coins = s.uniforms(live)
         old = s.tokens[live]
         new = sundae_update(
-            logits, old, s.mask[live], uniforms, coins, temperature=cfg.temperature,
-            proportion=cfg.proportion, argmax=cfg.argmax_unrolled,
-        )  # fmt: skip
+            logits,
+            old,
+            s.mask[live],
+            uniforms,
+            coins,
+            temperature=cfg.temperature,
+            proportion=cfg.proportion,
+            argmax=cfg.argmax_unrolled,
+        )
         steps += _took_part(s.owner, live, b)
         same = (new == old).all(1)
         stopped = live[same]
@@ -502,9 +518,14 @@ def _sundae_freeze(
         logits = model.decode_logits(s.tokens[live], enc[live], src_mask[live], s.mask[live].long())
         uniforms = None if cfg.argmax_unrolled else s.uniforms(live)
         new = sundae_update(
-            logits, s.tokens[live], undecided[live], uniforms, zeros[live],
-            temperature=cfg.temperature, argmax=cfg.argmax_unrolled,
-        )  # fmt: skip
+            logits,
+            s.tokens[live],
+            undecided[live],
+            uniforms,
+            zeros[live],
+            temperature=cfg.temperature,
+            argmax=cfg.argmax_unrolled,
+        )
         lp = _token_logp(logits, new, s.mask[live])
         pick = most_confident(lp, undecided[live], cfg.threshold, last=t + 1 == cfg.steps)
         tok_lp[live] = torch.where(pick, lp, tok_lp[live])

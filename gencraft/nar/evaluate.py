@@ -157,9 +157,14 @@ def decode_rows(
 
     def run(indices: list[int]) -> list[dict[str, Any]]:
         texts, out = decode(
-            model, tok, [sources[i] for i in indices], sampling, method=method,
-            num_beams=num_beams, batch_size=None,
-        )  # fmt: skip
+            model,
+            tok,
+            [sources[i] for i in indices],
+            sampling,
+            method=method,
+            num_beams=num_beams,
+            batch_size=None,
+        )
         return [
             {"text": t, "sequence": q, "score": sc, "calls": c, "steps": st, "seconds": sec}
             for t, q, sc, c, st, sec in zip(
@@ -192,9 +197,15 @@ def decode_sharded(
 ) -> tuple[list[str], NAROutput]:
     """:func:`decode_rows` as the outputs' texts and one :class:`NAROutput`."""
     rows = decode_rows(
-        model, tok, sources, sampling, method=method, num_beams=num_beams, progress=progress,
+        model,
+        tok,
+        sources,
+        sampling,
+        method=method,
+        num_beams=num_beams,
+        progress=progress,
         batch_size=batch_size,
-    )  # fmt: skip
+    )
     out = NAROutput()
     for r in rows:
         out.add(r["sequence"], r["score"], r["calls"], r["steps"], r["seconds"])
@@ -262,7 +273,13 @@ def evaluate(
     outputs of an uncased tokenizer), with decoding time and model calls per output."""
     sources, refs = task_inputs(task, split, limit, data_dir, source_field, target_field)
     rows = decode_rows(
-        model, tok, sources, sampling or SamplingConfig(), method=method, num_beams=num_beams,
-        progress=progress, batch_size=batch_size,
-    )  # fmt: skip
+        model,
+        tok,
+        sources,
+        sampling or SamplingConfig(),
+        method=method,
+        num_beams=num_beams,
+        progress=progress,
+        batch_size=batch_size,
+    )
     return summarize(task, rows, refs, lowercase=lowercase, batch_size=batch_size)

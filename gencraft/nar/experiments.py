@@ -263,8 +263,10 @@ def _variant(
     obj = ObjectiveConfig(objective=objective)
     out = Path(run.directory) / name
 
-    def fit_one():
-        summary = train(cfg, convert, obj, out, data_dir=s.data_dir, progress=True)
+    def fit_one(callbacks):
+        summary = train(
+            cfg, convert, obj, out, data_dir=s.data_dir, progress=True, callbacks=callbacks
+        )
         return {k: v for k, v in summary.items() if k != "history"}
 
     summary = run.unit(f"train {name}", fit_one, resumes=True)
@@ -366,12 +368,16 @@ def threshold_target(curve: list[dict]) -> list[dict]:
         reach = [r for r in taus if r["BLEU"] >= ref["BLEU"]]
         best = min(reach, key=lambda r: r["calls/output"]) if reach else None
         rows.append(
-            {"model": name, "fixed steps": ref["max steps"], "BLEU": ref["BLEU"],
-             "calls/output": ref["calls/output"],
-             "threshold reaching it": best["threshold"] if best else "none",
-             "its BLEU": best["BLEU"] if best else max(r["BLEU"] for r in taus),
-             "its calls/output": best["calls/output"] if best else "-"}
-        )  # fmt: skip
+            {
+                "model": name,
+                "fixed steps": ref["max steps"],
+                "BLEU": ref["BLEU"],
+                "calls/output": ref["calls/output"],
+                "threshold reaching it": best["threshold"] if best else "none",
+                "its BLEU": best["BLEU"] if best else max(r["BLEU"] for r in taus),
+                "its calls/output": best["calls/output"] if best else "-",
+            }
+        )
     return rows
 
 
@@ -387,13 +393,24 @@ def _curve(s: NARTasksSettings, run: ExperimentRun, name: str, temperature: floa
         def point(steps=steps, tau=tau):
             model, tok, _ = load_run(Path(run.directory) / name / "best")
             sp = sampling_for(
-                method, steps=steps, samples=s.samples, temperature=temperature,
-                length_candidates=s.length_candidates, threshold=tau,
-            )  # fmt: skip
+                method,
+                steps=steps,
+                samples=s.samples,
+                temperature=temperature,
+                length_candidates=s.length_candidates,
+                threshold=tau,
+            )
             r = evaluate(
-                model, tok, task=s.task, split="test", limit=s.curve_inputs, sampling=sp,
-                method=method, data_dir=s.data_dir, batch_size=s.decode_batch,
-            )  # fmt: skip
+                model,
+                tok,
+                task=s.task,
+                split="test",
+                limit=s.curve_inputs,
+                sampling=sp,
+                method=method,
+                data_dir=s.data_dir,
+                batch_size=s.decode_batch,
+            )
             return {k: r[k] for k in ("BLEU", "ROUGE-L", "calls/output", "seconds/output")}
 
         key = f"curve {name} {steps}" if tau is None else f"curve {name} tau={tau}"

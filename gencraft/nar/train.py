@@ -11,6 +11,8 @@ linear warm-up and decay.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,6 @@ from gencraft.nar.config import (
 )
 from gencraft.nar.functional import collate, make_loss
 from gencraft.nar.model import NARSeq2Seq, load_mlm_seq2seq, target_token_ids
-from gencraft.timing import running_clock
 
 
 def encode_pairs(
@@ -94,9 +95,10 @@ def train(
     data_dir: str | None = None,
     progress: bool = True,
     restart: bool = False,
+    callbacks: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """Convert ``cfg.model`` and train it with ``objective``; ``best/`` and ``last/`` load with
-    :func:`gencraft.training.load_run`."""
+    :func:`gencraft.training.load_run`. ``callbacks`` go to :func:`~gencraft.training.fit`."""
     from gencraft.training import fit, make_accelerator, save_run, settings_of
 
     if objective.objective == "autoregressive" and convert.bidirectional:
@@ -117,7 +119,7 @@ def train(
     settings.update(objective=asdict(objective), lr=lr, weight_decay=wd, pairs=len(train_pairs))
     pad = target_token_ids(tok)["pad"]
     model.train()
-    t0 = running_clock()
+    t0 = time.perf_counter()
     result = fit(
         model,
         optimizer,
@@ -133,5 +135,6 @@ def train(
         accelerator=acc,
         progress=progress,
         restart=restart,
+        callbacks=callbacks,
     )
     return result.write_summary(out, t0, pairs=len(train_pairs), dropped_long_targets=dropped)

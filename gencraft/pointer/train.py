@@ -21,6 +21,7 @@ depend on the process count and a run resumes on another one.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,6 @@ from gencraft.errors import GencraftError
 from gencraft.pointer.config import TrainConfig
 from gencraft.pointer.evaluate import detach_state, evaluate
 from gencraft.pointer.lstm import PointerSentinelLSTM
-from gencraft.timing import running_clock
 from gencraft.training import (
     FitResult,
     PlateauSchedule,
@@ -276,7 +276,7 @@ class PointerTrainer(Steps):
         """Train until a budget runs out or validation stops improving; returns the history.
         A re-run resumes (``resume=False`` or ``restart=True`` starts over); Ctrl-C saves a
         checkpoint and raises :class:`~gencraft.training.Interrupted`."""
-        started = running_clock()
+        started = time.perf_counter()
         if self.accelerator.is_main_process:
             write_json(self.output_dir / "train_config.json", asdict(self.config))
         settings = {"model_config": self.raw_model.config.to_dict(), **asdict(self.config)}

@@ -3,6 +3,7 @@ split, scored by :func:`gencraft.metrics.score_task`."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,6 @@ from gencraft.models.introspect import eos_ids, is_encoder_decoder, pad_id
 from gencraft.models.prompts import pad_batch
 from gencraft.prefix.data import SEPARATOR
 from gencraft.progress import tqdm
-from gencraft.timing import running_clock
 
 
 def _made_by(model: nn.Module, sources: list[str], settings: dict) -> dict:
@@ -102,9 +102,16 @@ def _generate(
         return model.generate(input_ids=ids, attention_mask=mask, pad_token_id=pad, **kw)
     neg = pad_batch(free, pad, left=not ed)
     return paired_contrast_generate(
-        model.generate, ids, mask, neg["input_ids"].to(dev), neg["attention_mask"].to(dev),
-        cad_alpha=cad_alpha, left_padding=not ed, pad_token_id=pad, **kw,
-    )  # fmt: skip
+        model.generate,
+        ids,
+        mask,
+        neg["input_ids"].to(dev),
+        neg["attention_mask"].to(dev),
+        cad_alpha=cad_alpha,
+        left_padding=not ed,
+        pad_token_id=pad,
+        **kw,
+    )
 
 
 def evaluate(
@@ -139,7 +146,7 @@ def evaluate(
     examples = pick_examples(task_examples(task, split, data_dir, **fields), limit, spread)
     sources, refs = [source_of(e) for e in examples], [references_of(e) for e in examples]
     new = max_new_tokens or 64
-    start = running_clock()
+    start = time.perf_counter()
     outputs = generate_outputs(
         model,
         tokenizer,
@@ -152,7 +159,7 @@ def evaluate(
         partial_dir=partial_dir,
         cad_alpha=cad_alpha,
     )
-    seconds = running_clock() - start
+    seconds = time.perf_counter() - start
     kw = {} if not metrics else {"metrics": tuple(metrics)}
     scores = score_task(task, outputs, refs, lowercase=lowercase, **kw)
     return {

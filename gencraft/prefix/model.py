@@ -60,9 +60,14 @@ WEIGHTS_FILE = "prefix_model.safetensors"
 #: generate's keywords PrefixModel.generate sets itself (the inputs, the decoder's start, the
 #: prefix cache) or cannot follow (assisted decoding drafts without the prefixes)
 NOT_TAKEN = (
-    "decoder_input_ids", "inputs_embeds", "decoder_inputs_embeds", *CACHE_NAMES,
-    "assistant_model", "prompt_lookup_num_tokens", "assistant_early_exit",
-)  # fmt: skip
+    "decoder_input_ids",
+    "inputs_embeds",
+    "decoder_inputs_embeds",
+    *CACHE_NAMES,
+    "assistant_model",
+    "prompt_lookup_num_tokens",
+    "assistant_early_exit",
+)
 #: the prefix groups: (stack, kind) -> name of the parameter module
 GROUPS = {
     ("decoder", "self"): "decoder",

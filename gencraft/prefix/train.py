@@ -7,6 +7,7 @@ normaliser, the paper's control rows), through the shared :func:`gencraft.traini
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,6 @@ from gencraft.models.introspect import check_token_budget, pad_id
 from gencraft.prefix.config import PrefixConfig, PrefixTrainConfig
 from gencraft.prefix.data import SEPARATOR, collate_rows, encode_pairs
 from gencraft.prefix.variants import build_model, save_trained
-from gencraft.timing import running_clock
 from gencraft.training import fit, settings_of
 
 
@@ -71,7 +71,7 @@ def train(
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
 
     settings = {"train": settings_of(cfg), "prefix": prefix.to_dict(), "pairs": len(train_rows)}
-    start = running_clock()
+    start = time.perf_counter()
     result = fit(
         model,
         optimizer,

@@ -5,6 +5,7 @@ carries h_prev between windows); the FLOPs accounting of the thesis's tables is 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -13,7 +14,6 @@ from torch import nn
 from gencraft.data import stream_articles, subword_stream
 from gencraft.metrics import windowed_nll
 from gencraft.metrics.lm import stream_perplexities
-from gencraft.timing import running_clock
 
 
 def flops_per_token(model: nn.Module, window: int, overlap: int = 0) -> float:
@@ -37,11 +37,11 @@ def _overlap_row(
     model: nn.Module, ids: torch.Tensor, words: int, window: int, o: int, **kw: Any
 ) -> dict[str, Any]:
     """One overlap's row: perplexities, seconds, FLOPs/token and the block NLLs."""
-    t0 = running_clock()
+    t0 = time.perf_counter()
     nll = windowed_nll(model, ids, window=window, overlap=o, **kw)
     return {
         "overlap": o,
-        **stream_perplexities(nll, words, running_clock() - t0),
+        **stream_perplexities(nll, words, time.perf_counter() - t0),
         "flops/token": flops_per_token(model, window, o),
         "block_nll": block_means(nll, BLOCK),
     }

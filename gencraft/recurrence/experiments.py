@@ -141,8 +141,8 @@ def recurrence_lm(s: RecurrenceLMSettings, run: ExperimentRun) -> None:
         cfg, rec = _configs(s, recurrent)
         out = Path(run.directory) / name
 
-        def fit_one(cfg=cfg, rec=rec, out=out):
-            summary = train(cfg, rec, out, data_dir=s.data_dir, progress=True)
+        def fit_one(callbacks, cfg=cfg, rec=rec, out=out):
+            summary = train(cfg, rec, out, data_dir=s.data_dir, progress=True, callbacks=callbacks)
             return {k: v for k, v in summary.items() if k != "history"}
 
         summary = run.unit(f"train {name}", fit_one, resumes=True)

@@ -10,6 +10,8 @@ the same model on the same windows with no state between them.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,6 @@ from gencraft.config import check
 from gencraft.data import subword_stream
 from gencraft.recurrence.config import RecurrenceConfig, RecurrenceTrainConfig
 from gencraft.recurrence.model import RecurrentLM
-from gencraft.timing import running_clock
 from gencraft.training import fit, save_run, settings_of
 
 
@@ -41,9 +42,11 @@ def train(
     data_dir: str | None = None,
     progress: bool = True,
     restart: bool = False,
+    callbacks: Sequence[Any] = (),
 ) -> dict[str, Any]:
     """Fine-tune ``cfg.model`` with (or, ``rec.recurrent=False``, without) recurrence;
-    ``best/`` and ``last/`` are loadable with :func:`gencraft.training.load_run`."""
+    ``best/`` and ``last/`` are loadable with :func:`gencraft.training.load_run`.
+    ``callbacks`` go to :func:`~gencraft.training.fit`."""
     from gencraft.models import load_model
 
     out = Path(output)
@@ -71,7 +74,7 @@ def train(
     def save_fn(m: RecurrentLM, d: Path) -> None:
         save_run(d, m, tok, settings, base_name_or_path=cfg.model)
 
-    t0 = running_clock()
+    t0 = time.perf_counter()
     result = fit(
         model,
         optimizer,
@@ -85,5 +88,6 @@ def train(
         settings=settings,
         progress=progress,
         restart=restart,
+        callbacks=callbacks,
     )
     return result.write_summary(out, t0, tokens_per_step=per_step)

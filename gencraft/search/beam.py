@@ -202,10 +202,15 @@ class BeamSettings:
         if clf is not None and not getattr(clf, "enabled", True):
             settings.update(classifier=None, k=None)  # a disabled classifier: plain search
         settings["logits_processor"] = tuple(settings.get("logits_processor") or ())
-        out = cls(num_beams=settings.pop("num_beams"), max_new_tokens=tuple(limits),
-                  force_length=tuple(_forced_length(n, f, length_includes_eos)
-                                     for n, f in zip(limits, forces, strict=True)),
-                  **settings)  # fmt: skip
+        out = cls(
+            num_beams=settings.pop("num_beams"),
+            max_new_tokens=tuple(limits),
+            force_length=tuple(
+                _forced_length(n, f, length_includes_eos)
+                for n, f in zip(limits, forces, strict=True)
+            ),
+            **settings,
+        )
         out._check()
         return out
 
@@ -401,12 +406,24 @@ def beam_search(
     if not isinstance(model, nn.Module) and batch_size(model) != 1:
         raise GencraftError("beam_search takes a Stepper of one input; use beam_search_batch")
     return beam_search_batch(
-        model, input_ids, None, num_beams=num_beams, max_new_tokens=max_new_tokens,
-        classifier=classifier, k=k, alpha=alpha, eos_token_id=eos_token_id, finished=finished,
-        force_length=force_length, forced_eos=forced_eos, logits_processor=logits_processor,
-        length_includes_eos=length_includes_eos, forced_ranking=forced_ranking,
-        length_penalty=length_penalty, early_stopping=early_stopping,
-    )[0]  # fmt: skip
+        model,
+        input_ids,
+        None,
+        num_beams=num_beams,
+        max_new_tokens=max_new_tokens,
+        classifier=classifier,
+        k=k,
+        alpha=alpha,
+        eos_token_id=eos_token_id,
+        finished=finished,
+        force_length=force_length,
+        forced_eos=forced_eos,
+        logits_processor=logits_processor,
+        length_includes_eos=length_includes_eos,
+        forced_ranking=forced_ranking,
+        length_penalty=length_penalty,
+        early_stopping=early_stopping,
+    )[0]
 
 
 def beam_search_batch(
@@ -433,12 +450,33 @@ def beam_search_batch(
     :func:`beam_search` returns for that row alone. :func:`beam_search_tensors` takes the same
     arguments and returns the tensors (:class:`BeamResult`)."""
     return beam_search_tensors(
-        model, input_ids, attention_mask, num_beams=num_beams, max_new_tokens=max_new_tokens,
-        classifier=classifier, k=k, alpha=alpha, eos_token_id=eos_token_id, finished=finished,
-        force_length=force_length, forced_eos=forced_eos, logits_processor=logits_processor,
-        length_includes_eos=length_includes_eos, forced_ranking=forced_ranking,
-        length_penalty=length_penalty, early_stopping=early_stopping,
-    ).hypotheses()  # fmt: skip
+        model,
+        input_ids,
+        attention_mask,
+        num_beams=num_beams,
+        max_new_tokens=max_new_tokens,
+        classifier=classifier,
+        k=k,
+        alpha=alpha,
+        eos_token_id=eos_token_id,
+        finished=finished,
+        force_length=force_length,
+        forced_eos=forced_eos,
+        logits_processor=logits_processor,
+        length_includes_eos=length_includes_eos,
+        forced_ranking=forced_ranking,
+        length_penalty=length_penalty,
+        early_stopping=early_stopping,
+    ).hypotheses()
+
+
+def _rows(model: nn.Module | Stepper, input_ids: torch.Tensor | None) -> int:
+    """The batch size: a Stepper's own, else ``input_ids``' rows (a 1-D prompt: one row)."""
+    rows = batch_size(model) if not isinstance(model, nn.Module) else None
+    if rows is not None:
+        return rows
+    two_d = isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2
+    return input_ids.shape[0] if two_d else 1
 
 
 def beam_search_tensors(
@@ -469,19 +507,23 @@ def beam_search_tensors(
     ``attention_mask`` [B, P] 1 for tokens (default: none padded). ``max_new_tokens`` and
     ``force_length`` are given once or per row (B values; None: no forced length). The other
     arguments are :class:`BeamSettings`' fields."""
-    rows = batch_size(model) if not isinstance(model, nn.Module) else None
-    if rows is None:
-        rows = (
-            input_ids.shape[0]
-            if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2
-            else 1
-        )
+    rows = _rows(model, input_ids)
     settings = BeamSettings.build(
-        rows, max_new_tokens, force_length, length_includes_eos, num_beams=num_beams,
-        classifier=classifier, k=k, alpha=alpha, finished=finished, forced_eos=forced_eos,
-        forced_ranking=forced_ranking, length_penalty=length_penalty,
-        early_stopping=early_stopping, logits_processor=logits_processor,
-    )  # fmt: skip
+        rows,
+        max_new_tokens,
+        force_length,
+        length_includes_eos,
+        num_beams=num_beams,
+        classifier=classifier,
+        k=k,
+        alpha=alpha,
+        finished=finished,
+        forced_eos=forced_eos,
+        forced_ranking=forced_ranking,
+        length_penalty=length_penalty,
+        early_stopping=early_stopping,
+        logits_processor=logits_processor,
+    )
     if num_beams == 1 and settings.logits_processor:
         _warn_one_beam(settings.logits_processor)
     stepper, eos = resolve(
@@ -512,7 +554,7 @@ class _BeamSearch:
     :class:`BeamResult`."""
 
     def __init__(self, stepper: Stepper, settings: BeamSettings, eos: list[int]) -> None:
-        self.s, self.cfg, self.clf = stepper, settings, settings.classifier
+        self.stepper, self.cfg, self.clf = stepper, settings, settings.classifier
         self.B, self.K = batch_size(stepper), settings.num_beams
         self.T = max(settings.max_new_tokens)
         # per row: the limit L and the forced length n (-1: none); moved to the model's device
@@ -530,7 +572,7 @@ class _BeamSearch:
     def _start(self) -> tuple[_ModelState, torch.Tensor]:
         """The prompts run once; the first step's N = B·K rows are copies of each input's
         (only beam 0 alive). Returns the model state and the running scores [B, K]."""
-        out = self.s.start()
+        out = self.stepper.start()
         if out.log_probs.shape[0] != self.B:
             raise GencraftError(
                 f"the stepper holds {self.B} inputs but started {out.log_probs.shape[0]} rows"
@@ -543,7 +585,7 @@ class _BeamSearch:
         index = torch.arange(self.B, device=dev).repeat_interleave(self.K)
         state = _ModelState(
             log_probs=out.log_probs.repeat_interleave(self.K, 0),
-            cache=self.s.reorder(out.cache, index) if self.K > 1 else out.cache,
+            cache=self.stepper.reorder(out.cache, index) if self.K > 1 else out.cache,
             hidden=out.hidden.repeat_interleave(self.K, 0) if out.hidden is not None else None,
             clf_state=self.clf.init(self.B * self.K) if self.clf is not None else None,
         )
@@ -598,12 +640,12 @@ class _BeamSearch:
     ) -> tuple[Candidates, Any]:
         """Each row's candidates (:class:`Candidates`, [B, C]) from ``logp`` [N, V] and the
         running scores [B, K], and the classifier state extended by this position."""
-        (n, v), (b, kb), dev = logp.shape, scores.shape, logp.device
+        (n, v), (b, K), dev = logp.shape, scores.shape, logp.device
         k = self.cfg.k
         if self.clf is None and (k is None or k >= v):
-            flat = (scores.reshape(n, 1) + logp).view(b, kb * v)  # every continuation
-            beam = torch.arange(kb, device=dev).repeat_interleave(v).expand(b, -1)
-            token = torch.arange(v, device=dev).repeat(kb).expand(b, -1)
+            flat = (scores.reshape(n, 1) + logp).view(b, K * v)  # every continuation
+            beam = torch.arange(K, device=dev).repeat_interleave(v).expand(b, -1)
+            token = torch.arange(v, device=dev).repeat(K).expand(b, -1)
             return Candidates(flat, flat, flat, beam, token), state.clf_state
         top_lp, token = logp.topk(k, dim=-1)  # [N, k], by model likelihood
         score = scores.reshape(n, 1) + top_lp
@@ -614,8 +656,8 @@ class _BeamSearch:
             dead = ~torch.isfinite(top_lp)  # impossible stays impossible, whatever the classifier
             cond = (score + clf_lp.to(score)).masked_fill(dead, NEG)
             sel = (score + self.cfg.alpha * clf_lp.to(score)).masked_fill(dead, NEG)
-        beam = torch.arange(kb, device=dev).repeat_interleave(k).expand(b, -1)
-        c = kb * k
+        beam = torch.arange(K, device=dev).repeat_interleave(k).expand(b, -1)
+        c = K * k
         flat = (sel.view(b, c), score.view(b, c), cond.view(b, c), beam, token.view(b, c))
         return Candidates(*flat), clf_state
 
@@ -624,11 +666,11 @@ class _BeamSearch:
     ) -> _ModelState:
         """Reorder the cache and the classifier state to beams ``src`` [B, K] of each row and
         feed ``feed`` [B, K]: the next step's model state."""
-        b, kb = src.shape
-        flat = (torch.arange(b, device=src.device)[:, None] * kb + src).view(-1)
+        b, K = src.shape
+        flat = (torch.arange(b, device=src.device)[:, None] * K + src).view(-1)
         if self.clf is not None:
             clf_state = self.clf.reorder(clf_state, flat)
-        out = self.s.step(feed.reshape(-1), self.s.reorder(state.cache, flat))
+        out = self.stepper.step(feed.reshape(-1), self.stepper.reorder(state.cache, flat))
         return _ModelState(out.log_probs, out.cache, out.hidden, clf_state)
 
     # -- transformers' policy: finished hypotheses aside ----------------------------------------
@@ -675,15 +717,15 @@ class _BeamSearch:
         end join the finished set (rows ``open`` [B] only, and not a full one under
         ``early_stopping=True``), keyed by their score over length^length_penalty; the K best
         of the old and the new stay (stably: old first on ties)."""
-        kb = self.K
+        K = self.K
         full = finished.done.all(1) & (self.cfg.early_stopping is True)
-        first = top.map(lambda x: x[:, :kb])
+        first = top.map(lambda x: x[:, :K])
         is_eos = torch.isin(first.token, self.eos)
         rank = torch.where(self.forced[:, None], first.score, first.cond)
         # float64 pow: a large penalty gives inf (keys -0.0, ties kept in order), not an error
         key = rank / torch.tensor(t + 1.0, dtype=torch.float64).pow(self.cfg.length_penalty).item()
         # only possible hypotheses (generate also admits a dead beam's, scored about -1e9)
-        new = ends[:, :kb] & (first.sel > NEG / 2) & (open & ~full)[:, None]
+        new = ends[:, :K] & (first.sel > NEG / 2) & (open & ~full)[:, None]
         if not bool(new.any()):
             return finished
         grown = ~is_eos  # cut at the limit: the last token is kept
@@ -700,7 +742,7 @@ class _BeamSearch:
         )
         merged = finished.cat(arrivals)
         merged.key = merged.key.masked_fill(~merged.done, float("-inf"))
-        order = merged.key.sort(dim=1, descending=True, stable=True).indices[:, :kb]
+        order = merged.key.sort(dim=1, descending=True, stable=True).indices[:, :K]
         return merged.gather(order)
 
     def _next_live(

@@ -155,10 +155,15 @@ def search_errors(
     }
     tops = [[found[k][r][0] for k in widths] for r in range(len(found[widths[0]]))]
     modes = exact_mode_batch(
-        model, input_ids, attention_mask, max_new_tokens=max_new_tokens, max_nodes=max_nodes,
-        max_seconds=max_seconds, initial=[_best_finished(t) for t in tops] if seed else None,
+        model,
+        input_ids,
+        attention_mask,
+        max_new_tokens=max_new_tokens,
+        max_nodes=max_nodes,
+        max_seconds=max_seconds,
+        initial=[_best_finished(t) for t in tops] if seed else None,
         **kw,
-    )  # fmt: skip
+    )
     return [_row(mode, tops[r], widths, tol) for r, mode in enumerate(modes)]
 
 
@@ -366,11 +371,18 @@ def score_differences(
             diffs = [per[name][i] - per[against][i] for i in idx]
             t = paired_t(diffs) if diffs else None
             table.append(
-                {"search": name, "minus": against, "prompts": which, "n": len(diffs),
-                 "RL diff": "-" if t is None else round(t["mean"], 2),
-                 "95% interval": "-" if t is None or t["n"] < 2
-                 else f"[{t['low']:.2f}, {t['high']:.2f}]",
-                 "p": "-" if t is None else float(f"{t['p']:.3g}"),
-                 "higher": sum(d > 0 for d in diffs), "lower": sum(d < 0 for d in diffs)}
-            )  # fmt: skip
+                {
+                    "search": name,
+                    "minus": against,
+                    "prompts": which,
+                    "n": len(diffs),
+                    "RL diff": "-" if t is None else round(t["mean"], 2),
+                    "95% interval": "-"
+                    if t is None or t["n"] < 2
+                    else f"[{t['low']:.2f}, {t['high']:.2f}]",
+                    "p": "-" if t is None else float(f"{t['p']:.3g}"),
+                    "higher": sum(d > 0 for d in diffs),
+                    "lower": sum(d < 0 for d in diffs),
+                }
+            )
     return table

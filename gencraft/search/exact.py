@@ -217,9 +217,13 @@ def _checked_length(
 
 
 def _seeds(
-    initial: Sequence[Sequence[int] | None] | None, b: int, eos: list[int], vocab: int,
-    max_new_tokens: int, length: int | None,
-) -> list[list[int] | None]:  # fmt: skip
+    initial: Sequence[Sequence[int] | None] | None,
+    b: int,
+    eos: list[int],
+    vocab: int,
+    max_new_tokens: int,
+    length: int | None,
+) -> list[list[int] | None]:
     """One checked seed output (or None) per row."""
     seeds: list[list[int] | None] = [None] * b
     if initial is None:
@@ -243,9 +247,14 @@ def _seeds(
 
 
 def _search_rows(
-    stepper: Any, eos: list[int], max_new_tokens: int, length: int | None,
-    budget: tuple[int | None, float], seeds: list[list[int] | None], logits_processor: Any,
-) -> list[ModeResult]:  # fmt: skip
+    stepper: Any,
+    eos: list[int],
+    max_new_tokens: int,
+    length: int | None,
+    budget: tuple[int | None, float],
+    seeds: list[list[int] | None],
+    logits_processor: Any,
+) -> list[ModeResult]:
     """Every row's DFS advanced together: each model call expands the next node of every
     unfinished row (one ragged call). ``budget``: (max_nodes or None, max_seconds or inf)."""
     b = batch_size(stepper)

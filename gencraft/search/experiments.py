@@ -184,8 +184,13 @@ def cad_speed(s: CadSpeedSettings, run: ExperimentRun) -> None:
     kinds = ["e2e"] * half + ["xsum"] * (s.prompts - half)
     prompts = _prompts(tok, s.prompts, s.data_dir)
     plain = [encode_prompt(tok, INSTRUCTIONS[k] + "\n") for k in kinds]
-    batches = list(zip(_batched(model, tok, prompts, s.batch_size),
-                       _batched(model, tok, plain, s.batch_size), strict=True))  # fmt: skip
+    batches = list(
+        zip(
+            _batched(model, tok, prompts, s.batch_size),
+            _batched(model, tok, plain, s.batch_size),
+            strict=True,
+        )
+    )
     routes = _cad_routes(model, tok, batches, s)
     for go in routes.values():  # warm-up
         go()
@@ -230,14 +235,25 @@ def _cad_routes(model, tok, batches: list, s: CadSpeedSettings) -> dict[str, Any
         for (ids, mask), (nids, nmask) in batches:
             if cad:
                 paired_contrast_generate(
-                    model.generate, ids, mask, nids, nmask, cad_alpha=s.cad_alpha,
-                    left_padding=True, pad_token_id=pad, **kw,
-                )  # fmt: skip
+                    model.generate,
+                    ids,
+                    mask,
+                    nids,
+                    nmask,
+                    cad_alpha=s.cad_alpha,
+                    left_padding=True,
+                    pad_token_id=pad,
+                    **kw,
+                )
             else:
                 model.generate(input_ids=ids, attention_mask=mask, pad_token_id=pad, **kw)
 
-    return {"beam": plain_beam, "cad": cad_beam, "generate": lambda: generate_beam(False),
-            "paired": lambda: generate_beam(True)}  # fmt: skip
+    return {
+        "beam": plain_beam,
+        "cad": cad_beam,
+        "generate": lambda: generate_beam(False),
+        "paired": lambda: generate_beam(True),
+    }
 
 
 def _cad_speed_report(s: CadSpeedSettings, run: ExperimentRun, rounds: list, n: int) -> None:
@@ -548,9 +564,15 @@ def _error_unit(model, tok, texts: list[str], s: ErrorSettings) -> list[dict]:
     prompts = [encode_prompt(tok, t) for t in texts]
     ((ids, mask),) = _batched(model, tok, prompts, len(prompts))
     rows = search_errors(
-        model, ids, mask, beams=s.beams, max_nodes=s.max_nodes, max_new_tokens=s.max_new_tokens,
-        max_seconds=s.max_seconds, seed=s.seed_bound,
-    )  # fmt: skip
+        model,
+        ids,
+        mask,
+        beams=s.beams,
+        max_nodes=s.max_nodes,
+        max_new_tokens=s.max_new_tokens,
+        max_seconds=s.max_seconds,
+        seed=s.seed_bound,
+    )
     out = []
     for p, row in zip(prompts, rows, strict=True):
         outputs = {
@@ -1207,10 +1229,16 @@ def mbr_differences(asked: list[tuple]) -> list[dict]:
             continue
         t = paired_t([m - b for m, b in zip(scores, beam[task], strict=True)])
         rows.append(
-            {"task": task, "decoder": name, "prompts": t["n"], "RL diff": t["mean"],
-             "95% interval": f"[{t['low']:.2f}, {t['high']:.2f}]", "p": t["p"],
-             "worse": sum(m < b for m, b in zip(scores, beam[task], strict=True))}
-        )  # fmt: skip
+            {
+                "task": task,
+                "decoder": name,
+                "prompts": t["n"],
+                "RL diff": t["mean"],
+                "95% interval": f"[{t['low']:.2f}, {t['high']:.2f}]",
+                "p": t["p"],
+                "worse": sum(m < b for m, b in zip(scores, beam[task], strict=True)),
+            }
+        )
     return rows
 
 
@@ -1268,9 +1296,15 @@ def mbr_study(s: MbrSettings, run: ExperimentRun) -> None:
                 outs, t0 = [], running_clock()
                 for i in range(0, len(texts), s.batch_size):
                     outs += generate_text(
-                        model, tok, texts[i : i + s.batch_size], seed=s.seed + i, mbr=n,
-                        mbr_utility=s.utility, max_new_tokens=s.max_new_tokens, **kw,
-                    )  # fmt: skip
+                        model,
+                        tok,
+                        texts[i : i + s.batch_size],
+                        seed=s.seed + i,
+                        mbr=n,
+                        mbr_utility=s.utility,
+                        max_new_tokens=s.max_new_tokens,
+                        **kw,
+                    )
                 return {"outputs": outs, "seconds": running_clock() - t0}
 
             asked.append((task, name, refs, len(texts), run.unit(f"{task} {name}", unit)))

@@ -80,9 +80,14 @@ class _Sampler:
         rows = [{"input_ids": p.flatten().tolist()} for p in prompts]
         batch = pad_batch(rows, self.pad, left=not self.encoder_decoder)
         return sample_batch(
-            self.model, batch["input_ids"], batch["attention_mask"], n=n, max_new_tokens=steps,
-            seeds=[seed + i for i in indices], eos_token_id=sorted(self.eos),
-        )  # fmt: skip
+            self.model,
+            batch["input_ids"],
+            batch["attention_mask"],
+            n=n,
+            max_new_tokens=steps,
+            seeds=[seed + i for i in indices],
+            eos_token_id=sorted(self.eos),
+        )
 
     def hidden(self, ids: torch.Tensor, samples: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The decoder's hidden states at every layer, from the last input position before the
@@ -101,9 +106,11 @@ class _Sampler:
             if self.encoder_decoder:
                 src = ids.to(self.device).expand(len(fed), -1)
                 hs = self.model(
-                    input_ids=src, attention_mask=torch.ones_like(src), decoder_input_ids=full,
+                    input_ids=src,
+                    attention_mask=torch.ones_like(src),
+                    decoder_input_ids=full,
                     output_hidden_states=True,
-                ).decoder_hidden_states  # fmt: skip
+                ).decoder_hidden_states
             else:
                 hs = self.model(full, output_hidden_states=True).hidden_states
         states = torch.stack(hs, dim=2)  # [n, L, M + 1, H]

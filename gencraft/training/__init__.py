@@ -1,7 +1,7 @@
 """The training machinery every gencraft method shares: :func:`fit` (the one training loop, on
 ``accelerate``), checkpoints that resume after an interrupt, the one run format
 (:func:`save_run` / :func:`load_run`), schedules (warm-up/decay, the plateau rule, truncated
-BPTT) and RNG/atomic-file helpers."""
+BPTT), callbacks (:class:`TrainerCallback`) and RNG/atomic-file helpers."""
 
 from gencraft.lazy import lazy_exports
 
@@ -19,7 +19,9 @@ __getattr__, __dir__, __all__ = lazy_exports(
         "gencraft.training.fit": (
             "EpochSampler",
             "FitResult",
+            "StepState",
             "Steps",
+            "TrainerCallback",
             "Validated",
             "fit",
             "make_accelerator",

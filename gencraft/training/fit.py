@@ -14,7 +14,9 @@ does the rest the same way for every method:
   meaning the same for every trainer;
 * checkpoints and resumption by the rule of :mod:`gencraft.training.checkpoint`: Ctrl-C
   saves, a re-run resumes or says why not, and the resumed run ends with the same weights
-  as an uninterrupted one.
+  as an uninterrupted one;
+* callbacks (:class:`TrainerCallback`, the shape of transformers' ``TrainerCallback``): after
+  each optimizer step (one may stop the run, saved, to be resumed) and after each checkpoint.
 
 A trainer whose batches are not items of a dataset (the pointer's truncated BPTT over
 carried state) passes a :class:`Steps` plug-in in place of the dataset: ``fit`` keeps the
@@ -38,8 +40,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Sampler
 
 from gencraft.errors import ConfigError, GencraftError, Interrupted
-from gencraft.progress import JobOutOfTime, job_seconds_left, progress_saved, tqdm
-from gencraft.timing import running_clock
+from gencraft.progress import tqdm
 from gencraft.training.checkpoint import (
     InterruptGuard,
     RunCheckpoint,
@@ -90,6 +91,44 @@ def make_accelerator(mixed_precision: str = "no", device: str | None = None, **k
     return Accelerator(cpu=cpu, mixed_precision=mixed_precision, **kwargs)
 
 
+def _now() -> float:
+    """The loop's clock (seconds; its own name, so a test can drive it)."""
+    return time.perf_counter()
+
+
+@dataclass(frozen=True)
+class StepState:
+    """What a :class:`TrainerCallback` sees after an optimizer step: ``step``, the budget's
+    ``total`` steps (0 when only time bounds it), the step this call of :func:`fit` began at,
+    its ``seconds`` since then, and whether a checkpoint keeps the run (stopping without one
+    loses it)."""
+
+    step: int
+    total: int
+    first_step: int
+    seconds: float
+    checkpointed: bool
+
+    @property
+    def seconds_per_step(self) -> float:
+        """This call's seconds per step so far."""
+        return self.seconds / max(1, self.step - self.first_step)
+
+
+class TrainerCallback:
+    """A hook into :func:`fit`; subclass it and override what you need."""
+
+    def on_step_end(self, state: StepState) -> bool:
+        """After each optimizer step; True stops the run: ``fit`` saves a checkpoint and raises
+        :class:`~gencraft.errors.Interrupted` (the same call resumes it), unless a Ctrl-C or the
+        run's own end comes first. Every process must answer alike (they are agreed)."""
+        return False
+
+    def on_save(self, step: int, total: int) -> None:
+        """After each checkpoint, on the main process: its first ``step`` of ``total`` steps are
+        saved (a resumed run starts after them; ``total`` 0: only time bounds the run)."""
+
+
 @dataclass
 class FitResult:
     """``stopped``: which budget ended the run (``epochs``, ``max_steps``, ``max_time``);
@@ -111,11 +150,10 @@ class FitResult:
         """Write ``directory/train_summary.json`` (steps, budget, best validation loss, times,
         processes, global batch, examples trained on, ``extra``, history) and return it.
         ``wall_seconds`` is the whole run's: this call's since ``started``
-        (:func:`~gencraft.timing.running_clock`, which leaves out the time the process was
-        stopped) plus the earlier invocations' that it resumed."""
-        if started > time.perf_counter():  # a time.time() reading (never a running_clock one)
-            raise GencraftError(f"started={started:g} is not a running_clock() reading")
-        now = running_clock()
+        (a :func:`time.perf_counter` reading) plus the earlier invocations' that it resumed."""
+        if started > time.perf_counter():  # a time.time() reading (never a perf_counter one)
+            raise GencraftError(f"started={started:g} is not a time.perf_counter() reading")
+        now = _now()
         summary = {
             "steps": self.steps,
             "epochs_done": self.epochs_done,
@@ -261,6 +299,7 @@ def fit(
     restart: bool = False,
     progress: bool = True,
     on_step: Callable[[int, Any], None] | None = None,
+    callbacks: Sequence[TrainerCallback] = (),
 ) -> FitResult:
     """Train ``model`` on ``train`` with ``loss_fn(model, batch) -> loss`` (or ``(loss,
     {name: float})``), batches made by ``collate_fn`` from lists of ``train`` items; or on a
@@ -275,10 +314,10 @@ def fit(
         resume / restart: continue from ``output_dir/checkpoint`` (default) / start over,
             removing the earlier run's checkpoint and results (``resume=False`` does the same).
         on_step: called after every optimizer step with ``(step, batch)``.
-    Returns a :class:`FitResult`. Raises :class:`Interrupted` after saving on Ctrl-C, and
-    :class:`~gencraft.folder_lock.FolderInUse` before any work when another live process
-    holds ``output_dir``; inside an experiment's resumable unit under a time budget,
-    :class:`~gencraft.progress.JobOutOfTime` after saving, before a step past its deadline.
+        callbacks: :class:`TrainerCallback` objects, called after each step and checkpoint.
+    Returns a :class:`FitResult`. Raises :class:`Interrupted` after saving, on Ctrl-C or when a
+    callback stops the run, and :class:`~gencraft.folder_lock.FolderInUse` before any work when
+    another live process holds ``output_dir``.
     """
     if len(train) == 0:
         raise GencraftError("no training examples")
@@ -288,6 +327,7 @@ def fit(
         raise GencraftError("fit needs a loss_fn for a dataset (or a Steps plug-in as train)")
     loop = _Loop(model, optimizer, loss_fn, config, accelerator, output_dir, progress)
     loop.evaluate_fn, loop.save_fn, loop.on_step = evaluate_fn, save_fn, on_step
+    loop.callbacks = tuple(callbacks)
     with _holding(loop):  # before the run is opened: a restart clears the folder
         loop.open_run(settings, resume=resume, restart=restart)
         loop.prepare(train, valid, collate_fn)
@@ -330,11 +370,12 @@ class _Loop:
         self.evaluate_fn: Callable[[nn.Module, Any], dict[str, float]] | None = None
         self.save_fn: Callable[[nn.Module, Path], None] | None = None
         self.on_step: Callable[[int, Any], None] | None = None
+        self.callbacks: tuple[TrainerCallback, ...] = ()
         self.ckpt: RunCheckpoint | None = None
         self.st = _State(processes=self.acc.num_processes)
         self.pending_rng: Any = None
         self.resumed = False
-        self.last_save = self.started = running_clock()
+        self.last_save = self.started = _now()
         self.earlier_wall = 0.0  # st.wall_time when this invocation began
 
     def open_run(self, settings: dict[str, Any] | None, *, resume: bool, restart: bool) -> None:
@@ -459,7 +500,7 @@ class _Loop:
         )
 
     def save_checkpoint(self) -> None:
-        self.st.wall_time = self.earlier_wall + running_clock() - self.started
+        self.st.wall_time = self.earlier_wall + _now() - self.started
         if self.ckpt is not None:
             # on every process: a plug-in gathers what the other processes hold
             steps = self.steps.state_dict() if self.steps is not None else None
@@ -474,10 +515,9 @@ class _Loop:
                         "rng": rng_state(),
                     }
                 )
-                if self.total:  # an experiment's unit counts only the steps left
-                    progress_saved(self.st.step, self.total)
+                self.saved()
             self.acc.wait_for_everyone()
-        self.last_save = running_clock()
+        self.last_save = _now()
 
     def save_model(self, name: str) -> None:
         if self.out is None or self.save_fn is None:
@@ -527,13 +567,13 @@ class _Loop:
             tqdm.write(f"eval: {shown}")
 
     def validation_metrics(self) -> dict[str, float]:
-        t0 = running_clock()
+        t0 = _now()
         self.model.eval()
         with torch.no_grad():
             run = self.evaluate_fn or mean_loss(self.loss_fn, self.acc)
             metrics = run(self.model, self.valid_loader)
         self.model.train()
-        self.st.eval_time += running_clock() - t0
+        self.st.eval_time += _now() - t0
         if self.cfg.metric not in metrics:
             raise GencraftError(
                 f"validation gave {sorted(metrics)}, not the metric {self.cfg.metric!r}"
@@ -548,7 +588,7 @@ class _Loop:
             set_rng_state(self.pending_rng)
             self.pending_rng = None
         st, acc = self.st, self.acc
-        t0 = running_clock()
+        t0 = _now()
         with acc.accumulate(self.model):
             with acc.autocast():  # a no-op without mixed precision
                 loss, parts = _split(self.loss_fn(self.model, batch))
@@ -564,7 +604,7 @@ class _Loop:
             st.trained_examples += _batch_size(batch) * acc.num_processes
         st.running += float(loss.detach())
         st.running_n += 1
-        st.train_time += running_clock() - t0
+        st.train_time += _now() - t0
         return loss, parts
 
     def after_step(self, loss: torch.Tensor, parts: dict[str, float], batch: Any) -> None:
@@ -597,12 +637,12 @@ class _Loop:
             if not self.acc.sync_gradients:
                 continue
             self.after_step(loss, parts, batch)
-            since_save = running_clock() - self.last_save
+            since_save = _now() - self.last_save
             interrupt, save_now, late = _agree(
-                self.acc, [guard.requested, since_save > self.cfg.save_every, self.next_is_late()]
+                self.acc, [guard.requested, since_save > self.cfg.save_every, self.asked_to_stop()]
             )
             stopped = self.budget_left() if st.batch_in_epoch < self.n_batches else None
-            # a Ctrl-C, or the training's own end, comes before the experiment's deadline
+            # a Ctrl-C, or the training's own end, comes before a callback's stop
             self.late = late and not interrupt and stopped is None and st.step < self.total
             if interrupt or self.late:
                 return stopped, True
@@ -612,14 +652,18 @@ class _Loop:
                 self.save_checkpoint()
         return self.end_epoch(), False
 
-    def next_is_late(self) -> bool:
-        """Whether the next step, at this invocation's time per step so far, would end after
-        the deadline of an experiment's time budget (:func:`~gencraft.progress.saved_progress`)."""
-        left = job_seconds_left()
-        if left == float("inf") or self.ckpt is None:  # no checkpoint: stopping would lose it
-            return False
-        steps = max(1, self.st.step - self.first_step)
-        return left < (running_clock() - self.run_started) / steps
+    def asked_to_stop(self) -> bool:
+        """Whether a callback stops the run after this step (every callback sees it)."""
+        st = self.st
+        state = StepState(
+            st.step, self.total, self.first_step, _now() - self.run_started, self.ckpt is not None
+        )
+        return any([cb.on_step_end(state) for cb in self.callbacks])
+
+    def saved(self) -> None:
+        """Tell the callbacks what the checkpoint holds (main process)."""
+        for cb in self.callbacks:
+            cb.on_save(self.st.step, self.total)
 
     def epoch_batches(self) -> Any:
         """The rest of the current epoch's batches (a plug-in's: its step indices)."""
@@ -688,10 +732,10 @@ class _Loop:
             disable=not show or not self.acc.is_main_process,
             unit="step",
         )
-        self.last_save = running_clock()
-        self.first_step, self.late, self.run_started = st.step, False, running_clock()
-        if self.ckpt is not None and self.total and self.acc.is_main_process:
-            progress_saved(st.step, self.total)  # where it resumes (0: its checkpoint is gone)
+        self.last_save = _now()
+        self.first_step, self.late, self.run_started = st.step, False, _now()
+        if self.ckpt is not None and self.acc.is_main_process:
+            self.saved()  # where it resumes (0: its checkpoint is gone)
         interrupted = False
         with InterruptGuard() as guard:
             while stopped is None and not interrupted:
@@ -699,10 +743,9 @@ class _Loop:
             self.bar.close()
             if interrupted:
                 self.save_checkpoint()
-                if self.late:  # the budget's end, not a Ctrl-C: the caller goes on
-                    raise JobOutOfTime(st.step, self.total)
                 directory = self.ckpt.directory if self.ckpt else Path(".")
-                raise Interrupted(directory, resume_command())
+                why = "stopped by a callback" if self.late else "interrupted"
+                raise Interrupted(directory, resume_command(), st.step, self.total, why)
         if st.last_eval_step != st.step or not st.history:
             self.validate()
         self.save_model("last")

@@ -288,3 +288,6 @@ def test_help_texts_say_what_the_flag_does(capsys):
         main(["search", "beam", "--help"])
     out = capsys.readouterr().out
     assert "{aside,on_beam,none}" in out and "None" not in out
+    said = " ".join(out.split())  # the scoring the search uses, as argparse wraps it
+    assert "the EOS step included (no length normalisation: length_penalty 0)" in said
+    assert "a row stops once --num-beams hypotheses have finished (early_stopping True)" in said

@@ -197,12 +197,23 @@ def test_attention_context_nests_and_plugins_read_it():
     model = _model("tiny-gpt2", "sdpa")
     A.attach(model, Reader(), layers=[0])
     ids = torch.randint(5, 200, (1, 4))
-    with torch.no_grad(), A.attention_context(segment_ids=1, tag="outer"):
+    with torch.no_grad(), A.attention_context(extra={"segment_ids": 1, "tag": "outer"}):
         model(ids)
-        with A.attention_context(tag="inner"):
+        with A.attention_context(extra={"tag": "inner"}):
             model(ids)
     model(ids)
     assert seen == [{"segment_ids": 1, "tag": "outer"}, {"segment_ids": 1, "tag": "inner"}, {}]
+
+
+def test_attention_context_refuses_an_unknown_name_in_one_line():
+    with pytest.raises(GencraftError) as err, A.attention_context(segment_ids=1):
+        pass
+    assert str(err.value) == (
+        "attention_context takes prefix, row_state, memory and extra, not ['segment_ids']; "
+        "pass your own plug-in's values as extra={name: value}"
+    )
+    with A.attention_context(memory={1: 2}) as ctx:
+        assert ctx.memory == {1: 2} and ctx.extra == {}
 
 
 def test_site_selection_and_errors():
