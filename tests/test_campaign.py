@@ -60,8 +60,13 @@ def test_tiny_campaign_runs_every_unit_and_resumes_after_an_interrupted_unit(
     sundae = tmp_path / "rum-sundae" / "run"
     before = _results(sundae)["unit_seconds"]
     curve = ["curve rum-sundae 1", "curve rum-sundae 2", "curve rum-sundae tau=0.5"]
-    assert list(before) == ["train rum-sundae", "tune rum-sundae", "test rum-sundae", *curve,
-                            "train rum-sundae-copy"]  # fmt: skip
+    assert list(before) == [
+        "train rum-sundae",
+        "tune rum-sundae",
+        "test rum-sundae",
+        *curve,
+        "train rum-sundae-copy",
+    ]
     earlier = {p: _results(p)["unit_seconds"] for p in (tmp_path / "fame").iterdir()}
     monkeypatch.setattr(nar, "_tune", real)
     report = _report(reproduce("campaign", **kw))
@@ -127,8 +132,10 @@ def test_the_slot_plan_lists_every_run_with_its_units_and_the_budget(tmp_path, c
     assert starts == sorted(starts) and starts[:2] == [0, 54]
     assert [r[5] for r in rows] == ["yes" if t < 15 else "no" for t in starts]
     # the CPU campaign leaves FAME and DASP to a GPU
-    assert main(["reproduce", "campaign", "--scale", "cpu", "--output", str(tmp_path / "c"),
-                 "--plan"]) == 0  # fmt: skip
+    assert (
+        main(["reproduce", "campaign", "--scale", "cpu", "--output", str(tmp_path / "c"), "--plan"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "| fame | - | not at this scale |" in out and "| dasp | - | not at this scale |" in out
     assert main(["reproduce", "campaign", "--scale", "gpu", "--output", str(tmp_path)]) == 2
@@ -143,11 +150,13 @@ def test_a_run_resumes_with_its_data_read_from_another_folder(shared_data, tmp_p
     """Where the data lie (an offline GPU machine's copy) is no setting of the results."""
     elsewhere = tmp_path / "data"
     elsewhere.symlink_to(shared_data)
-    first = reproduce("hso-fewshot", scale="tiny", output=tmp_path / "r",
-                      overrides={"data_dir": str(shared_data)})  # fmt: skip
+    first = reproduce(
+        "hso-fewshot", scale="tiny", output=tmp_path / "r", overrides={"data_dir": str(shared_data)}
+    )
     seconds = _results(tmp_path / "r")["unit_seconds"]
-    reproduce("hso-fewshot", scale="tiny", output=tmp_path / "r",
-              overrides={"data_dir": str(elsewhere)})  # fmt: skip
+    reproduce(
+        "hso-fewshot", scale="tiny", output=tmp_path / "r", overrides={"data_dir": str(elsewhere)}
+    )
     assert _results(tmp_path / "r")["unit_seconds"] == seconds and first.is_file()
 
 
@@ -294,8 +303,10 @@ def test_every_run_shares_the_invocations_deadline_with_its_claims_guess(
     s = CampaignSettings(claims=("recurrence", "hso-fewshot"), minutes=minutes)
     rows = campaign.run_claims(s, "tiny", tmp_path)
     assert [(r["run"], r["ended"], r["units this call"], r["minutes this call"]) for r in rows] == [
-        ("seed0", "done", 1, 1.5), ("seed1", "done", 1, 0.5), ("run", "done", 1, 0.02)
-    ]  # fmt: skip
+        ("seed0", "done", 1, 1.5),
+        ("seed1", "done", 1, 0.5),
+        ("run", "done", 1, 0.02),
+    ]
     assert [(c.name, c.output) for c in calls] == [
         ("recurrence-lm", tmp_path / "recurrence" / "seed0"),
         ("recurrence-lm", tmp_path / "recurrence" / "seed1"),
@@ -325,17 +336,23 @@ def test_the_verdict_table_says_for_every_claim_what_ran_and_why_there_is_no_ver
     n = sum(len(st.expected) for st in run_states(CLAIMS["recurrence"], "cpu", tmp_path, None))
 
     def row(claim, runs, verdict, units=0, minutes=0.0):
-        return {"claim": claim, "runs done": runs, "units": units, "minutes": minutes,
-                "verdict": verdict}  # fmt: skip
+        return {
+            "claim": claim,
+            "runs done": runs,
+            "units": units,
+            "minutes": minutes,
+            "verdict": verdict,
+        }
 
     assert verdict_rows(CampaignSettings(), "cpu", tmp_path) == [
         row("hso-fewshot", "0 of 1", "no unit finished yet"),
-        row("recurrence", "0 of 2", f"interim (1 of {n} units): no comparison finished yet",
-            1, 1.6),
+        row(
+            "recurrence", "0 of 2", f"interim (1 of {n} units): no comparison finished yet", 1, 1.6
+        ),
         row("fame", "0 of 0", "not run at this scale"),
         row("rum-sundae", "0 of 1", "no unit finished yet"),
         row("dasp", "0 of 0", "not run at this scale"),
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.parametrize("scale", ["tiny", "cpu", "slot"])
@@ -566,9 +583,10 @@ def test_a_peer_verdict_names_the_higher_model_where_a_claim_would_be_decided(me
     from gencraft.nar.experiments import peer_verdict
 
     want = (
-        "not distinguishable at this size (peer, no claim)" if not (p < alpha and mean != 0)
+        "not distinguishable at this size (peer, no claim)"
+        if not (p < alpha and mean != 0)
         else f"{'a' if mean > 0 else 'b'} higher (peer, no claim)"
-    )  # fmt: skip
+    )
     assert peer_verdict("a", "b", mean, p, alpha) == want
 
 
@@ -577,8 +595,7 @@ def test_the_nar_verdict_compares_rum_sundae_with_its_peers_after_the_claims(sha
     from gencraft.nar.experiments import tasks_verdict
 
     s, refs, good, bad = _nar_outputs(shared_data)
-    outs = {"rum-sundae": bad, "sundae-scratch": bad, "mask-predict": good,
-            "autoregressive": bad}  # fmt: skip
+    outs = {"rum-sundae": bad, "sundae-scratch": bad, "mask-predict": good, "autoregressive": bad}
     units = {f"test {m}": {"predictions": o} for m, o in outs.items()}
     rows = tasks_verdict([(s, units)])
     assert [r["comparison"] for r in rows] == [
@@ -604,8 +621,14 @@ def test_every_claim_names_a_registered_experiment_with_units_and_a_verdict():
         assert exp.units is not None and exp.verdict is not None
         assert set(claim.runs) == set(claim.unit_minutes) == {"tiny", "cpu", "slot"}
     rows = plan_rows(CampaignSettings(), "cpu", __import__("pathlib").Path("/nonexistent"))
-    assert [r["claim"] for r in rows] == ["hso-fewshot", "recurrence", "recurrence", "fame",
-                                          "rum-sundae", "dasp"]  # fmt: skip
+    assert [r["claim"] for r in rows] == [
+        "hso-fewshot",
+        "recurrence",
+        "recurrence",
+        "fame",
+        "rum-sundae",
+        "dasp",
+    ]
 
 
 def test_student_t_matches_published_quantiles_and_tails():
@@ -698,13 +721,18 @@ def test_dasp_scores_only_the_metrics_asked_for_and_rescores_a_narrower_cache(
 ):
     runs = str(tmp_path / "runs")
     kw = {"data_dir": str(shared_data), "variants": "dense", "seeds": "0", "runs_dir": runs}
-    reproduce("prefix-tasks", scale="tiny", output=tmp_path / "a",
-              overrides={**kw, "metrics": ("BLEU",)})  # fmt: skip
+    reproduce(
+        "prefix-tasks", scale="tiny", output=tmp_path / "a", overrides={**kw, "metrics": ("BLEU",)}
+    )
     unit = _results(tmp_path / "a")["units"]["dense/seed0"]
     assert set(unit["scores"]) == {"BLEU"}
     # the same trained run, asked for one metric more: its cached test scores are redone
-    reproduce("prefix-tasks", scale="tiny", output=tmp_path / "b",
-              overrides={**kw, "metrics": ("BLEU", "ROUGE-L")})  # fmt: skip
+    reproduce(
+        "prefix-tasks",
+        scale="tiny",
+        output=tmp_path / "b",
+        overrides={**kw, "metrics": ("BLEU", "ROUGE-L")},
+    )
     again = _results(tmp_path / "b")["units"]["dense/seed0"]
     assert (
         set(again["scores"]) == {"BLEU", "ROUGE-L"}

@@ -56,9 +56,15 @@ def test_each_decoder_refuses_a_streamer_synced_gpus_and_sampling_word_for_word(
     got = _message(lambda: decoder(model, ids, synced_gpus=True, **kw))
     assert got == f"gencraft's {name} from generate() does not run with synced_gpus"
     got = _message(
-        lambda: model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2,
-                               do_sample=True, custom_generate=decoder, **_own(name, clf))
-    )  # fmt: skip
+        lambda: model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=2,
+            do_sample=True,
+            custom_generate=decoder,
+            **_own(name, clf),
+        )
+    )
     assert got == f"gencraft's {name} from generate() does not sample: pass do_sample=False"
 
 
@@ -76,10 +82,14 @@ def test_each_decoder_names_every_other_stopping_criterion(name, model, clf):
     ids, mask = _left_padded(PROMPTS[:1])
     got = _message(
         lambda: model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=2, custom_generate=getattr(cg, name),
-            stopping_criteria=StoppingCriteriaList([Never(), Later()]), **_own(name, clf),
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=2,
+            custom_generate=getattr(cg, name),
+            stopping_criteria=StoppingCriteriaList([Never(), Later()]),
+            **_own(name, clf),
         )
-    )  # fmt: skip
+    )
     assert got == (
         f"gencraft's {name} from generate() takes no stopping criteria other than the length "
         "and EOS ones; got Never, Later"
@@ -103,8 +113,14 @@ class _ByResidue:
 
 def test_conditional_beam_searchs_alpha_defaults_to_one(model):
     ids, mask = _left_padded(PROMPTS)
-    kw = dict(input_ids=ids, attention_mask=mask, num_beams=2, max_new_tokens=4,
-              custom_generate=cg.conditional_beam_search, classifier=_ByResidue())  # fmt: skip
+    kw = dict(
+        input_ids=ids,
+        attention_mask=mask,
+        num_beams=2,
+        max_new_tokens=4,
+        custom_generate=cg.conditional_beam_search,
+        classifier=_ByResidue(),
+    )
     default, one, two = (model.generate(**kw, **a) for a in ({}, {"alpha": 1.0}, {"alpha": 2.0}))
     assert torch.equal(default, one)
     assert default.shape != two.shape or not torch.equal(default, two)  # alpha matters here
@@ -113,9 +129,13 @@ def test_conditional_beam_searchs_alpha_defaults_to_one(model):
 def test_conditional_beam_search_without_a_classifier_is_named(model):
     ids, mask = _left_padded(PROMPTS)
     got = _message(
-        lambda: model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2,
-                               custom_generate=cg.conditional_beam_search)
-    )  # fmt: skip
+        lambda: model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=2,
+            custom_generate=cg.conditional_beam_search,
+        )
+    )
     assert got == "conditional_beam_search needs classifier=<an AttributeScorer>"
 
 
@@ -128,12 +148,21 @@ def test_a_config_whose_fields_are_unset_means_generates_defaults(beams, model):
     ids, mask = _left_padded(PROMPTS)
     config = GenerationConfig(max_new_tokens=4, eos_token_id=4, pad_token_id=0, num_beams=beams)
     copies = beams or 1  # generate repeats each input once per beam before the call
-    got = cg.beam_search(model, ids.repeat_interleave(copies, 0), generation_config=config,
-                         attention_mask=mask.repeat_interleave(copies, 0))  # fmt: skip
+    got = cg.beam_search(
+        model,
+        ids.repeat_interleave(copies, 0),
+        generation_config=config,
+        attention_mask=mask.repeat_interleave(copies, 0),
+    )
     want = model.generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=4, num_beams=beams or 1,
-        do_sample=False, eos_token_id=4, pad_token_id=0,
-    )  # fmt: skip
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=4,
+        num_beams=beams or 1,
+        do_sample=False,
+        eos_token_id=4,
+        pad_token_id=0,
+    )
     assert got.tolist() == want.tolist()
 
 
@@ -164,8 +193,9 @@ def test_a_direct_call_with_max_length_alone(model):
     ids, mask = _left_padded(PROMPTS)
     config = GenerationConfig(max_length=ids.shape[1] + 3, eos_token_id=2, pad_token_id=0)
     got = cg.exact_mode(model, ids, generation_config=config, attention_mask=mask)
-    want = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3,
-                          custom_generate=cg.exact_mode)  # fmt: skip
+    want = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=3, custom_generate=cg.exact_mode
+    )
     assert torch.equal(got, want)
 
 
@@ -179,11 +209,16 @@ def test_num_return_sequences_beyond_what_a_row_found_is_refused_naming_the_row(
 
     got = _message(
         lambda: model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=3, num_beams=3,
-            num_return_sequences=2, prefix_allowed_tokens_fn=allowed,
-            custom_generate=cg.beam_search, **THESIS,
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=3,
+            num_beams=3,
+            num_return_sequences=2,
+            prefix_allowed_tokens_fn=allowed,
+            custom_generate=cg.beam_search,
+            **THESIS,
         )
-    )  # fmt: skip
+    )
     assert got == "beam_search found 1 outputs for input 1; num_return_sequences is 2"
     config = GenerationConfig(max_new_tokens=2, eos_token_id=2, pad_token_id=0)
     config.num_return_sequences = 2
@@ -199,14 +234,20 @@ def test_generates_own_eos_and_pad_ids_are_the_ones_used(name, model):
     for pad, fill in ((0, 5), (7, 7)):
         kw = dict(num_beams=2, **THESIS) if name == "beam_search" else {}
         out = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=3, eos_token_id=5,
-            pad_token_id=pad, custom_generate=getattr(cg, name), **kw,
-        )  # fmt: skip
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=3,
+            eos_token_id=5,
+            pad_token_id=pad,
+            custom_generate=getattr(cg, name),
+            **kw,
+        )
         rows = []
         for p in PROMPTS:
             if name == "beam_search":
-                h = search.beam_search(model, torch.tensor([p]), num_beams=2, max_new_tokens=3,
-                                       eos_token_id=5)[0]  # fmt: skip
+                h = search.beam_search(
+                    model, torch.tensor([p]), num_beams=2, max_new_tokens=3, eos_token_id=5
+                )[0]
                 rows.append(h.tokens + ([5] if h.finished else []))
             else:
                 r = search.exact_mode(model, torch.tensor([p]), max_new_tokens=3, eos_token_id=5)
@@ -226,9 +267,14 @@ def test_a_row_whose_exact_search_finds_nothing_is_its_prompt_then_the_pad_id(mo
         return [2] if batch_id == 1 else list(range(12))
 
     out = model.generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=3, pad_token_id=7, length=2,
-        prefix_allowed_tokens_fn=allowed, custom_generate=cg.exact_mode,
-    )  # fmt: skip
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=3,
+        pad_token_id=7,
+        length=2,
+        prefix_allowed_tokens_fn=allowed,
+        custom_generate=cg.exact_mode,
+    )
     r = search.exact_mode(model, torch.tensor([PROMPTS[0]]), max_new_tokens=3, length=2)
     assert out[0, width:].tolist() == [*r.tokens, 2]
     assert out[1].tolist() == [*ids[1].tolist(), 7, 7, 7]
@@ -236,10 +282,15 @@ def test_a_row_whose_exact_search_finds_nothing_is_its_prompt_then_the_pad_id(mo
 
 def test_max_length_in_place_of_max_new_tokens(model):
     ids, mask = _left_padded(PROMPTS)
-    by_new = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3,
-                            custom_generate=cg.exact_mode)  # fmt: skip
-    by_length = model.generate(input_ids=ids, attention_mask=mask, max_length=ids.shape[1] + 3,
-                               custom_generate=cg.exact_mode)  # fmt: skip
+    by_new = model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=3, custom_generate=cg.exact_mode
+    )
+    by_length = model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        max_length=ids.shape[1] + 3,
+        custom_generate=cg.exact_mode,
+    )
     assert torch.equal(by_new, by_length)
 
 
@@ -264,8 +315,9 @@ def test_the_encoders_output_as_a_tuple_and_none_at_all():
     model = tiny_architecture("bart", vocab_size=12, seed=2)
     src = torch.tensor([[5, 6, 7, 8, 2], [9, 4, 2, 0, 0]])
     mask = (src != 0).long()
-    config = GenerationConfig(max_new_tokens=3, num_beams=2, eos_token_id=2, pad_token_id=1,
-                              decoder_start_token_id=2)  # fmt: skip
+    config = GenerationConfig(
+        max_new_tokens=3, num_beams=2, eos_token_id=2, pad_token_id=1, decoder_start_token_id=2
+    )
     hidden = model.get_encoder()(input_ids=src, attention_mask=mask).last_hidden_state
     kw = dict(generation_config=config, attention_mask=mask.repeat_interleave(2, 0))
     ids = src.repeat_interleave(2, 0)
@@ -284,8 +336,9 @@ def test_the_hub_entry_point_takes_generates_raw_arguments(model):
     ids, mask = _left_padded(PROMPTS)
     kw = dict(attention_mask=mask, num_beams=2, max_new_tokens=3)
     ref = model.generate(input_ids=ids, custom_generate=cg.beam_search, **kw)
-    got = cg.hub_generate(cg.beam_search, model, ids, custom_generate="x", trust_remote_code=True,
-                          **kw)  # fmt: skip
+    got = cg.hub_generate(
+        cg.beam_search, model, ids, custom_generate="x", trust_remote_code=True, **kw
+    )
     assert torch.equal(got, ref)
     for name in ("streamer", "synced_gpus"):
         got = _message(lambda n=name: cg.hub_generate(cg.exact_mode, model, ids, **{n: True}))

@@ -120,7 +120,7 @@ while time.time() < start:  # all start together
 try:
     with folder_lock(folder):
         print("held", flush=True)
-        deadline = time.time() + 60
+        deadline = time.time() + 240  # a loaded machine starts the others late
         while len(os.listdir(marks)) < others and time.time() < deadline:
             time.sleep(0.01)  # held until every other process has tried, however late
 except FolderInUse:
@@ -143,7 +143,7 @@ def test_of_processes_started_together_exactly_one_holds_the_folder(
         subprocess.Popen([sys.executable, "-c", _CONTENDER, *args], stdout=subprocess.PIPE)
         for _ in range(contenders)
     ]
-    said = sorted(p.communicate(timeout=60)[0].decode().strip() for p in procs)
+    said = sorted(p.communicate(timeout=300)[0].decode().strip() for p in procs)
     assert said == ["held"] + ["refused"] * (contenders - 1)
     assert [p.name for p in folder.iterdir()] == []  # the holder gave it back, nothing left
 
@@ -186,11 +186,15 @@ def test_a_training_refuses_a_folder_another_process_holds_and_holds_its_own(
         data = [(torch.randn(2), torch.randn(())) for _ in range(4)]
         seen = []
         fit(
-            model, torch.optim.SGD(model.parameters(), lr=0.1), data,
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            data,
             loss_fn=lambda m, b: ((m(b[0]).squeeze(-1) - b[1]) ** 2).mean(),
-            config=FitConfig(epochs=1, batch_size=2), output_dir=out, progress=False,
+            config=FitConfig(epochs=1, batch_size=2),
+            output_dir=out,
+            progress=False,
             on_step=lambda step, batch: seen.append(read_holder(out)),
-        )  # fmt: skip
+        )
         return seen
 
     _write(tmp_path / "held", other_process)

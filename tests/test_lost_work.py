@@ -142,8 +142,11 @@ def test_the_plan_counts_a_saved_training_to_run_again_as_again(tmp_path):
     name = claim.runs["tiny"][0][0]
     folder = tmp_path / "recurrence" / name
     folder.mkdir(parents=True)
-    data = {"units": {"eval baseline valid": 1.0}, "unit_seconds": {"train baseline": 60.0},
-            "units_earlier": {"train baseline": {"steps": 3}}}  # fmt: skip
+    data = {
+        "units": {"eval baseline valid": 1.0},
+        "unit_seconds": {"train baseline": 60.0},
+        "units_earlier": {"train baseline": {"steps": 3}},
+    }
     (folder / "results.json").write_text(json.dumps(data))
     state = run_states(claim, "tiny", tmp_path, None)[0]
     assert state.lost == {"train baseline": {"steps": 3}} and list(state.units) == [

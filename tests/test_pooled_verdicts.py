@@ -60,8 +60,11 @@ def test_pooled_bleu_is_the_two_level_bootstrap_recomputed_by_brute_force(outs, 
     assert got["p"] == pytest.approx(min(1.0, max(2 * far, 1 / 60)))
 
 
-@given(st.lists(sentences, min_size=6, max_size=6), st.lists(sentences, min_size=6, max_size=6),
-       st.integers(2, 4))  # fmt: skip
+@given(
+    st.lists(sentences, min_size=6, max_size=6),
+    st.lists(sentences, min_size=6, max_size=6),
+    st.integers(2, 4),
+)
 @settings(max_examples=20, deadline=None, derandomize=True, database=None)
 def test_one_run_is_bleu_paired_and_copies_of_it_change_nothing(a, b, copies):
     one = bleu_paired_runs("e2e", [a], [b], REFS, resamples=100)
@@ -156,8 +159,12 @@ def test_the_nar_verdict_pools_seeds_of_one_setup_and_keeps_others_apart(shared_
 
 def _save_run(folder, experiment, s, units):
     folder.mkdir(parents=True)
-    data = {"experiment": experiment, "scale": "cpu", "units": units,
-            "settings": json.loads(json.dumps(dataclasses.asdict(s), default=str))}  # fmt: skip
+    data = {
+        "experiment": experiment,
+        "scale": "cpu",
+        "units": units,
+        "settings": json.loads(json.dumps(dataclasses.asdict(s), default=str)),
+    }
     (folder / "results.json").write_text(json.dumps(data))
 
 

@@ -31,10 +31,16 @@ def _by_hand(name: str, inputs: list[str], negatives: list[str], beams: int) -> 
         enc = build_inputs(tok, inputs[i : i + 2], left=not ed, pad_token_id=0)
         neg = build_inputs(tok, negatives[i : i + 2], left=not ed, pad_token_id=0, allow_empty=True)
         out = model.generate(
-            **enc, custom_generate=context_aware, cad_alpha=0.7, num_beams=beams,
-            negative_input_ids=neg["input_ids"], negative_attention_mask=neg["attention_mask"],
-            max_new_tokens=6, do_sample=False, pad_token_id=0,
-        )  # fmt: skip
+            **enc,
+            custom_generate=context_aware,
+            cad_alpha=0.7,
+            num_beams=beams,
+            negative_input_ids=neg["input_ids"],
+            negative_attention_mask=neg["attention_mask"],
+            max_new_tokens=6,
+            do_sample=False,
+            pad_token_id=0,
+        )
         out = out if ed else out[:, enc["input_ids"].shape[1] :]
         texts += [t.strip() for t in tok.batch_decode(out, skip_special_tokens=True)]
     return texts

@@ -42,9 +42,15 @@ def _generate(model, tok, docs: list[str], seed: int | None, **kw) -> list[str]:
 def test_deterministic_decodings_give_each_document_its_own_summary(name, decoding):
     model, tok = _wrapped(name, seed=2)  # a head whose summaries differ between documents
     got = summarize(
-        model, tok, DOCS, decoding=decoding, max_new_tokens=NEW, batch_size=3, progress=False,
+        model,
+        tok,
+        DOCS,
+        decoding=decoding,
+        max_new_tokens=NEW,
+        batch_size=3,
+        progress=False,
         max_source=SOURCE,
-    )  # fmt: skip
+    )
     kw = dict(do_sample=False, num_beams=4)
     if decoding == "focus_top":  # |V_k| the whole (small) vocabulary unless told
         kw.update(focus_k=model.embedding_weight.shape[0], focus_mode="top")
@@ -64,9 +70,17 @@ def test_deterministic_decodings_give_each_document_its_own_summary(name, decodi
 def test_samples_draw_under_one_seed_per_sample_and_batch(decoding, kw):
     model, tok = _wrapped("tiny-gpt2")
     got = summarize(
-        model, tok, DOCS, decoding=decoding, samples=2, seed=7, max_new_tokens=NEW,
-        batch_size=2, progress=False, max_source=SOURCE,
-    )  # fmt: skip
+        model,
+        tok,
+        DOCS,
+        decoding=decoding,
+        samples=2,
+        seed=7,
+        max_new_tokens=NEW,
+        batch_size=2,
+        progress=False,
+        max_source=SOURCE,
+    )
     for j in range(0, len(DOCS), 2):
         for s in range(2):
             want = _generate(model, tok, DOCS[j : j + 2], 7 + 1000 * s + j, **kw)
@@ -82,9 +96,16 @@ def test_the_bar_and_on_batch(monkeypatch, progress):
     monkeypatch.setattr(fe, "tqdm", RecordingBar.reset())
     seen = []
     out = summarize(
-        model, tok, DOCS, decoding="top_k", samples=2, max_new_tokens=2, batch_size=2,
-        progress=progress, on_batch=lambda j, s: seen.append((j, s)),
-    )  # fmt: skip
+        model,
+        tok,
+        DOCS,
+        decoding="top_k",
+        samples=2,
+        max_new_tokens=2,
+        batch_size=2,
+        progress=progress,
+        on_batch=lambda j, s: seen.append((j, s)),
+    )
     (bar,) = RecordingBar.made
     assert bar.kw == dict(total=10, desc="summarize (top_k)", disable=not progress)
     assert bar.updates == 10 and bar.closed
@@ -156,9 +177,14 @@ def test_focus_decodings_pass_their_vocabulary_mode_and_seed(renormalize):
     beam = summarize(model, tok, DOCS[:3], decoding="beam", **args)
     for decoding, mode in (("focus_top", "top"), ("focus_sample", "sample")):
         got = summarize(
-            model, tok, DOCS[:3], decoding=decoding, focus_k=3, focus_renormalize=renormalize,
+            model,
+            tok,
+            DOCS[:3],
+            decoding=decoding,
+            focus_k=3,
+            focus_renormalize=renormalize,
             **args,
-        )  # fmt: skip
+        )
         kw = dict(do_sample=False, num_beams=4, focus_k=3, focus_mode=mode)
         kw.update(focus_renormalize=renormalize, focus_seed=3)
         assert [g for (g,) in got] == _generate(model, tok, DOCS[:3], 3, **kw)
@@ -171,8 +197,15 @@ def test_a_plain_model_samples_with_its_own_generate():
 
     base, tok = load_model("tiny-gpt2", seed=0)
     got = summarize(
-        base, tok, DOCS[:3], decoding="top_k", top_k=5, seed=4, max_new_tokens=NEW,
-        progress=False, max_source=SOURCE,
-    )  # fmt: skip
+        base,
+        tok,
+        DOCS[:3],
+        decoding="top_k",
+        top_k=5,
+        seed=4,
+        max_new_tokens=NEW,
+        progress=False,
+        max_source=SOURCE,
+    )
     want = _generate(base, tok, DOCS[:3], 4, do_sample=True, top_k=5, num_beams=1)
     assert [g for (g,) in got] == want

@@ -46,8 +46,9 @@ def test_each_row_is_adapted_as_it_would_be_alone(name, lengths, left, window, o
     model = _model(name)
     g = torch.Generator().manual_seed(seed)
     rows = [torch.randint(3, 60, (n,), generator=g).tolist() for n in lengths]
-    cfg = DynamicEvalConfig(window=window, lr=0.05 if optimizer == "sgd" else 0.01,
-                            optimizer=optimizer)  # fmt: skip
+    cfg = DynamicEvalConfig(
+        window=window, lr=0.05 if optimizer == "sgd" else 0.01, optimizer=optimizer
+    )
     before = [p.detach().clone() for p in model.parameters()]
     ids, mask = _padded(rows, left[: len(rows)])
     got = dynamic_eval_last_logits(model, ids, mask, cfg)

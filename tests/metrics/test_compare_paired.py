@@ -73,8 +73,9 @@ def test_clusters_in_any_order_equal_the_comparison_of_their_means(ids, values, 
     )
     order = list(range(len(ids)))
     rnd.shuffle(order)
-    again = compare_paired([a[i] for i in order], b, clusters=[ids[i] for i in order],
-                           resamples=300, seed=3)  # fmt: skip
+    again = compare_paired(
+        [a[i] for i in order], b, clusters=[ids[i] for i in order], resamples=300, seed=3
+    )
     assert (again.mean, again.low, again.high, again.p) == pytest.approx(
         (got.mean, got.low, got.high, got.p), abs=1e-12
     )
@@ -136,8 +137,13 @@ def test_a_p_at_the_resampling_floor_is_written_below_one_over_r():
     got = compare_paired(a, np.zeros(60), resamples=1000)
     assert got.p == pytest.approx(1 / 1001) and got.p_text == "< 0.001"
     assert got["p"] == got.p and dict(got)["units"] == 60 and isinstance(got, Paired)
-    two = compare_paired(a, np.zeros(60), seeds=[i % 2 for i in range(60)],
-                         clusters=[i // 2 for i in range(60)], resamples=1000)  # fmt: skip
+    two = compare_paired(
+        a,
+        np.zeros(60),
+        seeds=[i % 2 for i in range(60)],
+        clusters=[i // 2 for i in range(60)],
+        resamples=1000,
+    )
     assert two.p == pytest.approx(1 / 1001) and two.p_text == "< 0.001"
     half = compare_paired(a[:30] - 0.95, np.zeros(30), resamples=1000)
     assert half.p > 0.01 and half.p_text == f"{half.p:.3g}"
@@ -149,17 +155,29 @@ def test_a_p_at_the_resampling_floor_is_written_below_one_over_r():
         ([1, 2], [1], {}, "compare_paired needs two equal-length lists, got (2,), (1,)"),
         ([], [], {}, "compare_paired needs at least one pair"),
         ([1, math.nan], [0, 0], {}, "compare_paired needs finite values (a NaN or inf was given)"),
-        ([1, 2], [0, 0], {"clusters": [1]},
-         "compare_paired needs one cluster id per row: 1 for 2 rows"),
-        ([1, 2], [0, 0], {"seeds": [1, 2, 3]},
-         "compare_paired needs one seed id per row: 3 for 2 rows"),
-        ([1, 2], [0, 0], {"block": 2, "clusters": [1, 2]},
-         "compare_paired takes clusters or block, not both"),
+        (
+            [1, 2],
+            [0, 0],
+            {"clusters": [1]},
+            "compare_paired needs one cluster id per row: 1 for 2 rows",
+        ),
+        (
+            [1, 2],
+            [0, 0],
+            {"seeds": [1, 2, 3]},
+            "compare_paired needs one seed id per row: 3 for 2 rows",
+        ),
+        (
+            [1, 2],
+            [0, 0],
+            {"block": 2, "clusters": [1, 2]},
+            "compare_paired takes clusters or block, not both",
+        ),
         ([1, 2], [0, 0], {"block": 0}, "compare_paired needs block >= 1, got 0"),
         ([1, 2], [0, 0], {"resamples": 0}, "compare_paired needs 0 < level < 1 and resamples >= 1"),
         ([1, 2], [0, 0], {"level": 1.0}, "compare_paired needs 0 < level < 1 and resamples >= 1"),
     ],
-)  # fmt: skip
+)
 def test_compare_paired_refuses_bad_input_in_one_line(a, b, kwargs, message):
     with pytest.raises(GencraftError, match=f"^{re.escape(message)}$"):
         compare_paired(a, b, **kwargs)

@@ -24,10 +24,17 @@ def _classifier(names: dict[int, str] = NAMES):
     torch.manual_seed(0)
     tok = build_tiny_tokenizer()
     cfg = BertConfig(
-        vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-        intermediate_size=32, num_labels=len(names), id2label=names, initializer_range=0.5,
-        label2id={v: k for k, v in names.items()}, pad_token_id=tok.pad_token_id,
-    )  # fmt: skip
+        vocab_size=len(tok),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        num_labels=len(names),
+        id2label=names,
+        initializer_range=0.5,
+        label2id={v: k for k, v in names.items()},
+        pad_token_id=tok.pad_token_id,
+    )
     return BertForSequenceClassification(cfg).eval(), tok
 
 

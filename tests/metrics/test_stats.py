@@ -171,8 +171,10 @@ LEVELS = {0.6826895: 1.0, 0.9: 1.6448536, 0.95: 1.9599640, 0.99: 2.5758293}
 
 
 @SETTINGS
-@given(st.integers(1, 400).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))),
-       st.sampled_from(sorted(LEVELS)))  # fmt: skip
+@given(
+    st.integers(1, 400).flatmap(lambda n: st.tuples(st.integers(0, n), st.just(n))),
+    st.sampled_from(sorted(LEVELS)),
+)
 def test_the_wilson_interval_is_the_closed_form_and_exact_at_the_ends(kn, level):
     k, n = kn
     low, high = stats.wilson_interval(k, n, level)
@@ -223,9 +225,19 @@ def test_a_paired_comparison_refuses_negative_counts_and_more_than_n(w, lo, n):
 
 
 def test_the_report_cells_of_a_verdict():
-    v = {"comparison": "A − B", "n": 12, "pairs": "seeds", "mean": 1.23456, "low": -0.5,
-         "high": 2.96, "unit": "points", "p": 0.1234, "verdict": "undecided",
-         "needed": 40, "run_means": [1.0]}  # fmt: skip
+    v = {
+        "comparison": "A − B",
+        "n": 12,
+        "pairs": "seeds",
+        "mean": 1.23456,
+        "low": -0.5,
+        "high": 2.96,
+        "unit": "points",
+        "p": 0.1234,
+        "verdict": "undecided",
+        "needed": 40,
+        "run_means": [1.0],
+    }
     cells = stats.verdict_cells(v)
     assert cells == {
         "comparison": "A − B",

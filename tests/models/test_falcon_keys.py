@@ -30,9 +30,13 @@ def test_project_key_value_equals_falcons_own_keys(layout):
         pytest.skip("this release's Falcon computes attention inline (before 5.25)")
     torch.manual_seed(0)
     config = FalconConfig(
-        vocab_size=16, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-        alibi=False, **LAYOUTS[layout],
-    )  # fmt: skip
+        vocab_size=16,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        alibi=False,
+        **LAYOUTS[layout],
+    )
     model = FalconForCausalLM(config).eval()
     model.config._attn_implementation = "eager"
     (k, v), seen = projected_and_own_keys(model)

@@ -87,9 +87,12 @@ def test_beam_candidates_are_generates_n_best(name, n, beams):
     kw = {} if beams == "absent" else {"num_beams": beams}
     got = mbr_candidates(model, enc, n=n, max_new_tokens=6, pad_token_id=0, **kw)
     want = model.generate(
-        **enc, max_new_tokens=6, pad_token_id=0, num_beams=max(beams or 1, n) if beams != "absent"
-        else n, num_return_sequences=n,
-    )  # fmt: skip
+        **enc,
+        max_new_tokens=6,
+        pad_token_id=0,
+        num_beams=max(beams or 1, n) if beams != "absent" else n,
+        num_return_sequences=n,
+    )
     assert got == _new(model, enc, want) and len(got) == n * len(PROMPTS)
 
 
@@ -111,15 +114,26 @@ def test_sampled_candidates_are_the_samplers_under_generates_warpers(kw, warpers
     kw = dict(kw)
     got = mbr_candidates(model, enc, n=3, do_sample=True, epsilon=kw.pop("epsilon", None), **kw)
     want = sample_batch(
-        model, enc["input_ids"], enc["attention_mask"], n=3, max_new_tokens=20, seeds=[0, 1, 2],
-        eos_token_id=eos_ids(model), processors=warpers,
-    )  # fmt: skip
+        model,
+        enc["input_ids"],
+        enc["attention_mask"],
+        n=3,
+        max_new_tokens=20,
+        seeds=[0, 1, 2],
+        eos_token_id=eos_ids(model),
+        processors=warpers,
+    )
     assert got == want
     if len(warpers) > 1:  # the warpers change what is drawn
         plain = sample_batch(
-            model, enc["input_ids"], enc["attention_mask"], n=3, max_new_tokens=20,
-            seeds=[0, 1, 2], eos_token_id=eos_ids(model),
-        )  # fmt: skip
+            model,
+            enc["input_ids"],
+            enc["attention_mask"],
+            n=3,
+            max_new_tokens=20,
+            seeds=[0, 1, 2],
+            eos_token_id=eos_ids(model),
+        )
         assert got != plain
 
 
@@ -203,9 +217,15 @@ def test_prompts_and_negative_prompts_are_encoded_alike(monkeypatch, chat):
     monkeypatch.setattr(model, "generate", spy)
     negatives = ["", "the dog", "x"]
     got = generate_text(
-        model, tok, PROMPTS, chat=chat, max_input_tokens=6, negative_prompts=negatives,
-        max_new_tokens=4, do_sample=False,
-    )  # fmt: skip
+        model,
+        tok,
+        PROMPTS,
+        chat=chat,
+        max_input_tokens=6,
+        negative_prompts=negatives,
+        max_new_tokens=4,
+        do_sample=False,
+    )
     enc = _prepared(model, tok, PROMPTS, chat, 6, {})
     neg = _prepared(model, tok, negatives, chat, 6, {}, True)
     assert torch.equal(seen["input_ids"], enc["input_ids"])

@@ -95,9 +95,15 @@ def _build_seq2seq(name: str) -> nn.Module:
         return T.BartForConditionalGeneration(cfg)
     if name == "t5":  # num_layers is the encoder's; d_kv is not hidden / heads
         cfg = T.T5Config(
-            vocab_size=V, d_model=24, d_kv=5, d_ff=32, num_layers=1, num_decoder_layers=3,
-            num_heads=6, decoder_start_token_id=0,
-        )  # fmt: skip
+            vocab_size=V,
+            d_model=24,
+            d_kv=5,
+            d_ff=32,
+            num_layers=1,
+            num_decoder_layers=3,
+            num_heads=6,
+            decoder_start_token_id=0,
+        )
         return T.T5ForConditionalGeneration(cfg)
     assert name == "bert2bert"
     enc = _bert(num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=60)

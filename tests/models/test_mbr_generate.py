@@ -47,9 +47,15 @@ def test_mbr_output_is_the_brute_force_choice(tiny, utility, sample):
     enc = _prepared(model, tok, PROMPTS, None, None, kw)
     if sample:  # the batched sampler, each prompt seeded 3 + its index, top-k 20
         cands = sample_batch(
-            model, enc["input_ids"], enc["attention_mask"], n=4, max_new_tokens=6,
-            seeds=[3, 4, 5], eos_token_id=eos_ids(model, None), processors=[TopKLogitsWarper(20)],
-        )  # fmt: skip
+            model,
+            enc["input_ids"],
+            enc["attention_mask"],
+            n=4,
+            max_new_tokens=6,
+            seeds=[3, 4, 5],
+            eos_token_id=eos_ids(model, None),
+            processors=[TopKLogitsWarper(20)],
+        )
     else:
         cands = mbr_candidates(model, enc, n=4, **kw)
     assert len(cands) == 12
@@ -113,16 +119,22 @@ def test_the_mbr_table_pairs_each_n_with_beam_search_by_prompt_and_task():
     from gencraft.metrics.text import rouge_per_example
     from gencraft.search.experiments import mbr_differences
 
-    refs = {"e2e": [["the cat sat"], ["a dog ran", "dog runs"], ["birds fly high"]],
-            "xsum": [["one two three"], ["four five"]]}  # fmt: skip
-    outs = {("e2e", "beam"): ["the cat", "a cat ran", "fly"],
-            ("e2e", "MBR N=8"): ["the cat sat", "a dog", "birds"],
-            ("xsum", "beam"): ["one two three", "four"],
-            ("xsum", "MBR N=8"): ["one", "four five"]}  # fmt: skip
+    refs = {
+        "e2e": [["the cat sat"], ["a dog ran", "dog runs"], ["birds fly high"]],
+        "xsum": [["one two three"], ["four five"]],
+    }
+    outs = {
+        ("e2e", "beam"): ["the cat", "a cat ran", "fly"],
+        ("e2e", "MBR N=8"): ["the cat sat", "a dog", "birds"],
+        ("xsum", "beam"): ["one two three", "four"],
+        ("xsum", "MBR N=8"): ["one", "four five"],
+    }
     asked = [(t, d, refs[t], len(refs[t]), {"outputs": o}) for (t, d), o in outs.items()]
     rows = mbr_differences(asked)
     assert [(r["task"], r["decoder"], r["prompts"]) for r in rows] == [
-        ("e2e", "MBR N=8", 3), ("xsum", "MBR N=8", 2)]  # fmt: skip
+        ("e2e", "MBR N=8", 3),
+        ("xsum", "MBR N=8", 2),
+    ]
     for r in rows:
         beam = rouge_per_example(outs[(r["task"], "beam")], refs[r["task"]])
         mbr = rouge_per_example(outs[(r["task"], "MBR N=8")], refs[r["task"]])

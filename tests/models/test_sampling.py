@@ -38,9 +38,15 @@ def test_a_batch_samples_what_each_input_samples_alone(kind, prompts, n, seed, n
     def draw(rows, seeds):
         batch = pad_batch([{"input_ids": p} for p in rows], 0, left=kind != "bart")
         return sample_batch(
-            model, batch["input_ids"], batch["attention_mask"], n=n, max_new_tokens=6,
-            seeds=seeds, eos_token_id=[2], processors=procs,
-        )  # fmt: skip
+            model,
+            batch["input_ids"],
+            batch["attention_mask"],
+            n=n,
+            max_new_tokens=6,
+            seeds=seeds,
+            eos_token_id=[2],
+            processors=procs,
+        )
 
     together = draw(prompts, [seed + i for i in range(len(prompts))])
     alone = [s for i, p in enumerate(prompts) for s in draw([p], [seed + i])]
@@ -63,9 +69,14 @@ def test_samples_follow_the_processed_distribution():
     want = torch.zeros(V)
     want[top] = lp[top].exp() / lp[top].exp().sum()
     rows = sample_batch(
-        model, ids, n=4000, max_new_tokens=1, seeds=[0], eos_token_id=[2],
+        model,
+        ids,
+        n=4000,
+        max_new_tokens=1,
+        seeds=[0],
+        eos_token_id=[2],
         processors=[TopKLogitsWarper(2)],
-    )  # fmt: skip
+    )
     freq = torch.bincount(torch.tensor([r[0] for r in rows]), minlength=V) / 4000
     assert (freq - want).abs().max() < 0.03, (freq, want)
 
@@ -129,9 +140,15 @@ def test_each_sample_is_the_full_forward_reference_of_its_input(
     hook = model.register_forward_hook(lambda *a: calls.append(1))
     try:
         got = sample_batch(
-            model, batch["input_ids"], batch["attention_mask"], n=n, max_new_tokens=new,
-            seeds=seeds[: len(prompts)], eos_token_id=eos, processors=procs,
-        )  # fmt: skip
+            model,
+            batch["input_ids"],
+            batch["attention_mask"],
+            n=n,
+            max_new_tokens=new,
+            seeds=seeds[: len(prompts)],
+            eos_token_id=eos,
+            processors=procs,
+        )
     finally:
         hook.remove()
     want = [

@@ -112,9 +112,16 @@ def _as_old_releases_convert_it(tok):
     data = json.loads(tok.backend_tokenizer.to_str())
     for i, t in enumerate(["▁<PRE>", "▁<MID>", "▁<SUF>", "▁<EOT>", "<FILL_ME>"]):
         data["added_tokens"].append(
-            {"id": 49152 + i, "content": t, "single_word": False, "lstrip": False,
-             "rstrip": False, "normalized": False, "special": True}
-        )  # fmt: skip
+            {
+                "id": 49152 + i,
+                "content": t,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        )
     bos = {"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}
     data["post_processor"] = {
         "type": "TemplateProcessing",

@@ -276,9 +276,13 @@ def test_sundae_counts_follow_their_definition(nar, picks, samples, budget, prop
 
     def counts(t):
         cfg = SamplingConfig(
-            steps=t, samples=samples, length_candidates=2, proportion=proportion,
-            argmax_unrolled=argmax, seed=3,
-        )  # fmt: skip
+            steps=t,
+            samples=samples,
+            length_candidates=2,
+            proportion=proportion,
+            argmax_unrolled=argmax,
+            seed=3,
+        )
         out = sundae_generate(model, ids, mask, cfg, noise=noise_ids(tok))
         return out.steps, out.model_calls
 

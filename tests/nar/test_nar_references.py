@@ -137,9 +137,16 @@ def test_sundae_steps_defaults_are_temperature_1_replace_all_and_sampling(nar):
         model, tokens, target, enc, mask, generator=torch.Generator().manual_seed(2)
     )
     given = sundae_step(
-        model, tokens, target, enc, mask, temperature=1.0, proportion=1.0, argmax=False,
+        model,
+        tokens,
+        target,
+        enc,
+        mask,
+        temperature=1.0,
+        proportion=1.0,
+        argmax=False,
         generator=torch.Generator().manual_seed(2),
-    )  # fmt: skip
+    )
     assert torch.equal(plain[0], given[0])
     logits = plain[1] * 0.2  # flat: sampling differs from the argmax
     g = torch.Generator().manual_seed(4)
@@ -174,9 +181,14 @@ def test_the_greedy_baselines_score_is_its_tokens_log_probability_eos_included()
         ids, mask = _source(tok, src)
         out = autoregressive_generate(model, ids, mask, num_beams=1, max_new_tokens=8)
         gen = model.generate(
-            input_ids=ids, attention_mask=mask, num_beams=1, do_sample=False, max_new_tokens=8,
-            output_logits=True, return_dict_in_generate=True,
-        )  # fmt: skip
+            input_ids=ids,
+            attention_mask=mask,
+            num_beams=1,
+            do_sample=False,
+            max_new_tokens=8,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
         made = gen.sequences[0, 1:].tolist()
         own = made.index(end) + 1 if end in made else len(made)
         ended += end in made

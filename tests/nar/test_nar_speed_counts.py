@@ -10,9 +10,14 @@ from gencraft.nar.experiments import NARSpeedSettings, _speed_cases, nar_speed_u
 
 def test_calls_per_output_are_each_decoders_own_counts(shared_data):
     s = NARSpeedSettings(
-        model="tiny-bert", inputs=3, length=6, steps=3, samples=2, rounds=1,
+        model="tiny-bert",
+        inputs=3,
+        length=6,
+        steps=3,
+        samples=2,
+        rounds=1,
         data_dir=str(shared_data),
-    )  # fmt: skip
+    )
     r = nar_speed_unit(s)
     assert r["inputs"] == 3
     cases, per = _speed_cases(s)

@@ -144,9 +144,13 @@ def test_threshold_sundae_equals_the_rule_on_each_row(nar, picks, lengths, tau, 
     given = torch.tensor([[lengths[j]] for j in range(len(picks))])
     ids, mask = _encode(tok, sources)
     cfg = SamplingConfig(
-        steps=steps, samples=1, length_candidates=1, argmax_unrolled=argmax, seed=5,
+        steps=steps,
+        samples=1,
+        length_candidates=1,
+        argmax_unrolled=argmax,
+        seed=5,
         temperature=0.7,
-    )  # fmt: skip
+    )
     noise = noise_ids(tok)
     with torch.no_grad():
         out = sundae_generate(model, ids, mask, cfg, noise=noise, lengths=given, threshold=tau)
@@ -206,9 +210,13 @@ def test_threshold_call_counts_at_the_ends():
             assert mp.model_calls == sd.model_calls == calls, (steps, tau)
     # the fixed schedule (threshold None) is unchanged: Mask-Predict takes its T iterations
     fixed = mask_predict_generate(
-        model, ids, mask, SamplingConfig(steps=4, length_candidates=2),
-        mask_id=tok.mask_token_id, lengths=lengths,
-    )  # fmt: skip
+        model,
+        ids,
+        mask,
+        SamplingConfig(steps=4, length_candidates=2),
+        mask_id=tok.mask_token_id,
+        lengths=lengths,
+    )
     assert fixed.model_calls == [4, 4, 4]
 
 
@@ -235,19 +243,28 @@ def test_most_confident_rule_and_refusals():
 
 @settings(max_examples=60, deadline=None)
 @given(
-    fixed=st.lists(st.tuples(st.integers(1, 20), st.integers(0, 100)), min_size=1, max_size=4,
-                   unique_by=lambda x: x[0]),
+    fixed=st.lists(
+        st.tuples(st.integers(1, 20), st.integers(0, 100)),
+        min_size=1,
+        max_size=4,
+        unique_by=lambda x: x[0],
+    ),
     taus=st.lists(st.tuples(st.integers(0, 100), st.integers(1, 64)), min_size=1, max_size=4),
-)  # fmt: skip
+)
 def test_the_threshold_target_is_the_cheapest_tau_reaching_the_most_steps_bleu(fixed, taus):
     from gencraft.nar.experiments import threshold_target
 
-    curve = [{"model": "mp", "max steps": n, "threshold": "-", "BLEU": b / 4, "calls/output": n}
-             for n, b in fixed]  # fmt: skip
-    curve += [{"model": "mp", "max steps": 64, "threshold": i / 10, "BLEU": b / 4,
-               "calls/output": c} for i, (b, c) in enumerate(taus)]  # fmt: skip
-    curve += [{"model": "fixed only", "max steps": 3, "threshold": "-", "BLEU": 1.0,
-               "calls/output": 3}]  # fmt: skip
+    curve = [
+        {"model": "mp", "max steps": n, "threshold": "-", "BLEU": b / 4, "calls/output": n}
+        for n, b in fixed
+    ]
+    curve += [
+        {"model": "mp", "max steps": 64, "threshold": i / 10, "BLEU": b / 4, "calls/output": c}
+        for i, (b, c) in enumerate(taus)
+    ]
+    curve += [
+        {"model": "fixed only", "max steps": 3, "threshold": "-", "BLEU": 1.0, "calls/output": 3}
+    ]
     (row,) = threshold_target(curve)  # a model without threshold points has no row
     ref = max(fixed)[1] / 4  # the most steps' BLEU
     cheapest = sorted((c, i) for i, (b, c) in enumerate(taus) if b / 4 >= ref)

@@ -57,10 +57,14 @@ def _next_lp(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
     record = _Forced(tokens)
     with torch.no_grad():
         model.generate(
-            input_ids=torch.tensor([prompt]), max_new_tokens=len(tokens) + 1,
-            logits_processor=[record], eos_token_id=EOS, pad_token_id=PAD, do_sample=False,
+            input_ids=torch.tensor([prompt]),
+            max_new_tokens=len(tokens) + 1,
+            logits_processor=[record],
+            eos_token_id=EOS,
+            pad_token_id=PAD,
+            do_sample=False,
             min_new_tokens=len(tokens) + 1,
-        )  # fmt: skip
+        )
     return record.seen
 
 
@@ -90,9 +94,16 @@ def _decode(model, name, rows, alpha, **kw):
     ctx, free = _batch([r[0] for r in rows], left), _batch([r[1] for r in rows], left)
     with torch.no_grad():
         return paired_contrast_generate(
-            model.generate, *ctx, *free, cad_alpha=alpha, left_padding=left, pad_token_id=PAD,
-            eos_token_id=EOS, do_sample=False, **kw,
-        )  # fmt: skip
+            model.generate,
+            *ctx,
+            *free,
+            cad_alpha=alpha,
+            left_padding=left,
+            pad_token_id=PAD,
+            eos_token_id=EOS,
+            do_sample=False,
+            **kw,
+        )
 
 
 @settings(max_examples=8, **SETTINGS)
@@ -167,10 +178,18 @@ def test_cli_eval_and_generate_take_cad_alpha(tmp_path, capsys, shared_data):
     ctx, free = pad_batch(rows, PAD, left=True), pad_batch([{"input_ids": sep}] * 3, PAD, left=True)
     with torch.no_grad():
         seq = paired_contrast_generate(
-            model.generate, ctx["input_ids"], ctx["attention_mask"], free["input_ids"],
-            free["attention_mask"], cad_alpha=10.0, left_padding=True, pad_token_id=PAD,
-            eos_token_id=EOS, max_new_tokens=6, num_beams=2,
-        )  # fmt: skip
+            model.generate,
+            ctx["input_ids"],
+            ctx["attention_mask"],
+            free["input_ids"],
+            free["attention_mask"],
+            cad_alpha=10.0,
+            left_padding=True,
+            pad_token_id=PAD,
+            eos_token_id=EOS,
+            max_new_tokens=6,
+            num_beams=2,
+        )
     new = seq[:, ctx["input_ids"].shape[1] :]
     want = [t.strip() for t in tok.batch_decode(new, skip_special_tokens=True)]
     assert got["outputs"] == want

@@ -21,9 +21,13 @@ def test_encoder_decoder_generate_follows_output_segments():
     )
     ids, mask = _batch(pad_left=0)
     gen = model.generate(
-        ids, mask, max_new_tokens=4, min_new_tokens=4, return_dict_in_generate=True,
+        ids,
+        mask,
+        max_new_tokens=4,
+        min_new_tokens=4,
+        return_dict_in_generate=True,
         output_logits=True,
-    )  # fmt: skip
+    )
     steps = torch.stack(gen.logits, dim=1)  # [B, 4, V]
     dec = gen.sequences[:, :-1]  # the start token and the first three outputs
     for segments, same in (([0, 0, 0, 1], True), ([0, 0, 1, 1], False), ([0, 1, 1, 1], False)):

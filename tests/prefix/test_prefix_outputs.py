@@ -56,9 +56,15 @@ def _alone(model, tok, source: str, cad_alpha=None, **kw) -> str:
         else:
             free = torch.tensor([end])
             seq = paired_contrast_generate(
-                model.generate, x, torch.ones_like(x), free, torch.ones_like(free),
-                cad_alpha=cad_alpha, left_padding=not ed, **kw,
-            )  # fmt: skip
+                model.generate,
+                x,
+                torch.ones_like(x),
+                free,
+                torch.ones_like(free),
+                cad_alpha=cad_alpha,
+                left_padding=not ed,
+                **kw,
+            )
     if not ed:
         seq = seq[:, x.shape[1] :]
     return tok.batch_decode(seq, skip_special_tokens=True)[0].strip()

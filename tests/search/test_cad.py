@@ -42,8 +42,10 @@ def _contrast(model, ctx, plain, generated, alpha, adaptive) -> torch.Tensor:
     if adaptive:  # JSD in bits, straight from its definition, in float64
         pa, pb = a.double().exp(), b.double().exp()
         m = (pa + pb) / 2
-        kl = [sum(float(x * math.log(x / y)) for x, y in zip(p, m, strict=True) if x > 0)
-              for p in (pa, pb)]  # fmt: skip
+        kl = [
+            sum(float(x * math.log(x / y)) for x, y in zip(p, m, strict=True) if x > 0)
+            for p in (pa, pb)
+        ]
         alpha = (kl[0] + kl[1]) / 2 / math.log(2)
     return torch.log_softmax((1 + alpha) * a - alpha * b, -1)
 
@@ -82,11 +84,20 @@ def test_greedy_cad_equals_a_brute_force_loop_on_each_row(kind, seed, rows, alph
     ids, mask = _batch(ctxs, left=kind != "bart")
     neg, neg_mask = _plain_batch(kind, plains)
     out = model.generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=new, do_sample=False,
-        custom_generate=context_aware, cad_alpha=alpha, cad_adaptive=adaptive,
-        negative_input_ids=neg, negative_attention_mask=neg_mask, pad_token_id=0,
-        return_dict_in_generate=True, output_scores=True, length_penalty=0.0,
-    )  # fmt: skip
+        input_ids=ids,
+        attention_mask=mask,
+        max_new_tokens=new,
+        do_sample=False,
+        custom_generate=context_aware,
+        cad_alpha=alpha,
+        cad_adaptive=adaptive,
+        negative_input_ids=neg,
+        negative_attention_mask=neg_mask,
+        pad_token_id=0,
+        return_dict_in_generate=True,
+        output_scores=True,
+        length_penalty=0.0,
+    )
     start = 1 if kind == "bart" else ids.shape[1]
     for r in range(len(rows)):
         want, score = _greedy_reference(model, ctxs[r], plains[r], alpha, adaptive, new)
@@ -117,13 +128,18 @@ def test_greedy_cad_equals_transformers_guidance(seed, ctx_lengths, plain_len, a
     kw.update(pad_token_id=0, eos_token_id=EOS, no_repeat_ngram_size=ngram)
     ones = torch.ones_like(neg)
     ours = model.generate(
-        **kw, custom_generate=context_aware, cad_alpha=alpha, negative_input_ids=neg,
+        **kw,
+        custom_generate=context_aware,
+        cad_alpha=alpha,
+        negative_input_ids=neg,
         negative_attention_mask=ones,
-    )  # fmt: skip
+    )
     theirs = model.generate(
-        **kw, guidance_scale=1 + alpha, negative_prompt_ids=neg,
+        **kw,
+        guidance_scale=1 + alpha,
+        negative_prompt_ids=neg,
         negative_prompt_attention_mask=ones,
-    )  # fmt: skip
+    )
     assert torch.equal(ours, theirs)
 
 
@@ -181,14 +197,19 @@ def test_js_divergence_and_refusals():
         model.generate(input_ids=ids, max_new_tokens=2, custom_generate=context_aware)
     with pytest.raises(GencraftError, match="context-free stream holds 2 inputs"):
         model.generate(
-            input_ids=ids, max_new_tokens=2, custom_generate=context_aware,
+            input_ids=ids,
+            max_new_tokens=2,
+            custom_generate=context_aware,
             negative_input_ids=torch.tensor([[3], [4]]),
-        )  # fmt: skip
+        )
     with pytest.raises(GencraftError, match="cad alpha takes a finite weight A >= 0"):
         model.generate(
-            input_ids=ids, max_new_tokens=2, custom_generate=context_aware, cad_alpha=-1.0,
+            input_ids=ids,
+            max_new_tokens=2,
+            custom_generate=context_aware,
+            cad_alpha=-1.0,
             negative_input_ids=torch.tensor([[3]]),
-        )  # fmt: skip
+        )
 
 
 def test_the_cad_speed_benchmark_runs_at_tiny_scale(shared_data, tmp_path):
@@ -243,8 +264,14 @@ def test_fame_plus_cad_keeps_fame_s_source_state(alpha):
             )
             assert h.score == pytest.approx(want, abs=1e-3)
     # without the guard, the base's calls overwrite FAME's source: the scores differ
-    unguarded = beam_search_batch(ContrastStepper(*streams[:1], HFStepper(
-        fame.base, neg, attention_mask=neg_mask, max_new_tokens=4), alpha), **kw)  # fmt: skip
+    unguarded = beam_search_batch(
+        ContrastStepper(
+            *streams[:1],
+            HFStepper(fame.base, neg, attention_mask=neg_mask, max_new_tokens=4),
+            alpha,
+        ),
+        **kw,
+    )
     assert unguarded != got
 
 
@@ -295,12 +322,17 @@ def test_focus_generate_with_cad_alpha_is_cad_beam_search(shared_data, capsys):
                 [{"input_ids": enc.encode("")["input_ids"]}] * len(ctx["input_ids"]), pad, left=True
             )
             out = model.generate(
-                input_ids=ctx["input_ids"], attention_mask=ctx["attention_mask"], num_beams=2,
-                max_new_tokens=4, custom_generate=context_aware, cad_alpha=2.0,
+                input_ids=ctx["input_ids"],
+                attention_mask=ctx["attention_mask"],
+                num_beams=2,
+                max_new_tokens=4,
+                custom_generate=context_aware,
+                cad_alpha=2.0,
                 negative_input_ids=plain["input_ids"],
                 negative_attention_mask=plain["attention_mask"],
-                eos_token_id=enc.eos_id, pad_token_id=pad,
-            )  # fmt: skip
+                eos_token_id=enc.eos_id,
+                pad_token_id=pad,
+            )
             new = out[:, ctx["input_ids"].shape[1] :]
             want += [t.strip() for t in tok.batch_decode(new, skip_special_tokens=True)]
         assert got == want  # (the random tiny model writes the same with or without CAD)

@@ -44,9 +44,15 @@ def test_paired_greedy_cad_equals_a_brute_force_loop_on_each_row(
     model.generation_config.eos_token_id = EOS
     left, inputs = _inputs(kind, rows)
     out = paired_contrast_generate(
-        model.generate, *inputs, cad_alpha=alpha, cad_adaptive=adaptive, left_padding=left,
-        pad_token_id=0, max_new_tokens=new, do_sample=False,
-    )  # fmt: skip
+        model.generate,
+        *inputs,
+        cad_alpha=alpha,
+        cad_adaptive=adaptive,
+        left_padding=left,
+        pad_token_id=0,
+        max_new_tokens=new,
+        do_sample=False,
+    )
     start = 1 if kind == "bart" else inputs[0].shape[1]
     assert out.shape[0] == len(rows)
     if left:  # the prompt as given, without the pairing's padding
@@ -78,9 +84,13 @@ def test_paired_cad_equals_context_aware(kind, seed, rows, alpha, adaptive, beam
         model.generate, ids, mask, neg, neg_mask, left_padding=left, **kw
     )
     theirs = model.generate(
-        input_ids=ids, attention_mask=mask, negative_input_ids=neg,
-        negative_attention_mask=neg_mask, custom_generate=context_aware, **kw,
-    )  # fmt: skip
+        input_ids=ids,
+        attention_mask=mask,
+        negative_input_ids=neg,
+        negative_attention_mask=neg_mask,
+        custom_generate=context_aware,
+        **kw,
+    )
     assert ours.tolist() == theirs.tolist()
 
 
@@ -122,8 +132,10 @@ def test_the_processor_gives_both_halves_the_contrast_by_its_definition(adaptive
         if adaptive:
             pa, pb = lp[r].exp(), lp[r + 3].exp()
             m = (pa + pb) / 2
-            kl = [sum(float(x * math.log(x / y)) for x, y in zip(p, m, strict=True) if x > 0)
-                  for p in (pa, pb)]  # fmt: skip
+            kl = [
+                sum(float(x * math.log(x / y)) for x, y in zip(p, m, strict=True) if x > 0)
+                for p in (pa, pb)
+            ]
             alpha = (kl[0] + kl[1]) / 2 / math.log(2)
         want = torch.log_softmax((1 + alpha) * a - alpha * b, -1)
         torch.testing.assert_close(got[r].double(), want, rtol=1e-6, atol=1e-5)
@@ -142,9 +154,16 @@ def test_the_pairing_pads_both_halves_on_the_models_side(left):
     ids, neg = torch.tensor([[3, 4], [5, 6]]), torch.tensor([[7, 8, 9], [10, 11, 12]])
     mask = torch.tensor([[1, 1], [0, 1]])
     out = paired_contrast_generate(
-        spy, ids, mask, neg, torch.ones_like(neg), left_padding=left, pad_token_id=0,
-        logits_processor=[42], num_beams=2,
-    )  # fmt: skip
+        spy,
+        ids,
+        mask,
+        neg,
+        torch.ones_like(neg),
+        left_padding=left,
+        pad_token_id=0,
+        logits_processor=[42],
+        num_beams=2,
+    )
     pad = [[0, 3, 4], [0, 5, 6]] if left else [[3, 4, 0], [5, 6, 0]]
     assert seen["input_ids"].tolist() == [*pad, [7, 8, 9], [10, 11, 12]]
     m = [[0, 1, 1], [0, 0, 1]] if left else [[1, 1, 0], [0, 1, 0]]
@@ -155,9 +174,17 @@ def test_the_pairing_pads_both_halves_on_the_models_side(left):
     assert seen["num_beams"] == 2 and seen["pad_token_id"] == 0
     assert out.tolist() == (ids.tolist() if left else pad)
     out = paired_contrast_generate(
-        spy, ids, mask, neg, torch.ones_like(neg), left_padding=left, pad_token_id=0,
-        cad_alpha=0.25, cad_adaptive=True, num_return_sequences=3,
-    )  # fmt: skip
+        spy,
+        ids,
+        mask,
+        neg,
+        torch.ones_like(neg),
+        left_padding=left,
+        pad_token_id=0,
+        cad_alpha=0.25,
+        cad_adaptive=True,
+        num_return_sequences=3,
+    )
     assert (seen["logits_processor"][-1].alpha, seen["logits_processor"][-1].adaptive) == (
         0.25,
         True,

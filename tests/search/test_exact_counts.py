@@ -113,9 +113,12 @@ def test_seeds_are_checked_at_their_bounds(counted):
 
     with pytest.raises(GencraftError) as e:
         exact_mode_batch(
-            model, torch.tensor([[5, 9], [6, 7]]), eos_token_id=EOS, max_new_tokens=2,
+            model,
+            torch.tensor([[5, 9], [6, 7]]),
+            eos_token_id=EOS,
+            max_new_tokens=2,
             initial=[[5]],
-        )  # fmt: skip
+        )
     assert str(e.value) == "initial must give one seed (or None) per row: 2, got 1"
 
 

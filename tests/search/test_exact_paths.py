@@ -105,8 +105,14 @@ def test_peak_kv_bytes_counts_the_caches_kept_for_later_children(
 
     handle = model.register_forward_pre_hook(hook, with_kwargs=True)
     try:
-        r = exact_mode(model, torch.tensor([prompt]), eos_token_id=0, max_new_tokens=new,
-                       length=new if forced else None, max_nodes=max_nodes)  # fmt: skip
+        r = exact_mode(
+            model,
+            torch.tensor([prompt]),
+            eos_token_id=0,
+            max_new_tokens=new,
+            length=new if forced else None,
+            max_nodes=max_nodes,
+        )
     finally:
         handle.remove()
     assert len(calls) == r.nodes - 1
@@ -129,8 +135,14 @@ def test_a_search_deeper_than_the_recursion_limit_runs_and_leaves_the_limit_as_i
     before = sys.getrecursionlimit()
     sys.setrecursionlimit(150)
     try:
-        r = exact_mode(model, torch.tensor([[1, 3, 4]]), eos_token_id=0, max_new_tokens=300,
-                       length=300, max_nodes=301)  # fmt: skip
+        r = exact_mode(
+            model,
+            torch.tensor([[1, 3, 4]]),
+            eos_token_id=0,
+            max_new_tokens=300,
+            length=300,
+            max_nodes=301,
+        )
         assert sys.getrecursionlimit() == 150
     finally:
         sys.setrecursionlimit(before)
@@ -207,7 +219,7 @@ _WITH_EOS = "length_includes_eos: the EOS alone is 1"
         (dict(length=-1), "length must be in [0, max_new_tokens=3], got -1"),
         (dict(max_nodes=0), "max_nodes must be >= 1, got 0"),
     ],
-)  # fmt: skip
+)
 def test_lengths_and_budgets_outside_their_range_are_named_word_for_word(kw, message):
     model = small_llama(0, vocab=6)
     kw = {"max_new_tokens": 3, **kw}

@@ -128,18 +128,28 @@ def test_a_node_budget_leaves_rows_unproven_as_exact_mode_does_alone(
     model = _model(seed)
     ids, mask = _batch(prompts)
     rows = search_errors(
-        model, ids, mask, beams=(1, 2), max_nodes=max_nodes, max_new_tokens=3, eos_token_id=0,
+        model,
+        ids,
+        mask,
+        beams=(1, 2),
+        max_nodes=max_nodes,
+        max_new_tokens=3,
+        eos_token_id=0,
         seed=seeded,
-    )  # fmt: skip
+    )
     for row, p in zip(rows, prompts, strict=True):
         tops = [
             beam_search(model, torch.tensor([p]), num_beams=k, max_new_tokens=4, eos_token_id=0)[0]
             for k in (1, 2)
         ]
         alone = exact_mode(
-            model, torch.tensor([p]), eos_token_id=0, max_new_tokens=3, max_nodes=max_nodes,
+            model,
+            torch.tensor([p]),
+            eos_token_id=0,
+            max_new_tokens=3,
+            max_nodes=max_nodes,
             initial=_best_finished(tops) if seeded else None,
-        )  # fmt: skip
+        )
         assert row.proven == alone.exact and row.nodes == alone.nodes
         assert row.mode_tokens == alone.tokens
         assert row.mode_empty == (alone.exact and not alone.tokens)
@@ -441,14 +451,15 @@ WORDS = ["the", "cat", "sat", "on", "a", "mat", "dog", "ran"]
     st.lists(
         st.tuples(
             st.lists(st.lists(st.sampled_from(WORDS), max_size=5), min_size=3, max_size=3),
-            st.lists(st.lists(st.sampled_from(WORDS), min_size=1, max_size=5), min_size=1,
-                     max_size=2),
+            st.lists(
+                st.lists(st.sampled_from(WORDS), min_size=1, max_size=5), min_size=1, max_size=2
+            ),
             st.booleans(),
         ),
         min_size=1,
         max_size=6,
     )
-)  # fmt: skip
+)
 def test_score_differences_pair_each_search_with_exact_prompt_by_prompt(drawn):
     """Each line's mean, interval and counts are those of the per-prompt ROUGE-L differences
     computed one prompt at a time with rouge_score, over all prompts and the proven ones."""

@@ -91,8 +91,11 @@ def test_a_padded_batch_holds_each_row():
     hidden, tokens, labels, pad, censored = st.collate_rows(rows)
     assert hidden.dtype == torch.float16 and hidden.shape == (3, 5, 3, 4)
     assert (tokens.dtype, labels.dtype, pad.dtype, censored.dtype) == (
-        torch.long, torch.long, torch.bool, torch.bool,
-    )  # fmt: skip
+        torch.long,
+        torch.long,
+        torch.bool,
+        torch.bool,
+    )
     for j, (r, cut) in enumerate(zip(rows, (True, False, False), strict=True)):
         n = r["tokens"].shape[0]
         assert torch.equal(hidden[j, :n], r["hidden"]) and not hidden[j, n:].any()
@@ -152,9 +155,11 @@ def test_one_step_is_adams_with_the_configs_lr_and_weight_decay(sampled, lr, wei
     """One epoch of one batch: the weights are one Adam step on the batch's mean loss."""
     model, _, rows = sampled
     cfg = ClassifierTrainConfig(
-        lr=lr, weight_decay=weight_decay, valid_fraction=0.5,
+        lr=lr,
+        weight_decay=weight_decay,
+        valid_fraction=0.5,
         fit=replace(ClassifierTrainConfig().fit, epochs=1, batch_size=16),
-    )  # fmt: skip
+    )
     train, _ = st._split_rows(rows, cfg)
     torch.manual_seed(0)
     clf = st.classifier_for(model, **SIZES)
@@ -245,9 +250,18 @@ def test_degenerate_labels_read_the_text_and_the_prompt(texts):
 
     tok = Words()
     rows = st.sample_training_data(
-        model, tok, prompts, attribute="degenerate", labeler=labeler, prompt_texts=texts,
-        samples_per_prompt=4, max_new_tokens=4, censored=True, hidden=False, progress=False,
-    )  # fmt: skip
+        model,
+        tok,
+        prompts,
+        attribute="degenerate",
+        labeler=labeler,
+        prompt_texts=texts,
+        samples_per_prompt=4,
+        max_new_tokens=4,
+        censored=True,
+        hidden=False,
+        progress=False,
+    )
     assert len(calls) == len(rows) == 8 and tok.skips.count(True) == 8  # the samples' texts
     for r, (text, prompt_text, finished) in zip(rows, calls, strict=True):
         i = int(r["prompt_index"])
@@ -279,8 +293,15 @@ def test_the_sampler_refuses_bad_settings_word_for_word():
     assert all(len(r["tokens"]) == 1 for r in rows)
     from transformers import BertConfig, BertModel
 
-    encoder = BertModel(BertConfig(vocab_size=6, hidden_size=8, num_hidden_layers=1,
-                                   num_attention_heads=2, intermediate_size=8))  # fmt: skip
+    encoder = BertModel(
+        BertConfig(
+            vocab_size=6,
+            hidden_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=8,
+        )
+    )
     with pytest.raises(GencraftError, match=r"^a classifier's training data needs a model"):
         st.sample_training_data(encoder, None, p, progress=False)
 
@@ -380,9 +401,15 @@ def test_cut_length_samples_carry_lower_bounds():
 
     model = small_llama(0, vocab=6)
     rows = st.sample_training_data(
-        model, None, [torch.tensor([[1, 2, 3]])], samples_per_prompt=8, max_new_tokens=3,
-        censored=True, hidden=False, progress=False,
-    )  # fmt: skip
+        model,
+        None,
+        [torch.tensor([[1, 2, 3]])],
+        samples_per_prompt=8,
+        max_new_tokens=3,
+        censored=True,
+        hidden=False,
+        progress=False,
+    )
     cut = [r for r in rows if not r["finished"]]
     assert cut and len(cut) < len(rows)
     for r in rows:
