@@ -45,7 +45,7 @@ from gencraft.folder_lock import FolderInUse, read_holder
 from gencraft.metrics.stats import verdict_cells
 from gencraft.timing import running_clock
 
-#: the claims in the order of their value per minute (issue 43)
+#: the claims in the order of their value per minute
 CLAIM_ORDER = ("hso-fewshot", "recurrence", "fame", "rum-sundae", "dasp")
 #: the experiments' own scale each campaign scale starts from
 BASE_SCALE = {"tiny": "tiny", "cpu": "cpu", "slot": "gpu"}

@@ -80,8 +80,8 @@ def package_entries(name: str) -> list[Entry]:
     """An installed package's files and its ``.dist-info``, under ``python/``.
 
     The ``.dist-info`` travels too: ``transformers`` asks ``importlib.metadata`` for the
-    ``gguf`` version before it reads a GGUF, and a bare package has none (a 2026-11-27 H100
-    lease stopped on "Invalid version: 'N/A'")."""
+    ``gguf`` version before it reads a GGUF, and a bare package has none (without it a GPU
+    run stopped on "Invalid version: 'N/A'")."""
     dist = importlib.metadata.distribution(name)
     out = []
     for f in sorted(dist.files or [], key=str):

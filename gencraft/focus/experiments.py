@@ -187,7 +187,7 @@ def quality(args) -> dict:
         "focus_top": {},
         "focus_top_masked": {},
     }
-    # the beam focus decodings also with the mask only (before issue 13), if asked
+    # the beam focus decodings also with the mask only (the earlier scoring), if asked
     scorings = {"": True, ", masked only": False} if args.masked_rows else {"": True}
     for name, path in systems.items():
         model, tok = load_summarizer(path)

@@ -737,7 +737,7 @@ def kept_classifier(model, attr: str, train, kept: Path, dtype: str) -> tuple[An
     """The ``attr`` classifier of ``model``, trained once by ``train(clf) -> record`` and kept
     in ``kept`` in ``dtype`` with its training record; a rerun loads it from there. It is
     always used as kept (float16 weights read back into float32), so a study resumed in a later
-    session reads the same weights as the batches before. Returns (classifier, record)."""
+    invocation reads the same weights as the batches before. Returns (classifier, record)."""
     from gencraft.search.classifier import AttributeClassifier
     from gencraft.search.train import classifier_for
 
