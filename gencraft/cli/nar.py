@@ -189,8 +189,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
         with JsonLines(args.output) as out:
             for i, text in enumerate(preds):
                 out.write({"id": i, "prediction": text})
-    elif args.output:
-        Path(args.output).write_text("\n".join(preds) + "\n")
+    elif args.output:  # one line each: a line break inside an output becomes a space
+        Path(args.output).write_text("".join(" ".join(p.splitlines()) + "\n" for p in preds))
     if args.json:
         print(json.dumps(r, indent=2))
         return

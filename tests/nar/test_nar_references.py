@@ -5,6 +5,8 @@ score as ``transformers``' transition scores, and the length limits at their bou
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -322,3 +324,21 @@ def test_nar_decoders_refuse_bad_input_word_for_word(nar):
         "batch_size must be >= 1, got 0",
         lambda: sundae_generate(model, ids, None, cfg, noise=noise, batch_size=0),
     )
+
+
+def test_nar_eval_writes_one_line_per_output_whatever_the_output_holds(shared_data, tmp_path):
+    """A tiny model's outputs hold line breaks (\\n, \\x0b, \\x1c...): the .txt file still has
+    exactly one line per input, read back as gencraft reads predictions, each the output with
+    its breaks as spaces."""
+    from gencraft.cli.main import main
+    from gencraft.data import read_lines
+
+    args = ["nar", "eval", "tiny-bert", "--limit", "5", "--batch-size", "2", "--steps", "2"]
+    args += ["--data-dir", str(shared_data), "--quiet", "--output"]
+    assert main([*args, str(tmp_path / "p.jsonl")]) == 0
+    assert main([*args, str(tmp_path / "p.txt")]) == 0
+    outputs = [
+        json.loads(x)["prediction"] for x in (tmp_path / "p.jsonl").read_text().split("\n") if x
+    ]
+    assert any(len(o.splitlines()) > 1 for o in outputs)  # the case this guards
+    assert read_lines(tmp_path / "p.txt") == [" ".join(o.splitlines()) for o in outputs]
