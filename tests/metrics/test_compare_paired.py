@@ -310,3 +310,57 @@ def test_tost_on_units_without_spread_and_at_the_edge_of_its_size():
         GencraftError, match=r"^compare_paired needs one cluster id per row: 1 for 2"
     ):
         equivalence([1, 2], [0, 0], 1.0, clusters=[1])
+
+
+def test_units_are_ordered_by_their_ids_value_and_results_read_by_name():
+    """Numeric cluster ids are units in numeric order (10 after 9), so a relabelling that keeps
+    the order keeps every resampled number; results read as mappings, with defaults."""
+    rng = np.random.default_rng(5)
+    d = rng.normal(0.2, 1.0, 30)
+    ids = [9, 10, 100] * 10
+    ranks = [{9: 0, 10: 1, 100: 2}[i] for i in ids]
+    a = compare_paired(d, np.zeros(30), clusters=ids, resamples=999, seed=3)
+    b = compare_paired(d, np.zeros(30), clusters=ranks, resamples=999, seed=3)
+    assert (a.low, a.high, a.p) == (b.low, b.high, b.p) and a.units == 3
+    two = compare_paired(d, np.zeros(30), clusters=ids, seeds=[i % 2 for i in range(30)], seed=4)
+    assert two == compare_paired(
+        d, np.zeros(30), clusters=ids, seeds=[i % 2 for i in range(30)], seed=4
+    )
+    assert a.get("p") == a.p and a.get("nothing", 5) == 5 and a.get("nothing") is None
+    eq = equivalence(d, np.zeros(30), 2.0)
+    assert eq["p"] == eq.p and eq["margin"] == eq.margin == 2.0
+
+
+def test_the_smallest_legal_settings_run_and_the_edges_are_refused():
+    diffs = [1.0, -0.5, 2.0, 0.3]
+    one = compare_paired(diffs, [0.0] * 4, resamples=1)  # one draw: p is at least 1/2
+    assert one.p >= 0.5 and one.units == 4
+    assert compare_paired(diffs, [0.0] * 4, block=1) == compare_paired(diffs, [0.0] * 4)
+    with pytest.raises(GencraftError, match="0 < level < 1"):
+        compare_paired(diffs, [0.0] * 4, level=0.0)
+
+
+def test_a_drawn_p_counts_flips_exactly_as_extreme_as_the_observed_mean():
+    """Differences of ±1: many flips give exactly the observed |mean|; the drawn p counts them,
+    as the enumeration does."""
+    diffs = [1.0] * 8 + [-1.0] * 4
+    exact = _exact_sign_flip_p(diffs)
+    drawn = compare_paired(diffs, [0.0] * 12, resamples=1999, seed=2)
+    assert drawn.test == "sign-flip randomisation" and abs(drawn.p - exact) < 0.04
+    balanced = [1.0, -1.0] * 6  # a mean of exactly 0: every flip is as extreme
+    assert compare_paired(balanced, [0.0] * 12, resamples=1999).p == 1.0
+    assert compare_paired(balanced[:8], [0.0] * 8, resamples=1999).p == 1.0  # exact
+
+
+def test_a_degenerate_bca_interval_falls_back_to_the_percentile_interval():
+    """Two resamples leave BCa undefined for most seeds (scipy returns NaN): the interval is
+    then the bootstrap means' percentile interval, finite, ordered, and narrower at a lower
+    level."""
+    diffs, rows = [1.0, -0.5, 2.0, 0.3, 1.1], []
+    for seed in range(10):
+        wide = compare_paired(diffs, [0.0] * 5, resamples=2, seed=seed)
+        narrow = compare_paired(diffs, [0.0] * 5, resamples=2, seed=seed, level=0.5)
+        assert all(map(math.isfinite, (wide.low, wide.high, narrow.low, narrow.high)))
+        assert wide.low <= narrow.low <= narrow.high <= wide.high
+        rows.append(wide.high - wide.low)
+    assert sum(w > 0 for w in rows) >= 3

@@ -251,3 +251,20 @@ def test_the_report_cells_of_a_verdict():
     floor = stats.verdict_cells({**v, "p": 0.001, "resamples": 1000})
     assert floor["p"] == "< 0.001"
     assert stats.verdict_cells({**v, "p": 0.0011, "resamples": 1000})["p"] == "0.0011"
+
+
+def test_the_verdict_edges_of_p_and_of_a_zero_mean():
+    from gencraft.metrics.stats import verdict
+
+    at_alpha = {"mean": -1.0, "low": -2.0, "high": -0.5, "p": 0.05}
+    assert verdict(at_alpha, deciding=True) == "undecided"  # p = alpha is not below it
+    zero = {"mean": 0.0, "low": -1.0, "high": 1.0, "p": 0.01}
+    assert verdict(zero, deciding=True) == "undecided"  # neither direction
+
+
+def test_paired_t_with_a_standard_deviation_of_exactly_one_and_power_without_a_finite_sd():
+    from gencraft.metrics.stats import paired_t, units_for_power
+
+    r = paired_t([1.0, 2.0, 3.0])  # sd exactly 1: a real interval, not the no-spread case
+    assert r["sd"] == 1.0 and r["low"] < 2.0 < r["high"] and 0 < r["p"] < 1
+    assert units_for_power(math.inf, 1.0) is None and units_for_power(1.0, math.inf) is None
