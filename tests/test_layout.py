@@ -185,3 +185,30 @@ def test_the_length_check_sees_a_long_function():
     assert long_functions(f"def f():\n{body}    y = 1\n", "m") == ["m:f (61)"]
     inner = body.replace("    x", "        x") + "        y = 1\n"
     assert long_functions(f"class C:\n    async def g(self):\n{inner}", "m") == ["m:g (61)"]
+
+
+LIBRARY = ("models", "training", "metrics", "data", *METHODS)
+
+
+def studies_reached(graph: dict[str, set[str]]) -> list[str]:
+    """``module -> import`` for each import of ``gencraft.studies`` by a library module."""
+    return [
+        f"{m} -> {d}"
+        for m, deps in graph.items()
+        for d in deps
+        if m.split(".")[1:2]
+        and m.split(".")[1] in LIBRARY
+        and (d == "gencraft.studies" or d.startswith("gencraft.studies."))
+    ]
+
+
+def test_the_library_imports_nothing_of_the_studies():
+    """The methods and the shared core know nothing of experiments: no module of theirs
+    imports ``gencraft.studies`` (the CLI and the studies themselves may)."""
+    assert studies_reached(import_graph()) == []
+    fake = {
+        "gencraft.models.x": {"gencraft.studies.claims", "gencraft.metrics"},
+        "gencraft.cli.y": {"gencraft.studies"},
+        "gencraft.hso.z": {"gencraft.studiesque"},
+    }
+    assert studies_reached(fake) == ["gencraft.models.x -> gencraft.studies.claims"]
