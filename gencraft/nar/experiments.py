@@ -286,7 +286,7 @@ def _variant(
         "decoding": method + (f" (T={temperatures[name]})" if method == "sundae" else ""),
         **{k: v for k, v in r.items() if k not in ("predictions", "lower-cased")},
     }
-    return VariantRows(row, {"model": name, **r["lower-cased"]})
+    return VariantRows(row, {"model": name, **_rescored(r["lower-cased"])})
 
 
 def _report_tasks(
@@ -309,7 +309,7 @@ def _report_tasks(
     run.text(
         f"Scored by score_task ({rows[0]['convention']}). The same outputs under the "
         "lower-cased convention (MiniLM's tokenizer lower-cases, so its outputs cannot match "
-        "cased references) and under the scoring used before issue 25 (case-sensitive BLEU, "
+        "cased references) and under the earlier scoring (case-sensitive BLEU, "
         "rouge-score ROUGE-L with stemming):"
     )
     run.table(conventions, ["model", *_RESCORED])
@@ -443,9 +443,18 @@ def _tune(s: NARTasksSettings, out: Path, sampling: SamplingConfig) -> dict[str,
 _RESCORED = (
     "BLEU (lower-cased)",
     "ROUGE-L (lower-cased)",
-    "BLEU (before issue 25)",
-    "ROUGE-L (before issue 25)",
+    "BLEU (earlier scoring)",
+    "ROUGE-L (earlier scoring)",
 )
+
+
+def _rescored(saved: dict[str, Any]) -> dict[str, Any]:
+    """A test unit's other conventions under today's column names (a unit saved by an
+    older version names the earlier scoring by when it was used)."""
+    return {
+        (k if k in _RESCORED else f"{k.split(' (')[0]} (earlier scoring)"): v
+        for k, v in saved.items()
+    }
 
 
 def _rescore(s: NARTasksSettings, predictions: list[str]) -> dict[str, float]:

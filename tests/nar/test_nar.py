@@ -484,3 +484,15 @@ def test_the_autoregressive_baseline_ends_after_the_last_word(monkeypatch):
         assert labels[:n].tolist() == batch["targets"][row, :n].tolist()
         assert int(labels[n]) == end and bool(seen["where"][row, n])
         assert not seen["where"][row, n + 1 :].any()
+
+
+def test_a_test_unit_saved_under_older_column_names_is_read_under_todays():
+    """Results saved by an older version named the earlier scoring's columns otherwise; the
+    report reads them under today's names, and today's stay as they are."""
+    from gencraft.nar.experiments import _RESCORED, _rescored
+
+    older = {"BLEU (lower-cased)": 1.0, "ROUGE-L (lower-cased)": 2.0}
+    older |= {"BLEU (before the change)": 3.0, "ROUGE-L (before the change)": 4.0}
+    assert _rescored(older) == dict(zip(_RESCORED, (1.0, 2.0, 3.0, 4.0), strict=True))
+    today = dict(zip(_RESCORED, (5.0, 6.0, 7.0, 8.0), strict=True))
+    assert _rescored(today) == today
