@@ -1490,8 +1490,15 @@ M = [
     (
         "deadline: a late training says Ctrl-C",
         "gencraft/training/fit.py",
-        '                why = "stopped by a callback" if self.late else "interrupted"',
+        '                why = STOPPED_BY_CALLBACK if self.late else "interrupted"',
         '                why = "interrupted"',
+        "tests/test_unit_progress.py",
+    ),
+    (
+        "deadline: a Ctrl-C inside a resumable unit becomes its OutOfTime",
+        "gencraft/experiments.py",
+        "            if clock is None or stop.why != STOPPED_BY_CALLBACK:  # a Ctrl-C",
+        "            if clock is None:  # a Ctrl-C",
         "tests/test_unit_progress.py",
     ),
     (

@@ -35,7 +35,7 @@ from gencraft.config import option
 from gencraft.errors import GencraftError
 from gencraft.timing import running_clock
 from gencraft.training.checkpoint import CHECKPOINT_DIR
-from gencraft.training.fit import StepState, TrainerCallback
+from gencraft.training.fit import STOPPED_BY_CALLBACK, StepState, TrainerCallback
 from gencraft.training.state import write_json
 
 #: modules whose import registers experiments (one per method; new methods add theirs)
@@ -527,7 +527,8 @@ class ExperimentRun:
         try:
             return json.loads(json.dumps(compute([deadline]), default=float))
         except Interrupted as stop:
-            if clock is None or not deadline.fired:  # a Ctrl-C
+            # the stop every process agreed on (one process's own reading may differ)
+            if clock is None or stop.why != STOPPED_BY_CALLBACK:  # a Ctrl-C
                 raise
             self._bank(key)
             self._save()

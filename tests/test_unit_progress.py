@@ -314,7 +314,8 @@ def test_a_resumable_unit_stops_inside_at_the_deadline_with_its_steps_saved(tmp_
         if not ctrl_c:  # 165 s left, a step takes 35 / 3: not late yet
             assert deadline.on_step_end(StepState(3, 10, 0, 35.0, True)) is False
             assert deadline.on_step_end(StepState(3, 10, 0, 600.0, True)) is True
-        raise Interrupted(Path("c"), None, 3, 10, "stopped by a callback")
+        why = "interrupted" if ctrl_c else "stopped by a callback"
+        raise Interrupted(Path("c"), None, 3, 10, why)
 
     clock = Clock(200.0)
     with time_budget(clock), pytest.raises(OutOfTime) as stop:

@@ -91,6 +91,10 @@ def make_accelerator(mixed_precision: str = "no", device: str | None = None, **k
     return Accelerator(cpu=cpu, mixed_precision=mixed_precision, **kwargs)
 
 
+#: :class:`~gencraft.errors.Interrupted`'s ``why`` when a callback stopped the run
+STOPPED_BY_CALLBACK = "stopped by a callback"
+
+
 def _now() -> float:
     """The loop's clock (seconds; its own name, so a test can drive it)."""
     return time.perf_counter()
@@ -744,7 +748,7 @@ class _Loop:
             if interrupted:
                 self.save_checkpoint()
                 directory = self.ckpt.directory if self.ckpt else Path(".")
-                why = "stopped by a callback" if self.late else "interrupted"
+                why = STOPPED_BY_CALLBACK if self.late else "interrupted"
                 raise Interrupted(directory, resume_command(), st.step, self.total, why)
         if st.last_eval_step != st.step or not st.history:
             self.validate()
