@@ -1509,13 +1509,6 @@ M = [
         "tests/test_unit_progress.py",
     ),
     (
-        "deadline: a unit that does not resume gets one",
-        "gencraft/experiments.py",
-        "value = self._compute(key, compute, clock if resumes else None, resumes)",
-        "value = self._compute(key, compute, clock, resumes)",
-        "tests/test_unit_progress.py",
-    ),
-    (
         "deadline: a late job is not the unit's OutOfTime",
         "gencraft/experiments.py",
         "        except Interrupted as stop:",
