@@ -86,7 +86,7 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
         ["tests/search/test_cad_paired.py", "tests/prefix/test_prefix_cad.py"],
     ),
     "data/own": (["gencraft/data/own.py"], ["tests/data/test_own_data.py"]),
-    "folder_lock": (["gencraft/folder_lock.py"], ["tests/test_folder_lock.py"]),
+    "folder_lock": (["gencraft/training/folder_lock.py"], ["tests/test_folder_lock.py"]),
     # sharding and the partial results' fingerprint (the one-process tests; gloo ones aside)
     "distributed": (
         ["gencraft/distributed.py"],
@@ -107,7 +107,7 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
             "tests/cli/test_rerun_outputs.py",
         ],
     ),
-    "payload": (["gencraft/payload.py"], ["tests/test_payload.py"]),
+    "payload": (["gencraft/studies/payload.py"], ["tests/test_payload.py"]),
     # the verdicts' statistics: the fast tests only (the tiny campaigns take minutes each)
     "metrics/stats": (
         ["gencraft/metrics/stats.py"],
@@ -182,10 +182,10 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
         ],
     ),
     # issue 43's campaign: its plan, budget, verdict table and runs' folders, by the fast tests
-    # (not the tiny campaign's 20 s); run its logic by name, e.g. "gencraft.campaign.x_plan_rows*":
+    # (not the tiny campaign's 20 s); run its logic by name, e.g. "gencraft.studies.campaign.x_plan_rows*":
     # the claims' tables make 346 of the file's 761 mutants
     "campaign": (
-        ["gencraft/campaign.py"],
+        ["gencraft/studies/campaign.py"],
         [
             *_tests_but("tests/test_campaign.py", "tiny_campaign"),
             "tests/test_lost_work.py",

@@ -1,4 +1,4 @@
-"""NAR experiments (thin wrapper; the code is gencraft.nar.experiments).
+"""NAR experiments (thin wrapper; the code is gencraft.studies.nar).
 
     python benchmarks/nar.py speed --inputs 8 --rounds 5 --threads 2
     python benchmarks/nar.py tasks --task e2e
@@ -6,7 +6,7 @@
 Each command is ``gencraft reproduce nar-NAME --scale cpu`` with its settings as flags.
 """
 
-from gencraft.cli.reproduce import benchmark_main
+from gencraft.studies.cli import benchmark_main
 
 if __name__ == "__main__":
     benchmark_main(__doc__, {"speed": "nar-speed", "tasks": "nar-tasks"})

@@ -1,4 +1,4 @@
-"""DASP experiments (thin wrapper; the code is gencraft.prefix.experiments).
+"""DASP experiments (thin wrapper; the code is gencraft.studies.prefix).
 
     python benchmarks/prefix.py speed --model smollm2-135m --threads 1 --rounds 7
     python benchmarks/prefix.py speed --model tiny-llama --rounds 3      # seconds, any machine
@@ -9,7 +9,7 @@ Each command is ``gencraft reproduce prefix-NAME --scale cpu`` with its settings
 interleaved in one process (median of per-round ratios, with their quartiles).
 """
 
-from gencraft.cli.reproduce import benchmark_main
+from gencraft.studies.cli import benchmark_main
 
 if __name__ == "__main__":
     benchmark_main(__doc__, {"speed": "prefix-speed", "tasks": "prefix-tasks"})

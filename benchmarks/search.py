@@ -1,4 +1,4 @@
-"""Search experiments (thin wrapper; the code is gencraft.search.experiments).
+"""Search experiments (thin wrapper; the code is gencraft.studies.search_*).
 
     python benchmarks/search.py speed --prompts 8 --rounds 3 --new-tokens 32 --threads 1
     python benchmarks/search.py cad-speed --prompts 8 --rounds 3 --new-tokens 32 --threads 1
@@ -10,7 +10,7 @@ Each command is ``gencraft reproduce search-NAME --scale cpu`` with its settings
 (defaults: the documented CPU run); ``--help`` on a command lists them.
 """
 
-from gencraft.cli.reproduce import benchmark_main
+from gencraft.studies.cli import benchmark_main
 
 if __name__ == "__main__":
     benchmark_main(

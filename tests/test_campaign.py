@@ -11,7 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gencraft.campaign import (
+from gencraft.cli.main import main
+from gencraft.metrics.stats import decide
+from gencraft.studies.campaign import (
     CLAIM_ORDER,
     CLAIMS,
     E2E_TRAIN_PAIRS,
@@ -20,8 +22,7 @@ from gencraft.campaign import (
     plan_rows,
     run_states,
 )
-from gencraft.cli.main import main
-from gencraft.experiments import (
+from gencraft.studies.runner import (
     Clock,
     ExperimentRun,
     OutOfTime,
@@ -29,7 +30,6 @@ from gencraft.experiments import (
     reproduce,
     time_budget,
 )
-from gencraft.metrics.stats import decide
 
 
 def _results(folder) -> dict:
@@ -43,7 +43,7 @@ def _report(path) -> str:
 def test_tiny_campaign_runs_every_unit_and_resumes_after_an_interrupted_unit(
     shared_data, tmp_path, monkeypatch
 ):
-    import gencraft.nar.experiments as nar
+    import gencraft.studies.nar as nar
 
     real, calls = nar._tune, []
 
@@ -183,7 +183,7 @@ def test_an_interrupted_units_time_counts_when_it_finishes(tmp_path, monkeypatch
     """A training cut by Ctrl-C (or a lease's end) resumes from its checkpoint: its seconds are
     those of every invocation that worked on it, kept across processes."""
 
-    import gencraft.experiments as ex
+    import gencraft.studies.runner as ex
 
     ticks = iter([0.0, 100.0, 1000.0, 1030.0])  # start, interrupted; start again, finished
     monkeypatch.setattr(ex, "running_clock", lambda: next(ticks))
@@ -276,8 +276,8 @@ def test_every_run_shares_the_invocations_deadline_with_its_claims_guess(
     import time
     from typing import NamedTuple
 
-    import gencraft.campaign as campaign
-    import gencraft.experiments as ex
+    import gencraft.studies.campaign as campaign
+    import gencraft.studies.runner as ex
 
     class Call(NamedTuple):
         name: str
@@ -327,7 +327,7 @@ def test_every_run_shares_the_invocations_deadline_with_its_claims_guess(
 def test_the_verdict_table_says_for_every_claim_what_ran_and_why_there_is_no_verdict(tmp_path):
     """At cpu scale with one recurrence training finished: every claim gets a row, in order,
     with its runs, units and minutes, and the reason it has no verdict yet."""
-    from gencraft.campaign import verdict_rows
+    from gencraft.studies.campaign import verdict_rows
 
     seed0 = tmp_path / "recurrence" / "seed0"
     (seed0 / "baseline" / "best").mkdir(parents=True)
@@ -404,7 +404,7 @@ def _correct(pattern: list[int]) -> dict:
 
 
 def test_the_fewshot_verdict_pools_examples_over_n_and_seeds():
-    from gencraft.hso.experiments import FewShotSettings, fewshot_verdict
+    from gencraft.studies.hso import FewShotSettings, fewshot_verdict
 
     s = FewShotSettings(shots=(2, 4), seeds=(0,))
     units = {
@@ -425,7 +425,7 @@ def test_the_fewshot_verdict_pools_examples_over_n_and_seeds():
 
 
 def test_the_recurrence_verdict_pairs_blocks_at_the_trained_overlap():
-    from gencraft.recurrence.experiments import RecurrenceLMSettings, lm_verdict
+    from gencraft.studies.recurrence import RecurrenceLMSettings, lm_verdict
 
     def rows(blocks, other):
         return [{"overlap": 0, "block_nll": other}, {"overlap": 5, "block_nll": blocks}]
@@ -454,7 +454,7 @@ def test_the_recurrence_verdict_pairs_blocks_at_the_trained_overlap():
 def test_the_recurrence_verdict_prefers_its_own_test_evaluation():
     """With ``verdict_words``, both models' ``eval NAME verdict`` units are the pairs; a run
     where only one model has it falls back to the test split."""
-    from gencraft.recurrence.experiments import RecurrenceLMSettings, lm_verdict
+    from gencraft.studies.recurrence import RecurrenceLMSettings, lm_verdict
 
     def rows(blocks):
         return [{"overlap": 0, "block_nll": blocks}]
@@ -473,8 +473,8 @@ def test_a_started_recurrence_run_takes_on_the_verdict_evaluation(shared_data, t
     """``verdict_words`` adds one test evaluation per model at the trained overlap alone, and
     a run finished without it resumes with it: the trainings and the other evaluations are
     kept, the two new units run, and the verdict pairs their blocks."""
-    from gencraft.experiments import get_experiment
-    from gencraft.recurrence.experiments import RecurrenceLMSettings, lm_verdict
+    from gencraft.studies.recurrence import RecurrenceLMSettings, lm_verdict
+    from gencraft.studies.runner import get_experiment
 
     over = {"data_dir": str(shared_data), "train_overlap": 4}
     reproduce("recurrence-lm", scale="tiny", output=tmp_path, overrides=over)
@@ -502,8 +502,8 @@ def test_a_started_recurrence_run_takes_on_the_verdict_evaluation(shared_data, t
 
 
 def test_the_fame_and_dasp_verdicts_pair_seeds():
-    from gencraft.focus.experiments import FocusQualitySettings, quality_verdict
-    from gencraft.prefix.experiments import PrefixTaskSettings, tasks_verdict
+    from gencraft.studies.focus import FocusQualitySettings, quality_verdict
+    from gencraft.studies.prefix import PrefixTaskSettings, tasks_verdict
 
     def table(rl, p):
         base = {"RL": 30.0, "R1_precision_doc": 70.0}
@@ -532,7 +532,7 @@ def _nar_outputs(shared_data):
     """nar-tasks settings scoring 20 E2E test inputs, their references, and two sets of outputs:
     the first reference of each (good) and its first four words (bad)."""
     from gencraft.data.tasks import pick_examples, references_of, task_examples
-    from gencraft.nar.experiments import NARTasksSettings
+    from gencraft.studies.nar import NARTasksSettings
 
     s = NARTasksSettings(test_limit=20, data_dir=str(shared_data))
     examples = pick_examples(task_examples("e2e", "test", s.data_dir), 20, spread=True)
@@ -543,7 +543,7 @@ def _nar_outputs(shared_data):
 
 def test_the_nar_verdict_is_the_paired_bootstrap_of_test_bleu(shared_data):
     from gencraft.metrics.tasks import bleu_paired, score_task
-    from gencraft.nar.experiments import tasks_verdict
+    from gencraft.studies.nar import tasks_verdict
 
     s, refs, good, bad = _nar_outputs(shared_data)
     units = {"test rum-sundae": {"predictions": good}, "test sundae-scratch": {"predictions": bad}}
@@ -580,7 +580,7 @@ def test_the_nar_verdict_is_the_paired_bootstrap_of_test_bleu(shared_data):
     alpha=st.sampled_from([0.01, 0.05]),
 )
 def test_a_peer_verdict_names_the_higher_model_where_a_claim_would_be_decided(mean, p, alpha):
-    from gencraft.nar.experiments import peer_verdict
+    from gencraft.studies.nar import peer_verdict
 
     want = (
         "not distinguishable at this size (peer, no claim)"
@@ -592,7 +592,7 @@ def test_a_peer_verdict_names_the_higher_model_where_a_claim_would_be_decided(me
 
 def test_the_nar_verdict_compares_rum_sundae_with_its_peers_after_the_claims(shared_data):
     from gencraft.metrics.tasks import bleu_paired
-    from gencraft.nar.experiments import tasks_verdict
+    from gencraft.studies.nar import tasks_verdict
 
     s, refs, good, bad = _nar_outputs(shared_data)
     outs = {"rum-sundae": bad, "sundae-scratch": bad, "mask-predict": good, "autoregressive": bad}
@@ -668,7 +668,7 @@ def test_the_paired_t_interval_excludes_zero_exactly_when_p_is_below_005(diffs):
 
 
 def test_a_whole_unit_saved_before_a_split_covers_its_parts(tmp_path):
-    from gencraft.campaign import RunState
+    from gencraft.studies.campaign import RunState
 
     state = RunState(CLAIMS["hso-fewshot"], "run", tmp_path, None, {})
     state.expected = ["n=2 seed=0 baseline", "n=2 seed=0 hso", "n=2 seed=1 baseline"]
@@ -677,8 +677,8 @@ def test_a_whole_unit_saved_before_a_split_covers_its_parts(tmp_path):
 
 
 def test_the_verdict_on_unfinished_runs_is_computed_so_far_and_marked_interim(tmp_path, capsys):
-    from gencraft.hso.experiments import FewShotSettings, fewshot_verdict
     from gencraft.metrics.stats import verdict_cells
+    from gencraft.studies.hso import FewShotSettings, fewshot_verdict
 
     folder = tmp_path / "hso-fewshot" / "run"
     folder.mkdir(parents=True)

@@ -7,18 +7,18 @@ import importlib
 
 import pytest
 
-from gencraft.experiments import reproduce
+from gencraft.studies.runner import reproduce
 
 LOADS_ITS_MODEL = {
-    "hso-lm": "gencraft.hso.experiments",
-    "hso-fewshot": "gencraft.hso.experiments",
-    "search-speed": "gencraft.search.experiments",
-    "search-cad-speed": "gencraft.search.experiments",
-    "search-mbr": "gencraft.search.experiments",
-    "search-memory": "gencraft.search.experiments",
-    "search-empty": "gencraft.search.experiments",
-    "search-errors": "gencraft.search.experiments",
-    "search-conditional": "gencraft.search.experiments",
+    "hso-lm": "gencraft.studies.hso",
+    "hso-fewshot": "gencraft.studies.hso",
+    "search-speed": "gencraft.studies.search_speed",
+    "search-cad-speed": "gencraft.studies.search_speed",
+    "search-mbr": "gencraft.studies.search_mbr",
+    "search-memory": "gencraft.studies.search_speed",
+    "search-empty": "gencraft.studies.search_empty",
+    "search-errors": "gencraft.studies.search_errors",
+    "search-conditional": "gencraft.studies.search_conditional",
 }
 
 

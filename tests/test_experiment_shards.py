@@ -14,8 +14,8 @@ import pytest
 import torch.multiprocessing as mp
 
 from gencraft.errors import GencraftError
-from gencraft.experiment_shards import Blocked, Pending
-from gencraft.experiments import _REGISTRY, register, reproduce
+from gencraft.studies.runner import _REGISTRY, register, reproduce
+from gencraft.studies.shards import Blocked, Pending
 from tests.test_distributed import _free_port
 
 NAME = "toy-sharded"
@@ -69,8 +69,8 @@ def _worker(rank: int, world: int, port: int, out: str, log: str) -> None:
     register(
         NAME, title="toy", settings=ToySettings, scales={"tiny": {}}, cpu_minutes=0, shardable=True
     )(_toy)
-    from gencraft.experiment_shards import sharded_passes
-    from gencraft.experiments import ExperimentRun, get_experiment
+    from gencraft.studies.runner import ExperimentRun, get_experiment
+    from gencraft.studies.shards import sharded_passes
 
     exp = get_experiment(NAME)
     run = ExperimentRun(out, exp, ToySettings(log=log), "tiny")

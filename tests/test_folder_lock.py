@@ -1,5 +1,5 @@
-"""One process at a time in an output folder (:mod:`gencraft.folder_lock`): a live holder is
-refused by name, a dead one's lock is taken over, contenders never both win, and
+"""One process at a time in an output folder (:mod:`gencraft.training.folder_lock`): a live
+holder is refused by name, a dead one's lock is taken over, contenders never both win, and
 ``reproduce`` and the campaign honour it (a held run is refused before any work; the campaign
 skips it and goes on)."""
 
@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gencraft.cli.main import main
-from gencraft.experiments import get_experiment, reproduce
-from gencraft.folder_lock import (
+from gencraft.studies.runner import get_experiment, reproduce
+from gencraft.training.folder_lock import (
     LOCK_NAME,
     FolderInUse,
     Holder,
@@ -113,7 +113,7 @@ def test_the_lock_is_given_back_when_the_work_fails(tmp_path):
 
 _CONTENDER = """
 import os, sys, time
-from gencraft.folder_lock import FolderInUse, folder_lock
+from gencraft.training.folder_lock import FolderInUse, folder_lock
 folder, start, marks, others = sys.argv[1], float(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 while time.time() < start:  # all start together
     time.sleep(0.001)
@@ -243,7 +243,7 @@ def test_this_process_names_its_pid_its_start_and_when(tmp_path):
 
 def test_the_pid_start_is_the_field_after_the_last_parenthesis(monkeypatch):
     """A command's name may hold ") ": the fields are counted after the last one."""
-    import gencraft.folder_lock as fl
+    import gencraft.training.folder_lock as fl
 
     fields = " ".join(str(k) for k in range(3, 53))  # fields 3.. (state onwards); 22 is '22'
     line = f"4242 (odd) 1 2) name) {fields}\n"
@@ -261,7 +261,7 @@ def test_the_pid_start_is_the_field_after_the_last_parenthesis(monkeypatch):
 
 
 def test_a_lock_that_keeps_changing_hands_is_one_line(tmp_path, monkeypatch):
-    import gencraft.folder_lock as fl
+    import gencraft.training.folder_lock as fl
 
     monkeypatch.setattr(fl, "_try_create", lambda path, me: False)
     monkeypatch.setattr(fl, "read_holder", lambda folder: None)  # gone each time it is read
@@ -273,7 +273,7 @@ def test_a_lock_that_keeps_changing_hands_is_one_line(tmp_path, monkeypatch):
 def test_a_breaker_that_finishes_between_open_and_stat_is_not_an_error(tmp_path, monkeypatch):
     """CI once saw this race: another process's break mark was there at ``open`` and gone at
     ``stat``. The taker tries again and takes the stale lock."""
-    import gencraft.folder_lock as fl
+    import gencraft.training.folder_lock as fl
 
     _stale_lock(tmp_path)
     mark = str(tmp_path / (LOCK_NAME + ".break"))
@@ -294,7 +294,7 @@ def test_a_breaker_that_finishes_between_open_and_stat_is_not_an_error(tmp_path,
 def test_a_taker_waits_for_a_slow_breaker_however_many_tries_that_takes(tmp_path, monkeypatch):
     """Another process breaks the stale lock slowly (a loaded machine): the taker waits for its
     mark to go, not for a count of tries, then takes the folder."""
-    import gencraft.folder_lock as fl
+    import gencraft.training.folder_lock as fl
 
     _stale_lock(tmp_path)
     mark = tmp_path / (LOCK_NAME + ".break")

@@ -112,16 +112,17 @@ def test_the_checks_see_a_cycle_and_a_crossing():
 #: apply; a method without a wrapper of its own has no model.py, one without a training
 #: loop no train.py).
 LAYOUT = {
-    "focus": {"config", "functional", "model", "train", "evaluate", "experiments"},
-    "pointer": {"config", "functional", "train", "evaluate", "experiments"},
-    "search": {"config", "train", "experiments"},
-    "prefix": {"config", "functional", "model", "train", "evaluate", "experiments"},
-    "recurrence": {"config", "model", "train", "evaluate", "experiments"},
-    "hso": {"config", "functional", "experiments"},
-    "nar": {"config", "functional", "model", "train", "evaluate", "experiments"},
+    "focus": {"config", "functional", "model", "train", "evaluate"},
+    "pointer": {"config", "functional", "train", "evaluate"},
+    "search": {"config", "train"},
+    "prefix": {"config", "functional", "model", "train", "evaluate"},
+    "recurrence": {"config", "model", "train", "evaluate"},
+    "hso": {"config", "functional"},
+    "nar": {"config", "functional", "model", "train", "evaluate"},
 }
-#: the old names of the standard files, gone for good
+#: the old names of the standard files, gone for good (a method's experiments are studies now)
 OLD_NAMES = {"topic", "mixture", "objectives", "optimize", "train_classifier", "stepper"}
+OLD_NAMES |= {"experiments"}
 
 
 def test_every_method_package_has_the_standard_files():
@@ -187,18 +188,22 @@ def test_the_length_check_sees_a_long_function():
     assert long_functions(f"class C:\n    async def g(self):\n{inner}", "m") == ["m:g (61)"]
 
 
-LIBRARY = ("models", "training", "metrics", "data", *METHODS)
+#: what may import the studies: the studies themselves, the command line and ``python -m``
+NOT_LIBRARY = ("studies", "cli", "__main__")
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
 
 
 def studies_reached(graph: dict[str, set[str]]) -> list[str]:
-    """``module -> import`` for each import of ``gencraft.studies`` by a library module."""
+    """``module -> import`` for each import of ``gencraft.studies`` by a library module (every
+    module of the package but the studies, the CLI and ``__main__``)."""
     return [
         f"{m} -> {d}"
         for m, deps in graph.items()
         for d in deps
-        if m.split(".")[1:2]
-        and m.split(".")[1] in LIBRARY
-        and (d == "gencraft.studies" or d.startswith("gencraft.studies."))
+        if not any(_in(m, f"gencraft.{p}") for p in NOT_LIBRARY) and _in(d, "gencraft.studies")
     ]
 
 
@@ -210,5 +215,25 @@ def test_the_library_imports_nothing_of_the_studies():
         "gencraft.models.x": {"gencraft.studies.claims", "gencraft.metrics"},
         "gencraft.cli.y": {"gencraft.studies"},
         "gencraft.hso.z": {"gencraft.studiesque"},
+        "gencraft.progress": {"gencraft.studies"},
+        "gencraft.studies.runner": {"gencraft.studies.timing"},
     }
-    assert studies_reached(fake) == ["gencraft.models.x -> gencraft.studies.claims"]
+    assert studies_reached(fake) == [
+        "gencraft.models.x -> gencraft.studies.claims",
+        "gencraft.progress -> gencraft.studies",
+    ]
+
+
+#: the experiment machinery, moved into gencraft.studies: no such module left outside it
+MACHINERY = {"experiments", "experiment_shards", "campaign", "payload", "comparisons"}
+MACHINERY |= {"throughput", "timing", "folder_lock", "reproduce"}
+
+
+def test_the_experiment_machinery_lives_in_the_studies():
+    outside = [
+        str(f.relative_to(PACKAGE))
+        for f in PACKAGE.rglob("*.py")
+        if f.stem in MACHINERY and f.parent.name not in {"studies", "training"}
+    ]
+    assert outside == []
+    assert (PACKAGE / "training" / "folder_lock.py").is_file()  # fit holds its output folder

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gencraft.campaign import CLAIMS, CampaignSettings, plan_rows, run_states
-from gencraft.experiments import (
+from gencraft.studies.campaign import CLAIMS, CampaignSettings, plan_rows, run_states
+from gencraft.studies.runner import (
     ExperimentRun,
     Kept,
     get_experiment,

@@ -15,7 +15,7 @@ from gencraft.cli.main import main
 from gencraft.errors import GencraftError
 from gencraft.models.pretrained import minilm_dir as _minilm_dir
 from gencraft.models.pretrained import smollm2_gguf_path as _gguf_path
-from gencraft.payload import Entry, campaign_entries, pack, package_entries, unpack
+from gencraft.studies.payload import Entry, campaign_entries, pack, package_entries, unpack
 
 
 def _noise(n: int, seed: int) -> bytes:
@@ -84,7 +84,7 @@ def test_a_payload_path_outside_its_folders_is_refused(tmp_path, monkeypatch):
 def test_minilm_travels_as_bfloat16_half_the_bytes(tmp_path):
     from safetensors.torch import load, save_file
 
-    from gencraft.payload import _bfloat16
+    from gencraft.studies.payload import _bfloat16
 
     w = {"w": torch.randn(64, 32), "ids": torch.arange(5)}
     save_file(w, str(tmp_path / "m.safetensors"))
@@ -153,7 +153,7 @@ def test_the_gguf_package_travels_with_its_version(tmp_path, monkeypatch):
 
 
 def test_model_kinds_name_the_weights_each_model_needs():
-    from gencraft.payload import model_kinds
+    from gencraft.studies.payload import model_kinds
 
     assert model_kinds({"smollm2-135m", "minilm-l6", "tiny-bert"}) == {"smollm2", "minilm"}
     assert model_kinds({"minilm-l6-mlm"}) == {"minilm"}  # any minilm-l6 variant
@@ -168,7 +168,7 @@ def test_weight_entries_are_the_installed_weights_in_their_smallest_form():
     from safetensors.torch import load, load_file
 
     from gencraft.models import pretrained
-    from gencraft.payload import weight_entries
+    from gencraft.studies.payload import weight_entries
 
     assert weight_entries(set()) == []
     smol = weight_entries({"smollm2"})
@@ -203,7 +203,7 @@ def test_a_campaign_at_cpu_scale_packs_the_weights_its_models_need(shared_data, 
 
 
 def test_entry_kinds_and_sources(tmp_path):
-    from gencraft.payload import data_entries, state_entries
+    from gencraft.studies.payload import data_entries, state_entries
 
     assert {e.kind for e in package_entries("gguf")} == {"python"}
     run = tmp_path / "c" / "hso-fewshot" / "run"
@@ -224,7 +224,7 @@ def test_entry_kinds_and_sources(tmp_path):
 def test_bfloat16_keeps_integer_tensors_as_they_were(tmp_path):
     from safetensors.torch import load, save_file
 
-    from gencraft.payload import _bfloat16
+    from gencraft.studies.payload import _bfloat16
 
     save_file({"ids": torch.arange(5), "w": torch.ones(2)}, str(tmp_path / "m.safetensors"))
     back = load(_bfloat16(tmp_path / "m.safetensors"))

@@ -103,8 +103,8 @@ def test_pooled_bleu_refuses_unpaired_runs_in_one_line():
 
 
 def test_runs_group_by_their_settings_but_the_named_fields():
-    from gencraft.experiments import runs_by_settings
-    from gencraft.nar.experiments import NARTasksSettings
+    from gencraft.studies.nar import NARTasksSettings
+    from gencraft.studies.runner import runs_by_settings
 
     a = (NARTasksSettings(seed=None, temperatures=(0.1, 0.4)), {"x": 1})
     b = (NARTasksSettings(seed=1, temperatures=[0.1, 0.4]), {"x": 2})  # as read from json
@@ -129,7 +129,7 @@ def _refs(data_dir):
 def test_the_nar_verdict_pools_seeds_of_one_setup_and_keeps_others_apart(shared_data):
     from gencraft.metrics.stats import verdict_cells
     from gencraft.metrics.tasks import bleu_paired_runs as pooled
-    from gencraft.nar.experiments import NARTasksSettings, tasks_verdict
+    from gencraft.studies.nar import NARTasksSettings, tasks_verdict
 
     base = NARTasksSettings(test_limit=12, data_dir=str(shared_data))
     refs = _refs(base.data_dir)
@@ -169,14 +169,14 @@ def _save_run(folder, experiment, s, units):
 
 
 def test_gencraft_verdict_pools_saved_runs_and_refuses_mixed_folders(shared_data, tmp_path, capsys):
-    from gencraft.experiments import get_experiment
-    from gencraft.hso.experiments import FewShotSettings
-    from gencraft.nar.experiments import (
+    from gencraft.studies.hso import FewShotSettings
+    from gencraft.studies.nar import (
         NARSpeedSettings,
         NARTasksSettings,
         _tasks_units,
         tasks_verdict,
     )
+    from gencraft.studies.runner import get_experiment
 
     base = NARTasksSettings(test_limit=12, data_dir="/moved/away")
     refs = _refs(str(shared_data))
@@ -217,7 +217,7 @@ def test_gencraft_verdict_pools_saved_runs_and_refuses_mixed_folders(shared_data
 
 def test_the_recurrence_verdict_names_each_seed_and_pools_their_blocks():
     from gencraft.metrics.stats import decide, verdict_cells
-    from gencraft.recurrence.experiments import RecurrenceLMSettings, lm_verdict
+    from gencraft.studies.recurrence import RecurrenceLMSettings, lm_verdict
 
     def run(seed, base, rec):
         rows = {"baseline": base, "recurrent": rec}

@@ -1,5 +1,5 @@
-"""The clock the studies' durations use (``gencraft.timing.running_clock``) stands still while
-the process is stopped (SIGSTOP until SIGCONT, as Ctrl-Z or a suspended cluster job does), so
+"""The clock the studies' durations use (``gencraft.studies.timing.running_clock``) stands still
+while the process is stopped (SIGSTOP until SIGCONT, as Ctrl-Z or a suspended cluster job does), so
 a paused run's unit seconds and plan estimates are those of its work; where nothing stops the
 process it is ``time.perf_counter``, which the library itself reads (it starts no thread)."""
 
@@ -17,17 +17,17 @@ import time
 import pytest
 import torch
 
-from gencraft import timing
-from gencraft.campaign import CampaignSettings
+from gencraft.studies import timing
 from gencraft.errors import GencraftError
-from gencraft.experiments import ExperimentRun, get_experiment
+from gencraft.studies.campaign import CampaignSettings
+from gencraft.studies.runner import ExperimentRun, get_experiment
 from gencraft.training import FitConfig, fit
 
 # a child that reads both clocks across a sleep and prints "<perf s> <running s>"
 CHILD = textwrap.dedent(
     """
     import sys, time
-    from gencraft import timing
+    from gencraft.studies import timing
     timing.HEARTBEAT, timing.STOP_GAP = 0.05, 1.0
     r0, p0 = timing.running_clock(), time.perf_counter()
     time.sleep(float(sys.argv[1]))
@@ -159,7 +159,7 @@ def test_a_library_training_starts_no_thread():
     code = (
         "import threading, torch\n"
         "from gencraft.training import FitConfig, fit\n"
-        "from gencraft import timing\n"
+        "from gencraft.studies import timing\n"
         "m = torch.nn.Linear(2, 1)\n"
         "data = [(torch.randn(2), torch.randn(())) for _ in range(4)]\n"
         "fit(m, torch.optim.SGD(m.parameters(), lr=0.1), data, progress=False,\n"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gencraft.cli.main import main
-from gencraft.throughput import ZeroScorer, peak_memory_bytes
+from gencraft.studies.throughput import ZeroScorer, peak_memory_bytes
 
 
 def test_throughput_runs_every_decoder_and_checks_its_outputs(shared_data, tmp_path):
@@ -52,7 +52,7 @@ def test_zero_scorer_and_peak_memory():
 def test_the_benchmark_checks_its_device_and_dtype_as_every_command(monkeypatch):
     """Issue 41: through models.placement, before any model loads: one line naming the flag."""
     from gencraft.errors import ConfigError
-    from gencraft.throughput import ThroughputSettings, _context
+    from gencraft.studies.throughput import ThroughputSettings, _context
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     with pytest.raises(ConfigError, match="--device cuda"):
@@ -69,8 +69,8 @@ def test_each_output_check_fails_when_the_batched_rows_are_not_the_loops(shared_
 
     import gencraft.hso
     import gencraft.search
-    from gencraft.experiments import experiments
-    from gencraft.throughput import ThroughputSettings, _context, _lm_cases
+    from gencraft.studies.runner import experiments
+    from gencraft.studies.throughput import ThroughputSettings, _context, _lm_cases
 
     names = ("beam", "conditional", "exact", "hso")
     tiny = experiments()["throughput"].scales["tiny"]
@@ -100,8 +100,8 @@ def test_the_nar_check_compares_outputs_and_call_counts(name, shared_data, monke
     from dataclasses import replace
 
     import gencraft.nar.decoding as decoding
-    from gencraft.experiments import experiments
-    from gencraft.throughput import ThroughputSettings, _context, _nar_cases
+    from gencraft.studies.runner import experiments
+    from gencraft.studies.throughput import ThroughputSettings, _context, _nar_cases
 
     tiny = experiments()["throughput"].scales["tiny"]
     s = ThroughputSettings(**{**tiny, "decoders": (name,), "data_dir": str(shared_data)})

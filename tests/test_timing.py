@@ -1,11 +1,12 @@
-"""gencraft.timing: interleaved rounds, the median of per-round ratios, saved-tensor bytes."""
+"""gencraft.studies.timing: interleaved rounds, the median of per-round ratios, saved-tensor
+bytes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gencraft import timing
+from gencraft.studies import timing
 from gencraft.errors import GencraftError
 
 

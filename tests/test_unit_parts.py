@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gencraft.campaign import CampaignSettings
 from gencraft.errors import GencraftError
-from gencraft.experiments import (
+from gencraft.studies.campaign import CampaignSettings
+from gencraft.studies.runner import (
     Clock,
     ExperimentRun,
     OutOfTime,
@@ -83,7 +83,7 @@ def test_a_unit_cut_in_any_part_resumes_there_and_equals_the_uncut_unit(
 
 def test_the_seconds_count_every_invocation_and_reach_combine(tmp_path, monkeypatch):
 
-    import gencraft.experiments as ex
+    import gencraft.studies.runner as ex
 
     # mark; part 1 saved; (cut) banked | mark; part 2 saved; banked at the end; unit's bank
     ticks = iter([0.0, 10.0, 25.0, 100.0, 140.0, 141.0, 142.0])
@@ -113,7 +113,7 @@ def test_a_budget_runs_parts_while_they_fit_and_stops_inside_the_unit(tmp_path, 
     some, else its whole estimate's share; the parts done are kept when the budget ends."""
     import types
 
-    import gencraft.experiments as ex
+    import gencraft.studies.runner as ex
 
     now = [0.0]
     monkeypatch.setattr(ex, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
@@ -163,7 +163,7 @@ def test_a_unit_whose_size_changed_or_whose_part_is_short_is_refused(tmp_path):
 def test_a_fewshot_run_cut_inside_a_unit_resumes_at_its_batch_and_equals_an_uncut_run(
     shared_data, tmp_path, monkeypatch
 ):
-    import gencraft.hso.experiments as hx
+    import gencraft.studies.hso as hx
 
     over = {"data_dir": str(shared_data), "batch_size": 2, "de_batch_size": 1, "seeds": (0,)}
     reproduce("hso-fewshot", scale="tiny", output=tmp_path / "whole", overrides=over)
@@ -194,7 +194,7 @@ def test_a_fewshot_run_cut_inside_a_unit_resumes_at_its_batch_and_equals_an_uncu
 def test_the_plan_estimates_a_unit_in_parts_by_the_share_left(tmp_path, monkeypatch):
     """A few-shot unit cut after 2 of its 4 batches: the plan counts it under way and needs half
     the claim's guess for it, or, with the seconds its 2 batches took, 2 batches at that pace."""
-    from gencraft.campaign import CLAIMS, plan_rows, run_states
+    from gencraft.studies.campaign import CLAIMS, plan_rows, run_states
 
     monkeypatch.setitem(CLAIMS["hso-fewshot"].unit_minutes, "tiny", 10.0)  # 600 s a unit
     s = CampaignSettings(claims=("hso-fewshot",))
@@ -219,7 +219,7 @@ def test_the_plan_estimates_a_unit_in_parts_by_the_share_left(tmp_path, monkeypa
 
 
 def test_the_campaign_says_inside_which_unit_and_how_far_it_stopped(tmp_path, monkeypatch):
-    import gencraft.campaign as campaign
+    import gencraft.studies.campaign as campaign
 
     def stops(name, **kw):
         raise OutOfTime("n=8 seed=1 hso2", 90.0, 30.0, 48, 200)
@@ -240,7 +240,7 @@ def test_the_campaign_says_inside_which_unit_and_how_far_it_stopped(tmp_path, mo
 def test_a_nar_test_unit_cut_in_its_second_batch_resumes_there_and_equals_an_uncut_one(
     shared_data, tmp_path, monkeypatch
 ):
-    import gencraft.nar.experiments as nx
+    import gencraft.studies.nar as nx
 
     over = {"data_dir": str(shared_data), "variants": ("mask-predict",), "test_limit": 5}
     over |= {"decode_batch": 2, "curve_steps": (), "curve_thresholds": ()}

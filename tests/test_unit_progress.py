@@ -16,8 +16,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gencraft.campaign import CLAIMS, CampaignSettings, plan_rows, run_states
-from gencraft.experiments import (
+from gencraft.studies.campaign import CLAIMS, CampaignSettings, plan_rows, run_states
+from gencraft.studies.runner import (
     Clock,
     OutOfTime,
     estimate_left,
@@ -91,7 +91,7 @@ def test_a_unit_no_finished_unit_measures_is_estimated_at_its_own_pace(
 def test_a_resumable_unit_keeps_its_saved_steps_until_it_is_whole(tmp_path, monkeypatch):
     import types
 
-    import gencraft.experiments as ex
+    import gencraft.studies.runner as ex
 
     now = [0.0]
     monkeypatch.setattr(ex, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
@@ -262,7 +262,7 @@ def test_a_callback_stops_the_training_saved_and_it_resumes_to_the_uncut_weights
 
 
 def test_the_deadline_callback_stops_before_a_late_step_unless_nothing_would_keep_it(tmp_path):
-    from gencraft.experiments import _Deadline
+    from gencraft.studies.runner import _Deadline
 
     got: list[tuple[int, int]] = []
     past = _Deadline(Clock(time.monotonic() - 1), lambda done, total: got.append((done, total)))
@@ -297,7 +297,7 @@ def test_a_resumable_unit_stops_inside_at_the_deadline_with_its_steps_saved(tmp_
     import types
     from pathlib import Path
 
-    import gencraft.experiments as ex
+    import gencraft.studies.runner as ex
 
     now = [0.0]
     monkeypatch.setattr(ex, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
@@ -335,7 +335,7 @@ def test_the_campaign_says_how_far_a_training_got_when_its_budget_ended(
     shared_data, tmp_path, monkeypatch
 ):
 
-    import gencraft.experiments as ex
+    import gencraft.studies.runner as ex
 
     real = ex._Deadline.on_step_end
 

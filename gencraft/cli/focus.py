@@ -101,7 +101,7 @@ def _summaries(
     announce(f"focus {decode.decoding}", len(docs), args.batch_size)
 
     def batch(indices: list[int]) -> list[list[str]]:
-        if decode.cad_alpha is not None:  # CAD's beam search (gencraft.comparisons)
+        if decode.cad_alpha is not None:  # CAD's beam search (gencraft.studies.focus_vs_cad)
             return [
                 [t]
                 for t in _cad_batch(model, tok, [docs[i].document for i in indices], decode, args)
@@ -152,7 +152,7 @@ def _cad_batch(model: Any, tok: Any, texts: list[str], decode: Any, args: argpar
     """One batch's CAD summaries: the beam search of focus-vs-cad, the same settings."""
     import torch
 
-    from gencraft.comparisons import FocusCadSettings, cad_summaries
+    from gencraft.studies.focus_vs_cad import FocusCadSettings, cad_summaries
 
     s = FocusCadSettings(
         num_beams=args.num_beams,

@@ -25,8 +25,8 @@ METHOD_COMMANDS = (
     "gencraft.cli.recurrence",
     "gencraft.cli.hso",
     "gencraft.cli.nar",
-    "gencraft.cli.reproduce",
-    "gencraft.cli.payload",
+    "gencraft.studies.cli",
+    "gencraft.studies.payload_cli",
 )
 
 

@@ -84,8 +84,8 @@ def _fewshot_pairs(cells: dict, a: str, b: str) -> tuple[list[float], list[float
 def _fewshot_labels(settings: dict, data_dir: str | None) -> tuple[list[int], list[str]]:
     """The test examples' labels in the run's order, and the label names (the run's
     class-balanced draw, which reads no tokenizer when the test length is not capped)."""
-    from gencraft.hso.experiments import _test_examples
     from gencraft.hso.fewshot import build_task
+    from gencraft.studies.hso import _test_examples
 
     task = build_task(settings["task"], data_dir)
     tests = _test_examples(task, settings["examples"], None, settings.get("max_test_tokens"))
@@ -118,7 +118,7 @@ def hso_fewshot_confirm(runs: Path, data_dir: str | None):
     """The pre-registered analysis of ``hso-fewshot-confirm`` (:func:`gencraft.hso.
     experiments.confirm_analysis`): HSO-2 − plain at n = 2 by example, then the other three
     comparisons; None until every comparison's cells are finished."""
-    from gencraft.hso.experiments import CONFIRM_COMPARISONS, confirm_analysis
+    from gencraft.studies.hso import CONFIRM_COMPARISONS, confirm_analysis
 
     path = runs / HSO_FEWSHOT_CONFIRM
     if not path.is_file():
@@ -214,11 +214,11 @@ HSO_PPL = "hso-ppl-cpu/results.json"
 
 
 def hso_ppl(runs: Path, data_dir: str | None):
-    """The pre-registered analysis of the ``hso-ppl`` run (:func:`gencraft.hso.experiments.
+    """The pre-registered analysis of the ``hso-ppl`` run (:func:`gencraft.studies.hso.
     ppl_analysis`): HSO − plain NLL per token by article; secondary: the sign test over
     articles. None until both methods have scored every context (an interim look decides
     nothing)."""
-    from gencraft.hso.experiments import ppl_analysis
+    from gencraft.studies.hso import ppl_analysis
 
     path = runs / HSO_PPL
     if not path.is_file():
@@ -281,9 +281,9 @@ def _pointer_run(runs: Path, data_dir: str | None):
 
 def pointer_ptb(runs: Path, data_dir: str | None):
     """Pointer − LSTM NLL per word over seeds × test sentences (the registered primary), and
-    the gain in each frequency bucket (secondary) (:func:`gencraft.pointer.experiments.
+    the gain in each frequency bucket (secondary) (:func:`gencraft.studies.pointer.
     pointer_confirm_analysis`)."""
-    from gencraft.pointer.experiments import pointer_confirm_analysis
+    from gencraft.studies.pointer import pointer_confirm_analysis
 
     got = _pointer_run(runs, data_dir)
     if got is None:
@@ -326,7 +326,7 @@ def pointer_rare(runs: Path, data_dir: str | None):
     rarest decile's words minus that on the most frequent decile's, over seeds × sentences."""
     from gencraft.data import EOS
     from gencraft.pointer.analysis import frequency_buckets
-    from gencraft.pointer.experiments import sentence_of_words
+    from gencraft.studies.pointer import sentence_of_words
 
     got = _pointer_run(runs, data_dir)
     if got is None:

@@ -320,8 +320,8 @@ def fit(
         on_step: called after every optimizer step with ``(step, batch)``.
         callbacks: :class:`TrainerCallback` objects, called after each step and checkpoint.
     Returns a :class:`FitResult`. Raises :class:`Interrupted` after saving, on Ctrl-C or when a
-    callback stops the run, and :class:`~gencraft.folder_lock.FolderInUse` before any work when
-    another live process holds ``output_dir``.
+    callback stops the run, and :class:`~gencraft.training.folder_lock.FolderInUse` before any
+    work when another live process holds ``output_dir``.
     """
     if len(train) == 0:
         raise GencraftError("no training examples")
@@ -341,9 +341,9 @@ def fit(
 
 
 def _holding(loop: _Loop) -> contextlib.AbstractContextManager:
-    """The run's folder held by this process while it trains (:mod:`gencraft.folder_lock`:
+    """The run's folder held by this process while it trains (:mod:`gencraft.training.folder_lock`:
     a second process training into it is refused); process 0 holds it for a launch."""
-    from gencraft.folder_lock import folder_lock
+    from gencraft.training.folder_lock import folder_lock
 
     if loop.out is None or not loop.acc.is_main_process:
         return contextlib.nullcontext()

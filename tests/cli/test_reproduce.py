@@ -9,7 +9,7 @@ import pytest
 
 from gencraft.cli.main import main
 from gencraft.errors import GencraftError
-from gencraft.experiments import experiments, reproduce
+from gencraft.studies.runner import experiments, reproduce
 
 
 def test_list_names_every_documented_experiment(capsys):
@@ -79,7 +79,7 @@ def test_memory_experiment_is_linear_and_settings_are_validated(shared_data, tmp
 
 
 def test_prefix_tasks_mean_interval_is_students_t():
-    from gencraft.prefix.experiments import mean_interval
+    from gencraft.studies.prefix import mean_interval
 
     assert mean_interval([1.0, 3.0]) == (2.0, pytest.approx(12.706))  # t(0.975, 1 dof)
     assert mean_interval([4.0]) == (4.0, None)
@@ -152,8 +152,8 @@ def test_prefix_tasks_on_xsum_pair_documents_and_refuse_an_unknown_variant(share
 
 
 def test_settings_given_as_none_are_kept_not_dropped():
-    from gencraft.cli.reproduce import _overrides
-    from gencraft.prefix.experiments import PrefixTaskSettings
+    from gencraft.studies.cli import _overrides
+    from gencraft.studies.prefix import PrefixTaskSettings
 
     given = _overrides(PrefixTaskSettings, ["--test-limit", "none", "--test-spread"], "x")
     assert given == {"test_limit": None, "test_spread": True}  # None overrides the default 80

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from gencraft.experiments import reproduce
+from gencraft.studies.runner import reproduce
 
 SAMPLED = ["top_k", "nucleus"]
 FOCUS_SAMPLED = ["focus_sample", "focus_sample+top_k", "focus_sample+nucleus"]

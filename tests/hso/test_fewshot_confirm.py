@@ -16,8 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gencraft.errors import GencraftError
-from gencraft.experiments import reproduce
-from gencraft.hso.experiments import (
+from gencraft.hso.fewshot import FewShotTask, build_task, task_rows
+from gencraft.metrics.stats import compare_paired, holm
+from gencraft.studies.hso import (
     CONFIRM_COMPARISONS,
     _test_examples,
     answer_rates,
@@ -25,9 +26,8 @@ from gencraft.hso.experiments import (
     confirm_analysis,
     fresh_examples,
 )
-from gencraft.hso.fewshot import FewShotTask, build_task, task_rows
-from gencraft.metrics.stats import compare_paired, holm
 from gencraft.studies.rereads import HSO_FEWSHOT_CONFIRM, hso_fewshot
+from gencraft.studies.runner import reproduce
 
 SETTINGS = settings(max_examples=25, deadline=None, derandomize=True, database=None)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from gencraft.cli.main import main
-from gencraft.experiments import reproduce
+from gencraft.studies.runner import reproduce
 
 
 def test_hso_eval_cli(synthetic_lm_dir, capsys):
@@ -83,8 +83,8 @@ def test_few_shot_units_per_method_resume_and_pair(tmp_path, shared_data):
 def test_few_shot_paired_rows_against_the_per_example_differences():
     """The paired table's difference is the mean of the per-example differences against the
     plain model, with bootstrap_mean's interval over them."""
-    from gencraft.hso.experiments import _combine, _paired_rows
     from gencraft.metrics.text import bootstrap_mean
+    from gencraft.studies.hso import _combine, _paired_rows
 
     base, hso, hso2 = [1, 0, 0, 1, 0, 0], [1, 1, 0, 1, 1, 0], [0, 0, 1, 1, 1, 0]
     parts = {

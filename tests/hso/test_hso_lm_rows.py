@@ -10,10 +10,10 @@ import math
 import pytest
 
 from gencraft.data import subword_stream
-from gencraft.experiments import reproduce
-from gencraft.hso.experiments import PAPER_33
 from gencraft.metrics import windowed_nll
 from gencraft.models import load_model
+from gencraft.studies.hso import PAPER_33
+from gencraft.studies.runner import reproduce
 
 
 @pytest.fixture(scope="module")

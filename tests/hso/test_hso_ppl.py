@@ -18,13 +18,13 @@ from synthetic_data import write_wikitext
 
 from gencraft.data import stream_articles, subword_stream
 from gencraft.errors import DataError
-from gencraft.experiments import reproduce
 from gencraft.hso.config import HSOConfig
-from gencraft.hso.experiments import _Contexts, context_sums, ppl_analysis
 from gencraft.hso.functional import contexts, hso_nll
 from gencraft.metrics import windowed_nll
 from gencraft.metrics.stats import compare_paired, sign_test
 from gencraft.models import load_model
+from gencraft.studies.hso import _Contexts, context_sums, ppl_analysis
+from gencraft.studies.runner import reproduce
 
 
 @pytest.fixture(scope="module")

@@ -104,7 +104,7 @@ def test_mbr_refuses_zero_candidates(tiny):
 
 
 def test_the_mbr_study_runs_at_tiny_scale(shared_data, tmp_path):
-    from gencraft.experiments import reproduce
+    from gencraft.studies.runner import reproduce
 
     report = reproduce(
         "search-mbr", scale="tiny", output=tmp_path, overrides={"data_dir": str(shared_data)}
@@ -117,7 +117,7 @@ def test_the_mbr_study_runs_at_tiny_scale(shared_data, tmp_path):
 
 def test_the_mbr_table_pairs_each_n_with_beam_search_by_prompt_and_task():
     from gencraft.metrics.text import rouge_per_example
-    from gencraft.search.experiments import mbr_differences
+    from gencraft.studies.search_mbr import mbr_differences
 
     refs = {
         "e2e": [["the cat sat"], ["a dog ran", "dog runs"], ["birds fly high"]],

@@ -342,8 +342,8 @@ def test_cli_train_resume_generate_eval_and_errors(shared_data, tmp_path, capsys
 
 
 def test_nar_experiment_runs_at_tiny_scale(shared_data, tmp_path, monkeypatch):
-    from gencraft.experiments import reproduce
     from gencraft.nar import experiments
+    from gencraft.studies.runner import reproduce
 
     # The real tuning runs; its pick is then made distinct per model, so that a decode at
     # another model's temperature shows in the report (tiny models often tie on the pick).
@@ -489,7 +489,7 @@ def test_the_autoregressive_baseline_ends_after_the_last_word(monkeypatch):
 def test_a_test_unit_saved_under_older_column_names_is_read_under_todays():
     """Results saved by an older version named the earlier scoring's columns otherwise; the
     report reads them under today's names, and today's stay as they are."""
-    from gencraft.nar.experiments import _RESCORED, _rescored
+    from gencraft.studies.nar import _RESCORED, _rescored
 
     older = {"BLEU (lower-cased)": 1.0, "ROUGE-L (lower-cased)": 2.0}
     older |= {"BLEU (before the change)": 3.0, "ROUGE-L (before the change)": 4.0}

@@ -11,8 +11,8 @@ import shutil
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gencraft.experiments import get_experiment, reproduce
-from gencraft.nar.experiments import VARIANTS, run_order
+from gencraft.studies.nar import VARIANTS, run_order
+from gencraft.studies.runner import get_experiment, reproduce
 
 
 @settings(max_examples=80, deadline=None)

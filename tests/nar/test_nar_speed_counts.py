@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from gencraft.nar.experiments import NARSpeedSettings, _speed_cases, nar_speed_unit
+from gencraft.studies.nar import NARSpeedSettings, _speed_cases, nar_speed_unit
 
 
 def test_calls_per_output_are_each_decoders_own_counts(shared_data):

@@ -252,7 +252,7 @@ def test_most_confident_rule_and_refusals():
     taus=st.lists(st.tuples(st.integers(0, 100), st.integers(1, 64)), min_size=1, max_size=4),
 )
 def test_the_threshold_target_is_the_cheapest_tau_reaching_the_most_steps_bleu(fixed, taus):
-    from gencraft.nar.experiments import threshold_target
+    from gencraft.studies.nar import threshold_target
 
     curve = [
         {"model": "mp", "max steps": n, "threshold": "-", "BLEU": b / 4, "calls/output": n}

@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gencraft.data import EOS, load_lm_corpus
-from gencraft.experiments import reproduce
 from gencraft.metrics.stats import compare_paired, holm
 from gencraft.pointer.analysis import frequency_buckets
 from gencraft.pointer.evaluate import evaluate
-from gencraft.pointer.experiments import pointer_confirm_analysis, sentence_of_words
 from gencraft.pointer.lstm import PointerSentinelLSTM
+from gencraft.studies.pointer import pointer_confirm_analysis, sentence_of_words
 from gencraft.studies.rereads import POINTER_CONFIRM, pointer_ptb, pointer_rare
+from gencraft.studies.runner import reproduce
 
 
 @pytest.fixture(scope="module")

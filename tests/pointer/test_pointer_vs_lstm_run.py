@@ -10,9 +10,9 @@ import math
 import pytest
 
 from gencraft.data import load_lm_corpus
-from gencraft.experiments import reproduce
 from gencraft.pointer.evaluate import evaluate
 from gencraft.pointer.lstm import PointerSentinelLSTM
+from gencraft.studies.runner import reproduce
 
 
 def _run(out, data_dir):

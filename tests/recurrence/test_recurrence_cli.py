@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from gencraft.cli.main import main
-from gencraft.experiments import reproduce
+from gencraft.studies.runner import reproduce
 
 TRAIN = [
     "recurrence",

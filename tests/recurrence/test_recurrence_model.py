@@ -146,7 +146,7 @@ def test_checkpointing_gives_the_same_loss_and_gradients():
 
 
 def _saved_bytes(m: RecurrentLM, ids: torch.Tensor) -> int:
-    from gencraft.timing import saved_tensor_bytes
+    from gencraft.studies.timing import saved_tensor_bytes
 
     return saved_tensor_bytes(lambda: m(ids, return_logits=False).loss)
 

@@ -213,7 +213,7 @@ def test_js_divergence_and_refusals():
 
 
 def test_the_cad_speed_benchmark_runs_at_tiny_scale(shared_data, tmp_path):
-    from gencraft.experiments import reproduce
+    from gencraft.studies.runner import reproduce
 
     report = reproduce(
         "search-cad-speed", scale="tiny", output=tmp_path, overrides={"data_dir": str(shared_data)}
@@ -276,7 +276,7 @@ def test_fame_plus_cad_keeps_fame_s_source_state(alpha):
 
 
 def test_focus_vs_cad_runs_at_tiny_scale(shared_data, tmp_path):
-    from gencraft.experiments import reproduce
+    from gencraft.studies.runner import reproduce
 
     report = reproduce(
         "focus-vs-cad", scale="tiny", output=tmp_path, overrides={"data_dir": str(shared_data)}
@@ -294,9 +294,9 @@ def test_focus_generate_with_cad_alpha_is_cad_beam_search(shared_data, capsys):
     """``focus generate --cad-alpha``: each document's summary is focus-vs-cad's CAD beam
     search (the model against itself on an empty source), batches as one process cuts them."""
     from gencraft.cli.main import main
-    from gencraft.comparisons import FocusCadSettings, cad_summaries
     from gencraft.data import load_summarization
     from gencraft.models import load_model
+    from gencraft.studies.focus_vs_cad import FocusCadSettings, cad_summaries
 
     args = ["focus", "generate", "tiny-llama", "--limit", "3", "--batch-size", "2"]
     args += ["--max-new-tokens", "4", "--max-source", "24", "--num-beams", "2"]

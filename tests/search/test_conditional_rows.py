@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-import gencraft.search.experiments as ex
-from gencraft.experiments import experiments, reproduce
+import gencraft.studies.search_conditional as ex
 from gencraft.models import load_model
 from gencraft.search.prompts import instruction_references, instruction_texts
+from gencraft.studies.runner import experiments, reproduce
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 
 from gencraft.errors import GencraftError
 from gencraft.metrics.stats import paired_comparison, sign_test, wilson_interval
-from gencraft.search.experiments import (
+from gencraft.studies.search_conditional import (
     _degenerate_lines,
     _pooled_length_lines,
     degenerate_tests,

@@ -326,7 +326,7 @@ def test_length_study_compares_log_p_under_the_model_not_the_search_objective(tm
     from types import SimpleNamespace
 
     from gencraft.models import load_model
-    from gencraft.search.experiments import _length_study, length_wins
+    from gencraft.studies.search_conditional import _length_study, length_wins
 
     model, tok = load_model("tiny-llama")
     clf = classifier_for(model, "length", d_clf=24, num_heads=4).eval()
@@ -378,7 +378,7 @@ def test_a_stopped_degenerate_study_resumes_at_its_first_missing_batch(tmp_path)
     from types import SimpleNamespace
 
     from gencraft.models import load_model
-    from gencraft.search.experiments import _degenerate_study
+    from gencraft.studies.search_conditional import _degenerate_study
 
     model, tok = load_model("tiny-llama")
     clf = classifier_for(model, "degenerate", d_clf=24, num_heads=4).eval()
@@ -438,8 +438,8 @@ def test_sampling_in_chunks_draws_what_one_pass_draws():
 def test_the_study_resumes_sampling_at_its_first_unsampled_chunk(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    import gencraft.search.experiments as ex
     import gencraft.search.train as train
+    import gencraft.studies.search_conditional as ex
     from gencraft.models import load_model
 
     model, tok = load_model("tiny-llama")
@@ -537,7 +537,7 @@ def test_a_trained_classifier_is_kept_in_its_dtype_and_not_trained_again(tmp_pat
     from safetensors import safe_open
 
     from gencraft.models import load_model
-    from gencraft.search.experiments import kept_classifier
+    from gencraft.studies.search_conditional import kept_classifier
 
     model, _ = load_model("tiny-llama")
     calls = []
@@ -571,7 +571,7 @@ def test_a_trained_classifier_is_kept_in_its_dtype_and_not_trained_again(tmp_pat
 def test_a_kept_classifier_runs_where_the_model_runs(tmp_path):
     """Loaded from its files on the CPU, the kept classifier moves to the model's device."""
     from gencraft.models import load_model
-    from gencraft.search.experiments import kept_classifier
+    from gencraft.studies.search_conditional import kept_classifier
 
     model, _ = load_model("tiny-llama")
     model = model.to("cuda")
@@ -582,7 +582,7 @@ def test_a_kept_classifier_runs_where_the_model_runs(tmp_path):
 def test_a_bad_kept_dtype_stops_before_the_model_loads(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    import gencraft.search.experiments as ex
+    import gencraft.studies.search_conditional as ex
 
     monkeypatch.setattr(ex, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
     args = SimpleNamespace(kept_dtype="float8", model="tiny-llama", work_dir=str(tmp_path))
@@ -598,7 +598,7 @@ def test_reproduce_search_conditional_reports_both_studies_and_resumes(
     import json
 
     import gencraft.search.train as train
-    from gencraft.experiments import reproduce
+    from gencraft.studies.runner import reproduce
 
     kw = dict(scale="tiny", output=tmp_path, overrides={"data_dir": str(shared_data)})
     report = reproduce("search-conditional", **kw).read_text()

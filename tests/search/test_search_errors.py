@@ -343,7 +343,7 @@ def test_cli_passes_the_seed_flag_through(capsys, monkeypatch):
 
 
 def test_reproduce_search_errors_reports_both_tasks_and_resumes(shared_data, tmp_path):
-    from gencraft.experiments import reproduce
+    from gencraft.studies.runner import reproduce
 
     kw = dict(scale="tiny", output=tmp_path, overrides={"data_dir": str(shared_data)})
     report = reproduce("search-errors", **kw).read_text()
@@ -379,7 +379,7 @@ def test_reproduce_search_errors_reports_both_tasks_and_resumes(shared_data, tmp
 def test_reproduce_search_errors_can_leave_exact_search_unseeded(
     shared_data, tmp_path, monkeypatch
 ):
-    from gencraft.experiments import reproduce
+    from gencraft.studies.runner import reproduce
 
     seen = _spy_seed(monkeypatch)
     overrides = {"data_dir": str(shared_data), "seed_bound": False, "max_nodes": 1, "budgets": (1,)}

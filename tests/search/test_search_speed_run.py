@@ -5,16 +5,10 @@ from __future__ import annotations
 
 import json
 
-from gencraft.experiments import reproduce
 from gencraft.models import load_model
-from gencraft.search.experiments import (
-    SpeedSettings,
-    _batched,
-    _generate_beams,
-    _our_beams,
-    _prompts,
-    _same,
-)
+from gencraft.studies.runner import reproduce
+from gencraft.studies.search_inputs import batched, instruction_prompts
+from gencraft.studies.search_speed import SpeedSettings, _generate_beams, _our_beams, _same
 
 
 def test_rounds_compare_every_prompt_with_generate(shared_data, tmp_path):
@@ -29,7 +23,9 @@ def test_rounds_compare_every_prompt_with_generate(shared_data, tmp_path):
 def test_the_comparison_refuses_outputs_that_differ(shared_data):
     s = SpeedSettings(model="tiny-llama", prompts=3, batch_size=2, new_tokens=6)
     model, tok = load_model(s.model)
-    batches = _batched(model, tok, _prompts(tok, s.prompts, str(shared_data)), s.batch_size)
+    batches = batched(
+        model, tok, instruction_prompts(tok, s.prompts, str(shared_data)), s.batch_size
+    )
     assert [ids.shape[0] for ids, _ in batches] == [2, 1]
     eos = model.generation_config.eos_token_id
     eos = eos if isinstance(eos, int) else eos[0]

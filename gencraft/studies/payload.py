@@ -248,7 +248,7 @@ def campaign_entries(
     claims: tuple[str, ...], scale: str, data_dir: Path, campaign: Path | None
 ) -> list[Entry]:
     """Everything the claims' runs at campaign ``scale`` read: weights, data and state."""
-    from gencraft.campaign import CLAIMS, run_states
+    from gencraft.studies.campaign import CLAIMS, run_states
 
     unknown = [c for c in claims if c not in CLAIMS]
     if unknown:

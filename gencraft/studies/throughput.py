@@ -1,7 +1,7 @@
 """``gencraft reproduce throughput``: every batched decoder against the same decoder's loop over
 single inputs and against its peer in ``transformers``, at several batch sizes, interleaved in
-one process (:func:`gencraft.timing.interleaved`: each case paired with an adjacent run of the
-batched decoder, so the load of a shared machine cancels in the ratios).
+one process (:func:`gencraft.studies.timing.interleaved`: each case paired with an adjacent run
+of the batched decoder, so the load of a shared machine cancels in the ratios).
 
 Decoders (one row each per batch size b; the first b inputs):
 
@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from gencraft.experiments import ExperimentRun, machine, register, settings_field
+from gencraft.studies.runner import ExperimentRun, machine, register, settings_field
 
 DECODERS = ("beam", "conditional", "exact", "sundae", "mask-predict", "hso")
 #: run only when named: b copies of the model's weights and their gradients in memory
@@ -59,7 +59,7 @@ class ThroughputSettings:
 def peak_memory_bytes(fn: Any, device: torch.device) -> int | None:
     """Peak memory of one call of ``fn``: CUDA's allocator peak above the start, or on the CPU
     the process's peak resident set (Linux: reset through /proc/self/clear_refs first)."""
-    from gencraft.timing import cuda_peak_bytes
+    from gencraft.studies.timing import cuda_peak_bytes
 
     if device.type == "cuda":
         return cuda_peak_bytes(fn)
@@ -212,7 +212,7 @@ def _dynamic_eval_cases(model: Any, seqs: torch.Tensor) -> dict[str, Any]:
     time; the peer is the plain model's forward."""
     from gencraft.hso.config import DynamicEvalConfig
     from gencraft.hso.dynamic import dynamic_eval_last_logits, dynamically_evaluated
-    from gencraft.hso.experiments import FewShotSettings
+    from gencraft.studies.hso import FewShotSettings
 
     few = FewShotSettings()
     cfg = DynamicEvalConfig(window=few.hso_window, lr=few.de_lr)
@@ -400,7 +400,7 @@ def _context(s: ThroughputSettings) -> dict[str, Any]:
 
 
 def _measure(s: ThroughputSettings, name: str, b: int, ctx: dict) -> dict[str, Any]:
-    from gencraft.timing import interleaved
+    from gencraft.studies.timing import interleaved
 
     nar = name in ("sundae", "mask-predict")
     spec = _nar_cases(s, name, b, ctx) if nar else _lm_cases(s, name, b, ctx)

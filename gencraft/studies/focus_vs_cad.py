@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gencraft.experiments import ExperimentRun, register, settings_field
+from gencraft.studies.runner import ExperimentRun, register, settings_field
 
 #: the systems in report order: (name, FAME model?, CAD?)
 SYSTEMS = (

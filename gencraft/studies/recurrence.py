@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gencraft.experiments import ExperimentRun, kept_models, register, settings_field
 from gencraft.metrics.stats import decide
 from gencraft.recurrence.config import RecurrenceConfig, RecurrenceTrainConfig
 from gencraft.recurrence.evaluate import BLOCK, evaluate
 from gencraft.recurrence.train import train
+from gencraft.studies.runner import ExperimentRun, kept_models, register, settings_field
 from gencraft.training import FitConfig, load_run
 
 
@@ -274,11 +274,11 @@ def recurrence_speed_unit(s: RecurrenceSpeedSettings) -> dict:
     the same windows without it, interleaved; the bytes autograd saves against length."""
     import torch
 
-    from gencraft.experiments import machine
     from gencraft.models import load_model
     from gencraft.models.introspect import model_shape
     from gencraft.recurrence import RecurrentLM
-    from gencraft.timing import interleaved, saved_tensor_bytes
+    from gencraft.studies.runner import machine
+    from gencraft.studies.timing import interleaved, saved_tensor_bytes
     from gencraft.utils import default_device
 
     if s.threads:

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from gencraft.errors import ConfigError
-from gencraft.experiments import ExperimentRun, register, settings_field
 from gencraft.extras import require
+from gencraft.studies.runner import ExperimentRun, register, settings_field
 from gencraft.utils import default_device
 
 #: variant -> (training method, PrefixConfig fields); "lower" = the paper's 7-of-12 split
@@ -453,8 +453,8 @@ def prefix_speed_unit(s: PrefixSpeedSettings) -> dict[str, Any]:
     in one process; dense prefixes' generate against the base model's."""
     import torch
 
-    from gencraft.experiments import machine
-    from gencraft.timing import cuda_peak_bytes, interleaved, saved_tensor_bytes
+    from gencraft.studies.runner import machine
+    from gencraft.studies.timing import cuda_peak_bytes, interleaved, saved_tensor_bytes
 
     if s.threads:
         torch.set_num_threads(s.threads)
@@ -507,7 +507,7 @@ def _generate_rows(s: PrefixSpeedSettings, dense: Any, ids, mask) -> dict[str, d
     import torch
 
     from gencraft.models import load_model
-    from gencraft.timing import interleaved
+    from gencraft.studies.timing import interleaved
 
     dense = dense.eval()
     base, _ = load_model(s.model)

@@ -21,13 +21,6 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gencraft.experiments import (
-    ExperimentRun,
-    kept_models,
-    register,
-    runs_by_settings,
-    settings_field,
-)
 from gencraft.nar.config import ConvertConfig, NARTrainConfig, ObjectiveConfig, SamplingConfig
 from gencraft.nar.evaluate import (
     decode_rows,
@@ -37,6 +30,13 @@ from gencraft.nar.evaluate import (
     task_inputs,
 )
 from gencraft.nar.train import train
+from gencraft.studies.runner import (
+    ExperimentRun,
+    kept_models,
+    register,
+    runs_by_settings,
+    settings_field,
+)
 from gencraft.training import FitConfig, load_run
 
 #: name -> (objective, convert settings, decoding method)
@@ -533,8 +533,8 @@ def nar_speed_unit(s: NARSpeedSettings) -> dict[str, Any]:
     output ``s.length`` tokens long, interleaved in one process."""
     import torch
 
-    from gencraft.experiments import machine
-    from gencraft.timing import interleaved
+    from gencraft.studies.runner import machine
+    from gencraft.studies.timing import interleaved
 
     if s.threads:
         torch.set_num_threads(s.threads)

@@ -13,7 +13,7 @@ from gencraft.errors import GencraftError
 
 def cmd_reproduce(args: argparse.Namespace, extra: list[str]) -> None:
     from gencraft.cli.evaluate import format_table
-    from gencraft.experiments import experiments, get_experiment, reproduce
+    from gencraft.studies.runner import experiments, get_experiment, reproduce
 
     if args.name == "claims":
         cmd_claims(args, extra)
@@ -138,8 +138,8 @@ class VerdictCommand:
 
 def cmd_verdict(args: argparse.Namespace) -> None:
     from gencraft.cli.evaluate import format_table
-    from gencraft.experiments import folder_verdicts
     from gencraft.metrics.stats import verdict_cells
+    from gencraft.studies.runner import folder_verdicts
 
     got = folder_verdicts(args.folders, args.data_dir)
     runs = f"{len(args.folders)} run{'s' if len(args.folders) > 1 else ''}"
@@ -195,7 +195,7 @@ def benchmark_main(doc: str, commands: dict[str, str], argv: list[str] | None = 
 
     from gencraft.cli.flags import add_dataclass_arguments, dataclass_from_args
     from gencraft.cli.options import RunOptions
-    from gencraft.experiments import get_experiment, reproduce
+    from gencraft.studies.runner import get_experiment, reproduce
 
     ap = argparse.ArgumentParser(description=doc.strip().splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)

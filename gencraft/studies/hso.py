@@ -25,7 +25,6 @@ import torch
 
 from gencraft.data import stream_articles, subword_stream
 from gencraft.errors import GencraftError
-from gencraft.experiments import ExperimentRun, register, settings_field
 from gencraft.hso.config import DynamicEvalConfig, HSOConfig
 from gencraft.hso.dynamic import dynamic_eval_nll
 from gencraft.hso.fewshot import (
@@ -42,7 +41,8 @@ from gencraft.metrics.lm import stream_perplexities
 from gencraft.metrics.stats import compare_paired, decide, holm, p_text, sign_test
 from gencraft.metrics.text import bootstrap_mean
 from gencraft.models import load_model
-from gencraft.timing import running_clock
+from gencraft.studies.runner import ExperimentRun, register, settings_field
+from gencraft.studies.timing import running_clock
 from gencraft.utils import default_device
 
 #: Table 3.3's rows (thesis values: GPT-2 345M, PG-19 validation), as HSOConfig overrides

@@ -22,12 +22,12 @@ from typing import Any
 
 import torch
 
-from gencraft.experiments import ExperimentRun, kept_models, register, settings_field
 from gencraft.metrics.stats import compare_paired, holm, p_text
 from gencraft.pointer.evaluate import evaluate
 from gencraft.pointer.lstm import PointerSentinelLSTM
 from gencraft.pointer.train import PointerTrainer, TrainConfig, preset_k1
-from gencraft.timing import running_clock
+from gencraft.studies.runner import ExperimentRun, kept_models, register, settings_field
+from gencraft.studies.timing import running_clock
 
 
 @dataclass

@@ -23,12 +23,12 @@ from typing import Any, NamedTuple
 import torch
 
 from gencraft.data import load_summarization
-from gencraft.experiments import ExperimentRun, machine, register, settings_field
 from gencraft.focus.data import SummaryEncoder, collate
 from gencraft.focus.model import FocusForConditionalGeneration
 from gencraft.metrics.stats import decide
 from gencraft.models import load_model
-from gencraft.timing import running_clock
+from gencraft.studies.runner import ExperimentRun, machine, register, settings_field
+from gencraft.studies.timing import running_clock
 from gencraft.utils import default_device
 
 _DEVICE = default_device()

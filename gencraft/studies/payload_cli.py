@@ -1,5 +1,5 @@
 """``gencraft pack`` and ``gencraft unpack``: a campaign's weights, data and state in
-checksummed pieces for an offline GPU machine (see :mod:`gencraft.payload`)."""
+checksummed pieces for an offline GPU machine (see :mod:`gencraft.studies.payload`)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class UnpackCommand:
 def cmd_pack(args: argparse.Namespace) -> None:
     from gencraft.data.sources import configured_data_dir
     from gencraft.errors import GencraftError
-    from gencraft.payload import campaign_entries, pack
+    from gencraft.studies.payload import campaign_entries, pack
 
     data = configured_data_dir(args.data_dir)
     if data is None:
@@ -56,7 +56,7 @@ def cmd_pack(args: argparse.Namespace) -> None:
 
 
 def cmd_unpack(args: argparse.Namespace) -> None:
-    from gencraft.payload import unpack
+    from gencraft.studies.payload import unpack
 
     campaign = Path(args.campaign) if args.campaign else None
     r = unpack(Path(args.src), Path(args.into), campaign)

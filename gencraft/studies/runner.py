@@ -33,23 +33,27 @@ import torch
 
 from gencraft.config import option
 from gencraft.errors import GencraftError
-from gencraft.timing import running_clock
+from gencraft.studies.timing import running_clock
 from gencraft.training.checkpoint import CHECKPOINT_DIR
 from gencraft.training.fit import STOPPED_BY_CALLBACK, StepState, TrainerCallback
 from gencraft.training.state import write_json
 
-#: modules whose import registers experiments (one per method; new methods add theirs)
+#: modules whose import registers experiments (one per study; a new study adds its own)
 EXPERIMENT_MODULES = (
-    "gencraft.search.experiments",
-    "gencraft.pointer.experiments",
-    "gencraft.focus.experiments",
-    "gencraft.prefix.experiments",
-    "gencraft.hso.experiments",
-    "gencraft.recurrence.experiments",
-    "gencraft.nar.experiments",
-    "gencraft.comparisons",
-    "gencraft.throughput",  # every decoder batched against its loop and its peer
-    "gencraft.campaign",  # the trained methods' claims in a time budget
+    "gencraft.studies.search_speed",
+    "gencraft.studies.search_empty",
+    "gencraft.studies.search_errors",
+    "gencraft.studies.search_conditional",
+    "gencraft.studies.search_mbr",
+    "gencraft.studies.pointer",
+    "gencraft.studies.focus",
+    "gencraft.studies.prefix",
+    "gencraft.studies.hso",
+    "gencraft.studies.recurrence",
+    "gencraft.studies.nar",
+    "gencraft.studies.focus_vs_cad",
+    "gencraft.studies.throughput",  # every decoder batched against its loop and its peer
+    "gencraft.studies.campaign",  # the trained methods' claims in a time budget
 )
 SCALES = ("tiny", "cpu", "gpu")
 #: settings that say where things are or how long to run, not what is computed: a run resumes
@@ -154,11 +158,11 @@ class Experiment:
     verdict: Callable[[Any, dict[str, Any]], list[dict[str, Any]]] | None = None
     #: settings besides VOLATILE that a resumed run may change
     volatile: tuple[str, ...] = ()
-    #: its units may be shared among accelerate's processes (:mod:`gencraft.experiment_shards`):
+    #: its units may be shared among accelerate's processes (:mod:`gencraft.studies.shards`):
     #: all its costly work is in units, and no unit calls a collective
     shardable: bool = False
-    #: a run holds its folder, one process at a time (:mod:`gencraft.folder_lock`); False for
-    #: a coordinator whose runs hold their own folders (the campaign)
+    #: a run holds its folder, one process at a time (:mod:`gencraft.training.folder_lock`);
+    #: False for a coordinator whose runs hold their own folders (the campaign)
     exclusive: bool = True
     #: unit key -> what it leaves for later units (:class:`Kept`), from the settings
     kept: Callable[[Any], dict[str, Kept]] | None = None
@@ -434,7 +438,7 @@ class ExperimentRun:
             self.parts = saved.get("unit_parts", {})
             self.progress = saved.get("unit_progress", {})
             self.earlier = saved.get("units_earlier", {})
-        from gencraft.experiment_shards import load_unit_files
+        from gencraft.studies.shards import load_unit_files
 
         load_unit_files(self, set(VOLATILE) | set(experiment.volatile))  # a sharded run's
         self.shard: Any = None  # set during a sharded run's passes
@@ -484,7 +488,7 @@ class ExperimentRun:
         steps left, and under a budget it stops, saved, before a step that would end after the
         deadline (:class:`OutOfTime` inside the unit)."""
         if key not in self.units and self.shard is not None:
-            from gencraft.experiment_shards import shard_unit
+            from gencraft.studies.shards import shard_unit
 
             return shard_unit(self, key, (lambda: compute(())) if resumes else compute)
         if key not in self.units:
@@ -708,7 +712,7 @@ def reproduce(
     """Run experiment ``name`` at ``scale`` into ``output`` (default
     ``outputs/reproduce/NAME-SCALE``), resuming what an earlier run there finished; returns
     the path of ``report.md``. Another process working in ``output`` is refused
-    (:class:`~gencraft.folder_lock.FolderInUse`) before anything is read or cleared."""
+    (:class:`~gencraft.training.folder_lock.FolderInUse`) before anything is read or cleared."""
     from gencraft import distributed
 
     exp = get_experiment(name)
@@ -730,7 +734,7 @@ def reproduce(
         run = ExperimentRun(out, exp, settings, scale)
         t0 = running_clock()
         if processes > 1:
-            from gencraft.experiment_shards import sharded_passes
+            from gencraft.studies.shards import sharded_passes
 
             writes, _ = sharded_passes(exp, settings, run)
             if not writes:  # the main process writes the report
@@ -795,10 +799,10 @@ def _verdict_table(exp: Experiment, settings: Any, run: ExperimentRun) -> None:
 
 @contextlib.contextmanager
 def _working_in(out: Path, exp: Experiment) -> Iterator[None]:
-    """Hold ``out`` while ``exp`` works there (:mod:`gencraft.folder_lock`): process 0 holds it
-    for a launch's processes, which share it; a coordinator (the campaign) does not."""
+    """Hold ``out`` while ``exp`` works there (:mod:`gencraft.training.folder_lock`): process 0
+    holds it for a launch's processes, which share it; a coordinator (the campaign) does not."""
     from gencraft import distributed
-    from gencraft.folder_lock import folder_lock
+    from gencraft.training.folder_lock import folder_lock
 
     if not exp.exclusive or not distributed.is_main():
         yield
@@ -811,7 +815,7 @@ def _clear(out: Path) -> None:
     """Remove what ``out`` holds but its lock (``--restart``)."""
     import shutil
 
-    from gencraft.folder_lock import LOCK_NAME
+    from gencraft.training.folder_lock import LOCK_NAME
 
     for path in out.iterdir():
         if path.is_dir() and not path.is_symlink():

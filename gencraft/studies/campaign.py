@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from gencraft.errors import GencraftError
-from gencraft.experiments import (
+from gencraft.metrics.stats import verdict_cells
+from gencraft.studies.runner import (
     Clock,
     ExperimentRun,
     OutOfTime,
@@ -41,9 +42,8 @@ from gencraft.experiments import (
     time_budget,
     units_left,
 )
-from gencraft.folder_lock import FolderInUse, read_holder
-from gencraft.metrics.stats import verdict_cells
-from gencraft.timing import running_clock
+from gencraft.studies.timing import running_clock
+from gencraft.training.folder_lock import FolderInUse, read_holder
 
 #: the claims in the order of their value per minute
 CLAIM_ORDER = ("hso-fewshot", "recurrence", "fame", "rum-sundae", "dasp")
@@ -286,7 +286,7 @@ def _placed(settings: type, folder: Path, data_dir: str | None) -> dict[str, Any
 
 def plan_rows(s: CampaignSettings, scale: str, root: Path) -> list[dict[str, Any]]:
     """One row per run: units done and left, and the minutes left by the estimates
-    (:func:`~gencraft.experiments.estimate_left` over the run and the claim's other runs, else
+    (:func:`~gencraft.studies.runner.estimate_left` over the run and the claim's other runs, else
     the claim's per-unit estimate, at the share of a unit's work not yet saved), cumulated in
     order, and whether the run would start within ``s.minutes``."""
     rows, total = [], 0.0

@@ -101,7 +101,7 @@ def unit_file(directory: Path, shard: Shard) -> Path:
 def shard_unit(run: Any, key: str, compute: Any) -> Any:
     """:meth:`ExperimentRun.unit` for an unfinished unit in a pass: computed and kept if this
     process owns it, else a :class:`Pending`."""
-    from gencraft.timing import running_clock
+    from gencraft.studies.timing import running_clock
     from gencraft.training.state import write_json
 
     shard = run.shard
