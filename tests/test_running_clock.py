@@ -17,8 +17,8 @@ import time
 import pytest
 import torch
 
-from gencraft.studies import timing
 from gencraft.errors import GencraftError
+from gencraft.studies import timing
 from gencraft.studies.campaign import CampaignSettings
 from gencraft.studies.runner import ExperimentRun, get_experiment
 from gencraft.training import FitConfig, fit

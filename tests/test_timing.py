@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gencraft.studies import timing
 from gencraft.errors import GencraftError
+from gencraft.studies import timing
 
 
 class FakeClock:

@@ -101,11 +101,8 @@ def _summaries(
     announce(f"focus {decode.decoding}", len(docs), args.batch_size)
 
     def batch(indices: list[int]) -> list[list[str]]:
-        if decode.cad_alpha is not None:  # CAD's beam search (gencraft.studies.focus_vs_cad)
-            return [
-                [t]
-                for t in _cad_batch(model, tok, [docs[i].document for i in indices], decode, args)
-            ]
+        if decode.cad_alpha is not None:  # CAD's beam search, as focus-vs-cad decodes
+            return [[s] for s in _cad_batch(model, tok, [docs[i].document for i in indices], args)]
         groups = summarize(
             model,
             tok,
@@ -140,28 +137,29 @@ def _summaries(
     return docs, groups
 
 
+def _cad_batch(model: Any, tok: Any, texts: list[str], args: argparse.Namespace) -> list[str]:
+    """One batch's CAD summaries (:func:`cad_summaries`), from the command's plain values."""
+    import torch
+
+    with torch.no_grad():
+        return cad_summaries(
+            model.eval(),
+            tok,
+            texts,
+            num_beams=args.num_beams,
+            max_source=args.max_source,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=len(texts),
+            cad_alpha=args.cad_alpha,
+        )
+
+
 def _mbr_first(groups: list[list[str]], utility: str) -> list[list[str]]:
     """Each document's summaries with MBR's choice among them moved first (the prediction)."""
     from gencraft.metrics.mbr import mbr_select
 
     best = mbr_select(groups, utility).index
     return [[g[i], *g[:i], *g[i + 1 :]] for g, i in zip(groups, best, strict=True)]
-
-
-def _cad_batch(model: Any, tok: Any, texts: list[str], decode: Any, args: argparse.Namespace):
-    """One batch's CAD summaries: the beam search of focus-vs-cad, the same settings."""
-    import torch
-
-    from gencraft.studies.focus_vs_cad import FocusCadSettings, cad_summaries
-
-    s = FocusCadSettings(
-        num_beams=args.num_beams,
-        max_source=decode.max_source,
-        max_target=args.max_new_tokens,
-        eval_batch_size=len(texts),
-    )
-    with torch.no_grad():
-        return cad_summaries(model.eval(), tok, texts, cad_alpha=decode.cad_alpha, s=s)
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -280,3 +278,56 @@ def add_parser(sub: Any, add_data_dir: Any) -> None:
         add_data_dir(g)
         suffix = (".jsonl",) if name == "generate" else (".json",)
         g.set_defaults(func=func, output_kind="file", output_suffixes=suffix)
+
+
+def cad_summaries(
+    model: Any,
+    tok: Any,
+    docs: list[str],
+    *,
+    num_beams: int,
+    max_source: int,
+    max_new_tokens: int,
+    batch_size: int,
+    cad_alpha: float | None = None,
+) -> list[str]:
+    """Beam-search summaries of ``docs`` (gencraft's beam search, ``generate``'s defaults:
+    length penalty 1, no early stopping), plain (``cad_alpha`` None) or with CAD by two
+    streams, whose context-free stream is the same model's base (FAME's without the focus
+    bias) on the empty source (the tokenizer's encoding of ``""``, or EOS)."""
+    from gencraft.focus.data import SummaryEncoder, collate
+    from gencraft.models.cad import CADSettings, ContrastStepper, context_free_inputs
+    from gencraft.models.stepping import HFStepper
+    from gencraft.search import beam_search_batch
+
+    cad = None if cad_alpha is None else CADSettings(cad_alpha)
+    base = getattr(model, "base", model)
+    ed = bool(base.config.is_encoder_decoder)  # a causal LM's prompts pad on the left
+    enc = SummaryEncoder(tok, ed, max_source=max_source)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else enc.eos_id
+    kw = dict(max_new_tokens=max_new_tokens)
+    out = []
+    for i in range(0, len(docs), batch_size):
+        chunk = docs[i : i + batch_size]
+        batch = collate(
+            [{"input_ids": enc.encode(d)["input_ids"]} for d in chunk], pad, left=not ed
+        )
+        stepper: Any = HFStepper(
+            model, batch["input_ids"], attention_mask=batch["attention_mask"], **kw
+        )
+        if cad is not None:
+            empty = [enc.encode("")["input_ids"]] * len(chunk)
+            ids, mask = context_free_inputs(empty, pad, left=not ed, empty=enc.eos_id)
+            plain = HFStepper(base, ids, attention_mask=mask, **kw)
+            # FAME's own state stays out of the context-free stream's calls of its base
+            stepper = ContrastStepper(stepper, plain, cad, getattr(model, "bypassed", None))
+        hyps = beam_search_batch(
+            stepper,
+            num_beams=num_beams,
+            eos_token_id=enc.eos_id,
+            length_penalty=1.0,
+            early_stopping=False,
+            **kw,
+        )
+        out += [tok.decode(h[0].tokens, skip_special_tokens=True).strip() for h in hyps]
+    return out

@@ -27,15 +27,14 @@ when the batch is padded.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from gencraft.config import check_cad_alpha
 from gencraft.errors import GencraftError
 from gencraft.models.attention import attention_context, current_context
 from gencraft.models.compat import (
@@ -375,98 +374,6 @@ class HFStepper:
         """Rows ``index`` [N'] of ``cache`` (repeats allowed), as a cache of N' rows."""
         cache.reorder_cache(index.to(self.device))
         return cache
-
-
-#: log p the context-free stream gives a token it rules out (-inf), so -α·log p stays finite
-_RULED_OUT = -1e4
-
-
-def js_divergence(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """[N]: the Jensen-Shannon divergence, in bits (so in [0, 1]), between the distributions
-    of the log-probabilities ``a`` and ``b`` [N, V]."""
-    pa, pb = a.exp(), b.exp()
-    m = (0.5 * (pa + pb)).clamp_min(1e-30).log()
-    kl_a = torch.where(pa > 0, pa * (a - m), 0.0).sum(-1)
-    kl_b = torch.where(pb > 0, pb * (b - m), 0.0).sum(-1)
-    return (0.5 * (kl_a + kl_b) / torch.log(torch.tensor(2.0))).clamp(0.0, 1.0)
-
-
-def contrast(
-    with_context: torch.Tensor, without: torch.Tensor, alpha: float, adaptive: bool = False
-) -> torch.Tensor:
-    """[N, V]: log_softmax((1 + α)·a − α·b) of the two streams' log-probabilities a, b [N, V],
-    α fixed or (``adaptive``) each row's :func:`js_divergence` of a and b."""
-    if adaptive:
-        a = js_divergence(with_context, without)[:, None]
-    else:
-        a = torch.tensor(alpha, device=with_context.device)
-    mixed = (1 + a) * with_context - a * without.clamp_min(_RULED_OUT)
-    return torch.log_softmax(mixed, dim=-1)
-
-
-class ContrastStepper:
-    """Context-aware decoding's two streams as one ``Stepper`` (Shi et al. 2023): the same
-    hypotheses stepped with the context (``context``: its prompts, padding, positions and
-    cache) and without it (``plain``), and the next-token distribution
-
-        log_softmax((1 + α)·log p(y | c, x) − α·log p(y | x)),
-
-    with α fixed (``alpha``) or, ``adaptive``, each row's Jensen-Shannon divergence in bits
-    between the two distributions at that step (AdaCAD, Wang et al. 2024). Both caches are
-    stepped and reordered together; the cache is the pair. The hidden states and
-    ``prefix_ids`` (what logits processors see) are the context stream's. A token the
-    context-free stream rules out counts as log p = -10⁴ there."""
-
-    def __init__(
-        self,
-        context: HFStepper,
-        plain: HFStepper,
-        alpha: float = 0.5,
-        adaptive: bool = False,
-        plain_guard: Callable[[], AbstractContextManager] | None = None,
-    ) -> None:
-        if context.batch_size != plain.batch_size:
-            raise GencraftError(
-                f"the context-free stream holds {plain.batch_size} inputs, the context stream "
-                f"{context.batch_size}; give one context-free input per input"
-            )
-        if context.vocab_size != plain.vocab_size:
-            raise GencraftError("the two streams' models have different vocabularies")
-        if not adaptive:
-            check_cad_alpha(alpha, "cad alpha")
-        self.context, self.plain, self.alpha, self.adaptive = context, plain, alpha, adaptive
-        # around every call of the context-free stream: a method whose base both streams share
-        # keeps its own state out of it (FocusForConditionalGeneration.bypassed)
-        self.guard = plain_guard or nullcontext
-        self.batch_size, self.vocab_size = context.batch_size, context.vocab_size
-        self.device, self.hidden = context.device, context.hidden
-
-    def prefix_ids(self) -> torch.Tensor:
-        return self.context.prefix_ids()
-
-    def mix(self, with_context: torch.Tensor, without: torch.Tensor) -> torch.Tensor:
-        """[N, V]: the contrasted log-probabilities of the two streams' [N, V]."""
-        return contrast(with_context, without, self.alpha, self.adaptive)
-
-    def _both(self, a: StepOutput, b: StepOutput) -> StepOutput:
-        return StepOutput(self.mix(a.log_probs, b.log_probs), (a.cache, b.cache), a.hidden)
-
-    def start(self) -> StepOutput:
-        a = self.context.start()
-        with self.guard():
-            return self._both(a, self.plain.start())
-
-    def step(
-        self, tokens: torch.Tensor, cache: Any, rows: torch.Tensor | None = None
-    ) -> StepOutput:
-        a = self.context.step(tokens, cache[0], rows)
-        with self.guard():
-            return self._both(a, self.plain.step(tokens, cache[1], rows))
-
-    def reorder(self, cache: Any, index: torch.Tensor) -> Any:
-        with self.guard():
-            plain = self.plain.reorder(cache[1], index)
-        return self.context.reorder(cache[0], index), plain
 
 
 def _parts(cache: Any) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], Any]:

@@ -12,7 +12,7 @@ from torch import nn
 
 from gencraft.data.tasks import pick_examples, references_of, source_of, task_examples
 from gencraft.metrics import score_task
-from gencraft.models.contrast import paired_contrast_generate
+from gencraft.models.cad import CADSettings, context_free_inputs, paired_contrast_generate
 from gencraft.models.introspect import eos_ids, is_encoder_decoder, pad_id
 from gencraft.models.prompts import pad_batch
 from gencraft.prefix.data import SEPARATOR
@@ -48,9 +48,11 @@ def generate_outputs(
     there, and only a run of the same weights, sources and settings resumes them.
     ``cad_alpha``: context-aware decoding against the same model on the input without its
     source (the separator alone; an encoder-decoder's empty source), by paired rows
-    (:func:`gencraft.models.contrast.paired_contrast_generate`: both streams keep the
+    (:func:`gencraft.models.cad.paired_contrast_generate`: both streams keep the
     prefixes, each its own block tables)."""
     from gencraft.distributed import map_sharded
+
+    cad = None if cad_alpha is None else CADSettings(cad_alpha)  # refused before any work
 
     base = getattr(model, "base", model)
     ed = is_encoder_decoder(base)
@@ -67,11 +69,9 @@ def generate_outputs(
             ids = tokenizer(sources[i], add_special_tokens=False)["input_ids"][:max_source_tokens]
             rows.append({"input_ids": ids + end})
         batch = pad_batch(rows, pad, left=not ed)
-        free = None if cad_alpha is None else [{"input_ids": end} for _ in indices]
+        free = None if cad is None else [end] * len(indices)
         with torch.no_grad():
-            seq = _generate(
-                model, batch, free, pad, cad_alpha, dev, {"eos_token_id": eos, **kw_base}
-            )
+            seq = _generate(model, batch, free, pad, cad, dev, {"eos_token_id": eos, **kw_base})
         if not ed:
             seq = seq[:, batch["input_ids"].shape[1] :]
         return [t.strip() for t in tokenizer.batch_decode(seq, skip_special_tokens=True)]
@@ -88,9 +88,9 @@ def generate_outputs(
 def _generate(
     model: nn.Module,
     batch: dict,
-    free: list[dict] | None,
+    free: list[list[int]] | None,
     pad: int,
-    cad_alpha: float | None,
+    cad: CADSettings | None,
     dev: Any,
     kw: dict,
 ) -> torch.Tensor:
@@ -100,14 +100,14 @@ def _generate(
     ids, mask = batch["input_ids"].to(dev), batch["attention_mask"].to(dev)
     if free is None:
         return model.generate(input_ids=ids, attention_mask=mask, pad_token_id=pad, **kw)
-    neg = pad_batch(free, pad, left=not ed)
+    neg_ids, neg_mask = context_free_inputs(free, pad, left=not ed, empty=kw["eos_token_id"])
     return paired_contrast_generate(
         model.generate,
         ids,
         mask,
-        neg["input_ids"].to(dev),
-        neg["attention_mask"].to(dev),
-        cad_alpha=cad_alpha,
+        neg_ids.to(dev),
+        neg_mask.to(dev),
+        cad=cad,
         left_padding=not ed,
         pad_token_id=pad,
         **kw,

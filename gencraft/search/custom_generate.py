@@ -46,9 +46,10 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
+from gencraft.models.cad import CADSettings, ContrastStepper
 from gencraft.models.compat import given_cache
 from gencraft.models.introspect import eos_ids, pad_id
-from gencraft.models.stepping import ContrastStepper, HFStepper
+from gencraft.models.stepping import HFStepper
 from gencraft.search.beam import BeamResult, beam_search_tensors
 from gencraft.search.exact import ModeResult, exact_mode_batch
 
@@ -328,12 +329,13 @@ def context_aware(
 ) -> Any:
     """Context-aware decoding (CAD, Shi et al. 2023) as ``generate(custom_generate=...)``:
     greedy (``num_beams`` 1) or beam search over log_softmax((1 + α)·log p(y | c, x) −
-    α·log p(y | x)) (:class:`~gencraft.models.stepping.ContrastStepper`). The inputs of
+    α·log p(y | x)) by two streams (:class:`~gencraft.models.cad.ContrastStepper`). The inputs of
     ``generate`` are the context stream (prompt with its source); ``negative_input_ids``
     [B, P'] with ``negative_attention_mask`` are the context-free inputs, one per input (a
     causal LM's left-padded prompt without the source; an encoder-decoder's encoder input
     with an empty source). ``cad_alpha`` α >= 0; ``cad_adaptive`` takes α per row and step
     as the two distributions' Jensen-Shannon divergence in bits (AdaCAD)."""
+    cad = CADSettings(cad_alpha, cad_adaptive)
     if negative_input_ids is None:
         raise GencraftError(
             "context_aware needs negative_input_ids: the context-free inputs (the prompt "
@@ -347,7 +349,7 @@ def context_aware(
             attention_mask=negative_attention_mask,
             max_new_tokens=_max_new_tokens(generation_config, input_ids),
         )
-        return ContrastStepper(context, plain, cad_alpha, cad_adaptive)
+        return ContrastStepper(context, plain, cad)
 
     return _beam(
         "context_aware",

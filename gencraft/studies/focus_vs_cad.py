@@ -1,8 +1,8 @@
-"""Experiments that compare methods of different packages on one task (above the method
-packages, as the CLI is): ``focus-vs-cad``, FAME against context-aware decoding on XSum.
+"""``focus-vs-cad``, FAME against context-aware decoding on XSum.
 
 Four systems decode the same test documents with the same beam search
-(:func:`gencraft.search.beam_search_batch`, ``generate``'s defaults: length penalty 1, no early
+(:func:`gencraft.cli.focus.cad_summaries`: :func:`gencraft.search.beam_search_batch`,
+``generate``'s defaults: length penalty 1, no early
 stopping): the fine-tuned base, FAME, CAD on the base (α = ``cad_alpha``) and FAME + CAD. CAD's
 context-free stream is the model given an empty source (the encoder input of ``""``); for
 FAME + CAD that stream is FAME's base model without the focus bias (FAME's bias is computed
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -65,50 +64,6 @@ def _train(s: FocusCadSettings, name: str, out: Path) -> str:
     valid = load_summarization("xsum", "validation", s.data_dir)
     FocusTrainer(base, tok, train, valid, cfg, out / name, base_name_or_path=s.model).train()
     return str(out / name / "best")
-
-
-def cad_summaries(
-    model: Any, tok: Any, docs: list[str], *, cad_alpha: float | None, s: FocusCadSettings
-) -> list[str]:
-    """Beam-search summaries of ``docs``: plain (``cad_alpha`` None) or CAD, whose
-    context-free stream is the same model's base (FAME's without the focus bias) on ``""``."""
-    from gencraft.focus.data import SummaryEncoder, collate
-    from gencraft.models.stepping import ContrastStepper, HFStepper
-    from gencraft.search import beam_search_batch
-
-    base = getattr(model, "base", model)
-    ed = bool(base.config.is_encoder_decoder)  # a causal LM's prompts pad on the left
-    enc = SummaryEncoder(tok, ed, max_source=s.max_source)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else enc.eos_id
-    out = []
-    for i in range(0, len(docs), s.eval_batch_size):
-        chunk = docs[i : i + s.eval_batch_size]
-        rows = [{"input_ids": enc.encode(d)["input_ids"]} for d in chunk]
-        batch = collate(rows, pad, left=not ed)
-        kw = dict(max_new_tokens=s.max_target)
-        stepper: Any = HFStepper(
-            model, batch["input_ids"], attention_mask=batch["attention_mask"], **kw
-        )
-        if cad_alpha is not None:
-            # the empty source: the tokenizer's encoding of "" (its special tokens), or EOS
-            ids = enc.encode("")["input_ids"] or [enc.eos_id]
-            empty = collate([{"input_ids": ids}] * len(chunk), pad, left=not ed)
-            plain = HFStepper(
-                base, empty["input_ids"], attention_mask=empty["attention_mask"], **kw
-            )
-            # FAME's own state stays out of the context-free stream's calls of its base
-            guard = getattr(model, "bypassed", None)
-            stepper = ContrastStepper(stepper, plain, cad_alpha, plain_guard=guard)
-        hyps = beam_search_batch(
-            stepper,
-            num_beams=s.num_beams,
-            eos_token_id=enc.eos_id,
-            length_penalty=1.0,
-            early_stopping=False,
-            **kw,
-        )
-        out += [tok.decode(h[0].tokens, skip_special_tokens=True).strip() for h in hyps]
-    return out
 
 
 def _per_doc(preds: list[str], refs: list[str], docs: list[str]) -> dict[str, list[float]]:
@@ -169,6 +124,7 @@ def _differences(scores: dict[str, dict[str, list[float]]], keep: list[int]) -> 
 def focus_vs_cad(s: FocusCadSettings, run: ExperimentRun) -> None:
     """Train (or reuse) the base and FAME, decode the test documents four ways, and compare
     each with the base, paired by document, on all documents and on the no-conflict control."""
+    from gencraft.cli.focus import cad_summaries
     from gencraft.data import load_summarization
     from gencraft.focus.train import load_summarizer
 
@@ -188,7 +144,14 @@ def focus_vs_cad(s: FocusCadSettings, run: ExperimentRun) -> None:
             model, tok = load_summarizer(trained["fame" if fame else "baseline"])
             with torch.no_grad():
                 return cad_summaries(
-                    model.eval(), tok, docs, cad_alpha=s.cad_alpha if cad else None, s=s
+                    model.eval(),
+                    tok,
+                    docs,
+                    num_beams=s.num_beams,
+                    max_source=s.max_source,
+                    max_new_tokens=s.max_target,
+                    batch_size=s.eval_batch_size,
+                    cad_alpha=s.cad_alpha if cad else None,
                 )
 
         scores[name] = _per_doc(run.unit(f"decode {name}", decode), refs, docs)

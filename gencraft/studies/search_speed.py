@@ -183,11 +183,12 @@ def _cad_routes(model, tok, batches: list, s: CadSpeedSettings) -> dict[str, Any
     """The four searches timed, each over every batch ((ids, mask), (context-free ids, mask)):
     gencraft's beam search, plain and CAD (two steppers); transformers' beam search, plain and
     CAD by paired rows."""
-    from gencraft.models.contrast import paired_contrast_generate
+    from gencraft.models.cad import CADSettings, ContrastStepper, paired_contrast_generate
     from gencraft.models.introspect import pad_id
-    from gencraft.models.stepping import ContrastStepper, HFStepper
+    from gencraft.models.stepping import HFStepper
 
     kw = dict(num_beams=s.beams, max_new_tokens=s.new_tokens)
+    cad = CADSettings(s.cad_alpha)
     eos, pad = model.generation_config.eos_token_id, pad_id(model, tok)
 
     def plain_beam():
@@ -199,18 +200,18 @@ def _cad_routes(model, tok, batches: list, s: CadSpeedSettings) -> dict[str, Any
                 HFStepper(model, i, attention_mask=m, max_new_tokens=s.new_tokens)
                 for i, m in ((ids, mask), (nids, nmask))
             ]
-            beam_search_batch(ContrastStepper(*streams, s.cad_alpha), eos_token_id=eos, **kw)
+            beam_search_batch(ContrastStepper(*streams, cad), eos_token_id=eos, **kw)
 
-    def generate_beam(cad: bool):
+    def generate_beam(paired: bool):
         for (ids, mask), (nids, nmask) in batches:
-            if cad:
+            if paired:
                 paired_contrast_generate(
                     model.generate,
                     ids,
                     mask,
                     nids,
                     nmask,
-                    cad_alpha=s.cad_alpha,
+                    cad=cad,
                     left_padding=True,
                     pad_token_id=pad,
                     **kw,

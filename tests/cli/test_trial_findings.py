@@ -42,11 +42,11 @@ def test_cad_alpha_inf_is_refused_in_one_line_everywhere(argv, capsys):
 
 
 def test_the_library_refuses_an_infinite_cad_weight():
-    from gencraft.models.contrast import PairedContrast
+    from gencraft.models.cad import CADSettings
 
     with pytest.raises(GencraftError, match="finite"):
-        PairedContrast(float("inf"))
-    PairedContrast(float("inf"), adaptive=True)  # the weight is each row's own: not read
+        CADSettings(float("inf"))
+    CADSettings(float("inf"), adaptive=True)  # the weight is each row's own: not read
 
 
 def test_a_typed_newline_in_the_template_is_a_newline(monkeypatch, capsys):

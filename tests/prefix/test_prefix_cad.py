@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import LogitsProcessor
 
-from gencraft.models.contrast import paired_contrast_generate
+from gencraft.models.cad import CADSettings, paired_contrast_generate
 from gencraft.models.tiny import build_tiny_model
 from gencraft.prefix import PrefixConfig, PrefixModel
 from tests.search.test_batch import SETTINGS
@@ -97,7 +97,7 @@ def _decode(model, name, rows, alpha, **kw):
             model.generate,
             *ctx,
             *free,
-            cad_alpha=alpha,
+            cad=CADSettings(alpha),
             left_padding=left,
             pad_token_id=PAD,
             eos_token_id=EOS,
@@ -183,7 +183,7 @@ def test_cli_eval_and_generate_take_cad_alpha(tmp_path, capsys, shared_data):
             ctx["attention_mask"],
             free["input_ids"],
             free["attention_mask"],
-            cad_alpha=10.0,
+            cad=CADSettings(10.0),
             left_padding=True,
             pad_token_id=PAD,
             eos_token_id=EOS,

@@ -14,7 +14,7 @@ import torch
 from recording_bar import RecordingBar
 
 from gencraft.models import load_model
-from gencraft.models.contrast import paired_contrast_generate
+from gencraft.models.cad import CADSettings, paired_contrast_generate
 from gencraft.prefix import PrefixConfig, PrefixModel
 from gencraft.prefix.data import SEPARATOR
 
@@ -61,7 +61,7 @@ def _alone(model, tok, source: str, cad_alpha=None, **kw) -> str:
                 torch.ones_like(x),
                 free,
                 torch.ones_like(free),
-                cad_alpha=cad_alpha,
+                cad=CADSettings(cad_alpha),
                 left_padding=not ed,
                 **kw,
             )

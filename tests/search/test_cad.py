@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gencraft.errors import GencraftError
-from gencraft.models.stepping import ContrastStepper, HFStepper, js_divergence
+from gencraft.models.cad import CADSettings, ContrastStepper, js_divergence
+from gencraft.models.stepping import HFStepper
 from gencraft.search import beam_search, beam_search_batch
 from gencraft.search.custom_generate import context_aware
 from tests.search.test_batch import SETTINGS, V, _batch, _model
@@ -148,7 +149,7 @@ def _stepper(model, kind, ctxs, plains, alpha, adaptive, new):
     neg, neg_mask = _plain_batch(kind, plains)
     a = HFStepper(model, ids, attention_mask=mask, max_new_tokens=new)
     b = HFStepper(model, neg, attention_mask=neg_mask, max_new_tokens=new)
-    return ContrastStepper(a, b, alpha, adaptive)
+    return ContrastStepper(a, b, CADSettings(alpha, adaptive))
 
 
 @settings(max_examples=12, **SETTINGS)
@@ -239,7 +240,9 @@ def test_fame_plus_cad_keeps_fame_s_source_state(alpha):
         HFStepper(fame, ids, attention_mask=mask, max_new_tokens=4),
         HFStepper(fame.base, neg, attention_mask=neg_mask, max_new_tokens=4),
     )
-    got = beam_search_batch(ContrastStepper(*streams, alpha, plain_guard=fame.bypassed), **kw)
+    got = beam_search_batch(
+        ContrastStepper(*streams, CADSettings(alpha), plain_guard=fame.bypassed), **kw
+    )
     if alpha == 0:
         assert got == beam_search_batch(fame, ids, mask, **kw)
         return
@@ -268,7 +271,7 @@ def test_fame_plus_cad_keeps_fame_s_source_state(alpha):
         ContrastStepper(
             *streams[:1],
             HFStepper(fame.base, neg, attention_mask=neg_mask, max_new_tokens=4),
-            alpha,
+            CADSettings(alpha),
         ),
         **kw,
     )
@@ -293,10 +296,10 @@ def test_focus_vs_cad_runs_at_tiny_scale(shared_data, tmp_path):
 def test_focus_generate_with_cad_alpha_is_cad_beam_search(shared_data, capsys):
     """``focus generate --cad-alpha``: each document's summary is focus-vs-cad's CAD beam
     search (the model against itself on an empty source), batches as one process cuts them."""
+    from gencraft.cli.focus import cad_summaries
     from gencraft.cli.main import main
     from gencraft.data import load_summarization
     from gencraft.models import load_model
-    from gencraft.studies.focus_vs_cad import FocusCadSettings, cad_summaries
 
     args = ["focus", "generate", "tiny-llama", "--limit", "3", "--batch-size", "2"]
     args += ["--max-new-tokens", "4", "--max-source", "24", "--num-beams", "2"]
@@ -305,9 +308,9 @@ def test_focus_generate_with_cad_alpha_is_cad_beam_search(shared_data, capsys):
     got = [json.loads(line)["prediction"] for line in capsys.readouterr().out.splitlines()]
     model, tok = load_model("tiny-llama")
     docs = [d.document for d in load_summarization("xsum", "test", str(shared_data))[:3]]
-    s = FocusCadSettings(num_beams=2, max_source=24, max_target=4, eval_batch_size=2)
+    s = dict(num_beams=2, max_source=24, max_new_tokens=4, batch_size=2)
     with torch.no_grad():
-        assert got == cad_summaries(model, tok, docs, cad_alpha=2.0, s=s)
+        assert got == cad_summaries(model, tok, docs, cad_alpha=2.0, **s)
         # the same from generate(custom_generate=context_aware), generate's beam defaults
         from gencraft.focus.data import SummaryEncoder, collate
 
@@ -338,3 +341,29 @@ def test_focus_generate_with_cad_alpha_is_cad_beam_search(shared_data, capsys):
         assert got == want  # (the random tiny model writes the same with or without CAD)
     assert main([*args[:-1], "-1"]) == 2
     assert "--cad-alpha takes a finite weight A >= 0" in capsys.readouterr().err
+
+
+def test_cad_settings_are_frozen_and_checked_once_when_built():
+    import dataclasses
+
+    from gencraft.models.cad import context_free_inputs
+
+    assert CADSettings() == CADSettings(0.5, False)  # CAD's usual α
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        CADSettings().alpha = 2.0
+    for bad in (-0.5, float("inf"), float("nan")):
+        with pytest.raises(
+            GencraftError, match=f"^cad alpha takes a finite weight A >= 0, got {bad}$"
+        ):
+            CADSettings(bad)
+    assert CADSettings(0.0).alpha == 0.0 and CADSettings(-1.0, adaptive=True).adaptive
+    a = HFStepper(_model("llama", 0), torch.tensor([[3, 4]]), max_new_tokens=2)
+    with pytest.raises(
+        GencraftError, match=r"^CAD takes a CADSettings\(alpha, adaptive\), got 0.5$"
+    ):
+        ContrastStepper(a, a, 0.5)
+    # the context-free inputs: an empty row stands in as one token, padded on the model's side
+    ids, mask = context_free_inputs([[5, 6], [], [7]], 0, left=True, empty=9)
+    assert ids.tolist() == [[5, 6], [0, 9], [0, 7]] and mask.tolist() == [[1, 1], [0, 1], [0, 1]]
+    ids, mask = context_free_inputs([[], [7, 8]], 1, left=False, empty=2)
+    assert ids.tolist() == [[2, 1], [7, 8]] and mask.tolist() == [[1, 0], [1, 1]]

@@ -1,4 +1,4 @@
-"""CAD by paired rows (``gencraft.models.contrast``), the route of models whose own
+"""CAD by paired rows (``gencraft.models.cad``), the route of models whose own
 ``generate`` must run (prefix models): greedy equals the brute-force loop of full forward
 passes over both streams on each row, and greedy and beam search equal
 ``generate(custom_generate=context_aware)`` on the same rows, for causal and
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gencraft.errors import GencraftError
-from gencraft.models.contrast import PairedContrast, paired_contrast_generate
+from gencraft.models.cad import CADSettings, PairedContrast, paired_contrast_generate
 from gencraft.search.custom_generate import context_aware
 from tests.search.test_batch import SETTINGS, V, _batch, _model
 from tests.search.test_cad import EOS, _greedy_reference, prompt
@@ -46,8 +46,7 @@ def test_paired_greedy_cad_equals_a_brute_force_loop_on_each_row(
     out = paired_contrast_generate(
         model.generate,
         *inputs,
-        cad_alpha=alpha,
-        cad_adaptive=adaptive,
+        cad=CADSettings(alpha, adaptive),
         left_padding=left,
         pad_token_id=0,
         max_new_tokens=new,
@@ -79,9 +78,9 @@ def test_paired_cad_equals_context_aware(kind, seed, rows, alpha, adaptive, beam
     model.generation_config.eos_token_id = EOS
     left, (ids, mask, neg, neg_mask) = _inputs(kind, rows)
     kw = dict(max_new_tokens=new, num_beams=beams, do_sample=False, pad_token_id=0)
-    kw.update(cad_alpha=alpha, cad_adaptive=adaptive)
+    cad = CADSettings(alpha, adaptive)
     ours = paired_contrast_generate(
-        model.generate, ids, mask, neg, neg_mask, left_padding=left, **kw
+        model.generate, ids, mask, neg, neg_mask, cad=cad, left_padding=left, **kw
     )
     theirs = model.generate(
         input_ids=ids,
@@ -89,6 +88,8 @@ def test_paired_cad_equals_context_aware(kind, seed, rows, alpha, adaptive, beam
         negative_input_ids=neg,
         negative_attention_mask=neg_mask,
         custom_generate=context_aware,
+        cad_alpha=alpha,
+        cad_adaptive=adaptive,
         **kw,
     )
     assert ours.tolist() == theirs.tolist()
@@ -108,10 +109,14 @@ def test_paired_contrast_refusals():
         two = torch.tensor([[3], [4]])
         paired_contrast_generate(model.generate, ids, mask, two, torch.ones_like(two), **kw)
     with pytest.raises(GencraftError, match="cad alpha takes a finite weight A >= 0"):
-        PairedContrast(-0.5)
+        PairedContrast(CADSettings(-0.5))
+    with pytest.raises(
+        GencraftError, match=r"^CAD takes a CADSettings\(alpha, adaptive\), got 0.5"
+    ):
+        PairedContrast(0.5)
     with pytest.raises(GencraftError, match=r"an even number of rows, got 3$"):
         PairedContrast()(ids, torch.zeros(3, 5))
-    assert PairedContrast().alpha == 0.5 and not PairedContrast().adaptive  # CAD's usual α
+    assert PairedContrast().cad == CADSettings(0.5, False)  # CAD's usual α
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
@@ -123,7 +128,7 @@ def test_the_processor_gives_both_halves_the_contrast_by_its_definition(adaptive
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(6, 7, generator=g) * 3
     scores[1, 2] = scores[4, 5] = -float("inf")  # ruled out in a context row and a free row
-    got = PairedContrast(0.75, adaptive)(None, scores)
+    got = PairedContrast(CADSettings(0.75, adaptive))(None, scores)
     assert torch.equal(got[:3], got[3:])
     lp = torch.log_softmax(scores.double(), -1)
     for r in range(3):
@@ -170,7 +175,7 @@ def test_the_pairing_pads_both_halves_on_the_models_side(left):
     assert seen["attention_mask"].tolist() == [*m, [1, 1, 1], [1, 1, 1]]
     first, last = seen["logits_processor"]
     assert first == 42 and isinstance(last, PairedContrast)  # after generate's own
-    assert (last.alpha, last.adaptive) == (0.5, False)  # CAD's usual α by default
+    assert last.cad == CADSettings(0.5, False)  # CAD's usual α by default
     assert seen["num_beams"] == 2 and seen["pad_token_id"] == 0
     assert out.tolist() == (ids.tolist() if left else pad)
     out = paired_contrast_generate(
@@ -181,13 +186,9 @@ def test_the_pairing_pads_both_halves_on_the_models_side(left):
         torch.ones_like(neg),
         left_padding=left,
         pad_token_id=0,
-        cad_alpha=0.25,
-        cad_adaptive=True,
+        cad=CADSettings(0.25, True),
         num_return_sequences=3,
     )
-    assert (seen["logits_processor"][-1].alpha, seen["logits_processor"][-1].adaptive) == (
-        0.25,
-        True,
-    )
+    assert seen["logits_processor"][-1].cad == CADSettings(0.25, True)
     want = torch.tensor(ids.tolist() if left else pad).repeat_interleave(3, 0)
     assert out.tolist() == want.tolist()  # each input's 3 sequences, the context rows only
