@@ -76,7 +76,7 @@ M = [
     (
         "a disabled classifier still steers beam search",
         "gencraft/search/beam.py",
-        'if clf is not None and not getattr(clf, "enabled", True):',
+        'if self.classifier is not None and not getattr(self.classifier, "enabled", True):',
         "if False:",
         "tests/test_methods.py -k 'Classifier and disabled'",
     ),
@@ -390,7 +390,7 @@ M = [
     ),
     (
         "--base is ignored",
-        "gencraft/prefix/model.py",
+        "gencraft/prefix/persistence.py",
         "    name = base or recorded\n",
         "    name = recorded\n",
         "tests/cli/test_your_data_and_machines.py -k any_folder",
@@ -684,14 +684,14 @@ M = [
     ),
     (
         "cg-unset-length-penalty-thesis",
-        "gencraft/search/custom_generate.py",
+        "gencraft/search/beam.py",
         "length_penalty=1.0 if lp is None else lp,",
         "length_penalty=0.0 if lp is None else lp,",
         "tests/test_custom_generate_calls.py",
     ),
     (
         "cg-unset-early-stopping-true",
-        "gencraft/search/custom_generate.py",
+        "gencraft/search/beam.py",
         "early_stopping=False if early is None else early,",
         "early_stopping=True if early is None else early,",
         "tests/test_custom_generate_calls.py",

@@ -145,11 +145,40 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
             "tests/models",
             "tests/test_custom_generate.py",
             "tests/test_custom_generate_calls.py",
-            "tests/hso/test_hso.py",  # KVStates
-            "tests/prefix/test_prefix_model.py",  # RowStateCache
         ],
     ),
-    # issue 43's HSO claim: the tasks, prompts and labels of the few-shot classifier
+    # the cache algebra: stepping's, exact search's and HSO's uses, and the row-state caches
+    "models/caches": (
+        ["gencraft/models/caches.py"],
+        [
+            "tests/models/test_cache_records.py",
+            "tests/models/test_stepper_contract.py",
+            "tests/search/test_batch.py",
+            "tests/search/test_search.py",
+            "tests/hso/test_hso.py",
+            "tests/prefix/test_prefix_model.py",
+        ],
+    ),
+    # context-aware decoding: the settings, the contrast and both engines
+    "models/cad": (
+        ["gencraft/models/cad.py"],
+        [
+            "tests/search/test_cad.py",
+            "tests/search/test_cad_paired.py",
+            "tests/prefix/test_prefix_cad.py",
+            "tests/cli/test_trial_findings.py",
+        ],
+    ),
+    "training/fit": (
+        ["gencraft/training/fit.py"],
+        [
+            "tests/training/test_training.py",
+            "tests/test_unlisted_behaviours.py",
+            "tests/test_folder_lock.py",
+            "tests/test_unit_progress.py",
+        ],
+    ),
+    # HSO's few-shot claim: the tasks, prompts and labels of the few-shot classifier
     "hso/fewshot": (
         ["gencraft/hso/fewshot.py"],
         [
@@ -181,9 +210,9 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
             "tests/search/test_sampler_hidden.py",
         ],
     ),
-    # issue 43's campaign: its plan, budget, verdict table and runs' folders, by the fast tests
-    # (not the tiny campaign's 20 s); run its logic by name, e.g. "gencraft.studies.campaign.x_plan_rows*":
-    # the claims' tables make 346 of the file's 761 mutants
+    # the campaign: its plan, budget, verdict table and runs' folders, by the fast tests (not
+    # the tiny campaign's 20 s); run its logic by name, e.g.
+    # "gencraft.studies.campaign.x_plan_rows*": the claims' tables make 346 of its 761 mutants
     "campaign": (
         ["gencraft/studies/campaign.py"],
         [

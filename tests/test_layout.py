@@ -237,3 +237,31 @@ def test_the_experiment_machinery_lives_in_the_studies():
     ]
     assert outside == []
     assert (PACKAGE / "training" / "folder_lock.py").is_file()  # fit holds its output folder
+
+
+#: the shared core's layers, lowest first: a package imports only those before it
+CORE_LAYERS = ("models", "data", "training", "metrics")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``a -> b`` for each import from a core package to one of a higher layer."""
+    rank = {p: i for i, p in enumerate(CORE_LAYERS)}
+
+    def pkg(module: str) -> str:
+        return module.split(".")[1] if module.count(".") else ""
+
+    return sorted(
+        f"{m} -> {d}"
+        for m, deps in graph.items()
+        for d in deps
+        if pkg(m) in rank and pkg(d) in rank and rank[pkg(d)] > rank[pkg(m)]
+    )
+
+
+def test_the_shared_core_imports_downward_only():
+    """models (the bottom) imports none of data, training or metrics; MBR decoding, which
+    needs the metrics' utilities, lives above them (gencraft.search.mbr)."""
+    assert upward_imports(import_graph()) == []
+    fake = {"gencraft.models.generate": {"gencraft.metrics.mbr", "gencraft.models.x"}}
+    fake["gencraft.metrics.lm"] = {"gencraft.models.introspect"}
+    assert upward_imports(fake) == ["gencraft.models.generate -> gencraft.metrics.mbr"]

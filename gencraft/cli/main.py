@@ -317,24 +317,19 @@ def _generate_all(
     from gencraft.distributed import announce, map_sharded
     from gencraft.models.generate import generate_text
     from gencraft.progress import tqdm
+    from gencraft.search.mbr import mbr_generate_text
 
     chat = {"auto": None, "on": True, "off": False}[settings.chat]
     extra = {} if settings.cad_alpha is None else _cad_kwargs(settings.cad_alpha)
 
     def batch_texts(indices: list[int]) -> list[str]:  # one generate call per batch
-        return generate_text(
-            model,
-            tok,
-            [inputs[i] for i in indices],
-            chat=chat,
-            seed=settings.seed + indices[0],
-            mbr=settings.mbr,
-            mbr_utility=settings.mbr_utility,
-            epsilon=settings.epsilon,
-            negative_prompts=None if negatives is None else [negatives[i] for i in indices],
-            **settings.generate_kwargs(),
-            **extra,
-        )
+        texts, seed = [inputs[i] for i in indices], settings.seed + indices[0]
+        kw = dict(chat=chat, seed=seed, **settings.generate_kwargs())
+        if settings.mbr:
+            mbr = dict(n=settings.mbr, utility=settings.mbr_utility, epsilon=settings.epsilon)
+            return mbr_generate_text(model, tok, texts, **mbr, **kw)
+        free = None if negatives is None else [negatives[i] for i in indices]
+        return generate_text(model, tok, texts, negative_prompts=free, **kw, **extra)
 
     announce("generate", len(inputs), args.batch_size)
     partial, made_by = partial_folder(args.output), None

@@ -99,28 +99,29 @@ def _classifier(args: argparse.Namespace, model: Any) -> Any:
 
 
 def cmd_beam(args: argparse.Namespace) -> None:
-    from gencraft.distributed import is_main
-    from gencraft.search import beam_search_batch
+    from dataclasses import replace
 
+    from gencraft.distributed import is_main
+    from gencraft.search import BeamSettings, beam_search_batch
+
+    conditional = args.classifier is not None
+    settings = BeamSettings(  # checked here, before anything loads
+        num_beams=args.num_beams,
+        max_new_tokens=args.max_new_tokens,
+        finished=args.finished or ("on_beam" if conditional else "aside"),
+        force_length=args.force_length,
+        forced_eos=args.forced_eos,
+        length_includes_eos=args.length_includes_eos,
+        forced_ranking=args.forced_ranking,
+    )
     model, tok, prompts = _load(args)
     clf = _classifier(args, model)
+    if clf is not None:
+        settings = replace(settings, classifier=clf, k=args.k)
     several = len(prompts) > 1
 
     def decode(ids: Any, mask: Any) -> list[Any]:
-        return beam_search_batch(
-            model,
-            ids,
-            mask,
-            num_beams=args.num_beams,
-            max_new_tokens=args.max_new_tokens,
-            finished=args.finished or ("aside" if clf is None else "on_beam"),
-            force_length=args.force_length,
-            forced_eos=args.forced_eos,
-            classifier=clf,
-            k=args.k if clf is not None else None,
-            length_includes_eos=args.length_includes_eos,
-            forced_ranking=args.forced_ranking,
-        )
+        return beam_search_batch(model, ids, mask, settings)
 
     found = _sharded(model, tok, prompts, args, "beam", decode)
     for i, hyps in enumerate(found if is_main() else []):  # only the main process prints

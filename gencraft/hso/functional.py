@@ -11,7 +11,7 @@ The windowed algorithm of §3.3, for a window x[t+1:t+k] after an optimised cach
 3. the window's summed cross-entropy against x[t+2:t+k+1] is differentiated with respect to
    every cached and present state (the full derivative, through the later states that depend
    on them); the present states' gradient is read from zero shifts added to them
-   (:class:`gencraft.models.stepping.KVStates`);
+   (:class:`gencraft.models.caches.KVStates`);
 4. one Adam step (``steps=2``: two, HSO-2) with **per-state** first and second moments and
    per-state step counts for the bias correction (§3.2.1), moments dropped together with the
    states past ``max_context``.
@@ -39,9 +39,9 @@ from torch import nn
 
 from gencraft.errors import GencraftError
 from gencraft.hso.config import HSOConfig
+from gencraft.models.caches import KVStates, flat_states, layer_pairs
 from gencraft.models.compat import CACHE_ARG, DynamicCache, cache_kwargs, takes_cache
 from gencraft.models.introspect import context_size, hf_model, is_causal_lm, model_shape
-from gencraft.models.stepping import KVStates
 from gencraft.progress import tqdm
 
 
@@ -122,17 +122,6 @@ def contexts(n_inputs: int, reset_every: int | None, model: nn.Module) -> list[t
 
 
 # ------------------------------------------------------------------------------ state
-def _layers(flat: list[torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """2L tensors (layer i's key at 2i, its value at 2i + 1) as the cache's per-layer pairs:
-    the one conversion, at the boundary with the model."""
-    return list(zip(flat[0::2], flat[1::2], strict=True))
-
-
-def _flat(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> list[torch.Tensor]:
-    """Per-layer (key, value) pairs as one flat list of 2L tensors."""
-    return [t for pair in pairs for t in pair]
-
-
 class _States:
     """The optimised caches of B aligned rows with their per-state Adam moments and counts.
 
@@ -300,7 +289,7 @@ def _window(
     for _ in range(cfg.steps):
         with torch.enable_grad():
             past = st.leaves(cached, grad_cached, dtype)
-            cache = KVStates(_layers(past) if past else None, shifts, num_layers=layers)
+            cache = KVStates(layer_pairs(past) if past else None, shifts, num_layers=layers)
             nll = _window_nll(hf, x, targets, cache, positions)
             recorded = nll.detach().float() if recorded is None else recorded
             loss = (nll * real).sum()
@@ -309,13 +298,13 @@ def _window(
                     f"HSO: the loss of the window of tokens {t}..{e - 1} is {loss.item()}; "
                     f"lower lr (now {cfg.lr})"
                 )
-            values = [v.detach().float() for v in _flat(cache.states())]
+            values = [v.detach().float() for v in flat_states(cache.states())]
             if shifts is None:
                 st.grow(e - t, values)
             if cfg.lr == 0:
                 st.kv = values
                 break
-            present = _flat(cache.shifts)
+            present = flat_states(cache.shifts)
             grads = torch.autograd.grad(loss, present + (past if grad_cached else []))
         g_present, g_past = grads[: len(present)], grads[len(present) :] or None
         full = [  # every state's gradient: the cached ones' (zero when not optimised), then
@@ -327,7 +316,7 @@ def _window(
         # HSO-2: the next step recomputes the present states from the updated cache and
         # shifts them by the updates they have had so far
         moved = [(nw - old)[..., cached:, :] for nw, old in zip(new, values, strict=True)]
-        shifts = _layers(
+        shifts = layer_pairs(
             [
                 (d.detach() + m.to(d.dtype)).requires_grad_(True)
                 for d, m in zip(present, moved, strict=True)
@@ -431,7 +420,7 @@ def hso_prefill(
     dtype = next(hf_model(model).parameters()).dtype
     width = prompt_ids.shape[1] - 1
     layers = []
-    for pair in _layers(st.kv):  # aligned at the first token -> left-padded as the prompts are
+    for pair in layer_pairs(st.kv):  # aligned at the first token -> left-padded as the prompts are
         placed = []
         for t in pair:
             out = t.new_zeros(t.shape[0], t.shape[1], width, t.shape[3])

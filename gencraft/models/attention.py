@@ -189,7 +189,7 @@ class AttentionContext:
       and values, blocking tables and attention record); set by ``PrefixModel``'s forward and
       generate;
     * ``row_state``: the per-row tensors of a ``RowStateCache`` (reordered with the cache);
-      set by :func:`gencraft.models.stepping.carrying_row_state`;
+      set by :func:`gencraft.models.caches.carrying_row_state`;
     * ``memory``: recurrence's previous-window state [B, H] per slot, keyed by the slot's
       ``id``; set by ``RecurrentLM`` around each window;
     * ``extra``: a user's own plug-in's values (e.g. ``segment_ids``), by name.

@@ -61,9 +61,6 @@ def generate_text(
     chat: bool | None = None,
     max_input_tokens: int | None = None,
     seed: int | None = None,
-    mbr: int = 0,
-    mbr_utility: str = "chrf",
-    epsilon: float | None = None,
     negative_prompts: Sequence[str] | None = None,
     **generate_kw,
 ) -> list[str]:
@@ -71,43 +68,35 @@ def generate_text(
 
     ``generate_kw`` goes to ``model.generate`` (``max_new_tokens``, ``num_beams``,
     ``do_sample``, ``top_k``, ``top_p``, ``logits_processor``, ``custom_generate``...).
-    ``seed`` seeds sampling. ``mbr`` N > 0: minimum Bayes risk decoding
-    (:func:`mbr_generate_text`) with ``mbr_utility``; ``epsilon``: its samples' epsilon
-    cutoff. ``negative_prompts``: one per prompt, encoded as the prompts are (chat template,
-    padding side) and passed as ``negative_input_ids``/``negative_attention_mask`` (a
-    contrastive ``custom_generate`` such as CAD's context-free stream).
+    ``seed`` seeds sampling. ``negative_prompts``: one per prompt, encoded as the prompts are
+    (chat template, padding side) and passed as ``negative_input_ids``/
+    ``negative_attention_mask`` (a contrastive ``custom_generate`` such as CAD's context-free
+    stream). Minimum Bayes risk decoding is :func:`gencraft.search.mbr.mbr_generate_text`.
     """
+    mbr = sorted(set(generate_kw) & {"mbr", "mbr_utility", "epsilon"})
+    if mbr:
+        raise GencraftError(
+            f"generate_text does no MBR ({', '.join(mbr)}): use gencraft.search.mbr."
+            "mbr_generate_text(model, tokenizer, prompts, n=N, utility=..., epsilon=...)"
+        )
     with torch.no_grad():  # a context, not a decorator: mutmut mutates undecorated bodies
-        enc = _prepared(model, tokenizer, prompts, chat, max_input_tokens, generate_kw)
+        enc = prepared_inputs(model, tokenizer, prompts, chat, max_input_tokens, generate_kw)
         if negative_prompts is not None:
-            if mbr or len(negative_prompts) != len(prompts):
+            if len(negative_prompts) != len(prompts):
                 raise GencraftError(
                     f"negative_prompts: one per prompt ({len(prompts)}, got "
-                    f"{len(negative_prompts)}), and not with MBR"
+                    f"{len(negative_prompts)})"
                 )
-            neg = _prepared(
+            neg = prepared_inputs(
                 model, tokenizer, negative_prompts, chat, max_input_tokens, dict(generate_kw), True
             )
             generate_kw.update(
                 negative_input_ids=neg["input_ids"], negative_attention_mask=neg["attention_mask"]
             )
-        if mbr:
-            return mbr_generate_text(
-                model,
-                tokenizer,
-                enc,
-                n=mbr,
-                utility=mbr_utility,
-                seed=seed or 0,
-                epsilon=epsilon,
-                **generate_kw,
-            )
-        if epsilon is not None:
-            raise GencraftError("epsilon applies to --mbr's samples; give --mbr N")
         if seed is not None:
             torch.manual_seed(seed)
         out = model.generate(**enc, **generate_kw)
-        return _decoded(model, tokenizer, enc, out)
+        return decoded_text(model, tokenizer, enc, out)
 
 
 def generation_settings(model: PreTrainedModel, generate_kw: dict) -> GenerationConfig:
@@ -159,15 +148,16 @@ def lengths_as_new_tokens(
     return kw
 
 
-def _decoded(
+def decoded_text(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, enc: dict, out
 ) -> list[str]:
+    """The new text of ``generate``'s output [B, ...] for the batch ``enc``, stripped."""
     if not model.config.is_encoder_decoder:
         out = out[:, enc["input_ids"].shape[1] :]  # drop the (left-padded) prompt
     return [t.strip() for t in tokenizer.batch_decode(out, skip_special_tokens=True)]
 
 
-def _prepared(
+def prepared_inputs(
     model, tokenizer, prompts, chat, max_input_tokens, generate_kw: dict, allow_empty=False
 ) -> dict:
     """The padded batch on the model's device, checked against the model's context; sets
@@ -213,79 +203,3 @@ def _prepared(
         )
     generate_kw.setdefault("pad_token_id", pad_id(model, tokenizer))
     return enc
-
-
-def mbr_candidates(
-    model: PreTrainedModel,
-    enc: dict,
-    *,
-    n: int,
-    seed: int = 0,
-    epsilon: float | None = None,
-    **generate_kw,
-) -> list[list[int]]:
-    """N candidates per input of the padded batch ``enc`` (B·n token lists, input 0's first):
-    with ``do_sample``, samples of the batched sampler (input b seeded ``seed + b``; its
-    ``temperature``, ``top_k``, ``top_p`` and ``epsilon`` as transformers' warpers); else the
-    N best outputs of ``generate``'s beam search (``num_beams`` at least N)."""
-    from transformers import (
-        EpsilonLogitsWarper,
-        TemperatureLogitsWarper,
-        TopKLogitsWarper,
-        TopPLogitsWarper,
-    )
-
-    from gencraft.models.introspect import eos_ids
-    from gencraft.models.sampling import sample_batch
-
-    new = int(generate_kw.get("max_new_tokens") or 20)
-    if not generate_kw.get("do_sample"):
-        if epsilon is not None:
-            raise GencraftError("epsilon applies to sampled candidates; add --do-sample")
-        beams = max(int(generate_kw.pop("num_beams", 1) or 1), n)
-        out = model.generate(**enc, **generate_kw, num_beams=beams, num_return_sequences=n)
-        start = 1 if model.config.is_encoder_decoder else enc["input_ids"].shape[1]
-        return out[:, start:].tolist()
-    warpers = [TemperatureLogitsWarper(float(generate_kw.get("temperature") or 1.0))]
-    if generate_kw.get("top_k"):
-        warpers.append(TopKLogitsWarper(int(generate_kw["top_k"])))
-    if generate_kw.get("top_p") is not None:
-        warpers.append(TopPLogitsWarper(float(generate_kw["top_p"])))
-    if epsilon is not None:
-        warpers.append(EpsilonLogitsWarper(epsilon))
-    b = enc["input_ids"].shape[0]
-    return sample_batch(
-        model,
-        enc["input_ids"],
-        enc["attention_mask"],
-        n=n,
-        max_new_tokens=new,
-        seeds=[seed + i for i in range(b)],
-        eos_token_id=eos_ids(model, None),
-        processors=warpers,
-    )
-
-
-def mbr_generate_text(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    enc: dict,
-    *,
-    n: int,
-    utility: str = "chrf",
-    seed: int = 0,
-    epsilon: float | None = None,
-    **generate_kw,
-) -> list[str]:
-    """Minimum Bayes risk decoding of the padded batch ``enc``: ``n`` candidates per input
-    (:func:`mbr_candidates`), decoded, and the one of the highest expected ``utility``
-    against the others (:func:`gencraft.metrics.mbr.mbr_select`)."""
-    from gencraft.metrics.mbr import check_utility, mbr_select
-
-    if n < 1:
-        raise GencraftError(f"mbr (candidates per input) must be >= 1, got {n}")
-    check_utility(utility)  # before any candidate is drawn
-    ids = mbr_candidates(model, enc, n=n, seed=seed, epsilon=epsilon, **generate_kw)
-    texts = [t.strip() for t in tokenizer.batch_decode(ids, skip_special_tokens=True)]
-    rows = [texts[i : i + n] for i in range(0, len(texts), n)]
-    return [row[k] for row, k in zip(rows, mbr_select(rows, utility).index, strict=True)]

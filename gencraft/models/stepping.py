@@ -27,8 +27,7 @@ when the batch is padded.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -36,12 +35,8 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
-from gencraft.models.attention import attention_context, current_context
+from gencraft.models.caches import build_cache, cat_rows, kv_pairs, left_pad, select_row
 from gencraft.models.compat import (
-    Cache,
-    DynamicCache,
-    DynamicLayer,
-    EncoderDecoderCache,
     cache_kwargs,
     output_cache,
 )
@@ -286,13 +281,15 @@ class HFStepper:
         """A cache of the B inputs (from :meth:`start`) as B caches of one row each, a causal
         LM's prompt padding dropped."""
         if self.is_ed:
-            self_part, cross = _parts(cache)
+            self_part, cross = kv_pairs(cache)
             return [
-                _cache([(k[i : i + 1], v[i : i + 1]) for k, v in self_part], _select(cross, i))
+                build_cache(
+                    [(k[i : i + 1], v[i : i + 1]) for k, v in self_part], select_row(cross, i)
+                )
                 for i in range(self.batch_size)
             ]
         lengths = self.mask.sum(1).tolist() if self.mask is not None else None
-        kv = _parts(cache)[0]
+        kv = kv_pairs(cache)[0]
         out = []
         for i in range(self.batch_size):
             n = lengths[i] if lengths else None
@@ -303,7 +300,7 @@ class HFStepper:
                 )
                 for k, v in kv
             ]
-            out.append(_cache([(k.clone(), v.clone()) for k, v in part], None))
+            out.append(build_cache([(k.clone(), v.clone()) for k, v in part], None))
         return out
 
     def step_ragged(
@@ -317,7 +314,7 @@ class HFStepper:
         per hypothesis, with a cache of its own."""
         tokens = tokens.to(self.device).view(-1, 1)
         rows = rows.to(self.device)
-        lengths = [_parts(c)[0][0][0].shape[-2] for c in caches]
+        lengths = [kv_pairs(c)[0][0][0].shape[-2] for c in caches]
         outs: list[StepOutput | None] = [None] * len(caches)
         if self.is_ed:
             groups: dict[int, list[int]] = {}
@@ -327,15 +324,15 @@ class HFStepper:
             groups = {0: list(range(len(caches)))}
         for members in groups.values():
             idx = torch.tensor(members, device=self.device)
-            parts = [_parts(caches[i]) for i in members]
+            parts = [kv_pairs(caches[i]) for i in members]
             width = max(lengths[i] for i in members)
             kv = [
-                tuple(torch.cat([_left_pad(p[0][layer][j], width) for p in parts]) for j in (0, 1))
+                tuple(torch.cat([left_pad(p[0][layer][j], width) for p in parts]) for j in (0, 1))
                 for layer in range(len(parts[0][0]))
             ]
             cross = None
             if self.is_ed:
-                cross = _cat_cross([p[1] for p in parts])
+                cross = cat_rows([p[1] for p in parts])
             masks: dict[str, torch.Tensor] | None = {}
             if not self.is_ed and any(lengths[i] != width for i in members):
                 have = torch.tensor([lengths[i] for i in members], device=self.device)
@@ -344,22 +341,22 @@ class HFStepper:
                 masks = {"attention_mask": mask}
                 if self.send_positions:
                     masks["position_ids"] = have[:, None]
-            merged = _cache(kv, cross)
+            merged = build_cache(kv, cross)
             sub_tok, sub_rows = tokens.index_select(0, idx), rows.index_select(0, idx)
             if self.custom is not None:
                 out = self._custom(sub_tok, merged, sub_rows, False, masks)
             else:
                 out = self._forward(sub_tok, merged, sub_rows, masks)
-            new_kv = _parts(out.cache)[0]
+            new_kv = kv_pairs(out.cache)[0]
             for j, i in enumerate(members):
                 keep = lengths[i] + 1
                 own = [
                     (k[j : j + 1, :, -keep:].clone(), v[j : j + 1, :, -keep:].clone())
                     for k, v in new_kv
                 ]
-                own_cross = _parts(caches[i])[1]
+                own_cross = kv_pairs(caches[i])[1]
                 hidden = out.hidden[j : j + 1] if out.hidden is not None else None
-                outs[i] = StepOutput(out.log_probs[j : j + 1], _cache(own, own_cross), hidden)
+                outs[i] = StepOutput(out.log_probs[j : j + 1], build_cache(own, own_cross), hidden)
         return outs  # type: ignore[return-value]
 
     def prefix_ids(self) -> torch.Tensor:
@@ -374,49 +371,6 @@ class HFStepper:
         """Rows ``index`` [N'] of ``cache`` (repeats allowed), as a cache of N' rows."""
         cache.reorder_cache(index.to(self.device))
         return cache
-
-
-def _parts(cache: Any) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], Any]:
-    """(per layer the self-attention ``(key, value)`` [N, h, S, d], the cross-attention cache or
-    None) of a cache."""
-    inner = getattr(cache, "self_attention_cache", cache)
-    kv = [(ly.keys, ly.values) for ly in inner.layers]
-    return kv, getattr(cache, "cross_attention_cache", None)
-
-
-def _cache(kv: Sequence[tuple[torch.Tensor, torch.Tensor]], cross: Any) -> Any:
-    """A fresh cache of the given self-attention states (and an encoder-decoder's cross part)."""
-    self_cache = DynamicCache([tuple(x) for x in kv])
-    return EncoderDecoderCache(self_cache, cross) if cross is not None else self_cache
-
-
-def _select(cross: Any, i: int) -> Any:
-    """Row i of a cross-attention cache, as a cache of its own."""
-    return DynamicCache(
-        [(ly.keys[i : i + 1].clone(), ly.values[i : i + 1].clone()) for ly in cross.layers]
-    )
-
-
-def _cat_cross(crosses: Sequence[Any]) -> Any:
-    """Cross-attention caches of one row each (equal widths), as one of N rows."""
-    layers = range(len(crosses[0].layers))
-    return DynamicCache(
-        [
-            (
-                torch.cat([c.layers[i].keys for c in crosses]),
-                torch.cat([c.layers[i].values for c in crosses]),
-            )
-            for i in layers
-        ]
-    )
-
-
-def _left_pad(x: torch.Tensor, width: int) -> torch.Tensor:
-    """``x`` [1, h, S, d] with zeros before it along S, to ``width``."""
-    if x.shape[-2] == width:
-        return x
-    pad = x.new_zeros(*x.shape[:-2], width - x.shape[-2], x.shape[-1])
-    return torch.cat([pad, x], dim=-2)
 
 
 def _accepts(fn: Any, name: str) -> bool:
@@ -540,120 +494,3 @@ class ProcessorChain:
         for proc in self.processors:
             scores = proc(ids.to(scores.device), scores)
         return scores
-
-
-# ------------------------------------------------------------------------------ KV states
-class _StateLayer(DynamicLayer):
-    """A ``DynamicLayer`` that starts from given keys/values and adds ``shift`` to the next
-    states it receives. With no shift given, the shift is a zero leaf that requires grad, so
-    the gradient of a loss with respect to it is the gradient with respect to those new
-    (present) states."""
-
-    def __init__(self, key=None, value=None, shift=None) -> None:
-        super().__init__()
-        self.shift = shift
-        if key is not None:
-            DynamicLayer.update(self, key, value)
-
-    def update(self, key_states, value_states, *args, **kwargs):
-        if self.shift is None:
-            self.shift = tuple(
-                torch.zeros_like(t, dtype=t.dtype).requires_grad_(True)
-                for t in (key_states, value_states)
-            )
-        dk, dv = self.shift
-        return super().update(key_states + dk, value_states + dv, *args, **kwargs)
-
-
-class KVStates(DynamicCache):
-    """A KV cache built from per-layer states, for methods that optimise them (HSO).
-
-    Args:
-        states: per layer ``(key, value)`` [B, n_kv, S, d] (S may be 0 / None for an empty
-            cache); gradients flow back to these tensors.
-        shifts: per layer ``(dk, dv)`` [B, n_kv, t, d] added to the t new states of the next
-            forward; None gives zero leaves that require grad (read them from :attr:`shifts`
-            after the forward).
-        num_layers: the number of layers when ``states`` is None.
-    """
-
-    def __init__(
-        self,
-        states: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
-        shifts: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None,
-        *,
-        num_layers: int | None = None,
-    ) -> None:
-        n = len(states) if states is not None else num_layers
-        if n is None:
-            raise GencraftError("KVStates needs states or num_layers")
-        layers = []
-        for i in range(n):
-            k, v = states[i] if states is not None else (None, None)
-            if k is not None and k.shape[-2] == 0:
-                k = v = None
-            layers.append(_StateLayer(k, v, shifts[i] if shifts is not None else None))
-        Cache.__init__(self, layers=layers)
-
-    @property
-    def shifts(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer the ``(dk, dv)`` added to the last forward's new states."""
-        return [layer.shift for layer in self.layers]
-
-    def states(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer ``(key, value)`` [B, n_kv, S, d], cached and new."""
-        return [(layer.keys, layer.values) for layer in self.layers]
-
-
-class RowStateCache(DynamicCache):
-    """A ``DynamicCache`` that also carries per-row tensors (dim 0: the cache's rows) for
-    attention plug-ins whose rows depend on earlier queries' attention (e.g. causal TruncSA's
-    running column mass). ``generate`` reorders, repeats and selects them with the keys and
-    values, so beam search keeps each hypothesis's own state. Plug-ins reach the store through
-    :func:`current_row_state` inside :func:`carrying_row_state`.
-
-    Args:
-        layers: per layer ``(key, value)`` [B, n_kv, S, d] to start from (None: empty).
-    """
-
-    def __init__(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
-        super().__init__(layers)
-        self.row_state: dict[Any, torch.Tensor] = {}
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        super().reorder_cache(beam_idx)
-        for k, v in self.row_state.items():
-            self.row_state[k] = v.index_select(0, beam_idx.to(v.device))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        super().batch_repeat_interleave(repeats)
-        for k, v in self.row_state.items():
-            self.row_state[k] = v.repeat_interleave(repeats, dim=0)
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        super().batch_select_indices(indices)
-        for k, v in self.row_state.items():
-            self.row_state[k] = v[indices]
-
-
-def row_state_cache(model: nn.Module) -> Cache:
-    """An empty cache for ``model`` whose self-attention part is a :class:`RowStateCache`."""
-    if getattr(hf_model(model).config, "is_encoder_decoder", False):
-        return EncoderDecoderCache(RowStateCache(), DynamicCache())
-    return RowStateCache()
-
-
-@contextmanager
-def carrying_row_state(cache: Cache) -> Iterator[dict[Any, torch.Tensor]]:
-    """Within the block, :func:`current_row_state` is ``cache``'s row store (the
-    :class:`RowStateCache` itself, or an ``EncoderDecoderCache``'s self-attention part)."""
-    rows = getattr(cache, "self_attention_cache", cache)
-    if not isinstance(rows, RowStateCache):
-        raise GencraftError(f"expected a RowStateCache, got {type(rows).__name__}")
-    with attention_context(row_state=rows.row_state):
-        yield rows.row_state
-
-
-def current_row_state() -> dict[Any, torch.Tensor] | None:
-    """The row store of the enclosing :func:`carrying_row_state` (None outside one)."""
-    return current_context().row_state

@@ -28,7 +28,7 @@ from gencraft.models.attention import (
     ExtraKeyValues,
     current_context,
 )
-from gencraft.models.stepping import current_row_state
+from gencraft.models.caches import current_row_state
 from gencraft.prefix.config import require_entmax
 from gencraft.prefix.functional import column_mass, nucleus_rows, soft_sparse_attention
 
@@ -190,8 +190,9 @@ class PrefixAttention(AttentionPlugin):
         if past is None and call.site.kind == "self" and earlier > 0:
             raise ConfigError(
                 "TruncSA on a causal stack needs the column mass of the earlier queries, which "
-                "a RowStateCache carries: decode through PrefixModel.generate or the "
-                "generate of a model under sparse_attention(), or with use_cache=False"
+                "a RowStateCache carries: decode through PrefixModel.generate or, for a model "
+                "under sparse_attention(), RowStateGeneration(model).generate, or with "
+                "use_cache=False"
             )
         if past is not None and past.shape[0] != scores.shape[0]:
             raise RuntimeError(

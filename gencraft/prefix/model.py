@@ -17,8 +17,6 @@ adapter loads by copying (:meth:`PrefixModel.from_peft`).
 
 from __future__ import annotations
 
-import functools
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +26,6 @@ import torch
 from torch import nn
 
 from gencraft.errors import ConfigError, GencraftError
-from gencraft.extras import require
 from gencraft.models.attention import (
     AttentionCall,
     AttentionPlugin,
@@ -37,22 +34,27 @@ from gencraft.models.attention import (
     attention_sites,
     plugins_of,
 )
+from gencraft.models.caches import RowStateCache, carrying_row_state
 from gencraft.models.compat import (
-    CACHE_ARG,
     CACHE_NAMES,
     DynamicCache,
     EncoderDecoderCache,
     cache_kwargs,
-    given_cache,
 )
 from gencraft.models.generate import generation_settings, lengths_as_new_tokens
 from gencraft.models.introspect import decoder_start_id, hf_model, is_encoder_decoder, pad_id
 from gencraft.models.method import MethodModel
-from gencraft.models.stepping import RowStateCache, carrying_row_state, row_state_cache
 from gencraft.prefix.attention import PrefixAttention, PrefixCall, PrefixKeyValues
 from gencraft.prefix.config import PrefixConfig, resolve_layers
-from gencraft.prefix.functional import prefix_block_mask
-from gencraft.prefix.segment import check_segment_ids, output_segment, segment
+from gencraft.prefix.encoder import PrefixEncoder
+from gencraft.prefix.segment import output_segment
+from gencraft.prefix.tables import (
+    blocks,
+    decoder_only_table,
+    decoder_table,
+    input_blocks,
+    needs_tables,
+)
 
 #: the files PrefixModel wrote before the shared method format (still loaded)
 CONFIG_FILE = "prefix_config.json"
@@ -89,48 +91,6 @@ def _refuse_not_taken(generate_kw: dict, generation_config: Any) -> None:
         )
 
 
-class PrefixEncoder(nn.Module):
-    """One stack's prefixes, laid out as peft's ``PrefixEncoder``.
-
-    ``forward() -> [L·2, n_kv, P, d]``: per layer l, the keys at 2l and the values at 2l + 1.
-    """
-
-    def __init__(
-        self,
-        num_virtual_tokens: int,
-        num_layers: int,
-        kv_heads: int,
-        head_dim: int,
-        projection: bool = False,
-        hidden: int | None = None,
-    ) -> None:
-        super().__init__()
-        self.shape = (num_virtual_tokens, num_layers, kv_heads, head_dim)
-        token_dim = kv_heads * head_dim
-        self.projection = projection
-        if projection:
-            self.embedding = nn.Embedding(num_virtual_tokens, token_dim)
-            self.transform = nn.Sequential(
-                nn.Linear(token_dim, hidden or token_dim),
-                nn.Tanh(),
-                nn.Linear(hidden or token_dim, num_layers * 2 * token_dim),
-            )
-        else:
-            self.embedding = nn.Embedding(num_virtual_tokens, num_layers * 2 * token_dim)
-
-    def forward(self) -> torch.Tensor:
-        p, layers, n, d = self.shape
-        out = self.embedding.weight
-        if self.projection:
-            out = self.transform(out)
-        return out.view(p, layers * 2, n, d).permute(1, 2, 0, 3)
-
-    def layer_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer (key, value), each [1, n_kv, P, d]."""
-        kv = self()
-        return [(kv[2 * i][None], kv[2 * i + 1][None]) for i in range(self.shape[1])]
-
-
 class _Probe(AttentionPlugin):
     """Records every site's key/value at one forward (never acts)."""
 
@@ -157,28 +117,6 @@ def _probe(base: nn.Module, ids: torch.Tensor) -> dict[tuple[str, str, int], Any
     finally:
         handle.remove()
     return probe.seen
-
-
-def _load_base(
-    directory: str | Path, base: str | None, recorded: str, placement: dict[str, Any]
-) -> tuple[nn.Module, Any]:
-    """(model, tokenizer) of the base named ``base``, else of the ``recorded`` name, saying how
-    to name another when the recorded one does not load here."""
-    from gencraft.errors import ModelLoadError
-    from gencraft.models import load_model
-
-    name = base or recorded
-    if not name:
-        raise GencraftError(f"{directory} records no base model; pass base=")
-    try:
-        return load_model(name, **placement)
-    except ModelLoadError as err:
-        if base:
-            raise
-        raise ModelLoadError(
-            f"the base these prefixes were trained on, {name!r}, does not load from "
-            f"here ({err}); name it with --base PATH (Python: base=)"
-        ) from None
 
 
 class PrefixModel(MethodModel):
@@ -338,7 +276,7 @@ class PrefixModel(MethodModel):
     def prefix_cache(self, batch_size: int) -> RowStateCache:
         """The decoder self-attention prefixes as a ``DynamicCache`` (per layer [B, n_kv, P, d],
         after any projection), exactly what :meth:`forward` and :meth:`generate` use (a
-        :class:`~gencraft.models.stepping.RowStateCache`: causal TruncSA keeps its running
+        :class:`~gencraft.models.caches.RowStateCache`: causal TruncSA keeps its running
         column mass in it)."""
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -361,56 +299,6 @@ class PrefixModel(MethodModel):
         call = PrefixCall(owner=id(self), kv=kv, tables=tables, record=record)
         with attention_context(prefix=call), carrying_row_state(cache):
             yield
-
-    # ------------------------------------------------------------------ segments
-    def _blocks(self, segment_ids: torch.Tensor, num_segments: int) -> torch.Tensor:
-        return prefix_block_mask(segment_ids, self.config.num_virtual_tokens, num_segments)
-
-    def _segments(
-        self, ids: torch.Tensor, mask: torch.Tensor, s: int, given: torch.Tensor | None, what: str
-    ) -> torch.Tensor:
-        if given is not None:
-            check_segment_ids(given, ids.shape, s, what)
-            return given.long().to(ids.device)
-        return segment(self.config.segmenter, ids, mask, s, self.tokenizer)
-
-    def _decoder_only_table(
-        self,
-        input_ids: torch.Tensor,
-        mask: torch.Tensor,
-        segment_ids: torch.Tensor | None,
-        output_mask: torch.Tensor,
-    ) -> torch.Tensor:
-        cfg = self.config
-        s_in, s_out = cfg.encoder_segments, cfg.decoder_segments
-        if segment_ids is not None:
-            check_segment_ids(segment_ids, input_ids.shape, max(s_in, s_out), "segment_ids")
-            seg_in = seg_out = segment_ids.long()
-            for region, s, name in ((~output_mask, s_in, "prompt"), (output_mask, s_out, "output")):
-                bad = segment_ids[region & mask.bool()]
-                if bad.numel() and int(bad.max()) >= s:
-                    raise ConfigError(
-                        f"segment_ids of {name} tokens must lie in [0, {s}) ({name} segments), "
-                        f"got up to {int(bad.max())}"
-                    )
-        else:
-            m = mask.bool()
-            seg_in = segment(cfg.segmenter, input_ids, m & ~output_mask, s_in, self.tokenizer)
-            seg_out = segment(cfg.segmenter, input_ids, m & output_mask, s_out, self.tokenizer)
-        blocks_in = self._blocks(seg_in.clamp(max=s_in - 1), s_in)
-        blocks_out = self._blocks(seg_out.clamp(max=s_out - 1), s_out)
-        return torch.where(output_mask[..., None], blocks_out, blocks_in)
-
-    def _input_blocks(
-        self, input_ids: torch.Tensor, mask: torch.Tensor, segment_ids: torch.Tensor | None
-    ) -> torch.Tensor:
-        """[B, T, P] the prefix columns each input token may see (``encoder_segments``
-        groups; ``segment_ids`` or the segmenter's)."""
-        s = self.config.encoder_segments
-        return self._blocks(self._segments(input_ids, mask, s, segment_ids, "segment_ids"), s)
-
-    def _needs_tables(self) -> bool:
-        return self.config.blocking and self.config.blocked_layers != "none"
 
     # ------------------------------------------------------------------ forward
     def forward(
@@ -477,15 +365,15 @@ class PrefixModel(MethodModel):
         [B, T], the mask [B, P + T]; the segment table over prompt and output tokens."""
         b, p = input_ids.shape[0], self.config.num_virtual_tokens
         tables: dict[str, torch.Tensor | None] = {}
-        if self._needs_tables() or segment_ids is not None:
+        if needs_tables(self.config) or segment_ids is not None:
             if output_mask is None:  # the output tokens: the labelled ones (none without labels)
                 output_mask = (
                     labels != -100
                     if labels is not None
                     else torch.zeros_like(input_ids, dtype=torch.bool)
                 )
-            tables["decoder"] = self._decoder_only_table(
-                input_ids, mask, segment_ids, output_mask.bool()
+            tables["decoder"] = decoder_only_table(
+                self.config, self.tokenizer, input_ids, mask, segment_ids, output_mask.bool()
             )
         full_mask = torch.cat([mask.new_ones(b, p), mask], dim=1)
         cache = self._cache(b)
@@ -514,10 +402,17 @@ class PrefixModel(MethodModel):
         decoder_input_ids, decoder_attention_mask, decoder_segment_ids = decoder
         p = self.config.num_virtual_tokens
         tables: dict[str, torch.Tensor | None] = {}
-        if self._needs_tables() or segment_ids is not None or decoder_segment_ids is not None:
-            tables["encoder"] = self._input_blocks(input_ids, mask, segment_ids)
-            tables["decoder"] = self._decoder_table(
-                decoder_input_ids, decoder_attention_mask, labels, decoder_segment_ids
+        if needs_tables(self.config) or segment_ids is not None or decoder_segment_ids is not None:
+            tables["encoder"] = input_blocks(
+                self.config, self.tokenizer, input_ids, mask, segment_ids
+            )
+            tables["decoder"] = decoder_table(
+                self.config,
+                self.tokenizer,
+                decoder_input_ids,
+                decoder_attention_mask,
+                labels,
+                decoder_segment_ids,
             )
         if decoder_attention_mask is not None:
             ones = decoder_attention_mask.new_ones(decoder_attention_mask.shape[0], p)
@@ -533,32 +428,6 @@ class PrefixModel(MethodModel):
                 labels=labels,
                 **kwargs,
             )
-
-    def _decoder_table(
-        self,
-        decoder_input_ids: torch.Tensor | None,
-        decoder_attention_mask: torch.Tensor | None,
-        labels: torch.Tensor | None,
-        given: torch.Tensor | None,
-    ) -> torch.Tensor:
-        s = self.config.decoder_segments
-        if decoder_input_ids is not None:
-            ids = decoder_input_ids
-            mask = decoder_attention_mask
-            if mask is None:
-                mask = torch.ones_like(ids)
-            seg = self._segments(ids, mask, s, given, "decoder_segment_ids")
-            return self._blocks(seg, s)
-        if labels is None:
-            raise ConfigError("an encoder-decoder forward needs labels or decoder_input_ids")
-        if given is not None:
-            check_segment_ids(given, labels.shape, s, "decoder_segment_ids")
-            return self._blocks(given.long(), s)
-        lab_mask = labels != -100
-        seg = segment(self.config.segmenter, labels.clamp(min=0), lab_mask, s, self.tokenizer)
-        # decoder input j holds label j - 1 (the start token at 0, in segment 0)
-        shifted = torch.cat([seg.new_zeros(seg.shape[0], 1), seg[:, :-1]], dim=1)
-        return self._blocks(shifted, s)
 
     # ------------------------------------------------------------------ generation
     def generate(
@@ -597,12 +466,14 @@ class PrefixModel(MethodModel):
             s_out = self.config.decoder_segments
             length = self.config.output_length or max_new
             out_idx = torch.arange(max_new + 1, device=input_ids.device)
-            out_blocks = self._blocks(
-                output_segment(out_idx, s_out, length)[None].expand(input_ids.shape[0], -1), s_out
+            out_blocks = blocks(
+                self.config,
+                output_segment(out_idx, s_out, length)[None].expand(input_ids.shape[0], -1),
+                s_out,
             )  # [B, max_new + 1, P]
             tables: dict[str, torch.Tensor | None] = {}
-            if self._needs_tables() or segment_ids is not None:
-                prompt = self._input_blocks(input_ids, mask, segment_ids)
+            if needs_tables(self.config) or segment_ids is not None:
+                prompt = input_blocks(self.config, self.tokenizer, input_ids, mask, segment_ids)
                 if self.is_encoder_decoder:
                     tables["encoder"] = prompt
                     # decoder input 0 is the start token (segment 0), input j the (j-1)-th output
@@ -709,40 +580,10 @@ class PrefixModel(MethodModel):
         recorded name). Raises when ``base`` is not the model the prefixes were trained on.
         ``overrides``: PrefixConfig fields to change (e.g. ``output_length``); ``device`` and
         ``dtype``: where the model goes, in which dtype (:func:`gencraft.models.method.place`)."""
-        from gencraft.models.method import place
+        from gencraft.prefix.persistence import load_prefix_model
 
-        placement = {k: overrides.pop(k) for k in ("device", "dtype") if k in overrides}
-        saved, tensors = cls.read_saved(Path(directory))
-        settings = dict(saved["prefix"])
-        if settings.get("segmenter") == "callable" and segmenter is None:
-            raise ConfigError(f"{directory} was trained with a callable segmenter; pass segmenter=")
-        if segmenter is not None:
-            settings["segmenter"] = segmenter
-        settings.update(overrides)
-        try:
-            config = PrefixConfig(**settings)
-        except TypeError as err:
-            raise GencraftError(f"{directory}: the saved prefix settings: {err}") from None
-        recorded = saved.get("base_name_or_path") or ""
-        if base is None or isinstance(base, str):
-            base, tok = _load_base(directory, base, recorded, placement)
-            tokenizer = tokenizer or tok
-        model = cls(base, config, tokenizer=tokenizer)
-        mine, theirs = model._signature(), saved.get("base", {})
-        if mine != theirs:
-            here = getattr(model.base, "gencraft_name", None) or model.base.config._name_or_path
-            raise GencraftError(
-                f"the prefixes in {directory} were trained on {recorded or '?'} "
-                f"({json.dumps(theirs)}), not on {here or type(model.base).__name__} "
-                f"({json.dumps(mine)})"
-            )
-        missing, unexpected = model.prefix.load_state_dict(tensors, strict=False)
-        if missing or unexpected:
-            raise GencraftError(
-                f"the weights in {directory} do not match their config: missing "
-                f"{missing[:5]}, unexpected {unexpected[:5]}"
-            )
-        return place(model, **placement)
+        kw = dict(tokenizer=tokenizer, segmenter=segmenter, **overrides)
+        return load_prefix_model(cls, directory, base, **kw)
 
     @classmethod
     def from_peft(cls, peft_model: nn.Module, adapter: str | None = None) -> PrefixModel:
@@ -750,100 +591,29 @@ class PrefixModel(MethodModel):
 
         peft puts prefixes in the decoder's self-attention only (also for seq2seq models), so
         the result has ``encoder_prefix=False``."""
-        PeftType = require("peft", "peft", "from_peft").PeftType
-        adapter = adapter or getattr(peft_model, "active_adapter", "default")
-        pcfg = peft_model.peft_config[adapter]
-        if pcfg.peft_type != PeftType.PREFIX_TUNING:
-            raise ConfigError(f"adapter {adapter!r} is {pcfg.peft_type}, not prefix tuning")
-        if pcfg.prefix_projection and pcfg.inference_mode:
-            raise ConfigError(
-                "a peft prefix with prefix_projection in inference mode stores no MLP; load it "
-                "with inference_mode=False"
-            )
-        config = PrefixConfig(
-            num_virtual_tokens=pcfg.num_virtual_tokens,
-            prefix_projection=bool(pcfg.prefix_projection),
-            encoder_hidden_size=pcfg.encoder_hidden_size if pcfg.prefix_projection else None,
-            encoder_prefix=False,
-        )
-        model = cls(peft_model.get_base_model(), config)
-        target = model.prefix["decoder"]
-        state = dict(peft_model.prompt_encoder[adapter].state_dict())
-        layers = target.shape[1]
-        if pcfg.num_transformer_submodules == 2:
-            # peft's seq2seq layout: the chunks are doubled and split in fours per layer, so
-            # layer l's self-attention key/value are chunks 4l and 4l + 1 (mod 2L)
-            order = [(4 * i + j) % (2 * layers) for i in range(layers) for j in (0, 1)]
-            name = "transform.2" if config.prefix_projection else "embedding"
-            key = f"{name}.weight"
-            w = state[key]
-            chunks = (
-                w.view(-1, 2 * layers, w.shape[-1] // (2 * layers)) if name == "embedding" else None
-            )
-            if name == "embedding":
-                state[key] = chunks[:, order].reshape(w.shape)
-            else:
-                rows = w.view(2 * layers, -1, w.shape[-1])
-                state[key] = rows[order].reshape(w.shape)
-                b = state["transform.2.bias"].view(2 * layers, -1)
-                state["transform.2.bias"] = b[order].reshape(-1)
-        try:
-            target.load_state_dict(state)
-        except RuntimeError as err:
-            raise GencraftError(f"the peft prefix does not fit this model: {err}") from None
-        # check against peft's own cache (its layout is an implementation detail of peft)
-        with torch.no_grad():
-            theirs = peft_model.get_prompt(1)
-            theirs = getattr(theirs, "self_attention_cache", theirs)
-            for i, (k, v) in enumerate(target.layer_kv()):
-                tk, tv = theirs.layers[i].keys, theirs.layers[i].values
-                if not (torch.equal(tk.to(k), k) and torch.equal(tv.to(v), v)):
-                    raise GencraftError(
-                        f"peft {getattr(peft_model, '__version__', '')} lays out prefix layer {i} "
-                        "differently from what from_peft expects; please report this"
-                    )
-        return model
+        from gencraft.prefix.persistence import prefix_model_from_peft
+
+        return prefix_model_from_peft(cls, peft_model, adapter)
 
 
 class SparseAttentionHandle:
-    """Returned by :func:`sparse_attention`; ``remove()`` restores the model's softmax (and
-    its own ``generate``)."""
+    """Returned by :func:`sparse_attention`; ``remove()`` restores the model's softmax."""
 
-    def __init__(self, handles: list[Any], model: nn.Module | None = None) -> None:
-        self.handles, self.model = handles, model
+    def __init__(self, handles: list[Any]) -> None:
+        self.handles = handles
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
-        if self.model is not None and "generate" in vars(self.model):
-            del self.model.generate
-        self.model = None
-
-
-def _generate_carrying_row_state(model: nn.Module) -> None:
-    """Make ``model.generate`` decode over a :class:`~gencraft.models.stepping.RowStateCache`
-    (causal TruncSA keeps each hypothesis's running column mass in it)."""
-    generate = model.generate
-
-    @functools.wraps(generate)
-    def wrapped(*args: Any, **kw: Any) -> Any:
-        if kw.get("use_cache") is False:
-            return generate(*args, **kw)
-        if given_cache(kw) is None:
-            kw.pop("past_key_values", None)
-            kw[CACHE_ARG] = row_state_cache(model)
-        with carrying_row_state(given_cache(kw)):
-            return generate(*args, **kw)
-
-    model.generate = wrapped
 
 
 def sparse_attention(model: nn.Module, config: PrefixConfig) -> SparseAttentionHandle:
     """DASP's normalisers on a model without prefixes (the paper's full fine-tuning control
     rows, "FT TruncSA/SoftSA"): ``config.normalizer`` on ``config.sparse_layers`` of
     ``config.sparse_stack``'s self-attention; the prefix settings are ignored. The model's
-    weights are untouched and stay trainable. With TruncSA, ``model.generate`` decodes over a
-    cache that carries the causal column mass (until ``remove()``)."""
+    weights are untouched and stay trainable. With TruncSA on a causal stack, decode through
+    :class:`~gencraft.models.caches.RowStateGeneration` ``(model).generate``, whose cache
+    carries the column mass (``model.generate`` alone is refused in one line)."""
     hf = hf_model(model)
     stacks = config.sparse_stacks(is_encoder_decoder(hf))
     counts: dict[str, int] = {}
@@ -860,7 +630,4 @@ def sparse_attention(model: nn.Module, config: PrefixConfig) -> SparseAttentionH
         raise ConfigError(
             f"no self-attention layer selected by sparse_layers={config.sparse_layers!r}"
         )
-    if config.normalizer == "truncsa" and hasattr(model, "generate"):
-        _generate_carrying_row_state(model)
-        return SparseAttentionHandle(handles, model)
     return SparseAttentionHandle(handles)

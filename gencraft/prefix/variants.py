@@ -12,6 +12,7 @@ from torch import nn
 
 from gencraft.errors import ConfigError
 from gencraft.extras import require
+from gencraft.models.caches import RowStateGeneration
 from gencraft.models.introspect import is_encoder_decoder
 from gencraft.models.persistence import load_saved_model
 from gencraft.prefix.config import PrefixConfig, PrefixTrainConfig
@@ -85,8 +86,9 @@ def save_trained(
 
 def rebuild_finetuned(directory: Path, settings: dict[str, Any]) -> LoadedRun | None:
     """:func:`~gencraft.training.load_run`'s ``build`` for this package: a fine-tuned base
-    gets its attention normaliser back (None for a prefix run, which loads as a method
-    model)."""
+    gets its attention normaliser back, under TruncSA as a
+    :class:`~gencraft.models.caches.RowStateGeneration` (None for a prefix run, which loads as
+    a method model)."""
     if settings.get("train", {}).get("method") != "finetune":
         return None
     from gencraft.models import load_model
@@ -99,5 +101,8 @@ def rebuild_finetuned(directory: Path, settings: dict[str, Any]) -> LoadedRun | 
         tok = load_model(settings["train"]["model"])[1]
     saved = directory / "base" if (directory / "base").is_dir() else directory  # pre-format
     base = load_saved_model(saved)
-    model, _ = build_model(base, tok, PrefixConfig(**settings["prefix"]), "finetune")
+    prefix = PrefixConfig(**settings["prefix"])
+    model, _ = build_model(base, tok, prefix, "finetune")
+    if prefix.normalizer == "truncsa":  # its generate carries the causal column mass
+        model = RowStateGeneration(model)
     return LoadedRun(model.eval(), tok, settings)

@@ -7,6 +7,7 @@ scoring). ``exact_mode`` finds the most probable output by DFS with
 pruning and O(depth) key/value memory on greedy paths. ``beam_search_batch`` and
 ``exact_mode_batch`` take a padded batch ``[B, P]`` with its attention mask and search every
 row together (one model call per step); the single-input functions are their batch of one.
+Their settings are one frozen ``BeamSettings`` (or its fields as keywords);
 ``beam_search_tensors`` returns the batched search's tensors (``BeamResult``).
 ``search_errors`` compares greedy and beam outputs with the proven mode of each prompt.
 """
@@ -36,6 +37,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
             "error_table",
             "search_errors",
         ),
+        "gencraft.search.mbr": ("mbr_generate_text",),
         "gencraft.search.exact": (
             "ModeResult",
             "exact_mode",

@@ -7,7 +7,7 @@ follow the surviving beams (no prefix is recomputed). The state is tensor record
 step's continuations), as in ``transformers``' vectorised beam search; a row that is done stays
 in the batch, masked. :func:`beam_search_batch` returns the same result as lists of
 :class:`Hypothesis`, and :func:`beam_search` is the batch of one. Every setting is checked once
-into a frozen :class:`BeamSettings`. Letters: B rows, K beams, V vocabulary, T steps, C
+when the frozen :class:`BeamSettings` is built. Letters: B rows, K beams, V vocabulary, T steps, C
 candidates of a row, N = B·K flattened hypotheses.
 
 With ``classifier=None`` and ``finished="aside"`` this is ``transformers``' beam search with
@@ -56,10 +56,12 @@ Lengths: ``force_length=n`` counts the tokens before EOS; the thesis's tables co
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass, fields, replace
+from functools import partial
+from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -101,8 +103,16 @@ def _warn_one_beam(processors: Sequence[Any]) -> None:
             f"beam_search with num_beams=1 applies {', '.join(odd)} to log-probabilities, as "
             "generate's beam search does; generate's greedy path applies it to raw logits, so "
             "the two can choose differently",
-            stacklevel=3,
+            stacklevel=_outside(),
         )
+
+
+def _outside() -> int:
+    """The stack level of the first caller outside this module (what a warning points at)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 @dataclass
@@ -146,15 +156,23 @@ EarlyStopping = bool | Literal["never"]
 
 @dataclass(frozen=True)
 class BeamSettings:
-    """Every setting of one batched search, checked once by :meth:`build`.
+    """Every setting of a beam search, in the shape of ``transformers``' ``GenerationConfig``:
+    built by the caller, frozen, and checked once when built (a bad value raises a
+    ``GencraftError`` naming it). Pass it to :func:`beam_search_batch` as ``settings``, or
+    give its fields there as keywords; keywords beside a ``settings`` override its fields
+    (``dataclasses.replace``), and an unknown name is refused.
 
     Attributes:
         num_beams: K > 0.
-        max_new_tokens: each row's limit L (generated tokens at most, EOS included).
-        force_length: each row's forced length n in tokens before EOS, or None: the output has
-            exactly n tokens, then EOS (EOS removed and renormalised before step n, forced at
-            n; ch. 7.4).
-        classifier: an :class:`AttributeScorer` (conditional beam search) or None.
+        max_new_tokens: the limit L (generated tokens at most, EOS included): one int for
+            every row, or one per row.
+        force_length: the forced length n in tokens before EOS (one for every row, one per row
+            with None for none, or None): the output has exactly n tokens, then EOS (EOS
+            removed and renormalised before step n, forced at n; ch. 7.4).
+        length_includes_eos: ``force_length`` counts the EOS, as the thesis's tables do (n - 1
+            tokens, then EOS).
+        classifier: an :class:`AttributeScorer` (conditional beam search) or None; one that
+            says ``enabled = False`` is dropped with its ``k`` (plain search).
         k: continuations per hypothesis scored (by model likelihood); None: all V.
         alpha: weight of log P_clf during selection (>= 0); the output ranking uses 1.
         finished: ``"aside"`` (transformers) or ``"on_beam"`` (Alg. 1); see the module doc.
@@ -163,7 +181,7 @@ class BeamSettings:
         forced_ranking: with a forced length on the beam: ``"score"`` by S, or
             ``"selection"`` by Alg. 1's C' = S + α·log P_clf.
         length_penalty: finished scores are divided by length^length_penalty, as in
-            ``generate`` (0: summed log-probabilities).
+            ``generate`` (0: summed log-probabilities, the thesis's scoring).
         early_stopping: ``True``, ``False`` or ``"never"``, as in ``generate``.
         logits_processor: ``LogitsProcessor``s applied to each step's log-probabilities
             [N, V] with the hypotheses' ids so far [N, prompt + t], as ``generate``'s beam
@@ -171,48 +189,61 @@ class BeamSettings:
     """
 
     num_beams: int
-    max_new_tokens: tuple[int, ...]
-    force_length: tuple[int | None, ...]
+    max_new_tokens: int | tuple[int, ...]
+    force_length: int | tuple[int | None, ...] | None = None
+    length_includes_eos: bool = False
     classifier: AttributeScorer | None = None
     k: int | None = None
     alpha: float = 1.0
-    finished: str = "aside"
-    forced_eos: str = "model"
-    forced_ranking: str = "score"
+    finished: Literal["aside", "on_beam"] = "aside"
+    forced_eos: Literal["model", "free"] = "model"
+    forced_ranking: Literal["score", "selection"] = "score"
     length_penalty: float = 0.0
     early_stopping: EarlyStopping = True
-    logits_processor: tuple[Any, ...] = field(default=())
+    logits_processor: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        fix = partial(object.__setattr__, self)  # frozen: normalise once, here
+        for name in ("max_new_tokens", "force_length"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, int):
+                fix(name, tuple(value))
+        fix("logits_processor", tuple(self.logits_processor or ()))
+        if self.classifier is not None and not getattr(self.classifier, "enabled", True):
+            fix("classifier", None)  # a disabled classifier: plain search
+            fix("k", None)
+        self._check()
+        self.rows(_rows_given(self))  # each forced length against its limit
 
     @classmethod
-    def build(
-        cls,
-        rows: int,
-        max_new_tokens: int | Sequence[int],
-        force_length: int | Sequence[int | None] | None,
-        length_includes_eos: bool,
-        **settings: Any,
-    ) -> BeamSettings:
-        """The settings of a search over ``rows`` inputs: ``max_new_tokens`` and
-        ``force_length`` given once or per row (a forced length counted as the thesis counts
-        it with ``length_includes_eos``); the other fields as keywords. Raises a
-        ``GencraftError`` naming the first bad value."""
-        limits = _per_row(max_new_tokens, rows, "max_new_tokens")
-        forces = _per_row(force_length, rows, "force_length")
-        clf = settings.get("classifier")
-        if clf is not None and not getattr(clf, "enabled", True):
-            settings.update(classifier=None, k=None)  # a disabled classifier: plain search
-        settings["logits_processor"] = tuple(settings.get("logits_processor") or ())
-        out = cls(
-            num_beams=settings.pop("num_beams"),
-            max_new_tokens=tuple(limits),
-            force_length=tuple(
-                _forced_length(n, f, length_includes_eos)
-                for n, f in zip(limits, forces, strict=True)
-            ),
-            **settings,
+    def from_generation_config(cls, config: Any, **method: Any) -> BeamSettings:
+        """The settings ``generate`` asks for with ``config`` (a ``GenerationConfig``): its
+        ``num_beams``, ``length_penalty`` and ``early_stopping`` with ``generate``'s defaults
+        (1.0, False), and at one beam ``generate``'s greedy path (a row ends at its first EOS:
+        0.0, True). ``method``: the other fields (``max_new_tokens`` when the config gives a
+        ``max_length`` only; the method's own settings)."""
+        beams = int(config.num_beams or 1)
+        lp, early = config.length_penalty, config.early_stopping
+        if beams == 1:
+            lp, early = 0.0, True
+        given = dict(
+            num_beams=beams,
+            length_penalty=1.0 if lp is None else lp,
+            early_stopping=False if early is None else early,
         )
-        out._check()
-        return out
+        if config.max_new_tokens is not None:
+            given["max_new_tokens"] = int(config.max_new_tokens)
+        return _settings(None, {**given, **method})
+
+    def rows(self, n: int) -> tuple[tuple[int, ...], tuple[int | None, ...]]:
+        """Per row of a batch of ``n``: the limit, and the forced length in tokens before EOS
+        (None: none). Raises a ``GencraftError`` when a per-row setting has another count."""
+        limits = _per_row(self.max_new_tokens, n, "max_new_tokens")
+        forces = _per_row(self.force_length, n, "force_length")
+        counted = self.length_includes_eos
+        return tuple(limits), tuple(
+            _forced_length(m, f, counted) for m, f in zip(limits, forces, strict=True)
+        )
 
     def _check(self) -> None:
         _choice("finished", self.finished, ("aside", "on_beam"))
@@ -246,6 +277,15 @@ class BeamSettings:
         return self
 
 
+def _rows_given(s: BeamSettings) -> int:
+    """The row count the per-row settings give (1 when both are given once)."""
+    counts = {len(v) for v in (s.max_new_tokens, s.force_length) if isinstance(v, tuple)}
+    if len(counts) > 1:
+        m, f = len(s.max_new_tokens), len(s.force_length)  # type: ignore[arg-type]
+        raise GencraftError(f"max_new_tokens gives {m} values, force_length {f}; give one per row")
+    return counts.pop() if counts else 1
+
+
 def _choice(name: str, value: Any, allowed: tuple[Any, ...]) -> None:
     # `is`/type check too: early_stopping=1 is not True for generate
     if not any(value is a or (type(value) is type(a) and value == a) for a in allowed):
@@ -276,6 +316,26 @@ def _per_row(value: Any, rows: int, name: str) -> list[Any]:
     if len(values) != rows:
         raise GencraftError(f"{name} gives {len(values)} values for {rows} rows")
     return values
+
+
+def _settings(settings: BeamSettings | None, overrides: dict[str, Any]) -> BeamSettings:
+    """``settings`` with ``overrides`` replaced (or built from them alone), an unknown name
+    refused in one line."""
+    known = {f.name for f in fields(BeamSettings)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise GencraftError(
+            f"beam search has no setting {', '.join(map(repr, unknown))}; BeamSettings has "
+            f"{', '.join(sorted(known))}"
+        )
+    if settings is not None:
+        return replace(settings, **overrides)
+    missing = [n for n in ("num_beams", "max_new_tokens") if n not in overrides]
+    if missing:
+        raise GencraftError(
+            f"beam search needs {' and '.join(missing)} (or settings=BeamSettings(...))"
+        )
+    return BeamSettings(**overrides)
 
 
 @dataclass
@@ -374,30 +434,18 @@ class BeamResult(TensorRecord):
 def beam_search(
     model: nn.Module | Stepper,
     input_ids: torch.Tensor | None = None,
+    settings: BeamSettings | None = None,
     *,
-    num_beams: int,
-    max_new_tokens: int,
-    classifier: AttributeScorer | None = None,
-    k: int | None = None,
-    alpha: float = 1.0,
     eos_token_id: int | list[int] | None = None,
-    finished: Literal["aside", "on_beam"] = "aside",
-    force_length: int | None = None,
-    forced_eos: Literal["model", "free"] = "model",
-    logits_processor: Sequence[Any] | None = None,
-    length_includes_eos: bool = False,
-    forced_ranking: Literal["score", "selection"] = "score",
-    length_penalty: float = 0.0,
-    early_stopping: EarlyStopping = True,
+    **overrides: Any,
 ) -> list[Hypothesis]:
     """Beam search for one input; returns up to ``num_beams`` hypotheses, best first: the batch
     of one of :func:`beam_search_batch`.
 
     ``model``: a Hugging Face causal LM or encoder-decoder, or a ``Stepper`` of one input;
     ``input_ids`` [1, P] its prompt (causal) or encoder input (encoder-decoder), None for a
-    Stepper; ``eos_token_id`` the id or ids ending a hypothesis (default: the model's). The
-    other arguments are :class:`BeamSettings`' fields (``length_includes_eos``: the forced
-    length counts the EOS, as the thesis's tables do)."""
+    Stepper; ``settings`` and ``overrides``: :class:`BeamSettings` and its fields;
+    ``eos_token_id`` the id or ids ending a hypothesis (default: the model's)."""
     if isinstance(input_ids, torch.Tensor) and input_ids.dim() == 2 and input_ids.shape[0] != 1:
         raise GencraftError(
             f"beam_search takes one input [1, P], got {list(input_ids.shape)}; use "
@@ -405,68 +453,26 @@ def beam_search(
         )
     if not isinstance(model, nn.Module) and batch_size(model) != 1:
         raise GencraftError("beam_search takes a Stepper of one input; use beam_search_batch")
-    return beam_search_batch(
-        model,
-        input_ids,
-        None,
-        num_beams=num_beams,
-        max_new_tokens=max_new_tokens,
-        classifier=classifier,
-        k=k,
-        alpha=alpha,
-        eos_token_id=eos_token_id,
-        finished=finished,
-        force_length=force_length,
-        forced_eos=forced_eos,
-        logits_processor=logits_processor,
-        length_includes_eos=length_includes_eos,
-        forced_ranking=forced_ranking,
-        length_penalty=length_penalty,
-        early_stopping=early_stopping,
-    )[0]
+    settings = _settings(settings, overrides)
+    result = beam_search_tensors(model, input_ids, None, settings, eos_token_id=eos_token_id)
+    return result.hypotheses()[0]
 
 
 def beam_search_batch(
     model: nn.Module | Stepper,
     input_ids: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
+    settings: BeamSettings | None = None,
     *,
-    num_beams: int,
-    max_new_tokens: int | Sequence[int],
-    classifier: AttributeScorer | None = None,
-    k: int | None = None,
-    alpha: float = 1.0,
     eos_token_id: int | list[int] | None = None,
-    finished: Literal["aside", "on_beam"] = "aside",
-    force_length: int | Sequence[int | None] | None = None,
-    forced_eos: Literal["model", "free"] = "model",
-    logits_processor: Sequence[Any] | None = None,
-    length_includes_eos: bool = False,
-    forced_ranking: Literal["score", "selection"] = "score",
-    length_penalty: float = 0.0,
-    early_stopping: EarlyStopping = True,
+    **overrides: Any,
 ) -> list[list[Hypothesis]]:
-    """Beam search over a batch: one list of hypotheses per row, each what
-    :func:`beam_search` returns for that row alone. :func:`beam_search_tensors` takes the same
-    arguments and returns the tensors (:class:`BeamResult`)."""
+    """Beam search over a batch: one list of hypotheses per row, best first, each what
+    :func:`beam_search` returns for that row alone. The arguments are
+    :func:`beam_search_tensors`', which returns the same outputs as tensors."""
+    settings = _settings(settings, overrides)
     return beam_search_tensors(
-        model,
-        input_ids,
-        attention_mask,
-        num_beams=num_beams,
-        max_new_tokens=max_new_tokens,
-        classifier=classifier,
-        k=k,
-        alpha=alpha,
-        eos_token_id=eos_token_id,
-        finished=finished,
-        force_length=force_length,
-        forced_eos=forced_eos,
-        logits_processor=logits_processor,
-        length_includes_eos=length_includes_eos,
-        forced_ranking=forced_ranking,
-        length_penalty=length_penalty,
-        early_stopping=early_stopping,
+        model, input_ids, attention_mask, settings, eos_token_id=eos_token_id
     ).hypotheses()
 
 
@@ -483,58 +489,41 @@ def beam_search_tensors(
     model: nn.Module | Stepper,
     input_ids: torch.Tensor | None = None,
     attention_mask: torch.Tensor | None = None,
+    settings: BeamSettings | None = None,
     *,
-    num_beams: int,
-    max_new_tokens: int | Sequence[int],
-    classifier: AttributeScorer | None = None,
-    k: int | None = None,
-    alpha: float = 1.0,
     eos_token_id: int | list[int] | None = None,
-    finished: Literal["aside", "on_beam"] = "aside",
-    force_length: int | Sequence[int | None] | None = None,
-    forced_eos: Literal["model", "free"] = "model",
-    logits_processor: Sequence[Any] | None = None,
-    length_includes_eos: bool = False,
-    forced_ranking: Literal["score", "selection"] = "score",
-    length_penalty: float = 0.0,
-    early_stopping: EarlyStopping = True,
+    **overrides: Any,
 ) -> BeamResult:
-    """The batched search; returns each row's outputs as tensors.
+    """The batched search; returns each row's outputs as tensors (:class:`BeamResult`).
 
     ``model``: a Hugging Face causal LM or encoder-decoder, or a ``Stepper`` of B inputs (e.g.
     one built over ``generate``'s encoder outputs); ``input_ids`` [B, P] prompts (causal LM:
     left-padded) or encoder inputs (padded on either side), None for a Stepper;
-    ``attention_mask`` [B, P] 1 for tokens (default: none padded). ``max_new_tokens`` and
-    ``force_length`` are given once or per row (B values; None: no forced length). The other
-    arguments are :class:`BeamSettings`' fields."""
-    rows = _rows(model, input_ids)
-    settings = BeamSettings.build(
-        rows,
-        max_new_tokens,
-        force_length,
-        length_includes_eos,
-        num_beams=num_beams,
-        classifier=classifier,
-        k=k,
-        alpha=alpha,
-        finished=finished,
-        forced_eos=forced_eos,
-        forced_ranking=forced_ranking,
-        length_penalty=length_penalty,
-        early_stopping=early_stopping,
-        logits_processor=logits_processor,
-    )
-    if num_beams == 1 and settings.logits_processor:
+    ``attention_mask`` [B, P] 1 for tokens (default: none padded). ``settings``: a
+    :class:`BeamSettings`; ``overrides``: its fields, replacing those of ``settings`` or, with
+    none, building it (``num_beams`` and ``max_new_tokens`` then needed). ``eos_token_id``:
+    the id or ids ending a hypothesis (default: the model's)."""
+    settings = _settings(settings, overrides)
+    limits, forces = settings.rows(_rows(model, input_ids))
+    if settings.num_beams == 1 and settings.logits_processor:
         _warn_one_beam(settings.logits_processor)
     stepper, eos = resolve(
         model,
         input_ids,
         eos_token_id,
-        max_new_tokens=max(settings.max_new_tokens),
+        max_new_tokens=max(limits),
         hidden=settings.classifier is not None,
         attention_mask=attention_mask,
     )
-    return _BeamSearch(stepper, settings.for_vocabulary(stepper.vocab_size), eos).run()
+    cfg = settings.for_vocabulary(stepper.vocab_size)
+    return _BeamSearch(stepper, cfg, _Rows(limits, forces), eos).run()
+
+
+class _Rows(NamedTuple):
+    """Per row: the limit L and the forced length n before EOS (None: none)."""
+
+    limits: tuple[int, ...]
+    forces: tuple[int | None, ...]
 
 
 @dataclass
@@ -553,14 +542,16 @@ class _BeamSearch:
     """One batched search over a stepper of B inputs, K beams each; ``run`` returns the
     :class:`BeamResult`."""
 
-    def __init__(self, stepper: Stepper, settings: BeamSettings, eos: list[int]) -> None:
+    def __init__(
+        self, stepper: Stepper, settings: BeamSettings, rows: _Rows, eos: list[int]
+    ) -> None:
         self.stepper, self.cfg, self.clf = stepper, settings, settings.classifier
         self.B, self.K = batch_size(stepper), settings.num_beams
-        self.T = max(settings.max_new_tokens)
+        self.T = max(rows.limits)
         # per row: the limit L and the forced length n (-1: none); moved to the model's device
         # at the start
-        self.limit = torch.tensor(settings.max_new_tokens)
-        self.force = torch.tensor([-1 if f is None else f for f in settings.force_length])
+        self.limit = torch.tensor(rows.limits)
+        self.force = torch.tensor([-1 if f is None else f for f in rows.forces])
         self.forced = self.force >= 0
         self.eos = torch.tensor(eos)
         self.process = ProcessorChain(stepper, list(settings.logits_processor))

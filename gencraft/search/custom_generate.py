@@ -50,7 +50,7 @@ from gencraft.models.cad import CADSettings, ContrastStepper
 from gencraft.models.compat import given_cache
 from gencraft.models.introspect import eos_ids, pad_id
 from gencraft.models.stepping import HFStepper
-from gencraft.search.beam import BeamResult, beam_search_tensors
+from gencraft.search.beam import BeamResult, BeamSettings, beam_search_tensors
 from gencraft.search.exact import ModeResult, exact_mode_batch
 
 #: stopping criteria generate() adds from the generation config, honoured by the searches
@@ -213,31 +213,28 @@ def _beam(
     search: dict[str, Any],
     wrap: Callable[[HFStepper], Any] | None = None,
 ) -> Any:
-    """The one builder of the beam decoders: ``search`` holds the method's own arguments
-    (:func:`~gencraft.search.beam.beam_search_tensors`' keywords); the beams, limits, EOS ids,
-    processors, length penalty and early stopping come from ``generate``. ``wrap`` turns the
-    prompts' stepper into the one searched (context-aware decoding's two streams)."""
+    """The one builder of the beam decoders: ``search`` holds the method's own
+    :class:`~gencraft.search.beam.BeamSettings` fields; the beams, limits, processors, length
+    penalty and early stopping come from ``generate``
+    (:meth:`~gencraft.search.beam.BeamSettings.from_generation_config`), the EOS ids too.
+    ``wrap`` turns the prompts' stepper into the one searched (context-aware decoding's two
+    streams)."""
     _check_call(name, stopping_criteria, generation_config, synced_gpus, streamer)
     stepper: Any = _stepper(
         model, input_ids, model_kwargs, generation_config, search.get("classifier") is not None
     )
     if wrap is not None:
         stepper = wrap(stepper)
-    beams = int(generation_config.num_beams or 1)
-    lp, early = generation_config.length_penalty, generation_config.early_stopping
-    if beams == 1:  # generate's greedy path, whatever the two: a row ends at its first EOS
-        lp, early = 0.0, True
-    result = beam_search_tensors(
-        stepper,
-        num_beams=beams,
+    settings = BeamSettings.from_generation_config(
+        generation_config,
         max_new_tokens=_max_new_tokens(generation_config, input_ids),
-        eos_token_id=eos_ids(model, generation_config.eos_token_id),
-        logits_processor=list(logits_processor or []),
-        length_penalty=1.0 if lp is None else lp,  # generate's defaults
-        early_stopping=False if early is None else early,
+        logits_processor=tuple(logits_processor or ()),
         **search,
     )
-    return _output(name, model, input_ids, generation_config, result, greedy=beams == 1)
+    eos = eos_ids(model, generation_config.eos_token_id)
+    result = beam_search_tensors(stepper, settings=settings, eos_token_id=eos)
+    greedy = settings.num_beams == 1
+    return _output(name, model, input_ids, generation_config, result, greedy=greedy)
 
 
 def beam_search(

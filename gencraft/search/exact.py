@@ -30,6 +30,14 @@ import torch
 from torch import nn
 
 from gencraft.errors import GencraftError
+from gencraft.models.caches import (
+    build_cache,
+    concat_positions,
+    kv_pairs,
+    last_position,
+    self_attention_layers,
+    state_bytes,
+)
 from gencraft.models.stepping import HFStepper, ProcessorChain, Stepper, batch_size, resolve
 
 
@@ -51,34 +59,6 @@ class ModeResult:
 
 class _Budget(Exception):
     pass
-
-
-def _layers(cache: Any) -> list[Any]:
-    """The self-attention layers of a cache (the cross-attention part never changes)."""
-    inner = getattr(cache, "self_attention_cache", cache)
-    return list(inner.layers)
-
-
-def _slice_last(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    # clone: a view would keep the whole full-cache tensor alive
-    return [(ly.keys[..., -1:, :].clone(), ly.values[..., -1:, :].clone()) for ly in _layers(cache)]
-
-
-def _nbytes(kv: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
-    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
-
-
-def _rebuild(parts: list[list[tuple[torch.Tensor, torch.Tensor]]], cross: Any) -> Any:
-    """A fresh cache holding ``parts`` (root first) concatenated along the sequence axis, with
-    an encoder-decoder's cross-attention cache ``cross`` shared (it never changes)."""
-    from gencraft.models.compat import DynamicCache, EncoderDecoderCache
-
-    data = [
-        (torch.cat([p[i][0] for p in parts], dim=-2), torch.cat([p[i][1] for p in parts], dim=-2))
-        for i in range(len(parts[0]))
-    ]
-    self_cache = DynamicCache(data)
-    return EncoderDecoderCache(self_cache, cross) if cross is not None else self_cache
 
 
 def exact_mode(
@@ -365,7 +345,7 @@ class _DFS:
 
     def _seed(self, initial: list[int], log_probs: torch.Tensor, root: list):
         """Score ``initial`` + EOS along one path (a copy of the root cache) as the bound."""
-        cache, lp, score = _rebuild([root], self.cross), log_probs[0].double(), 0.0
+        cache, lp, score = build_cache(root, self.cross), log_probs[0].double(), 0.0
         lp = self._process(lp, [])
         for i, t in enumerate(initial):
             score += lp[t].item()
@@ -379,13 +359,13 @@ class _DFS:
         """``log_probs`` [1, V] and ``cache`` (one row): the root's; returns a ModeResult."""
         exact = True
         self.nodes = 1
-        root_kv = [(ly.keys.clone(), ly.values.clone()) for ly in _layers(cache)]
+        root_kv = [(ly.keys.clone(), ly.values.clone()) for ly in self_attention_layers(cache)]
         self.cross = getattr(cache, "cross_attention_cache", None)
         if initial is not None:
             yield from self._seed(initial, log_probs, root_kv)
         try:
             yield from self._visit(
-                [], 0.0, log_probs[0].double(), cache, [root_kv], _nbytes(root_kv)
+                [], 0.0, log_probs[0].double(), cache, [root_kv], state_bytes(root_kv)
             )
         except _Budget:
             exact = False
@@ -411,7 +391,7 @@ class _DFS:
         cache of ``prefix``, owned by this call; ``path``: the KV slices from the root (prompt
         first), ``path_bytes`` their size."""
         # held now: the slices on the path, the kept caches above, and this full cache
-        self.peak = max(self.peak, path_bytes + self.kept + _nbytes(_kv(cache)))
+        self.peak = max(self.peak, path_bytes + self.kept + state_bytes(kv_pairs(cache)[0]))
         logp = self._process(logp, prefix)
         depth = len(prefix)
         eos_lp = torch.logsumexp(logp[self.eos], dim=0).item()
@@ -434,26 +414,24 @@ class _DFS:
                 given, cache = cache, None  # the first child takes this full cache over
             else:
                 if kept is None:  # second child: rebuild once from the slices, keep it
-                    kept = _rebuild(path, self.cross)
+                    kept = build_cache(concat_positions(path), self.cross)
                     self.kept += path_bytes
-                given = _rebuild([_kv(kept)], self.cross)  # the step extends what it is given
+                given = build_cache(
+                    kv_pairs(kept)[0], self.cross
+                )  # the step extends what it is given
             out = yield (w, given)
             child_lp, child_cache = out.log_probs[0].double(), out.cache
             del given, out
             self.nodes += 1
-            kv = _slice_last(child_cache)
+            kv = last_position(child_cache)
             yield from self._visit(
                 [*prefix, w],
                 child_score,
                 child_lp,
                 child_cache,
                 [*path, kv],
-                path_bytes + _nbytes(kv),
+                path_bytes + state_bytes(kv),
             )
             del child_cache
         if kept is not None:
             self.kept -= path_bytes
-
-
-def _kv(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(ly.keys, ly.values) for ly in _layers(cache)]

@@ -500,7 +500,7 @@ class ExperimentRun:
                 clock.started.append(f"{self.experiment.name}: {key}")
             self._mark = running_clock()
             try:
-                value = self._compute(key, compute, clock if resumes else None, resumes)
+                value = self._compute(key, compute, clock, resumes)
             except OutOfTime:  # before a part or a step: what is done and its time are saved
                 raise
             except BaseException:  # Ctrl-C, a time limit, a failure: the time spent is kept

@@ -78,8 +78,11 @@ class MbrSettings:
 def mbr_study(s: MbrSettings, run: ExperimentRun) -> None:
     """Beam search and MBR at each N on the same prompts, scored by score_task with metrics
     other than the utility, with the wall time per output."""
+    from functools import partial
+
     from gencraft.metrics.tasks import score_task
     from gencraft.models.generate import generate_text
+    from gencraft.search.mbr import mbr_generate_text
     from gencraft.search.prompts import instruction_references
 
     model, tok = load_model(s.model, device=default_device())
@@ -91,19 +94,16 @@ def mbr_study(s: MbrSettings, run: ExperimentRun) -> None:
         for name, n in methods:
 
             def unit(n=n, texts=texts):
-                kw = dict(do_sample=True, epsilon=s.epsilon) if n else dict(num_beams=s.beams)
+                if n:
+                    decode = partial(mbr_generate_text, n=n, utility=s.utility, do_sample=True)
+                    kw = dict(epsilon=s.epsilon)
+                else:
+                    decode, kw = generate_text, dict(num_beams=s.beams)
                 outs, t0 = [], running_clock()
                 for i in range(0, len(texts), s.batch_size):
-                    outs += generate_text(
-                        model,
-                        tok,
-                        texts[i : i + s.batch_size],
-                        seed=s.seed + i,
-                        mbr=n,
-                        mbr_utility=s.utility,
-                        max_new_tokens=s.max_new_tokens,
-                        **kw,
-                    )
+                    batch = texts[i : i + s.batch_size]
+                    kw.update(seed=s.seed + i, max_new_tokens=s.max_new_tokens)
+                    outs += decode(model, tok, batch, **kw)
                 return {"outputs": outs, "seconds": running_clock() - t0}
 
             asked.append((task, name, refs, len(texts), run.unit(f"{task} {name}", unit)))

@@ -239,7 +239,7 @@ def test_hso_state_gradients_gradcheck_in_float64():
     the present states (the shifts of :class:`KVStates`), against finite differences. GPT-2,
     not Llama: Llama's RMSNorm computes in float32 even in a float64 model."""
     from gencraft.hso.functional import _window_nll
-    from gencraft.models.stepping import KVStates
+    from gencraft.models.caches import KVStates
 
     model, _ = load_model("tiny-gpt2", seed=0)
     model = model.double().eval()

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gencraft.models import load_model
-from gencraft.models.stepping import KVStates, RowStateCache, row_state_cache
+from gencraft.models.caches import KVStates, RowStateCache, row_state_cache
 
 
 def _layers(b: int, s: int, n_layers: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -21,16 +21,11 @@ from transformers import (
 
 from gencraft.errors import GencraftError
 from gencraft.models import load_model
-from gencraft.models.generate import (
-    _prepared,
-    build_inputs,
-    generate_text,
-    mbr_candidates,
-    mbr_generate_text,
-)
+from gencraft.models.generate import build_inputs, generate_text, prepared_inputs
 from gencraft.models.introspect import eos_ids, pad_id
 from gencraft.models.prompts import encode_user_turn, left_padded_batches, pad_batch
 from gencraft.models.sampling import sample_batch
+from gencraft.search.mbr import mbr_batch_text, mbr_candidates, mbr_generate_text
 from tests.models.test_mbr_generate import _brute_force
 
 PROMPTS = ["hi", "the cat sat on", "a much longer prompt than the others"]
@@ -44,7 +39,7 @@ def _load(name: str):
 
 
 def _enc(model, tok) -> dict:
-    return _prepared(model, tok, PROMPTS, None, None, {})
+    return prepared_inputs(model, tok, PROMPTS, None, None, {})
 
 
 def _new(model, enc, out: torch.Tensor) -> list[list[int]]:
@@ -142,10 +137,10 @@ def test_mbr_defaults_to_chrf_and_seed_0_and_passes_epsilon_on(epsilon):
     model, tok = _load("tiny-llama")
     enc = _enc(model, tok)
     kw = dict(do_sample=True, max_new_tokens=8)
-    got = mbr_generate_text(model, tok, enc, n=4, epsilon=epsilon, **kw)
+    got = mbr_batch_text(model, tok, enc, n=4, epsilon=epsilon, **kw)
     cands = mbr_candidates(model, enc, n=4, seed=0, epsilon=epsilon, **kw)
     assert got == _brute_force(tok, cands, 4, "chrf")
-    one = mbr_generate_text(model, tok, enc, n=1, seed=5, **kw)  # one candidate: itself
+    one = mbr_batch_text(model, tok, enc, n=1, seed=5, **kw)  # one candidate: itself
     single = mbr_candidates(model, enc, n=1, seed=5, **kw)
     assert one == [t.strip() for t in tok.batch_decode(single, skip_special_tokens=True)]
 
@@ -154,7 +149,7 @@ def test_epsilon_changes_the_mbr_output_it_is_passed_to():
     model, tok = _load("tiny-llama")
     enc = _enc(model, tok)
     kw = dict(do_sample=True, max_new_tokens=8)
-    assert mbr_generate_text(model, tok, enc, n=4, epsilon=0.05, **kw) != mbr_generate_text(
+    assert mbr_batch_text(model, tok, enc, n=4, epsilon=0.05, **kw) != mbr_generate_text(
         model, tok, enc, n=4, **kw
     )
 
@@ -165,10 +160,15 @@ def test_refusals_are_named_word_for_word():
     with pytest.raises(GencraftError, match=r"^epsilon applies to sampled candidates; add "):
         mbr_candidates(model, enc, n=2, epsilon=0.1, max_new_tokens=3)
     with pytest.raises(GencraftError, match=r"^mbr \(candidates per input\) must be >= 1, got 0$"):
-        mbr_generate_text(model, tok, enc, n=0, max_new_tokens=3)
-    with pytest.raises(GencraftError, match=r"^epsilon applies to --mbr's samples; give --mbr N$"):
-        generate_text(model, tok, PROMPTS, epsilon=0.1, max_new_tokens=3)
-    with pytest.raises(GencraftError, match=r"^negative_prompts: one per prompt \(3, got 2\), "):
+        mbr_batch_text(model, tok, enc, n=0, max_new_tokens=3)
+    for kw in (dict(epsilon=0.1), dict(mbr=4, mbr_utility="bleu")):
+        with pytest.raises(GencraftError) as err:
+            generate_text(model, tok, PROMPTS, max_new_tokens=3, **kw)
+        assert str(err.value) == (
+            f"generate_text does no MBR ({', '.join(sorted(kw))}): use gencraft.search.mbr."
+            "mbr_generate_text(model, tokenizer, prompts, n=N, utility=..., epsilon=...)"
+        )
+    with pytest.raises(GencraftError, match=r"^negative_prompts: one per prompt \(3, got 2\)$"):
         generate_text(model, tok, PROMPTS, negative_prompts=["a", "b"], max_new_tokens=3)
 
 
@@ -184,13 +184,15 @@ def test_left_padding_falls_back_to_the_models_pad_id():
 
 
 @pytest.mark.parametrize("epsilon", [None, 0.05])
-def test_generate_text_with_mbr_is_mbr_of_the_same_batch_seeded_0_by_default(epsilon):
+def test_mbr_generate_text_is_mbr_of_the_batch_generate_text_encodes(epsilon):
+    """The text-level entry encodes the prompts as generate_text does and is MBR of that
+    batch, seeded 0 by default."""
     model, tok = _load("tiny-llama")
     kw = dict(do_sample=True, max_new_tokens=8, pad_token_id=0)
-    got = generate_text(model, tok, PROMPTS, mbr=4, epsilon=epsilon, **kw)
-    assert got == mbr_generate_text(model, tok, _enc(model, tok), n=4, epsilon=epsilon, **kw)
-    seeded = generate_text(model, tok, PROMPTS, mbr=4, seed=9, epsilon=epsilon, **kw)
-    assert seeded == mbr_generate_text(
+    got = mbr_generate_text(model, tok, PROMPTS, n=4, epsilon=epsilon, **kw)
+    assert got == mbr_batch_text(model, tok, _enc(model, tok), n=4, epsilon=epsilon, **kw)
+    seeded = mbr_generate_text(model, tok, PROMPTS, n=4, seed=9, epsilon=epsilon, **kw)
+    assert seeded == mbr_batch_text(
         model, tok, _enc(model, tok), n=4, seed=9, **kw, epsilon=epsilon
     )
 
@@ -226,8 +228,8 @@ def test_prompts_and_negative_prompts_are_encoded_alike(monkeypatch, chat):
         max_new_tokens=4,
         do_sample=False,
     )
-    enc = _prepared(model, tok, PROMPTS, chat, 6, {})
-    neg = _prepared(model, tok, negatives, chat, 6, {}, True)
+    enc = prepared_inputs(model, tok, PROMPTS, chat, 6, {})
+    neg = prepared_inputs(model, tok, negatives, chat, 6, {}, True)
     assert torch.equal(seen["input_ids"], enc["input_ids"])
     assert torch.equal(seen["negative_input_ids"], neg["input_ids"])
     assert torch.equal(seen["negative_attention_mask"], neg["attention_mask"])
@@ -388,24 +390,26 @@ def test_a_causal_prompt_plus_new_tokens_fills_the_context_and_no_more(new):
     model, tok = _load("tiny-llama")
     kw = {} if new is None else {"max_new_tokens": new}
     fits = 512 - (new or 20)
-    _prepared(model, tok, [_prompt_of(tok, fits)], None, None, dict(kw))
+    prepared_inputs(model, tok, [_prompt_of(tok, fits)], None, None, dict(kw))
     msg = (
         "the prompt plus max_new_tokens (513 tokens) exceeds the model's context of 512 "
         "positions; shorten the prompt or lower max_new_tokens"
     )
     with pytest.raises(GencraftError, match="^" + re.escape(msg) + "$"):
-        _prepared(model, tok, [_prompt_of(tok, fits + 1)], None, None, dict(kw))
+        prepared_inputs(model, tok, [_prompt_of(tok, fits + 1)], None, None, dict(kw))
 
 
 def test_an_encoder_decoders_input_and_output_each_fill_their_context_and_no_more():
     model, tok = _load("tiny-bart")
-    _prepared(model, tok, [_prompt_of(tok, 512, False)], None, None, {"max_new_tokens": 511})
+    prepared_inputs(model, tok, [_prompt_of(tok, 512, False)], None, None, {"max_new_tokens": 511})
     msg = "the input (513 tokens) exceeds the model's context of 512 positions; shorten "
     with pytest.raises(GencraftError, match="^" + re.escape(msg)):
-        _prepared(model, tok, [_prompt_of(tok, 513, False)], None, None, {"max_new_tokens": 5})
+        prepared_inputs(
+            model, tok, [_prompt_of(tok, 513, False)], None, None, {"max_new_tokens": 5}
+        )
     msg = "max_new_tokens=512 exceeds the decoder's context of 512 positions"
     with pytest.raises(GencraftError, match="^" + re.escape(msg) + "$"):
-        _prepared(model, tok, ["a"], None, None, {"max_new_tokens": 512})
+        prepared_inputs(model, tok, ["a"], None, None, {"max_new_tokens": 512})
 
 
 @pytest.mark.parametrize("tok_pad", [True, False])
@@ -418,13 +422,13 @@ def test_the_tokenizers_pad_id_else_the_models_pads_the_batch_and_generate(name,
         tok.pad_token = None
     pad = 0 if tok_pad else 7  # the tiny tokenizer's pad id is 0
     kw: dict = {"max_new_tokens": 2}
-    enc = _prepared(model, tok, ["a", "abc"], None, None, kw)
+    enc = prepared_inputs(model, tok, ["a", "abc"], None, None, kw)
     mask = enc["attention_mask"][0].tolist()
     assert enc["input_ids"][0][enc["attention_mask"][0] == 0].tolist() == [pad, pad]
     assert kw["pad_token_id"] == pad
     assert mask == sorted(mask, reverse=model.config.is_encoder_decoder)
     kept = {"max_new_tokens": 2, "pad_token_id": 4}  # the caller's own pad id stays
-    _prepared(model, tok, ["a"], None, None, kept)
+    prepared_inputs(model, tok, ["a"], None, None, kept)
     assert kept["pad_token_id"] == 4
 
 

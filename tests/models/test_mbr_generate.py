@@ -1,4 +1,4 @@
-"""MBR decoding from ``generate_text`` and ``gencraft generate --mbr`` (issue 44): the output
+"""MBR decoding from ``mbr_generate_text`` and ``gencraft generate --mbr``: the output
 is the brute-force MBR choice among the candidates; sampled candidates are each prompt's own
 (the same in any batch); beam candidates are generate's N best."""
 
@@ -14,9 +14,10 @@ from gencraft.cli.main import main
 from gencraft.errors import GencraftError
 from gencraft.metrics.mbr import utility_matrices
 from gencraft.models import load_model
-from gencraft.models.generate import _prepared, generate_text, mbr_candidates
+from gencraft.models.generate import prepared_inputs
 from gencraft.models.introspect import eos_ids
 from gencraft.models.sampling import sample_batch
+from gencraft.search.mbr import mbr_batch_text, mbr_candidates, mbr_generate_text
 
 PROMPTS = ["the cat sat", "a dog", "once upon a time there was"]
 
@@ -43,8 +44,8 @@ def test_mbr_output_is_the_brute_force_choice(tiny, utility, sample):
     model, tok = tiny
     kw = dict(max_new_tokens=6, do_sample=sample, top_k=20 if sample else None)
     kw = {k: v for k, v in kw.items() if v is not None}
-    got = generate_text(model, tok, PROMPTS, seed=3, mbr=4, mbr_utility=utility, **dict(kw))
-    enc = _prepared(model, tok, PROMPTS, None, None, kw)
+    got = mbr_generate_text(model, tok, PROMPTS, seed=3, n=4, utility=utility, **dict(kw))
+    enc = prepared_inputs(model, tok, PROMPTS, None, None, kw)
     if sample:  # the batched sampler, each prompt seeded 3 + its index, top-k 20
         cands = sample_batch(
             model,
@@ -68,13 +69,13 @@ def test_mbr_output_is_the_brute_force_choice(tiny, utility, sample):
 def test_sampled_candidates_are_each_prompt_s_own(tiny):
     model, tok = tiny
     kw = dict(max_new_tokens=5, do_sample=True, temperature=0.8)
-    together = generate_text(model, tok, PROMPTS, seed=10, mbr=3, epsilon=0.01, **kw)
+    together = mbr_generate_text(model, tok, PROMPTS, seed=10, n=3, epsilon=0.01, **kw)
     alone = [
-        generate_text(model, tok, [p], seed=10 + i, mbr=3, epsilon=0.01, **kw)[0]
+        mbr_generate_text(model, tok, [p], seed=10 + i, n=3, epsilon=0.01, **kw)[0]
         for i, p in enumerate(PROMPTS)
     ]
     assert together == alone
-    enc = _prepared(model, tok, PROMPTS[:1], None, None, dict(kw))
+    enc = prepared_inputs(model, tok, PROMPTS[:1], None, None, dict(kw))
     a = mbr_candidates(model, enc, n=3, seed=1, **kw)
     assert a != mbr_candidates(model, enc, n=3, seed=2, **kw)  # the seed matters
 
@@ -95,11 +96,10 @@ def test_cli_mbr_and_its_errors(capsys):
 
 def test_mbr_refuses_zero_candidates(tiny):
     model, tok = tiny
-    enc = _prepared(model, tok, PROMPTS[:1], None, None, {"max_new_tokens": 3})
-    from gencraft.models.generate import mbr_generate_text
+    enc = prepared_inputs(model, tok, PROMPTS[:1], None, None, {"max_new_tokens": 3})
 
     with pytest.raises(GencraftError, match="mbr \\(candidates per input\\) must be >= 1"):
-        mbr_generate_text(model, tok, enc, n=0, max_new_tokens=3)
+        mbr_batch_text(model, tok, enc, n=0, max_new_tokens=3)
     assert torch.is_tensor(enc["input_ids"])
 
 

@@ -15,6 +15,7 @@ from transformers import LogitsProcessor
 
 from gencraft.errors import GencraftError
 from gencraft.models.architectures import tiny_architecture
+from gencraft.models.caches import left_pad
 from gencraft.models.introspect import context_size
 from gencraft.models.stepping import (
     HFStepper,
@@ -22,7 +23,6 @@ from gencraft.models.stepping import (
     StepOutput,
     _accepts,
     _check_mask,
-    _left_pad,
     resolve,
 )
 
@@ -183,7 +183,7 @@ def test_accepts_reads_the_signature():
 
 def test_left_pad_pads_the_sequence_axis_whatever_the_head_count():
     x = torch.randn(1, 3, 1, 4)  # 3 heads, 1 position
-    out = _left_pad(x, 3)
+    out = left_pad(x, 3)
     assert out.shape == (1, 3, 3, 4)
     assert torch.equal(out[:, :, 2:], x) and not out[:, :, :2].any()
 

@@ -342,7 +342,7 @@ def test_cli_train_resume_generate_eval_and_errors(shared_data, tmp_path, capsys
 
 
 def test_nar_experiment_runs_at_tiny_scale(shared_data, tmp_path, monkeypatch):
-    from gencraft.nar import experiments
+    from gencraft.studies import nar as experiments
     from gencraft.studies.runner import reproduce
 
     # The real tuning runs; its pick is then made distinct per model, so that a decode at

@@ -177,16 +177,26 @@ def test_encoder_decoder_decoder_truncsa_is_causal_and_equals_stepping():
 
 
 def test_sparse_attention_generate_carries_the_column_mass():
+    """RowStateGeneration(base).generate decodes TruncSA with the running column mass (its
+    cached greedy logits equal one full forward pass), leaving ``base`` untouched, whose own
+    generate is refused in one line naming the wrapper."""
+    from gencraft.errors import ConfigError
+    from gencraft.models.caches import RowStateGeneration
+
     base = _peaked("tiny-llama")
     cfg = PrefixConfig(normalizer="truncsa", top_p=0.5, sparse_layers="all")
     handle = sparse_attention(base, cfg)
     prompt, _ = _ids(4)
-    stepped, seq = _greedy(base, prompt, pad_token_id=0)
+    model = RowStateGeneration(base)
+    stepped, seq = _greedy(model, prompt, pad_token_id=0)
     with torch.no_grad():
         full = base(seq).logits[:, prompt.shape[1] - 1 : -1]
+        assert torch.equal(model(seq).logits, base(seq).logits)  # the forward is base's
     torch.testing.assert_close(stepped, full, rtol=1e-4, atol=1e-4)
+    assert model.config is base.config and "generate" not in vars(base)
+    with pytest.raises(ConfigError, match=r"RowStateGeneration\(model\)\.generate"):
+        _greedy(base, prompt, pad_token_id=0)
     handle.remove()
-    assert "generate" not in vars(base)
 
 
 def test_column_mass_is_a_prefix_sum_and_continues_from_the_past():

@@ -190,6 +190,9 @@ def test_finetune_method_saves_and_loads_with_its_normaliser(tmp_path, shared_da
     model, tok, meta = load_run(tmp_path / "ft", build=rebuild_finetuned)
     assert meta["train"]["method"] == "finetune" and meta["prefix"]["normalizer"] == "truncsa"
     assert any(p.requires_grad for p in model.parameters())
+    from gencraft.models.caches import RowStateGeneration
+
+    assert isinstance(model, RowStateGeneration)  # its generate carries the column mass
     result = evaluate(
         model,
         tok,

@@ -1,10 +1,11 @@
 """search/beam.py's settings and refusals word for word, and what each entry point passes on:
-the paths mutmut found that no output-comparing test reads (issue 41)."""
+the paths mutmut found that no output-comparing test reads."""
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 import warnings
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -17,9 +18,26 @@ from gencraft.search import StepOutput, beam_search, beam_search_batch, beam_sea
 from gencraft.search.beam import BeamSettings
 
 
+class _Built(NamedTuple):
+    """What a search of ``rows`` rows reads of its settings."""
+
+    settings: BeamSettings
+    max_new_tokens: tuple[int, ...]
+    force_length: tuple[int | None, ...]
+
+    def __getattr__(self, name):
+        return getattr(self.settings, name)
+
+
 def _build(rows=2, max_new_tokens=4, force_length=None, includes_eos=False, **kw):
     kw.setdefault("num_beams", 2)
-    return BeamSettings.build(rows, max_new_tokens, force_length, includes_eos, **kw)
+    s = BeamSettings(
+        max_new_tokens=max_new_tokens,
+        force_length=force_length,
+        length_includes_eos=includes_eos,
+        **kw,
+    )
+    return _Built(s, *s.rows(rows))
 
 
 @pytest.mark.parametrize(
@@ -108,22 +126,68 @@ def test_a_disabled_classifier_is_plain_search_and_k_follows_the_classifier():
     assert [(h.tokens, h.score) for h in disabled] == [(h.tokens, h.score) for h in plain]
 
 
-def test_every_entry_point_has_the_settings_defaults():
-    """beam_search, beam_search_batch and beam_search_tensors default each setting to
-    BeamSettings' default (one source for the three signatures)."""
-    fields = {
-        name: f.default
-        for name, f in BeamSettings.__dataclass_fields__.items()
-        if not isinstance(f.default, type(BeamSettings.__dataclass_fields__["num_beams"].default))
-    }
-    fields.pop("logits_processor", None)
+def test_every_entry_point_takes_a_settings_object_and_its_fields_as_overrides():
+    """The three entries take a :class:`BeamSettings`, its fields as keywords (replacing the
+    object's, or building it), and refuse an unknown name or a missing required one in one
+    line; the settings are frozen and compare by value."""
+    kw = dict(eos_token_id=0)
+    s = BeamSettings(num_beams=2, max_new_tokens=3)
+    want = [
+        (h.tokens, h.score)
+        for h in beam_search(TableStepper(), num_beams=2, max_new_tokens=3, **kw)
+    ]
+    for got in (
+        beam_search(TableStepper(), None, s, **kw),
+        beam_search_batch(TableStepper(), settings=s, **kw)[0],
+        beam_search_tensors(TableStepper(), settings=s, **kw).hypotheses()[0],
+        beam_search(
+            TableStepper(), settings=BeamSettings(num_beams=5, max_new_tokens=3), num_beams=2, **kw
+        ),
+    ):
+        assert [(h.tokens, h.score) for h in got] == want
+    one = beam_search(TableStepper(), settings=s, num_beams=1, **kw)
+    assert len(one) == 1 and s.num_beams == 2  # an override leaves the object as it was
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.num_beams = 3
+    assert s == BeamSettings(2, 3, logits_processor=None) and s.logits_processor == ()
+    assert BeamSettings(2, [3, 4]).max_new_tokens == (3, 4)  # a per-row list, as a tuple
     for fn in (beam_search, beam_search_batch, beam_search_tensors):
-        params = inspect.signature(fn).parameters
-        for name, default in fields.items():
-            assert params[name].default == default, (fn.__name__, name)
-            assert type(params[name].default) is type(default), (fn.__name__, name)
-        assert params["length_includes_eos"].default is False
-        assert params["force_length"].default is None
+        with pytest.raises(GencraftError) as err:
+            fn(TableStepper(), settings=s, beams=3, **kw)
+        assert str(err.value).startswith("beam search has no setting 'beams'; BeamSettings has ")
+        with pytest.raises(GencraftError) as err:
+            fn(TableStepper(), num_beams=2, **kw)
+        assert str(err.value) == "beam search needs max_new_tokens (or settings=BeamSettings(...))"
+    with pytest.raises(GencraftError, match=r"^max_new_tokens gives 2 values, force_length 3; "):
+        BeamSettings(2, [3, 4], force_length=[1, 1, 1])
+    with pytest.raises(GencraftError, match=r"^force_length=3 needs 0 <= force_length < max"):
+        BeamSettings(2, [3, 4], force_length=3)  # checked when built, per row
+
+
+def test_settings_from_a_generation_config_are_generate_s():
+    """``from_generation_config``: the config's beams, length penalty and early stopping with
+    generate's defaults (1.0, False); one beam is generate's greedy (0.0, True); its
+    max_new_tokens unless the method gives one; the method's own fields on top."""
+    from transformers import GenerationConfig
+
+    c = GenerationConfig(num_beams=3, max_new_tokens=7)
+    assert BeamSettings.from_generation_config(c) == BeamSettings(
+        3, 7, length_penalty=1.0, early_stopping=False
+    )
+    c = GenerationConfig(num_beams=3, max_new_tokens=7, length_penalty=-0.5, early_stopping="never")
+    s = BeamSettings.from_generation_config(c, max_new_tokens=5, finished="aside")
+    assert (s.num_beams, s.max_new_tokens, s.length_penalty, s.early_stopping) == (
+        3,
+        5,
+        -0.5,
+        "never",
+    )
+    c = GenerationConfig(num_beams=1, max_new_tokens=4, length_penalty=2.0, early_stopping="never")
+    assert BeamSettings.from_generation_config(c) == BeamSettings(1, 4)  # greedy
+    c = GenerationConfig(max_length=20)
+    with pytest.raises(GencraftError, match=r"^beam search needs max_new_tokens"):
+        BeamSettings.from_generation_config(c)
+    assert BeamSettings.from_generation_config(c, max_new_tokens=9).max_new_tokens == 9
 
 
 class _Unknown(LogitsProcessor):
@@ -139,7 +203,7 @@ def _warned(processors, num_beams):
     model = small_llama(0, vocab=6)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        beam_search_tensors(
+        beam_search_batch(  # through the batch entry: the warning still points here
             model,
             torch.tensor([[1, 2]]),
             num_beams=num_beams,
