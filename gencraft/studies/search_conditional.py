@@ -57,6 +57,12 @@ class ConditionalSettings:
     data_dir: str | None = settings_field(None, "datasets directory")
     work_dir: str | None = settings_field(None, "working folder (default: the run's)")
 
+    def __post_init__(self) -> None:
+        if self.kept_dtype not in ("float32", "float16", "bfloat16"):
+            raise GencraftError(
+                f"kept_dtype must be float32, float16 or bfloat16, not {self.kept_dtype!r}"
+            )
+
 
 @register(
     "search-conditional",
@@ -84,61 +90,52 @@ class ConditionalSettings:
 )
 def search_conditional(s: ConditionalSettings, run: ExperimentRun) -> None:
     """Conditional beam search with attribute classifiers trained on the model's samples."""
-    if s.work_dir is None:
-        s.work_dir = str(run.directory)
-    result = run.unit("conditional", lambda: conditional_study(s))
-    md = (
-        (Path(s.work_dir) / "conditional.md").read_text()
-        if (Path(s.work_dir) / "conditional.md").is_file()
-        else ""
-    )
+    work = Path(s.work_dir or run.directory)
+    result = run.unit("conditional", lambda: conditional_study(s, work))
+    md = (work / "conditional.md").read_text() if (work / "conditional.md").is_file() else ""
     run.text(md or json.dumps({k: v for k, v in result.items() if k in ("degenerate",)}))
-    if (Path(s.work_dir) / "length_control.png").is_file():
+    if (work / "length_control.png").is_file():
         run.plot_path("length_control.png", "length control")
 
 
-def conditional_study(args) -> dict:
-    """Beam vs conditional beam search: degenerate rate, and length-controlled generation."""
-    if args.kept_dtype not in ("float32", "float16", "bfloat16"):
-        raise GencraftError(
-            f"kept_dtype must be float32, float16 or bfloat16, not {args.kept_dtype!r}"
-        )
-    model, tok = load_model(args.model, device=default_device())
-    out_dir = Path(args.work_dir)
-    if args.classifiers:  # reuse trained classifiers: skip sampling and training
+def conditional_study(s: ConditionalSettings, out_dir: Path) -> dict:
+    """Beam vs conditional beam search: degenerate rate, and length-controlled generation;
+    its files (samples, classifiers, rows, report) in ``out_dir``."""
+    model, tok = load_model(s.model, device=default_device())
+    if s.classifiers:  # reuse trained classifiers: skip sampling and training
 
         def saved(a: str) -> Path:  # the kept weights where the run kept them, else best/
-            kept = Path(args.classifiers, f"clf-{a}", "kept")
-            return kept if kept.is_dir() else Path(args.classifiers, f"clf-{a}", "best")
+            kept = Path(s.classifiers, f"clf-{a}", "kept")
+            return kept if kept.is_dir() else Path(s.classifiers, f"clf-{a}", "best")
 
-        clfs = {a: _load_classifier(saved(a), model) for a in args.studies}
-        result: dict = {"model": args.model, **machine(), "classifiers": args.classifiers}
-        return _conditional_eval(args, model, tok, clfs, result, out_dir)
-    clfs, result = _train_classifiers(args, model, tok, out_dir)
-    return _conditional_eval(args, model, tok, clfs, result, out_dir)
+        clfs = {a: _load_classifier(saved(a), model) for a in s.studies}
+        result: dict = {"model": s.model, **machine(), "classifiers": s.classifiers}
+        return _conditional_eval(s, model, tok, clfs, result, out_dir)
+    clfs, result = _train_classifiers(s, model, tok, out_dir)
+    return _conditional_eval(s, model, tok, clfs, result, out_dir)
 
 
-def _train_classifiers(args, model, tok, out_dir: Path) -> tuple[dict, dict]:
+def _train_classifiers(s: ConditionalSettings, model, tok, out_dir: Path) -> tuple[dict, dict]:
     """Samples from the model on training prompts (resumable), then one classifier per
     study trained on them and kept; returns (study -> classifier, the result so far)."""
     from gencraft.models.introspect import eos_ids
     from gencraft.search.train import ClassifierTrainConfig, relabel_degenerate, train_classifier
 
     eos = eos_ids(model, None)
-    half = args.train_prompts // 2
-    train_texts = instruction_texts("e2e", half, args.data_dir, split="train") + instruction_texts(
+    half = s.train_prompts // 2
+    train_texts = instruction_texts("e2e", half, s.data_dir, split="train") + instruction_texts(
         "xsum",
-        args.train_prompts - half,
-        args.data_dir,
+        s.train_prompts - half,
+        s.data_dir,
         split="train",
-        max_source_words=args.max_source_words,
+        max_source_words=s.max_source_words,
     )
     # kept in the work folder by default, so a stopped run resumes without resampling
-    samples = Path(args.samples) if args.samples else out_dir / "samples.pt"
+    samples = Path(s.samples) if s.samples else out_dir / "samples.pt"
     # the hidden states (2 MB a sample) only where a classifier is still to train
-    untrained = [a for a in args.studies if not (out_dir / f"clf-{a}/kept/record.json").is_file()]
-    rows = _sample_resumable(model, tok, train_texts, args, samples, hidden=bool(untrained))
-    if not args.censored:  # cut samples carry no length labels then
+    untrained = [a for a in s.studies if not (out_dir / f"clf-{a}/kept/record.json").is_file()]
+    rows = _sample_resumable(model, tok, train_texts, s, samples, hidden=bool(untrained))
+    if not s.censored:  # cut samples carry no length labels then
         rows = [
             {**r, "labels": torch.full_like(r["labels"], -100), "censored": torch.tensor(False)}
             if bool(r["censored"])
@@ -146,7 +143,7 @@ def _train_classifiers(args, model, tok, out_dir: Path) -> tuple[dict, dict]:
             for r in rows
         ]
     result: dict = {
-        "model": args.model,
+        "model": s.model,
         **machine(),
         "train_prompts": len(train_texts),
         "censored_length_labels": any(bool(r["censored"]) for r in rows),
@@ -154,9 +151,9 @@ def _train_classifiers(args, model, tok, out_dir: Path) -> tuple[dict, dict]:
         "finished_samples": sum(bool(r["finished"]) for r in rows),
     }
     cfg = ClassifierTrainConfig()
-    cfg = replace(cfg, fit=replace(cfg.fit, epochs=args.epochs))
+    cfg = replace(cfg, fit=replace(cfg.fit, epochs=s.epochs))
     clfs = {}
-    for attr in args.studies:
+    for attr in s.studies:
         data = rows if attr == "length" else relabel_degenerate(rows, tok, train_texts, eos)
 
         def train(clf, data=data, attr=attr) -> dict:
@@ -164,7 +161,7 @@ def _train_classifiers(args, model, tok, out_dir: Path) -> tuple[dict, dict]:
             return {k: v for k, v in record.items() if k != "config"}
 
         clfs[attr], result[f"{attr}_classifier"] = kept_classifier(
-            model, attr, train, out_dir / f"clf-{attr}" / "kept", args.kept_dtype
+            model, attr, train, out_dir / f"clf-{attr}" / "kept", s.kept_dtype
         )
         if attr == "degenerate":
             result["degenerate_training_rate"] = sum(int(r["labels"][0]) for r in data) / len(data)
@@ -206,7 +203,7 @@ SAMPLE_CHUNK = 32
 
 
 def _sample_resumable(
-    model, tok, texts: list[str], args, path: Path, hidden: bool = True
+    model, tok, texts: list[str], s: ConditionalSettings, path: Path, hidden: bool = True
 ) -> list[dict]:
     """The model's samples of every training prompt, with their hidden states. Drawn
     ``SAMPLE_CHUNK`` prompts at a time and saved after each chunk (``path`` + ``.partial``),
@@ -233,14 +230,14 @@ def _sample_resumable(
             tok,
             prompts[start : start + SAMPLE_CHUNK],
             attribute="length",
-            samples_per_prompt=args.samples_per_prompt,
-            max_new_tokens=args.sample_tokens,
+            samples_per_prompt=s.samples_per_prompt,
+            max_new_tokens=s.sample_tokens,
             prompt_texts=texts,
-            censored=args.censored,
+            censored=s.censored,
             seed=0,
             first=start,
             progress=False,
-            batch_size=args.sample_batch,
+            batch_size=s.sample_batch,
             hidden=False,
         )
         torch.save({"done": min(start + SAMPLE_CHUNK, len(texts)), "rows": rows}, partial)
@@ -251,7 +248,9 @@ def _sample_resumable(
     return attach_hidden(model, rows, prompts, progress=True) if hidden else rows
 
 
-def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path) -> dict:
+def _conditional_eval(
+    s: ConditionalSettings, model, tok, clfs: dict, result: dict, out_dir: Path
+) -> dict:
     from gencraft.search.prompts import instruction_references
 
     def prompts(total: int) -> list[tuple[str, str]]:
@@ -260,23 +259,23 @@ def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path)
             (t, r)
             for kind, n in (("e2e", half), ("xsum", total - half))
             for t, r in zip(
-                instruction_texts(kind, n, args.data_dir, max_source_words=args.max_source_words),
-                instruction_references(kind, n, args.data_dir),
+                instruction_texts(kind, n, s.data_dir, max_source_words=s.max_source_words),
+                instruction_references(kind, n, s.data_dir),
                 strict=True,
             )
         ]
 
-    tests = prompts(args.test_prompts)
-    if "degenerate" in args.studies:
-        _degenerate_study(args, model, tok, clfs["degenerate"], tests, result, out_dir)
-    if "length" in args.studies:
-        _length_study(args, model, tok, clfs["length"], prompts, result, out_dir)
+    tests = prompts(s.test_prompts)
+    if "degenerate" in s.studies:
+        _degenerate_study(s, model, tok, clfs["degenerate"], tests, result, out_dir)
+    if "length" in s.studies:
+        _length_study(s, model, tok, clfs["length"], prompts, result, out_dir)
     (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
-    md = [_conditional_size(args, result, len(tests)), ""]
+    md = [_conditional_size(s, result, len(tests)), ""]
     if "degenerate" in result:
         d = result["degenerate"]
         md += [
-            f"Degenerate outputs (beam {args.beams[0]}, {len(tests)} test prompts): "
+            f"Degenerate outputs (beam {s.beams[0]}, {len(tests)} test prompts): "
             + ", ".join(f"{k} {100 * v:.0f}%" for k, v in d["rates"].items())
             + f"; only conditional fine on {d['only_conditional_fine']}, only beam (on_beam) "
             f"fine on {d['only_beam_fine']}",
@@ -286,7 +285,7 @@ def _conditional_eval(args, model, tok, clfs: dict, result: dict, out_dir: Path)
     if "summary" in result.get("length", {}):
         md += [
             f"Length control ({result['length']['prompts']} test prompts; wins on the model's "
-            f"log P(y | x); forced EOS {args.forced_eos}):",
+            f"log P(y | x); forced EOS {s.forced_eos}):",
             "",
             "| beams | length / reference | conditional higher | beam higher | tie | sign test p "
             "| mean log P conditional / beam |",
@@ -312,21 +311,21 @@ THESIS_SIZES = (
 )
 
 
-def _conditional_size(args, result: dict, n_tests: int) -> str:
+def _conditional_size(s: ConditionalSettings, result: dict, n_tests: int) -> str:
     """The run's size against the thesis's, one line."""
     trained = (
-        f"classifiers trained on {result['samples']} samples of the model (epochs: {args.epochs})"
+        f"classifiers trained on {result['samples']} samples of the model (epochs: {s.epochs})"
         if "samples" in result
         else f"classifiers from {result.get('classifiers')}"
     )
     studies = []
-    if "degenerate" in args.studies:
-        studies.append(f"degenerate study on {n_tests} test prompts (beam {args.beams[0]})")
-    if "length" in args.studies:
-        n = args.length_prompts or args.test_prompts
+    if "degenerate" in s.studies:
+        studies.append(f"degenerate study on {n_tests} test prompts (beam {s.beams[0]})")
+    if "length" in s.studies:
+        n = s.length_prompts or s.test_prompts
         studies.append(
-            f"length study on {n} prompts x {len(args.ratios)} ratios x beams "
-            f"{', '.join(map(str, args.beams))}"
+            f"length study on {n} prompts x {len(s.ratios)} ratios x beams "
+            f"{', '.join(map(str, s.beams))}"
         )
     return f"Size: {trained}; {'; '.join(studies)}. Against {THESIS_SIZES}."
 
@@ -389,13 +388,15 @@ def _pooled_length_lines(summary: list[dict]) -> list[str]:
     return lines
 
 
-def _degenerate_study(args, model, tok, clf, tests, result: dict, out_dir: Path) -> None:
+def _degenerate_study(
+    s: ConditionalSettings, model, tok, clf, tests, result: dict, out_dir: Path
+) -> None:
     """(a) degenerate rate: conditional beam towards "not degenerate" (class 0), against plain
     beam search with the same policy for completed hypotheses (on the beam, Alg. 1), and
     against transformers' policy (set aside) as a second row."""
-    systems = _degenerate_systems(args, clf)
+    systems = _degenerate_systems(s, clf)
     examples = []
-    size = getattr(args, "batch_size", 8)
+    size = s.batch_size
     log = _BatchLog(out_dir / "degenerate_rows.jsonl", size)
     bar = tqdm(total=len(tests), desc="degenerate")
     for i in range(0, len(tests), size):
@@ -404,29 +405,31 @@ def _degenerate_study(args, model, tok, clf, tests, result: dict, out_dir: Path)
             bar.update(len(log.done[i]))
             continue
         chunk = [text for text, _ in tests[i : i + size]]
-        rows = _degenerate_batch(args, model, tok, systems, chunk)
+        rows = _degenerate_batch(s, model, tok, systems, chunk)
         examples += rows
         log.add(i, rows)
         bar.update(len(chunk))
     bar.close()
-    result["degenerate"] = _degenerate_summary(args, examples, list(systems), size)
+    result["degenerate"] = _degenerate_summary(s, examples, list(systems), size)
     (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
 
 
-def _degenerate_systems(args, clf) -> dict[str, dict]:
+def _degenerate_systems(s: ConditionalSettings, clf) -> dict[str, dict]:
     """The searches compared, name -> beam_search_batch's arguments; the classifier is aimed
     at class 0 ("not degenerate")."""
     clf.target_class = 0
     return {
-        "beam (on_beam)": dict(finished="on_beam", forced_eos=args.forced_eos),
+        "beam (on_beam)": dict(finished="on_beam", forced_eos=s.forced_eos),
         "conditional (on_beam)": dict(
-            classifier=clf, k=args.k, finished="on_beam", forced_eos=args.forced_eos
+            classifier=clf, k=s.k, finished="on_beam", forced_eos=s.forced_eos
         ),
         "beam (aside)": {},
     }
 
 
-def _degenerate_batch(args, model, tok, systems: dict, chunk: list[str]) -> list[dict]:
+def _degenerate_batch(
+    s: ConditionalSettings, model, tok, systems: dict, chunk: list[str]
+) -> list[dict]:
     """One batch of prompt texts searched together by every system: per prompt, each
     system's best output, whether it is degenerate, finished, and its log-probability."""
     from gencraft.search.classifier import degenerate
@@ -436,7 +439,7 @@ def _degenerate_batch(args, model, tok, systems: dict, chunk: list[str]) -> list
     rows: list[dict] = [{} for _ in chunk]
     for name, kw in systems.items():
         found = beam_search_batch(
-            model, ids, mask, num_beams=args.beams[0], max_new_tokens=args.max_new_tokens, **kw
+            model, ids, mask, num_beams=s.beams[0], max_new_tokens=s.max_new_tokens, **kw
         )
         for row, text, p, hyps in zip(rows, chunk, prompts, found, strict=True):
             h = hyps[0]
@@ -450,7 +453,9 @@ def _degenerate_batch(args, model, tok, systems: dict, chunk: list[str]) -> list
     return rows
 
 
-def _degenerate_summary(args, examples: list[dict], systems: list[str], size: int) -> dict:
+def _degenerate_summary(
+    s: ConditionalSettings, examples: list[dict], systems: list[str], size: int
+) -> dict:
     """The degenerate study's record: its tests, each system's rate, the headline pair."""
     n = len(examples)
     rates = {name: sum(bool(e[name]["degenerate"]) for e in examples) for name in systems}
@@ -463,8 +468,8 @@ def _degenerate_summary(args, examples: list[dict], systems: list[str], size: in
     }
     return {
         **degenerate_tests(examples),
-        "beam_size": args.beams[0],
-        "k": args.k,
+        "beam_size": s.beams[0],
+        "k": s.k,
         "prompts": n,
         "batch_size": size,
         "rates": {k: v / n for k, v in rates.items()},
@@ -509,62 +514,64 @@ def degenerate_tests(examples: list[dict]) -> dict:
     }
 
 
-def _length_study(args, model, tok, clf, prompts, result: dict, out_dir: Path) -> None:
+def _length_study(
+    s: ConditionalSettings, model, tok, clf, prompts, result: dict, out_dir: Path
+) -> None:
     """(b) length control: both searches forced to n tokens; who finds the output with the
     higher log P(y | x) under the model itself (the thesis's comparison, Figs 7.1-7.2)? The
     search's own objective (EOS removed and steps renormalised) is kept beside it."""
     length_rows: list[dict] = []
-    length_tests = prompts(args.length_prompts or args.test_prompts)
-    size = getattr(args, "batch_size", 8)
+    length_tests = prompts(s.length_prompts or s.test_prompts)
+    size = s.batch_size
     log = _BatchLog(out_dir / "length_rows.jsonl", size)
     for i in tqdm(range(0, len(length_tests), size), desc="length"):
         if i in log.done:  # a stopped run's finished batch
             length_rows += log.done[i]
             continue
-        done = _length_batch(args, model, tok, clf, length_tests[i : i + size])
+        done = _length_batch(s, model, tok, clf, length_tests[i : i + size])
         length_rows += done
         log.add(i, done)
     summary = [
         {"beams": b, "ratio": ratio, **length_wins(length_rows, b, ratio)}
-        for b in args.beams
-        for ratio in args.ratios
+        for b in s.beams
+        for ratio in s.ratios
     ]
     result["length"] = {
-        "k": args.k,
-        "forced_eos": args.forced_eos,
-        "length_includes_eos": args.length_includes_eos,
+        "k": s.k,
+        "forced_eos": s.forced_eos,
+        "length_includes_eos": s.length_includes_eos,
         "prompts": len(length_tests),
         "summary": summary,
         "rows": length_rows,
     }
     (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
-    _plot_length(summary, out_dir / "length_control.png", args.model)
+    _plot_length(summary, out_dir / "length_control.png", s.model)
 
 
-def _length_batch(args, model, tok, clf, chunk: list) -> list[dict]:
+def _length_batch(s: ConditionalSettings, model, tok, clf, chunk: list) -> list[dict]:
     """One batch of (text, reference) prompts searched together at every ratio and beam
     size, each row forced to its own length: rows in prompt, ratio, beam order."""
-    common = dict(forced_eos=args.forced_eos, length_includes_eos=args.length_includes_eos)
+    common = dict(forced_eos=s.forced_eos, length_includes_eos=s.length_includes_eos)
     prompts = [encode_prompt(tok, text) for text, _ in chunk]
     ((ids, mask),) = batched(model, tok, prompts, len(prompts))
-    eos_in = int(args.length_includes_eos)
+    eos_in = int(s.length_includes_eos)
     ref_lens = [len(tok(ref, add_special_tokens=False)["input_ids"]) + eos_in for _, ref in chunk]
     found: dict = {}
-    for ratio in args.ratios:
+    for ratio in s.ratios:
         # each row its own forced length n and limit (n tokens, then EOS)
         ns = [max(1 + eos_in, round(ratio * r)) for r in ref_lens]
         limits = [n - eos_in + 1 for n in ns]  # the tokens before EOS, then EOS
-        for b in args.beams:
+        for b in s.beams:
             plain = beam_search_batch(
                 model, ids, mask, num_beams=b, max_new_tokens=limits, force_length=ns, **common
             )
-            cond = _conditional_rows(model, ids, mask, clf, args, b, ns, limits, common)
+            cond = _conditional_rows(model, ids, mask, clf, s, b, ns, limits, common)
             for j in range(len(chunk)):
                 found[j, ratio, b] = (ns[j], plain[j][0], cond[j][0])
     done = []
     for j, p in enumerate(prompts):
-        for ratio in args.ratios:
-            for b in args.beams:
+        for ratio in s.ratios:
+            for b in s.beams:
                 n, pl, co = found[j, ratio, b]
                 done.append(
                     {
@@ -582,7 +589,7 @@ def _length_batch(args, model, tok, clf, chunk: list) -> list[dict]:
     return done
 
 
-def _conditional_rows(model, ids, mask, clf, args, beams, ns, limits, common) -> list:
+def _conditional_rows(model, ids, mask, clf, s, beams, ns, limits, common) -> list:
     """Conditional beam search of each row at its own length n: the length classifier is
     aimed at one n at a time, so the rows that share an n search together."""
     out: list = [None] * len(ns)
@@ -595,8 +602,8 @@ def _conditional_rows(model, ids, mask, clf, args, beams, ns, limits, common) ->
             num_beams=beams,
             max_new_tokens=[limits[i] for i in rows],
             force_length=n,
-            classifier=clf.for_length(n, includes_eos=args.length_includes_eos),
-            k=args.k,
+            classifier=clf.for_length(n, includes_eos=s.length_includes_eos),
+            k=s.k,
             finished="on_beam",
             **common,
         )

@@ -72,3 +72,26 @@ def test_each_degenerate_row_is_its_prompt_searched_alone(study):
         assert d["rates"][name] == sum(flags) / 3
     assert d["beam_rate"] == d["rates"]["beam (on_beam)"]
     assert d["conditional_rate"] == d["rates"]["conditional (on_beam)"]
+
+
+def test_the_study_reads_its_settings_without_changing_them(tmp_path, monkeypatch):
+    """The run's folder is the default work folder, passed on beside the settings; the
+    settings object stays as given (its work_dir None), and a given work_dir is used."""
+    seen = []
+    monkeypatch.setattr(ex, "conditional_study", lambda s, work: seen.append((s, work)) or {})
+
+    class Run:
+        directory = tmp_path / "run"
+
+        def unit(self, key, compute):
+            return compute()
+
+        def text(self, text):
+            pass
+
+    s = ex.ConditionalSettings()
+    ex.search_conditional(s, Run())
+    assert seen == [(s, tmp_path / "run")] and s.work_dir is None
+    given = ex.ConditionalSettings(work_dir=str(tmp_path / "w"))
+    ex.search_conditional(given, Run())
+    assert seen[-1] == (given, tmp_path / "w")

@@ -436,7 +436,6 @@ def test_sampling_in_chunks_draws_what_one_pass_draws():
 
 
 def test_the_study_resumes_sampling_at_its_first_unsampled_chunk(tmp_path, monkeypatch):
-    from types import SimpleNamespace
 
     import gencraft.search.train as train
     import gencraft.studies.search_conditional as ex
@@ -444,7 +443,9 @@ def test_the_study_resumes_sampling_at_its_first_unsampled_chunk(tmp_path, monke
 
     model, tok = load_model("tiny-llama")
     texts = ["the cat", "sun", "moon", "a b c", "x"]
-    args = SimpleNamespace(samples_per_prompt=2, sample_tokens=4, censored=True, sample_batch=2)
+    args = ex.ConditionalSettings(
+        samples_per_prompt=2, sample_tokens=4, censored=True, sample_batch=2
+    )
     monkeypatch.setattr(ex, "SAMPLE_CHUNK", 2)
     whole = ex._sample_resumable(model, tok, texts, args, tmp_path / "a.pt")
     assert not (tmp_path / "a.pt.partial").exists()
@@ -580,14 +581,17 @@ def test_a_kept_classifier_runs_where_the_model_runs(tmp_path):
 
 
 def test_a_bad_kept_dtype_stops_before_the_model_loads(tmp_path, monkeypatch):
-    from types import SimpleNamespace
 
     import gencraft.studies.search_conditional as ex
+    from gencraft.studies.runner import reproduce
 
     monkeypatch.setattr(ex, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
-    args = SimpleNamespace(kept_dtype="float8", model="tiny-llama", work_dir=str(tmp_path))
     with pytest.raises(GencraftError, match="kept_dtype must be float32, float16 or bfloat16"):
-        ex.conditional_study(args)
+        ex.ConditionalSettings(kept_dtype="float8")  # refused when the settings are built
+    with pytest.raises(GencraftError, match="kept_dtype must be float32, float16 or bfloat16"):
+        reproduce(
+            "search-conditional", scale="tiny", output=tmp_path, overrides={"kept_dtype": "x"}
+        )
 
 
 def test_reproduce_search_conditional_reports_both_studies_and_resumes(
