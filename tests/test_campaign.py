@@ -1,4 +1,4 @@
-"""``gencraft reproduce campaign`` (issue 43): every claim's units on tiny models, a time
+"""``gencraft reproduce campaign``: every claim's units on tiny models, a time
 budget that stops between units, resumption after an interrupted unit, the plan's counts, and
 each experiment's verdict against the statistic computed by hand."""
 
@@ -375,7 +375,7 @@ def test_every_run_reads_the_data_asked_for_and_writes_inside_its_own_folder(sca
 
 @pytest.mark.parametrize("scale", ["cpu", "slot"])
 def test_every_nar_model_trains_one_epoch_of_e2e(scale, tmp_path):
-    """Issue 43: one full epoch of E2E's 42,061 training pairs (tests/data checks the count),
+    """One full epoch of E2E's 42,061 training pairs (tests/data checks the count),
     the same steps for the models from scratch as for the pretrained starts."""
     for state in run_states(CLAIMS["rum-sundae"], scale, tmp_path, None):
         s = state.settings

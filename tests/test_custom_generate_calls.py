@@ -1,5 +1,5 @@
 """How gencraft's ``custom_generate`` decoders read ``generate``'s call (mutmut's survivors in
-search/custom_generate.py, issue 41): every refusal word for word and from each decoder, a
+search/custom_generate.py): every refusal word for word and from each decoder, a
 generation config whose fields are unset (a direct call), ``num_return_sequences`` beyond
 what a row found, ``generate``'s own EOS and pad ids, ``max_length`` in place of
 ``max_new_tokens``, a prompt that fills the model's context, the encoder's output as a tuple,

@@ -1,4 +1,4 @@
-"""Sharded evaluation and generation (issue 44): shares are contiguous runs of the batches one
+"""Sharded evaluation and generation: shares are contiguous runs of the batches one
 process cuts, padded only with marked dummies; results come back in input order, each index
 once, on 1, 2 and 3 gloo processes; a rerun resumes from the partial files; ``gencraft
 generate`` on 2 processes writes what 1 process writes."""

@@ -1,4 +1,4 @@
-"""Sharded perplexity (issue 44): windowed NLL, HSO, dynamic evaluation, the pointer LSTM and
+"""Sharded perplexity: windowed NLL, HSO, dynamic evaluation, the pointer LSTM and
 recurrence's overlaps on 2 and 3 gloo processes give every process what one process computes
 (the pointer: up to float rounding, each process batching its own streams); on one process the
 sharded path equals the unsharded one; ``gencraft hso eval`` on 2 processes prints one

@@ -1,4 +1,4 @@
-"""``gencraft reproduce`` of a shardable experiment on 2 and 3 gloo processes (issue 44): the
+"""``gencraft reproduce`` of a shardable experiment on 2 and 3 gloo processes: the
 units are shared out (each computed exactly once, by one process), the report and results
 equal one process's, a unit that depends on others waits for them, a stand-in for another
 process's unit cannot be read, and the units a process kept resume an interrupted run."""

@@ -1,5 +1,5 @@
 """Float32 islands against a float64 reference in bfloat16 and float16, the plot scale rules
-on drawn arrays, and progress lines in logs (issue 37 §6): each over drawn cases, so a whole
+on drawn arrays, and progress lines in logs: each over drawn cases, so a whole
 family of bugs is guarded, not one hand-picked case."""
 
 from __future__ import annotations

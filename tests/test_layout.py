@@ -147,7 +147,7 @@ def test_settings_classes_live_in_config_py():
 
 def test_train_py_holds_no_settings_of_fit():
     """train.py passes the settings class's own ``fit`` to ``fit``: no trainer maps fields into
-    a FitConfig by hand (the five copies of issue 25)."""
+    a FitConfig by hand (five copies once)."""
     by_hand = [
         f"{method}/train.py"
         for method in METHODS

@@ -1,4 +1,4 @@
-"""``gencraft pack`` / ``gencraft unpack`` (issue 43): pieces that arrive over several
+"""``gencraft pack`` / ``gencraft unpack``: pieces that arrive over several
 transfers, checksums that refuse a damaged piece by name, restoration to the right places,
 campaign state never replaced by a run with fewer finished units."""
 

@@ -1,4 +1,4 @@
-"""Plots a reader can read (issue 32 §5): every heat map has a colorbar and a scale that
+"""Plots a reader can read: every heat map has a colorbar and a scale that
 shows its variation (the pointer gate plot when g is nearly 1, the attention maps), integer
 axes get integer ticks, titles name the run."""
 

@@ -1,4 +1,4 @@
-"""Progress in log files (issue 32 §6): when stderr is not a terminal, bars become periodic
+"""Progress in log files: when stderr is not a terminal, bars become periodic
 plain lines, never carriage-return redraws."""
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def test_a_negative_or_unreadable_period_falls_back_to_the_default(monkeypatch):
 
 
 def test_a_nested_bar_writes_no_cursor_moves_to_a_log(capsys, monkeypatch):
-    """Issue 41: the pointer trainer's validation bar inside its epoch bar moved the cursor
+    """The pointer trainer's validation bar inside its epoch bar moved the cursor
     up (ESC [ A) in a log file; plain lines carry no control sequence."""
     monkeypatch.setenv("GENCRAFT_PROGRESS_SECONDS", "0")
     outer = tqdm(total=2, desc="epoch 1")

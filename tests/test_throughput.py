@@ -50,7 +50,7 @@ def test_zero_scorer_and_peak_memory():
 
 
 def test_the_benchmark_checks_its_device_and_dtype_as_every_command(monkeypatch):
-    """Issue 41: through models.placement, before any model loads: one line naming the flag."""
+    """Through models.placement, before any model loads: one line naming the flag."""
     from gencraft.errors import ConfigError
     from gencraft.studies.throughput import ThroughputSettings, _context
 

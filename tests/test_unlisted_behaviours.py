@@ -1,4 +1,4 @@
-"""Behaviours a held-out list of plausible bugs found unguarded (issue 37 §6), each tested
+"""Behaviours a held-out list of plausible bugs found unguarded, each tested
 against a reference over drawn cases where one exists: layer indices, position limits, model
 shapes and special ids, tiny models' seeds, damaged files, resumable settings, fractional
 epochs, and an export that shares its submodule's name."""

@@ -1,5 +1,5 @@
 """Bad input to the newer commands (prefix, recurrence, hso, nar, reproduce): one line says
-what is wrong, the exit status is 2, and no traceback appears (issue 26 §6). Cases: a zero,
+what is wrong, the exit status is 2, and no traceback appears. Cases: a zero,
 negative or NaN number; a model of the wrong kind; a directory that is not a trained run; a
 truncated weights file."""
 
@@ -151,7 +151,7 @@ def test_unknown_experiment_and_setting(capsys):
     )
 
 
-# ---------------------------------------------------------------- issue 32: first contact
+# ---------------------------------------------------------------- first contact
 @pytest.fixture(scope="module")
 def intact(tmp_path_factory) -> dict[str, Path]:
     """Intact saved runs of five methods, a classifier trained for tiny-llama, and a NAR run
@@ -197,7 +197,7 @@ FIRST_CONTACT = [
     (["prefix", "eval", "{prefix}", "--limit", "-1", *DATA], "limit must be >= 1, got -1"),
     (["nar", "eval", "{nar}", "--limit", "0", *DATA], "limit must be >= 1, got 0"),
     (["prefix", "generate", "{prefix}", "--source", "ok", " "], "--source number 2"),
-    # contexts past GPT-2's learned positions (the default fits them since issue 41)
+    # contexts past GPT-2's learned positions (the default fits them)
     (
         [*GPT2_HSO, "--reset-every", "100000", *DATA],
         "exceeds the model's 512 positions",
@@ -230,7 +230,7 @@ FIRST_CONTACT = [
     "argv, message", FIRST_CONTACT, ids=lambda a: " ".join(a[:3]) if isinstance(a, list) else ""
 )
 def test_first_contact_bad_inputs(argv, message, intact, capsys, tmp_path, shared_data):
-    """Issue 32 §1: each ends in one line, exit 2, no traceback."""
+    """Each ends in one line, exit 2, no traceback."""
     values = {k: str(v) for k, v in intact.items()}
     _one_line_error(capsys, _fill(argv, out=tmp_path / "o", data=shared_data, **values), message)
 

@@ -279,7 +279,7 @@ def test_config_validation_is_one_line_for_every_trainer(capsys):
 
 
 def test_every_flag_is_generated_from_a_dataclass_field():
-    """Issue 25: at least 90% of the CLI's arguments come from dataclasses (all of them now);
+    """At least 90% of the CLI's arguments come from dataclasses (all of them now);
     each has its field's help text."""
     import argparse
 

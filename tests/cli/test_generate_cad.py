@@ -1,4 +1,4 @@
-"""``gencraft generate --cad-alpha`` (issue 44): each prompt with its ``--context`` against the
+"""``gencraft generate --cad-alpha``: each prompt with its ``--context`` against the
 prompt alone (a causal LM), or against an empty source (an encoder-decoder), equal to
 ``model.generate(custom_generate=context_aware, ...)`` on inputs built by hand; contexts one
 per prompt or one for all; bad combinations refused in one line."""

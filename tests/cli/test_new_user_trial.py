@@ -1,4 +1,4 @@
-"""What a new user met in issue 41's trial, each fixed and tested: a closed stdout, a CSV with a
+"""What a new user met in a trial, each fixed and tested: a closed stdout, a CSV with a
 byte-order mark, an empty prompt file, a JSON file given as a corpus, an empty NAR source, the
 pointer's unseen-word share, batch-size errors that name their split and flag, an HSO default
 that fits the model, `generate --output`, text written as text, and names the docs promise."""

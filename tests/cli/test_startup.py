@@ -1,4 +1,4 @@
-"""The CLI answers at once (issue 32 §3): parsing, ``--help`` and argument errors import
+"""The CLI answers at once: parsing, ``--help`` and argument errors import
 neither torch nor transformers; only the command that runs imports what it needs."""
 
 from __future__ import annotations

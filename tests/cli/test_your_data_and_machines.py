@@ -1,4 +1,4 @@
-"""What a researcher brings (issue 37): their own data through every method's commands, a
+"""What a researcher brings: their own data through every method's commands, a
 device and dtype checked before anything loads, runs that load from any folder, outputs
 checked before work, and one line for each failure."""
 

@@ -1,4 +1,4 @@
-"""A researcher's own data (issue 37 §1): task files (.jsonl/.csv/.tsv, or a folder of split
+"""A researcher's own data: task files (.jsonl/.csv/.tsv, or a folder of split
 files) read against a reference grouping over drawn records, LM corpora as a text file or a
 folder, and errors that name the file, the line and the field."""
 
@@ -294,7 +294,7 @@ def test_default_fields_empty_files_and_flag_names_in_messages(tmp_path):
 
 
 def test_own_task_takes_a_name_or_a_path_and_refuses_anything_else(tmp_path, monkeypatch):
-    """Issue 41 moved it to gencraft.data.own: a known name stays, a path to own data is
+    """It moved to gencraft.data.own: a known name stays, a path to own data is
     recorded absolute, anything else is one line naming both kinds."""
     from gencraft.data.own import own_task
     from gencraft.errors import ConfigError

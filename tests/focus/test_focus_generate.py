@@ -1,4 +1,4 @@
-"""FAME's ``generate`` options against references built from their definitions (issue 43's FAME
+"""FAME's ``generate`` options against references built from their definitions (the FAME
 claim decodes with them): ``focus_k`` is generate with a ``FocusLogitsProcessor`` over each
 document's V_k ∪ F drawn from its own T_X (``focus_mode``, ``focus_seed`` in document order,
 ``focus_renormalize``); ``focus_vocabularies`` is the same processor over the given sets plus

@@ -1,4 +1,4 @@
-"""Sampling + MBR in ``focus generate|eval`` (issue 44; any --decoding, focus sampling with a
+"""Sampling + MBR in ``focus generate|eval`` (any --decoding, focus sampling with a
 FAME model): ``--samples N --mbr-utility U`` keeps the
 same N summaries per document and puts first the one of the highest mean utility against the
 other N - 1 (sacrebleu's chrF, pair by pair); ``focus eval`` then scores that choice."""

@@ -1,4 +1,4 @@
-"""Dynamic evaluation over a batch (issue 43: the slot campaign's slowest unit): each row of
+"""Dynamic evaluation over a batch (the slot campaign's slowest unit): each row of
 ``dynamic_eval_last_logits`` equals ``dynamically_evaluated`` on that row alone, over drawn
 batch sizes, lengths, padding sides, windows and optimisers, on a Llama and on a GPT-2 whose
 output embedding is tied to its input embedding; the few-shot classifier gives the same labels

@@ -1,4 +1,4 @@
-"""The few-shot classification of issue 43's HSO claim, piece by piece against references
+"""The few-shot classification of the HSO claim, piece by piece against references
 written from the definitions: the tasks built from the corpora (on small files written here),
 the label tokens (the longest shared prefix that leaves every label a token), the prompts
 (class-balanced, from the short pool, shuffled, seeded), and each method's label (the argmax

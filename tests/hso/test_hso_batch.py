@@ -1,4 +1,4 @@
-"""HSO over a batch (issue 36): each row of ``hso_nll_batch`` equals ``hso_nll`` on that row
+"""HSO over a batch: each row of ``hso_nll_batch`` equals ``hso_nll`` on that row
 alone to within 1e-5 in float32, over drawn batch sizes, lengths, padding sides and settings;
 a batched ``hso_prefill`` gives each prompt the states it gets alone."""
 

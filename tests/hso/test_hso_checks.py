@@ -1,5 +1,5 @@
 """HSO's input checks at their exact boundaries, its messages word for word, and the seconds
-it reports (mutmut's survivors in hso/functional.py, issue 41): each boundary is tried on both
+it reports (mutmut's survivors in hso/functional.py): each boundary is tried on both
 sides, against the rule the docstrings state."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""MBR selection (issue 44): the utilities equal their reference implementations pair by
+"""MBR selection: the utilities equal their reference implementations pair by
 pair, and the choice is the brute-force argmax of the mean utility against the others."""
 
 from __future__ import annotations

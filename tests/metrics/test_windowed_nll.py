@@ -137,7 +137,7 @@ def test_defaults_are_disjoint_windows_and_the_smallest_legal_values_pass():
     assert one["seconds"] == 0.5 and one["ms/token"] == pytest.approx(500.0)
 
 
-# -- drawn schedules and batches (issue 41) ----------------------------------------------------
+# -- drawn schedules and batches ----------------------------------------------------
 _LLAMA: dict = {}
 
 

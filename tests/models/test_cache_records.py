@@ -1,5 +1,5 @@
 """The caches of models/stepping.py that carry more than keys and values (mutmut's survivors
-and untested mutants, issue 41): a RowStateCache moves its per-row tensors with its rows under
+and untested mutants): a RowStateCache moves its per-row tensors with its rows under
 every operation ``generate`` applies, ``row_state_cache`` builds the right shape for each kind
 of model, and KVStates starts from given, empty or no states."""
 

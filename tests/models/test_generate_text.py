@@ -1,4 +1,4 @@
-"""``generate_text`` and MBR's candidates (issue 44) against ``generate`` and the batched
+"""``generate_text`` and MBR's candidates against ``generate`` and the batched
 sampler themselves: the new tokens only, decoded without special tokens; a seed is
 ``generate``'s own draw; beam candidates are ``generate``'s N best under every ``num_beams``;
 sampled candidates are the sampler's under ``generate``'s warpers; every refusal word for

@@ -1,4 +1,4 @@
-"""``left_padded_batches``: every batched caller's one way to left-pad prompts (issue 41)."""
+"""``left_padded_batches``: every batched caller's one way to left-pad prompts."""
 
 from __future__ import annotations
 

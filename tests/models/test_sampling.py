@@ -1,4 +1,4 @@
-"""The one batched sampler (issue 44): each input draws from its own generator, so a batch of
+"""The one batched sampler: each input draws from its own generator, so a batch of
 prompts of different lengths gives each the samples it draws alone, with processors that read
 each row's ids; samples follow the processed distribution."""
 

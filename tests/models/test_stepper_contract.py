@@ -1,5 +1,5 @@
-"""models/stepping.py's contract, rule by rule (mutmut's survivors on the stepping helper,
-issue 41): every refusal word for word at its boundary, the context a batch needs, the
+"""models/stepping.py's contract, rule by rule (mutmut's survivors on the stepping helper):
+every refusal word for word at its boundary, the context a batch needs, the
 keywords a model's forward receives (only those it takes), what a ``gencraft_step`` receives,
 the hidden states of every path, explicit rows, and the ids a logits processor sees."""
 

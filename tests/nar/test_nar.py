@@ -395,7 +395,7 @@ def test_autoregressive_decoding_at_one_beam_and_a_fixed_length():
     assert greedy.scores[0] == pytest.approx(float(want), abs=1e-4)
 
 
-# ---------------------------------------------------------------------------- issue 26 §2
+# ----------------------------------------------------------------------------
 def test_mask_predict_remasks_the_least_confident_tokens():
     from gencraft.nar.decoding import least_confident
 
@@ -423,7 +423,7 @@ def test_sundae_rerank_keeps_the_highest_scoring_sample():
         torch.testing.assert_close(s, torch.tensor(scores))
 
 
-# ------------------------------------------------------------------ issue 32: guarded rules
+# ------------------------------------------------------------------ guarded rules
 def test_the_length_predictor_pools_only_real_source_positions(tiny):
     """Padding (whatever its states) does not change the predicted lengths."""
     model, _ = tiny

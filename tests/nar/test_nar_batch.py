@@ -1,4 +1,4 @@
-"""Batched non-autoregressive decoding (issue 36): Mask-Predict on a batch equals each row
+"""Batched non-autoregressive decoding: Mask-Predict on a batch equals each row
 decoded alone; a source's SUNDAE output is the same in any batch, of any size or order; the
 autoregressive baseline's one batched ``generate`` equals its rows alone."""
 
@@ -191,7 +191,7 @@ def test_sundae_token_scores_are_float32_for_half_precision_logits():
     assert torch.allclose(got, want, atol=1e-6)
 
 
-# -- issue 41: SUNDAE's draws batched across rows -------------------------------------------
+# -- SUNDAE's draws batched across rows -------------------------------------------
 @settings(max_examples=60, **SETTINGS)
 @given(
     probs=st.lists(
@@ -242,7 +242,7 @@ def test_inverse_cdf_sampling_follows_the_distribution():
 
 
 def test_sundae_outputs_are_golden(nar):
-    """Recorded after issue 41 changed the random stream (uniforms and an inverse CDF in place
+    """Recorded after the random stream changed (uniforms and an inverse CDF in place
     of torch.multinomial): the same sources, seed and settings give these outputs and counts."""
     model, tok = nar
     ids, mask = _encode(tok, SOURCES[:3])

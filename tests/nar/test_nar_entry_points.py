@@ -1,4 +1,4 @@
-"""The three NAR-task decoders' entry points (issue 43's RUM-SUNDAE comparison counts their
+"""The three NAR-task decoders' entry points (the RUM-SUNDAE comparison counts their
 calls): each one's progress bar is off by default and named and sized when asked; the
 autoregressive baseline passes its documented defaults to ``generate``, decodes by beam search
 whatever the model's generation config says, holds EOS off for ``min_new_tokens`` and makes

@@ -1,5 +1,5 @@
-"""The NAR decoders against references written from their papers' descriptions (issue 41's
-mutation triage): Mask-Predict (Ghazvininejad et al. 2019) as a plain loop over one length,
+"""The NAR decoders against references written from their papers' descriptions (a mutation
+triage): Mask-Predict (Ghazvininejad et al. 2019) as a plain loop over one length,
 one SUNDAE step as decode + draw from the documented random numbers, the greedy baseline's
 score as ``transformers``' transition scores, and the length limits at their boundary."""
 

@@ -1,4 +1,4 @@
-"""Confidence-threshold decoding (issue 44, Fast-dLLM's rule) for Mask-Predict and SUNDAE:
+"""Confidence-threshold decoding (Fast-dLLM's rule) for Mask-Predict and SUNDAE:
 each row equals a plain one-row reference written from the rule, a batch equals its rows
 alone, and the call counts follow their definition (τ = 0: one call; τ = 1: one per
 position)."""

@@ -1,4 +1,4 @@
-"""Causality of every DASP normaliser and blocking mode on causal stacks (issue 26 §1).
+"""Causality of every DASP normaliser and blocking mode on causal stacks.
 
 A decoder's position t must not see tokens after t. TruncSA as the paper defines it (for
 BART's bidirectional encoder) sums each key column over all queries, which in a causal stack

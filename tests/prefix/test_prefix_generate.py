@@ -1,4 +1,4 @@
-"""``PrefixModel.generate`` (issue 43's DASP claim decodes with it) against references: an
+"""``PrefixModel.generate`` (the DASP claim decodes with it) against references: an
 encoder-decoder's step logits equal teacher-forced forwards whose decoder inputs carry the
 output-segment rule (and not a shifted one); a disabled model is the base's ``generate``;
 ``max_new_tokens`` defaults to 20; several sampled sequences per input are the samples of the

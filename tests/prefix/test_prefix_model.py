@@ -424,7 +424,7 @@ def test_fully_masked_rows_give_no_nan():
     assert not torch.isnan(out).any()
 
 
-# ---------------------------------------------------------------------------- issue 26 §2
+# ----------------------------------------------------------------------------
 def _sharpen(model: PrefixModel) -> PrefixModel:
     """Peaked attention (query weights x 8), so that TruncSA's nucleus drops columns."""
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Batched search (issue 36): every row of ``beam_search_batch`` / ``exact_mode_batch`` equals the
+"""Batched search: every row of ``beam_search_batch`` / ``exact_mode_batch`` equals the
 single-input search on that row alone, over drawn models, batch sizes, padding, beams, EOS sets
 and length settings; batched exact search equals brute force; ``generate(custom_generate=...)``
 equals ``generate``'s own beam search on padded batches, logits processors included."""
@@ -56,7 +56,7 @@ def _model(kind: str, seed: int):
 
 
 def _copy_model(kind: str, seed: int, steps: int = 600):
-    """A tiny model trained to copy (models that use their inputs, issue 41): a BART that
+    """A tiny model trained to copy (models that use their inputs): a BART that
     writes its source then EOS (2), or a Llama that repeats its prompt then EOS, so a row given
     another row's states or positions shows in its output. About 10 s each on 2 cores."""
     g = torch.Generator().manual_seed(seed)

@@ -1,4 +1,4 @@
-"""The beam core's tensor result and settings (issue 41): the result's ranking score is the
+"""The beam core's tensor result and settings: the result's ranking score is the
 documented equation over drawn settings; the conditional score means one thing under both
 policies; settings that cannot be honoured are refused in one line, before any work."""
 

@@ -1,6 +1,6 @@
 """The beam search's defaults in force, not only in its signatures (a signature can say one
 value while the body uses another), its tensor result's fields, and per-row limits on the
-thesis's Alg. 1 (mutmut's survivors on search/beam.py, issue 41)."""
+thesis's Alg. 1 (mutmut's survivors on search/beam.py)."""
 
 from __future__ import annotations
 

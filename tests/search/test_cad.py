@@ -1,4 +1,4 @@
-"""Context-aware decoding (issue 44): greedy CAD equals transformers' guidance where the two
+"""Context-aware decoding: greedy CAD equals transformers' guidance where the two
 coincide; every decode equals a brute-force loop of full forward passes (no cache, no
 padding) over both streams, for causal and encoder-decoder models, fixed and adaptive α,
 padded context-free prompts; beam CAD's scores are the contrasted log-probabilities of its

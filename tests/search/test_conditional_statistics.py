@@ -1,4 +1,4 @@
-"""The conditional study's statistics (issue 42): paired sign tests, Wilson intervals and the
+"""The conditional study's statistics: paired sign tests, Wilson intervals and the
 no-conflict control, on hand-built per-prompt results whose counts are known."""
 
 from __future__ import annotations

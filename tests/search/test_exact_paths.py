@@ -1,5 +1,5 @@
 """The paths of exact search that the other search tests do not reach (mutmut's survivors in
-search/exact.py, issue 41): a batch of a wrapper whose state follows rows in blocks (FAME)
+search/exact.py): a batch of a wrapper whose state follows rows in blocks (FAME)
 searched row by row, the bytes of the caches that nodes keep for their later children, and a
 search deeper than Python's recursion limit."""
 

@@ -760,7 +760,7 @@ def _same_as_generate_several_eos(hyps, hf, eos: list[int], pad: int) -> None:
 @pytest.mark.parametrize("seed", range(8))
 def test_beam_search_equals_generate_with_several_eos_ids(seed):
     """Random configurations with 2-3 EOS ids, beams 2-4, with and without a processor that
-    makes more hypotheses end at once than there are beams (issue 26 §7)."""
+    makes more hypotheses end at once than there are beams."""
     g = torch.Generator().manual_seed(seed)
     vocab = 12
     cases = (

@@ -1,4 +1,4 @@
-"""Search errors against model errors (issue 42): ``search_errors`` against brute force on tiny
+"""Search errors against model errors: ``search_errors`` against brute force on tiny
 vocabularies, where every mode is provable; its verdicts, bounds and tables; the count tests
 it reports with."""
 
