@@ -720,8 +720,8 @@ M = [
     (
         "cg-exact-model-eos",
         "gencraft/search/custom_generate.py",
-        "    eos = eos_ids(model, generation_config.eos_token_id)\n    rows = exact_mode_batch(",
-        "    eos = eos_ids(model, None)\n    rows = exact_mode_batch(",
+        "        return eos_ids(self.model, self.generation_config.eos_token_id)",
+        "        return eos_ids(self.model, None)",
         "tests/test_custom_generate_calls.py",
     ),
     (
@@ -804,8 +804,8 @@ M = [
     (
         "cg-eos-never-from-the-model",
         "gencraft/search/custom_generate.py",
-        "    eos = eos_ids(model, generation_config.eos_token_id)\n    rows",
-        "    eos = list(generation_config.eos_token_id)\n    rows",
+        "        return eos_ids(self.model, self.generation_config.eos_token_id)",
+        "        return list(self.generation_config.eos_token_id)",
         "tests/test_custom_generate_calls.py",
     ),
     (

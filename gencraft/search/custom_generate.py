@@ -40,6 +40,7 @@ too). The Hub-ready folders of ``hub/`` load the same functions through
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -200,16 +201,46 @@ def _output(
     return cls(sequences=sequences, sequences_scores=scores)
 
 
+@dataclass
+class GenerateCall:
+    """What ``generate`` hands a ``custom_generate`` decoder, as one record: the model, its
+    ``input_ids`` [B·R, P] (each input repeated R times), the processors and stopping
+    criteria it built, its merged ``generation_config``, ``synced_gpus``, ``streamer`` and the
+    model keywords (the attention mask, an encoder-decoder's encoder outputs)."""
+
+    model: nn.Module
+    input_ids: torch.Tensor
+    logits_processor: Sequence[Any] | None
+    stopping_criteria: Sequence[Any] | None
+    generation_config: Any
+    synced_gpus: bool
+    streamer: Any
+    model_kwargs: dict[str, Any]
+
+    def check(self, name: str) -> None:
+        """Refuse, in one line naming decoder ``name``, what the searches cannot honour."""
+        c = self
+        _check_call(name, c.stopping_criteria, c.generation_config, c.synced_gpus, c.streamer)
+
+    def stepper(self, hidden: bool) -> HFStepper:
+        """One stepper over the batch (:func:`_stepper`)."""
+        return _stepper(
+            self.model, self.input_ids, self.model_kwargs, self.generation_config, hidden
+        )
+
+    def max_new_tokens(self) -> int:
+        return _max_new_tokens(self.generation_config, self.input_ids)
+
+    def eos_ids(self) -> list[int]:
+        return eos_ids(self.model, self.generation_config.eos_token_id)
+
+    def output(self, name: str, result: BeamResult, greedy: bool = False) -> Any:
+        return _output(name, self.model, self.input_ids, self.generation_config, result, greedy)
+
+
 def _beam(
     name: str,
-    model: nn.Module,
-    input_ids: torch.Tensor,
-    logits_processor: Sequence[Any] | None,
-    stopping_criteria: Sequence[Any] | None,
-    generation_config: Any,
-    synced_gpus: bool,
-    streamer: Any,
-    model_kwargs: dict[str, Any],
+    call: GenerateCall,
     search: dict[str, Any],
     wrap: Callable[[HFStepper], Any] | None = None,
 ) -> Any:
@@ -219,22 +250,18 @@ def _beam(
     (:meth:`~gencraft.search.beam.BeamSettings.from_generation_config`), the EOS ids too.
     ``wrap`` turns the prompts' stepper into the one searched (context-aware decoding's two
     streams)."""
-    _check_call(name, stopping_criteria, generation_config, synced_gpus, streamer)
-    stepper: Any = _stepper(
-        model, input_ids, model_kwargs, generation_config, search.get("classifier") is not None
-    )
+    call.check(name)
+    stepper: Any = call.stepper(search.get("classifier") is not None)
     if wrap is not None:
         stepper = wrap(stepper)
     settings = BeamSettings.from_generation_config(
-        generation_config,
-        max_new_tokens=_max_new_tokens(generation_config, input_ids),
-        logits_processor=tuple(logits_processor or ()),
+        call.generation_config,
+        max_new_tokens=call.max_new_tokens(),
+        logits_processor=tuple(call.logits_processor or ()),
         **search,
     )
-    eos = eos_ids(model, generation_config.eos_token_id)
-    result = beam_search_tensors(stepper, settings=settings, eos_token_id=eos)
-    greedy = settings.num_beams == 1
-    return _output(name, model, input_ids, generation_config, result, greedy=greedy)
+    result = beam_search_tensors(stepper, settings=settings, eos_token_id=call.eos_ids())
+    return call.output(name, result, greedy=settings.num_beams == 1)
 
 
 def beam_search(
@@ -254,14 +281,7 @@ def beam_search(
     """gencraft's :func:`~gencraft.search.beam_search` as ``generate(custom_generate=...)``:
     ``num_beams``, ``length_penalty`` and ``early_stopping`` from the generation config;
     ``finished``, ``forced_eos``, ``force_length`` and ``length_includes_eos`` as there."""
-    search = {
-        "finished": finished,
-        "forced_eos": forced_eos,
-        "force_length": force_length,
-        "length_includes_eos": length_includes_eos,
-    }
-    return _beam(
-        "beam_search",
+    call = GenerateCall(
         model,
         input_ids,
         logits_processor,
@@ -270,8 +290,14 @@ def beam_search(
         synced_gpus,
         streamer,
         model_kwargs,
-        search,
     )
+    search = {
+        "finished": finished,
+        "forced_eos": forced_eos,
+        "force_length": force_length,
+        "length_includes_eos": length_includes_eos,
+    }
+    return _beam("beam_search", call, search)
 
 
 def conditional_beam_search(
@@ -292,11 +318,7 @@ def conditional_beam_search(
     ``classifier`` an :class:`~gencraft.search.AttributeScorer` (required), ``k`` and
     ``alpha`` as in :func:`~gencraft.search.beam_search`; outputs ranked by their
     conditional score (over length^``length_penalty``), which ``sequences_scores`` holds."""
-    if classifier is None:
-        raise GencraftError("conditional_beam_search needs classifier=<an AttributeScorer>")
-    search = {"classifier": classifier, "k": k, "alpha": alpha, "finished": finished}
-    return _beam(
-        "conditional_beam_search",
+    call = GenerateCall(
         model,
         input_ids,
         logits_processor,
@@ -305,8 +327,11 @@ def conditional_beam_search(
         synced_gpus,
         streamer,
         model_kwargs,
-        search,
     )
+    if classifier is None:
+        raise GencraftError("conditional_beam_search needs classifier=<an AttributeScorer>")
+    search = {"classifier": classifier, "k": k, "alpha": alpha, "finished": finished}
+    return _beam("conditional_beam_search", call, search)
 
 
 def context_aware(
@@ -332,6 +357,16 @@ def context_aware(
     causal LM's left-padded prompt without the source; an encoder-decoder's encoder input
     with an empty source). ``cad_alpha`` α >= 0; ``cad_adaptive`` takes α per row and step
     as the two distributions' Jensen-Shannon divergence in bits (AdaCAD)."""
+    call = GenerateCall(
+        model,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        synced_gpus,
+        streamer,
+        model_kwargs,
+    )
     cad = CADSettings(cad_alpha, cad_adaptive)
     if negative_input_ids is None:
         raise GencraftError(
@@ -348,19 +383,7 @@ def context_aware(
         )
         return ContrastStepper(context, plain, cad)
 
-    return _beam(
-        "context_aware",
-        model,
-        input_ids,
-        logits_processor,
-        stopping_criteria,
-        generation_config,
-        synced_gpus,
-        streamer,
-        model_kwargs,
-        {"finished": finished},
-        wrap,
-    )
+    return _beam("context_aware", call, {"finished": finished}, wrap)
 
 
 def exact_mode(
@@ -380,18 +403,28 @@ def exact_mode(
     ...)``: the most probable output of at most ``max_new_tokens`` tokens before EOS (or of
     exactly ``length``); ``max_nodes`` bounds the search. One output per input; an input
     whose search found no complete output gives its prompt alone."""
-    _check_call("exact_mode", stopping_criteria, generation_config, synced_gpus, streamer)
-    eos = eos_ids(model, generation_config.eos_token_id)
+    call = GenerateCall(
+        model,
+        input_ids,
+        logits_processor,
+        stopping_criteria,
+        generation_config,
+        synced_gpus,
+        streamer,
+        model_kwargs,
+    )
+    call.check("exact_mode")
+    eos = call.eos_ids()
     rows = exact_mode_batch(
-        _stepper(model, input_ids, model_kwargs, generation_config, False),
+        call.stepper(False),
         eos_token_id=eos,
-        max_new_tokens=_max_new_tokens(generation_config, input_ids),
+        max_new_tokens=call.max_new_tokens(),
         length=length,
         max_nodes=max_nodes,
         logits_processor=list(logits_processor or []),
         length_includes_eos=length_includes_eos,
     )
-    return _output("exact_mode", model, input_ids, generation_config, _modes(rows, eos[0]))
+    return call.output("exact_mode", _modes(rows, eos[0]))
 
 
 def _modes(rows: list[ModeResult], eos: int) -> BeamResult:
