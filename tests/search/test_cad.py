@@ -367,3 +367,40 @@ def test_cad_settings_are_frozen_and_checked_once_when_built():
     assert ids.tolist() == [[5, 6], [0, 9], [0, 7]] and mask.tolist() == [[1, 1], [0, 1], [0, 1]]
     ids, mask = context_free_inputs([[], [7, 8]], 1, left=False, empty=2)
     assert ids.tolist() == [[2, 1], [7, 8]] and mask.tolist() == [[1, 0], [1, 1]]
+
+
+def test_the_two_streams_step_named_rows_and_give_the_context_s_hidden_states():
+    """A step with explicit ``rows`` steps each stream on those rows (here the two inputs'
+    hypotheses swapped against the default blocks), the hidden states are the context
+    stream's, and streams of different vocabularies are refused word for word."""
+    from method_testing import small_llama
+
+    model = _model("llama", 3)
+    ids, mask = _batch([[3, 4, 5], [6, 7]])
+    neg, neg_mask = _batch([[8], [9, 10]])
+
+    def streams():
+        return (
+            HFStepper(model, ids, attention_mask=mask, max_new_tokens=3, hidden=True),
+            HFStepper(model, neg, attention_mask=neg_mask, max_new_tokens=3, hidden=True),
+        )
+
+    pair = ContrastStepper(*streams(), CADSettings(1.5))
+    first = pair.start()
+    a, b = streams()
+    a0, b0 = a.start(), b.start()
+    assert torch.equal(first.hidden, a0.hidden) and not torch.equal(first.hidden, b0.hidden)
+    rows = torch.tensor([1, 0])  # hypothesis 0 continues input 1, hypothesis 1 input 0
+    tokens = torch.tensor([2, 5])
+    got = pair.step(tokens, pair.reorder(first.cache, rows), rows)
+    want_a = a.step(tokens, a.reorder(a0.cache, rows), rows)
+    want_b = b.step(tokens, b.reorder(b0.cache, rows), rows)
+    want = torch.log_softmax(2.5 * want_a.log_probs - 1.5 * want_b.log_probs, -1)
+    torch.testing.assert_close(got.log_probs, want, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got.hidden, want_a.hidden)
+    with pytest.raises(GencraftError) as err:
+        ContrastStepper(
+            HFStepper(model, ids, attention_mask=mask, max_new_tokens=3),
+            HFStepper(small_llama(0, vocab=V + 3), ids, attention_mask=mask, max_new_tokens=3),
+        )
+    assert str(err.value) == "the two streams' models have different vocabularies"

@@ -99,7 +99,11 @@ def test_paired_contrast_refusals():
     model = _model("llama", 0)
     ids, mask = torch.tensor([[3, 4]]), torch.ones(1, 2, dtype=torch.long)
     kw = dict(left_padding=True, pad_token_id=0, max_new_tokens=2)
-    with pytest.raises(GencraftError, match=r"^CAD by paired rows decodes greedily or with beam"):
+    with pytest.raises(
+        GencraftError,
+        match=r"^CAD by paired rows decodes greedily or with beam search: sampling would draw "
+        r"the two copies of an input apart$",
+    ):
         paired_contrast_generate(model.generate, ids, mask, ids, mask, do_sample=True, **kw)
     with pytest.raises(GencraftError, match=r"^CAD by paired rows returns token ids, not gen"):
         paired_contrast_generate(
