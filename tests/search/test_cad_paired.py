@@ -134,6 +134,8 @@ def test_the_processor_gives_both_halves_the_contrast_by_its_definition(adaptive
     scores[1, 2] = scores[4, 5] = -float("inf")  # ruled out in a context row and a free row
     got = PairedContrast(CADSettings(0.75, adaptive))(None, scores)
     assert torch.equal(got[:3], got[3:])
+    half = PairedContrast(CADSettings(0.75, adaptive))(None, scores.bfloat16())
+    assert half.dtype == torch.bfloat16  # generate's scores keep their dtype
     lp = torch.log_softmax(scores.double(), -1)
     for r in range(3):
         a, b = lp[r], lp[r + 3].clamp_min(-1e4)
