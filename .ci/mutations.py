@@ -1998,6 +1998,13 @@ M = [
         "    state.lost = {}",
         "tests/test_lost_work.py -k saved_training_to_run_again_as_again",
     ),
+    (
+        "one-beam warning points inside the search, not at its caller",
+        "gencraft/search/beam.py",
+        "    while frame is not None and frame.f_code.co_filename == __file__:",
+        "    while False:",
+        "tests/search/test_beam_settings.py -k one_beam_warns",
+    ),
 ]
 
 

@@ -276,3 +276,17 @@ def test_beam_search_passes_early_stopping_and_refuses_a_1d_prompt(early_stoppin
     with pytest.raises(GencraftError) as err:
         beam_search_tensors(model, torch.tensor([1, 2, 3]), **kw)
     assert str(err.value) == "input_ids must have shape [B, P] with B, P >= 1, got [3]"
+
+
+def test_k_is_checked_against_the_vocabulary_at_both_ends_and_unknown_names_listed():
+    """``k`` from 1 to V is taken (V: every continuation), 0 and V + 1 are refused word for
+    word; several unknown names are listed in one line."""
+    for k in (1, 3):
+        assert _build(classifier=EosPenalty(), k=k).for_vocabulary(3).k == k
+    for k in (0, 4):
+        with pytest.raises(GencraftError) as err:
+            _build(classifier=EosPenalty(), k=k).for_vocabulary(3)
+        assert str(err.value) == f"k must be in [1, vocab size 3], got {k}"
+    with pytest.raises(GencraftError) as err:
+        beam_search_batch(TableStepper(), num_beams=2, max_new_tokens=3, beams=2, width=1)
+    assert str(err.value).startswith("beam search has no setting 'beams', 'width'; BeamSettings ")
