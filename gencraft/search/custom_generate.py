@@ -379,7 +379,7 @@ def context_aware(
             model,
             negative_input_ids.to(context.device),
             attention_mask=negative_attention_mask,
-            max_new_tokens=_max_new_tokens(generation_config, input_ids),
+            max_new_tokens=call.max_new_tokens(),
         )
         return ContrastStepper(context, plain, cad)
 
