@@ -323,14 +323,12 @@ def test_cli_beam_uses_a_trained_classifier_and_bad_counts_are_named(tmp_path, c
 def test_length_study_compares_log_p_under_the_model_not_the_search_objective(tmp_path):
     """The length study's wins are counted on log P(y | x) of the model itself (tokens + EOS, no
     renormalisation), computed here by one forward pass; the search's objective differs."""
-    from types import SimpleNamespace
-
     from gencraft.models import load_model
-    from gencraft.studies.search_conditional import _length_study, length_wins
+    from gencraft.studies.search_conditional import ConditionalSettings, _length_study, length_wins
 
     model, tok = load_model("tiny-llama")
     clf = classifier_for(model, "length", d_clf=24, num_heads=4).eval()
-    args = SimpleNamespace(
+    args = ConditionalSettings(
         length_prompts=2,
         test_prompts=2,
         ratios=(0.8, 1.2),
@@ -375,14 +373,14 @@ def test_a_stopped_degenerate_study_resumes_at_its_first_missing_batch(tmp_path)
     (a marked row stays marked) and computes only the missing one; a batch size that does
     not line up ignores the old lines."""
     import json
-    from types import SimpleNamespace
+    from dataclasses import replace
 
     from gencraft.models import load_model
-    from gencraft.studies.search_conditional import _degenerate_study
+    from gencraft.studies.search_conditional import ConditionalSettings, _degenerate_study
 
     model, tok = load_model("tiny-llama")
     clf = classifier_for(model, "degenerate", d_clf=24, num_heads=4).eval()
-    args = SimpleNamespace(beams=(2,), k=5, forced_eos="free", max_new_tokens=4, batch_size=1)
+    args = ConditionalSettings(beams=(2,), k=5, forced_eos="free", max_new_tokens=4, batch_size=1)
     tests = [("the cat", "a"), ("sun", "b"), ("moon", "c")]
     first: dict = {}
     _degenerate_study(args, model, tok, clf, tests, first, tmp_path)
@@ -400,9 +398,7 @@ def test_a_stopped_degenerate_study_resumes_at_its_first_missing_batch(tmp_path)
     assert len(log.read_text().splitlines()) == 3  # only the missing batch was added
     assert again["degenerate"]["rates"] == first["degenerate"]["rates"]
     other: dict = {}
-    _degenerate_study(
-        SimpleNamespace(**{**vars(args), "batch_size": 2}), model, tok, clf, tests, other, tmp_path
-    )
+    _degenerate_study(replace(args, batch_size=2), model, tok, clf, tests, other, tmp_path)
     assert other["degenerate"]["examples"][0]["beam (on_beam)"]["text"] != "KEPT"
     assert len(log.read_text().splitlines()) == 5  # two batches of two rows added
 
