@@ -61,6 +61,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from functools import partial
+from numbers import Integral
 from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
@@ -204,10 +205,8 @@ class BeamSettings:
 
     def __post_init__(self) -> None:
         fix = partial(object.__setattr__, self)  # frozen: normalise once, here
-        for name in ("max_new_tokens", "force_length"):
-            value = getattr(self, name)
-            if value is not None and not isinstance(value, int):
-                fix(name, tuple(value))
+        fix("max_new_tokens", _integers("max_new_tokens", self.max_new_tokens, False))
+        fix("force_length", _integers("force_length", self.force_length, True))
         fix("logits_processor", tuple(self.logits_processor or ()))
         if self.classifier is not None and not getattr(self.classifier, "enabled", True):
             fix("classifier", None)  # a disabled classifier: plain search
@@ -275,6 +274,23 @@ class BeamSettings:
         if self.classifier is not None and self.k is None:
             return replace(self, k=vocab_size)
         return self
+
+
+def _integers(name: str, value: Any, none: bool) -> Any:
+    """A setting given once or per row as ints (numpy's and torch's integers too; None where
+    ``none`` allows it), refused in one line naming any other value."""
+    one = isinstance(value, Integral) or (none and value is None)
+    values = [value] if one else value
+    try:
+        bad = [v for v in values if not (isinstance(v, Integral) or (none and v is None))]
+    except TypeError:  # neither an integer nor a sequence
+        bad = [value]
+    if isinstance(value, str | bytes):
+        bad = [value]
+    if bad:
+        raise GencraftError(f"{name} takes an integer or one per row, got {bad[0]!r}")
+    out = [None if v is None else int(v) for v in values]
+    return out[0] if one else tuple(out)
 
 
 def _rows_given(s: BeamSettings) -> int:
