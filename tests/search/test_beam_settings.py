@@ -290,3 +290,28 @@ def test_k_is_checked_against_the_vocabulary_at_both_ends_and_unknown_names_list
     with pytest.raises(GencraftError) as err:
         beam_search_batch(TableStepper(), num_beams=2, max_new_tokens=3, beams=2, width=1)
     assert str(err.value).startswith("beam search has no setting 'beams', 'width'; BeamSettings ")
+
+
+@pytest.mark.parametrize(
+    ("field", "bad", "shown"),
+    [
+        ("max_new_tokens", 3.5, "3.5"),
+        ("max_new_tokens", [3, "a"], "'a'"),
+        ("max_new_tokens", "abc", "'abc'"),
+        ("max_new_tokens", None, "None"),
+        ("force_length", [1, 2.0], "2.0"),
+        ("force_length", 1.5, "1.5"),
+    ],
+)
+def test_lengths_are_integers_once_or_per_row(field, bad, shown):
+    """numpy integers are ints (per row, with None for no forced length); anything else is
+    refused in one line naming the value, never truncated."""
+    import numpy as np
+
+    s = BeamSettings(2, [np.int64(3), 4], force_length=[None, np.int32(1)])
+    assert s.max_new_tokens == (3, 4) and s.force_length == (None, 1)
+    assert type(s.max_new_tokens[0]) is int and BeamSettings(2, np.int64(5)).max_new_tokens == 5
+    kw = {"max_new_tokens": 6, field: bad}
+    with pytest.raises(GencraftError) as err:
+        BeamSettings(2, **kw)
+    assert str(err.value) == f"{field} takes an integer or one per row, got {shown}"
