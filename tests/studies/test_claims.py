@@ -127,8 +127,11 @@ def test_rows_without_a_run_are_undecided_and_unattempted_claims_say_why():
     assert row["verdict"] == "not attempted" and row["why"] == "no data"
 
 
-def test_the_hso_fewshot_reread_takes_the_example_as_its_unit(shared_data):
-    got = rereads.hso_fewshot(RUNS, str(shared_data))
+def test_the_hso_fewshot_reread_takes_the_example_as_its_unit(shared_data, tmp_path):
+    """The first run's re-read (the campaign's 200 examples, read where the pre-registered run
+    is absent) clusters by example; once that run has finished, the claim reads it instead."""
+    (tmp_path / "campaign-cpu").symlink_to(RUNS / "campaign-cpu")
+    got = rereads.hso_fewshot(tmp_path, str(shared_data))
     run = json.loads((RUNS / rereads.HSO_FEWSHOT).read_text())["units"]
     cells = sorted({k.rsplit(" ", 1)[0] for k in run if k.endswith(" hso")})
     per_example = [
@@ -144,6 +147,8 @@ def test_the_hso_fewshot_reread_takes_the_example_as_its_unit(shared_data):
     assert r.p > 0.05  # the pseudo-replicated 1,800 pairs gave p = 0.010
     labels = dict(got.details)
     assert "no " in labels["baseline: accuracy per class"]
+    confirmed = rereads.hso_fewshot(RUNS, str(shared_data)).primary
+    assert confirmed.result.units == 450 and confirmed.name == "hso2 − plain, n = 2"
 
 
 def test_degenerate_kinds_are_counted_apart():
