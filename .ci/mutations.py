@@ -2019,6 +2019,8 @@ def group(path: str) -> str:
     part = path.split("/")[1].removesuffix(".py")
     if part == "cli" and Path(path).stem in METHODS:  # a method's own commands
         return Path(path).stem
+    if part == "studies":  # the study machinery is a third of the list: one part per module
+        return f"studies/{Path(path).stem}"
     return part
 
 
