@@ -7,7 +7,7 @@ import importlib
 
 import pytest
 
-from gencraft.studies.runner import reproduce
+from gencraft.studies.runner import experiments, reproduce
 
 LOADS_ITS_MODEL = {
     "hso-lm": "gencraft.studies.hso",
@@ -27,8 +27,13 @@ class _Loaded(Exception):
 
 
 @pytest.mark.parametrize("name", sorted(LOADS_ITS_MODEL))
-def test_an_experiment_loads_its_model_on_the_default_device(name, monkeypatch, tmp_path):
+def test_an_experiment_loads_its_model_on_the_default_device(
+    name, monkeypatch, tmp_path, shared_data
+):
     module = importlib.import_module(LOADS_ITS_MODEL[name])
+    fields = experiments()[name].settings.__dataclass_fields__
+    # the data where a study reads its prompts before it loads the model
+    over = {"data_dir": str(shared_data)} if "data_dir" in fields else {}
     asked = []
 
     def load_model(model, **kw):
@@ -38,5 +43,5 @@ def test_an_experiment_loads_its_model_on_the_default_device(name, monkeypatch, 
     monkeypatch.setattr(module, "load_model", load_model)
     monkeypatch.setattr(module, "default_device", lambda: "cuda:3")
     with pytest.raises(_Loaded):
-        reproduce(name, scale="tiny", output=tmp_path)
+        reproduce(name, scale="tiny", output=tmp_path, overrides=over)
     assert asked == ["cuda:3"]

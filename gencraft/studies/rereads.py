@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gencraft.metrics.stats import compare_paired, wilson_interval
+from gencraft.studies.search_conditional import study_items
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,6 @@ class Measured:
 @cache
 def _json(path: Path) -> Any:
     return json.loads(path.read_text())
-
-
-def _jsonl(path: Path) -> list[Any]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 # --- HSO few-shot (campaign-cpu/hso-fewshot/run) ------------------------------------------
@@ -559,18 +556,16 @@ def conditional_degenerate(runs: Path, data_dir: str | None):
     """Conditional minus plain beam search in the share of outputs of the thesis's kinds
     (empty, prompt copy, loop), by prompt; secondary: truncation, and any kind (the earlier
     definition, truncation included)."""
-    path = runs / CONDITIONAL / "degenerate_rows.jsonl"
-    if not path.is_file():
+    read = study_items(runs / CONDITIONAL, "degenerate")
+    if read is None:
         return None
+    examples, path = read
     prompts = _conditional_prompts(data_dir)
     kinds: dict[str, list[dict[str, bool]]] = {BEAM: [], COND: []}
-    for batch in _jsonl(path):
-        for j, row in enumerate(batch["rows"]):
-            for system in kinds:
-                out = row[system]
-                kinds[system].append(
-                    degenerate_kinds(out["text"], prompts[batch["first"] + j], out["finished"])
-                )
+    for j, row in enumerate(examples):
+        for system in kinds:
+            out = row[system]
+            kinds[system].append(degenerate_kinds(out["text"], prompts[j], out["finished"]))
 
     def share(test: Callable[[dict], bool]) -> tuple[list[float], list[float]]:
         return ([100.0 * test(k) for k in kinds[COND]], [100.0 * test(k) for k in kinds[BEAM]])
@@ -591,29 +586,26 @@ def conditional_degenerate(runs: Path, data_dir: str | None):
             f"{s}: " + ", ".join(f"{k} {v}" for k, v in c.items()) + f" of {len(kinds[s])}"
             for s, c in counts.items()
         ),
-        files=(f"{CONDITIONAL}/degenerate_rows.jsonl",),
+        files=(str(path.relative_to(runs)),),
     )
 
 
 def conditional_length(runs: Path, data_dir: str | None):
     """Conditional minus plain beam search in log P(output | prompt) at a forced length,
     clustered by prompt over the ratios and beam sizes."""
-    path = runs / CONDITIONAL / "length_rows.jsonl"
-    if not path.is_file():
+    read = study_items(runs / CONDITIONAL, "length")
+    if read is None:
         return None
-    a, b, ids = [], [], []
-    for batch in _jsonl(path):
-        # rows come in prompt, ratio, beam order: one row per (ratio, beams) a prompt
-        per = len({(row["ratio"], row["beams"]) for row in batch["rows"]})
-        for j, row in enumerate(batch["rows"]):
-            a.append(row["cond_log_prob"])
-            b.append(row["beam_log_prob"])
-            ids.append(batch["first"] + j // per)
+    items, path = read
+    pairs = [(row, j) for j, rows in enumerate(items) for row in rows]
+    a = [row["cond_log_prob"] for row, _ in pairs]
+    b = [row["beam_log_prob"] for row, _ in pairs]
+    ids = [j for _, j in pairs]
     res = compare_paired(a, b, clusters=ids)
     return Measured(
         Comparison("conditional − beam, log P at the forced length", res, "prompt"),
         notes=(f"{len(a)} (prompt, ratio, beam) pairs from {res.units} prompts.",),
-        files=(f"{CONDITIONAL}/length_rows.jsonl",),
+        files=(str(path.relative_to(runs)),),
     )
 
 

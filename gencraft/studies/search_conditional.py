@@ -15,15 +15,14 @@ import torch
 from gencraft.errors import GencraftError
 from gencraft.models import load_model
 from gencraft.models.stepping import sequence_log_prob
-from gencraft.progress import tqdm
 from gencraft.search.beam import beam_search_batch
 from gencraft.search.prompts import encode_prompt, instruction_texts
-from gencraft.studies.runner import ExperimentRun, machine, register, settings_field
+from gencraft.studies.runner import ExperimentRun, Kept, machine, register, settings_field
 from gencraft.studies.search_inputs import batched
 from gencraft.utils import default_device
 
 
-@dataclass
+@dataclass(frozen=True)
 class ConditionalSettings:
     model: str = settings_field("smollm2-135m", "model name or path")
     train_prompts: int = settings_field(500, "classifier training prompts (half E2E, half XSum)")
@@ -55,7 +54,6 @@ class ConditionalSettings:
     )
     batch_size: int = settings_field(8, "test prompts searched together")
     data_dir: str | None = settings_field(None, "datasets directory")
-    work_dir: str | None = settings_field(None, "working folder (default: the run's)")
 
     def __post_init__(self) -> None:
         if self.kept_dtype not in ("float32", "float16", "bfloat16"):
@@ -87,54 +85,135 @@ class ConditionalSettings:
         "gpu": {"train_prompts": 2000, "samples_per_prompt": 16},
     },
     cpu_minutes=480,
+    kept=lambda s: conditional_kept(s),
 )
 def search_conditional(s: ConditionalSettings, run: ExperimentRun) -> None:
     """Conditional beam search with attribute classifiers trained on the model's samples."""
-    work = Path(s.work_dir or run.directory)
-    result = run.unit("conditional", lambda: conditional_study(s, work))
-    md = (work / "conditional.md").read_text() if (work / "conditional.md").is_file() else ""
-    run.text(md or json.dumps({k: v for k, v in result.items() if k in ("degenerate",)}))
-    if (work / "length_control.png").is_file():
+    loaded = _Loaded(s, run.directory)
+    result: dict = {"model": s.model, **machine()}
+    if s.classifiers:
+        result["classifiers"] = s.classifiers
+    else:
+        result.update(_train_classifiers(s, run, loaded))
+    tests = _prompts(s, s.test_prompts)
+    if "degenerate" in s.studies:
+        result["degenerate"] = _degenerate_study(s, run, loaded, tests)
+    if "length" in s.studies:
+        lengths = _prompts(s, s.length_prompts or s.test_prompts)
+        result["length"] = _length_study(s, run, loaded, lengths)
+        _plot_length(result["length"]["summary"], run.directory / "length_control.png", s.model)
         run.plot_path("length_control.png", "length control")
+    run.text(_report(s, result, len(tests)))
 
 
-def conditional_study(s: ConditionalSettings, out_dir: Path) -> dict:
-    """Beam vs conditional beam search: degenerate rate, and length-controlled generation;
-    its files (samples, classifiers, rows, report) in ``out_dir``."""
-    model, tok = load_model(s.model, device=default_device())
-    if s.classifiers:  # reuse trained classifiers: skip sampling and training
-
-        def saved(a: str) -> Path:  # the kept weights where the run kept them, else best/
-            kept = Path(s.classifiers, f"clf-{a}", "kept")
-            return kept if kept.is_dir() else Path(s.classifiers, f"clf-{a}", "best")
-
-        clfs = {a: _load_classifier(saved(a), model) for a in s.studies}
-        result: dict = {"model": s.model, **machine(), "classifiers": s.classifiers}
-        return _conditional_eval(s, model, tok, clfs, result, out_dir)
-    clfs, result = _train_classifiers(s, model, tok, out_dir)
-    return _conditional_eval(s, model, tok, clfs, result, out_dir)
+def conditional_kept(s: ConditionalSettings) -> dict[str, Kept]:
+    """What the run's units leave for later ones: the samples (read by the classifiers'
+    training) and each trained classifier (read by its study)."""
+    if s.classifiers:
+        return {}
+    kept = {"samples": Kept("samples", "samples", tuple(f"train {a}" for a in s.studies))}
+    for a in s.studies:
+        kept[f"train {a}"] = Kept(f"clf-{a}/kept", f"clf-{a}/checkpoint", (f"eval {a}",))
+    return kept
 
 
-def _train_classifiers(s: ConditionalSettings, model, tok, out_dir: Path) -> tuple[dict, dict]:
-    """Samples from the model on training prompts (resumable), then one classifier per
-    study trained on them and kept; returns (study -> classifier, the result so far)."""
-    from gencraft.models.introspect import eos_ids
-    from gencraft.search.train import ClassifierTrainConfig, relabel_degenerate, train_classifier
+class _Loaded:
+    """The model, its tokenizer and the classifiers, loaded at the first unit that needs
+    them (a rerun whose units are all saved loads nothing)."""
 
-    eos = eos_ids(model, None)
+    def __init__(self, s: ConditionalSettings, folder: Path) -> None:
+        self.s, self.folder = s, folder
+        self._model: tuple | None = None
+        self._classifiers: dict[str, Any] = {}
+        self.rows: list | None = None  # the samples with their hidden states, once computed
+
+    def model(self) -> tuple[Any, Any]:
+        if self._model is None:
+            self._model = load_model(self.s.model, device=default_device())
+        return self._model
+
+    def classifier(self, attr: str) -> Any:
+        """The ``attr`` classifier as kept (another run's when ``classifiers`` names one)."""
+        if attr not in self._classifiers:
+            root = Path(self.s.classifiers) if self.s.classifiers else self.folder
+            kept = root / f"clf-{attr}" / "kept"
+            saved = kept if kept.is_dir() else root / f"clf-{attr}" / "best"
+            self._classifiers[attr] = _load_classifier(saved, self.model()[0])
+        return self._classifiers[attr]
+
+
+def _prompts(s: ConditionalSettings, total: int) -> list[tuple[str, str]]:
+    """``total`` test prompts with their references: half E2E, then XSum."""
+    from gencraft.search.prompts import instruction_references
+
+    half = total // 2
+    return [
+        (t, r)
+        for kind, n in (("e2e", half), ("xsum", total - half))
+        for t, r in zip(
+            instruction_texts(kind, n, s.data_dir, max_source_words=s.max_source_words),
+            instruction_references(kind, n, s.data_dir),
+            strict=True,
+        )
+    ]
+
+
+def _train_texts(s: ConditionalSettings) -> list[str]:
+    """The classifiers' training prompts: half E2E, half XSum, from the training splits."""
     half = s.train_prompts // 2
-    train_texts = instruction_texts("e2e", half, s.data_dir, split="train") + instruction_texts(
+    return instruction_texts("e2e", half, s.data_dir, split="train") + instruction_texts(
         "xsum",
         s.train_prompts - half,
         s.data_dir,
         split="train",
         max_source_words=s.max_source_words,
     )
-    # kept in the work folder by default, so a stopped run resumes without resampling
-    samples = Path(s.samples) if s.samples else out_dir / "samples.pt"
-    # the hidden states (2 MB a sample) only where a classifier is still to train
-    untrained = [a for a in s.studies if not (out_dir / f"clf-{a}/kept/record.json").is_file()]
-    rows = _sample_resumable(model, tok, train_texts, s, samples, hidden=bool(untrained))
+
+
+def _train_classifiers(s: ConditionalSettings, run: ExperimentRun, loaded: _Loaded) -> dict:
+    """Unit ``samples`` (the model's samples of every training prompt), then unit ``train A``
+    per study: its classifier trained on them and kept; returns their records."""
+    texts = _train_texts(s)
+    counts = _sample_unit(s, run, loaded, texts)
+    result: dict = {"train_prompts": len(texts), **counts}
+    for attr in s.studies:
+        result.update(run.unit(f"train {attr}", lambda attr=attr: _train(s, loaded, texts, attr)))
+    return result
+
+
+def _train(s: ConditionalSettings, loaded: _Loaded, texts: list[str], attr: str) -> dict:
+    """The ``attr`` classifier trained on the samples (their states computed once for both)
+    and kept in ``clf-ATTR/kept``: its training record (and, for ``degenerate``, the share of
+    degenerate samples)."""
+    from gencraft.models.introspect import eos_ids
+    from gencraft.search.train import ClassifierTrainConfig, relabel_degenerate, train_classifier
+
+    model, tok = loaded.model()
+    if loaded.rows is None:
+        loaded.rows = _with_states(s, model, tok, texts, _sample_rows(s, loaded.folder, texts))
+    rows = loaded.rows
+    if attr == "degenerate":
+        rows = relabel_degenerate(rows, tok, texts, eos_ids(model, None))
+    cfg = ClassifierTrainConfig()
+    cfg = replace(cfg, fit=replace(cfg.fit, epochs=s.epochs))
+    out = loaded.folder / f"clf-{attr}"
+
+    def train(clf) -> dict:
+        record = train_classifier(clf, rows, cfg, out)
+        return {k: v for k, v in record.items() if k != "config"}
+
+    _, record = kept_classifier(model, attr, train, out / "kept", s.kept_dtype)
+    done = {f"{attr}_classifier": record}
+    if attr == "degenerate":
+        done["degenerate_training_rate"] = sum(int(r["labels"][0]) for r in rows) / len(rows)
+    return done
+
+
+def _with_states(s: ConditionalSettings, model, tok, texts: list[str], rows: list) -> list:
+    """The samples with their hidden states; without length labels where a sample was cut,
+    unless ``censored`` (lower-bound labels)."""
+    from gencraft.search.train import attach_hidden
+
     if not s.censored:  # cut samples carry no length labels then
         rows = [
             {**r, "labels": torch.full_like(r["labels"], -100), "censored": torch.tensor(False)}
@@ -142,36 +221,14 @@ def _train_classifiers(s: ConditionalSettings, model, tok, out_dir: Path) -> tup
             else r
             for r in rows
         ]
-    result: dict = {
-        "model": s.model,
-        **machine(),
-        "train_prompts": len(train_texts),
-        "censored_length_labels": any(bool(r["censored"]) for r in rows),
-        "samples": len(rows),
-        "finished_samples": sum(bool(r["finished"]) for r in rows),
-    }
-    cfg = ClassifierTrainConfig()
-    cfg = replace(cfg, fit=replace(cfg.fit, epochs=s.epochs))
-    clfs = {}
-    for attr in s.studies:
-        data = rows if attr == "length" else relabel_degenerate(rows, tok, train_texts, eos)
-
-        def train(clf, data=data, attr=attr) -> dict:
-            record = train_classifier(clf, data, cfg, out_dir / f"clf-{attr}")
-            return {k: v for k, v in record.items() if k != "config"}
-
-        clfs[attr], result[f"{attr}_classifier"] = kept_classifier(
-            model, attr, train, out_dir / f"clf-{attr}" / "kept", s.kept_dtype
-        )
-        if attr == "degenerate":
-            result["degenerate_training_rate"] = sum(int(r["labels"][0]) for r in data) / len(data)
-        (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
-    return clfs, result
+    prompts = [encode_prompt(tok, t) for t in texts]
+    return attach_hidden(model, rows, prompts, progress=True)
 
 
 def kept_classifier(model, attr: str, train, kept: Path, dtype: str) -> tuple[Any, dict]:
     """The ``attr`` classifier of ``model``, trained once by ``train(clf) -> record`` and kept
-    in ``kept`` in ``dtype`` with its training record; a rerun loads it from there. It is
+    in ``kept`` in ``dtype`` with its training record; a rerun loads it from there. Its first
+    weights are drawn from seed 0, whatever ran before it. It is
     always used as kept (float16 weights read back into float32), so a study resumed in a later
     invocation reads the same weights as the batches before. Returns (classifier, record)."""
     from gencraft.search.classifier import AttributeClassifier
@@ -179,7 +236,9 @@ def kept_classifier(model, attr: str, train, kept: Path, dtype: str) -> tuple[An
 
     record_path = kept / "record.json"
     if not record_path.is_file():
-        clf = classifier_for(model, attr)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)  # its first weights: the same in a stopped and resumed run
+            clf = classifier_for(model, attr)
         record = train(clf)
         copy = AttributeClassifier(clf.config)
         copy.load_state_dict(clf.state_dict())
@@ -198,91 +257,97 @@ def _load_classifier(path: Path, model) -> Any:
     return AttributeClassifier.from_pretrained(path, model).float().to(device).eval()
 
 
-#: training prompts sampled between saves of the partial samples
+#: training prompts sampled between saves of the samples
 SAMPLE_CHUNK = 32
 
 
-def _sample_resumable(
-    model, tok, texts: list[str], s: ConditionalSettings, path: Path, hidden: bool = True
-) -> list[dict]:
-    """The model's samples of every training prompt, with their hidden states. Drawn
-    ``SAMPLE_CHUNK`` prompts at a time and saved after each chunk (``path`` + ``.partial``),
-    so a stopped run resumes at its first unsampled prompt; written to ``path`` when complete
-    (a file there already is loaded instead). Both files hold the rows without their states
-    (about 1 KB a sample, not 2 MB), and the states are computed once every row is drawn
-    (unless ``hidden`` is False: no classifier will train on them)."""
-    from gencraft.search.train import attach_hidden, sample_training_data
+def _sample_unit(s: ConditionalSettings, run: ExperimentRun, loaded: _Loaded, texts) -> dict:
+    """Unit ``samples``: the model's samples of every training prompt, drawn ``SAMPLE_CHUNK``
+    prompts at a time, each part kept in ``samples/START.pt`` without the hidden states
+    (about 1 KB a sample, not 2 MB), so a stopped run resumes at its first unsampled prompt
+    (a part's items: each prompt's number of samples). A ``samples`` file that exists is read
+    instead; one that does not is written at the end. Returns the counts of the samples,
+    of those finished, and whether any length label is censored."""
+    given = Path(s.samples) if s.samples else None
 
-    prompts = [encode_prompt(tok, t) for t in texts]
-    partial = path.with_name(path.name + ".partial")
-    if path.is_file():
-        rows = torch.load(path)
-        return attach_hidden(model, rows, prompts, progress=True) if hidden else rows
-    done, rows = 0, []
-    if partial.is_file():
-        saved = torch.load(partial)
-        done, rows = saved["done"], saved["rows"]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    bar = tqdm(total=len(texts), initial=done, desc="sampling")
-    for start in range(done, len(texts), SAMPLE_CHUNK):
-        rows += sample_training_data(
-            model,
-            tok,
-            prompts[start : start + SAMPLE_CHUNK],
-            attribute="length",
-            samples_per_prompt=s.samples_per_prompt,
-            max_new_tokens=s.sample_tokens,
-            prompt_texts=texts,
-            censored=s.censored,
-            seed=0,
-            first=start,
-            progress=False,
-            batch_size=s.sample_batch,
-            hidden=False,
-        )
-        torch.save({"done": min(start + SAMPLE_CHUNK, len(texts)), "rows": rows}, partial)
-        bar.update(min(SAMPLE_CHUNK, len(texts) - start))
-    bar.close()
-    torch.save(rows, path)
-    partial.unlink(missing_ok=True)
-    return attach_hidden(model, rows, prompts, progress=True) if hidden else rows
+    def part(start: int, stop: int) -> list[int]:
+        if given is not None and given.is_file():
+            rows = [r for r in torch.load(given) if start <= int(r["prompt_index"]) < stop]
+        else:
+            rows = _draw(s, loaded, texts, start, stop)
+            (run.directory / "samples").mkdir(exist_ok=True)
+            torch.save({"stop": stop, "rows": rows}, run.directory / "samples" / f"{start}.pt")
+        return [sum(int(r["prompt_index"]) == i for r in rows) for i in range(start, stop)]
+
+    def combine(items: list[int], seconds: float) -> dict:
+        rows = _sample_rows(s, run.directory, texts)
+        return {
+            "samples": len(rows),
+            "finished_samples": sum(bool(r["finished"]) for r in rows),
+            "censored_length_labels": any(bool(r["censored"]) for r in rows),
+        }
+
+    counts = run.unit_over("samples", len(texts), SAMPLE_CHUNK, part, combine, "sampling")
+    if given is not None and not given.is_file():
+        torch.save(_sample_rows(s, run.directory, texts), given)
+    return counts
 
 
-def _conditional_eval(
-    s: ConditionalSettings, model, tok, clfs: dict, result: dict, out_dir: Path
-) -> dict:
-    from gencraft.search.prompts import instruction_references
+def _draw(s: ConditionalSettings, loaded: _Loaded, texts: list[str], start: int, stop: int):
+    """The samples of training prompts ``[start, stop)``, each seeded by its own index."""
+    from gencraft.search.train import sample_training_data
 
-    def prompts(total: int) -> list[tuple[str, str]]:
-        half = total // 2
-        return [
-            (t, r)
-            for kind, n in (("e2e", half), ("xsum", total - half))
-            for t, r in zip(
-                instruction_texts(kind, n, s.data_dir, max_source_words=s.max_source_words),
-                instruction_references(kind, n, s.data_dir),
-                strict=True,
+    model, tok = loaded.model()
+    return sample_training_data(
+        model,
+        tok,
+        [encode_prompt(tok, t) for t in texts[start:stop]],
+        attribute="length",
+        samples_per_prompt=s.samples_per_prompt,
+        max_new_tokens=s.sample_tokens,
+        prompt_texts=texts,
+        censored=s.censored,
+        seed=0,
+        first=start,
+        progress=False,
+        batch_size=s.sample_batch,
+        hidden=False,
+    )
+
+
+def _sample_rows(s: ConditionalSettings, folder: Path, texts: list[str]) -> list[dict]:
+    """The samples unit's rows (without states), read back from its parts in prompt order,
+    or from the ``samples`` file it was read from."""
+    if s.samples and Path(s.samples).is_file():
+        return torch.load(s.samples)
+    rows: list[dict] = []
+    start = 0
+    while start < len(texts):
+        path = folder / "samples" / f"{start}.pt"
+        if not path.is_file():
+            raise GencraftError(
+                f"{path} is gone (the samples of training prompt {start} on); rerun with --restart"
             )
-        ]
+        part = torch.load(path)
+        rows += part["rows"]
+        start = part["stop"]
+    return rows
 
-    tests = prompts(s.test_prompts)
-    if "degenerate" in s.studies:
-        _degenerate_study(s, model, tok, clfs["degenerate"], tests, result, out_dir)
-    if "length" in s.studies:
-        _length_study(s, model, tok, clfs["length"], prompts, result, out_dir)
-    (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
-    md = [_conditional_size(s, result, len(tests)), ""]
+
+def _report(s: ConditionalSettings, result: dict, n_tests: int) -> str:
+    """The run's report: its size against the thesis's, then each study's tables."""
+    md = [_conditional_size(s, result, n_tests), ""]
     if "degenerate" in result:
         d = result["degenerate"]
         md += [
-            f"Degenerate outputs (beam {s.beams[0]}, {len(tests)} test prompts): "
+            f"Degenerate outputs (beam {s.beams[0]}, {n_tests} test prompts): "
             + ", ".join(f"{k} {100 * v:.0f}%" for k, v in d["rates"].items())
             + f"; only conditional fine on {d['only_conditional_fine']}, only beam (on_beam) "
             f"fine on {d['only_beam_fine']}",
             "",
             *_degenerate_lines(d),
         ]
-    if "summary" in result.get("length", {}):
+    if "length" in result:
         md += [
             f"Length control ({result['length']['prompts']} test prompts; wins on the model's "
             f"log P(y | x); forced EOS {s.forced_eos}):",
@@ -298,9 +363,7 @@ def _conditional_eval(
             for r in result["length"]["summary"]
         ]
         md += ["", *_pooled_length_lines(result["length"]["summary"])]
-    (out_dir / "conditional.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
-    return result
+    return "\n".join(md)
 
 
 #: the thesis's sizes (ch. 6-7), beside which every search report states its own
@@ -328,26 +391,6 @@ def _conditional_size(s: ConditionalSettings, result: dict, n_tests: int) -> str
             f"{', '.join(map(str, s.beams))}"
         )
     return f"Size: {trained}; {'; '.join(studies)}. Against {THESIS_SIZES}."
-
-
-class _BatchLog:
-    """Finished batches of a study, one JSON line each (``first`` row index, ``size``, its
-    ``rows``), so a stopped study resumes at its first missing batch. Lines of another batch
-    size are ignored (their batches do not line up)."""
-
-    def __init__(self, path: Path, size: int) -> None:
-        self.path, self.size = path, size
-        self.done: dict[int, list] = {}
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                entry = json.loads(line)
-                if entry["size"] == size:
-                    self.done[entry["first"]] = entry["rows"]
-
-    def add(self, first: int, rows: list) -> None:
-        self.done[first] = rows
-        with self.path.open("a") as f:
-            f.write(json.dumps({"first": first, "size": self.size, "rows": rows}) + "\n")
 
 
 def _degenerate_lines(d: dict) -> list[str]:
@@ -389,29 +432,27 @@ def _pooled_length_lines(summary: list[dict]) -> list[str]:
 
 
 def _degenerate_study(
-    s: ConditionalSettings, model, tok, clf, tests, result: dict, out_dir: Path
-) -> None:
-    """(a) degenerate rate: conditional beam towards "not degenerate" (class 0), against plain
-    beam search with the same policy for completed hypotheses (on the beam, Alg. 1), and
-    against transformers' policy (set aside) as a second row."""
-    systems = _degenerate_systems(s, clf)
-    examples = []
-    size = s.batch_size
-    log = _BatchLog(out_dir / "degenerate_rows.jsonl", size)
-    bar = tqdm(total=len(tests), desc="degenerate")
-    for i in range(0, len(tests), size):
-        if i in log.done:  # a stopped run's finished batch
-            examples += log.done[i]
-            bar.update(len(log.done[i]))
-            continue
-        chunk = [text for text, _ in tests[i : i + size]]
-        rows = _degenerate_batch(s, model, tok, systems, chunk)
-        examples += rows
-        log.add(i, rows)
-        bar.update(len(chunk))
-    bar.close()
-    result["degenerate"] = _degenerate_summary(s, examples, list(systems), size)
-    (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
+    s: ConditionalSettings, run: ExperimentRun, loaded: _Loaded, tests: list[tuple[str, str]]
+) -> dict:
+    """Unit ``eval degenerate``, (a) the degenerate rate: conditional beam towards "not
+    degenerate" (class 0), against plain beam search with the same policy for completed
+    hypotheses (on the beam, Alg. 1), and against transformers' policy (set aside) as a second
+    row; ``batch_size`` prompts searched together, each batch saved as it finishes."""
+    texts = [text for text, _ in tests]
+
+    def part(start: int, stop: int) -> list[dict]:
+        model, tok = loaded.model()
+        systems = _degenerate_systems(s, loaded.classifier("degenerate"))
+        return _degenerate_batch(s, model, tok, systems, texts[start:stop])
+
+    def combine(examples: list[dict], seconds: float) -> dict:
+        return _degenerate_summary(s, examples, list(SYSTEMS), s.batch_size)
+
+    return run.unit_over("eval degenerate", len(texts), s.batch_size, part, combine, "degenerate")
+
+
+#: the searches of the degenerate study
+SYSTEMS = ("beam (on_beam)", "conditional (on_beam)", "beam (aside)")
 
 
 def _degenerate_systems(s: ConditionalSettings, clf) -> dict[str, dict]:
@@ -515,42 +556,38 @@ def degenerate_tests(examples: list[dict]) -> dict:
 
 
 def _length_study(
-    s: ConditionalSettings, model, tok, clf, prompts, result: dict, out_dir: Path
-) -> None:
-    """(b) length control: both searches forced to n tokens; who finds the output with the
-    higher log P(y | x) under the model itself (the thesis's comparison, Figs 7.1-7.2)? The
-    search's own objective (EOS removed and steps renormalised) is kept beside it."""
-    length_rows: list[dict] = []
-    length_tests = prompts(s.length_prompts or s.test_prompts)
-    size = s.batch_size
-    log = _BatchLog(out_dir / "length_rows.jsonl", size)
-    for i in tqdm(range(0, len(length_tests), size), desc="length"):
-        if i in log.done:  # a stopped run's finished batch
-            length_rows += log.done[i]
-            continue
-        done = _length_batch(s, model, tok, clf, length_tests[i : i + size])
-        length_rows += done
-        log.add(i, done)
-    summary = [
-        {"beams": b, "ratio": ratio, **length_wins(length_rows, b, ratio)}
-        for b in s.beams
-        for ratio in s.ratios
-    ]
-    result["length"] = {
-        "k": s.k,
-        "forced_eos": s.forced_eos,
-        "length_includes_eos": s.length_includes_eos,
-        "prompts": len(length_tests),
-        "summary": summary,
-        "rows": length_rows,
-    }
-    (out_dir / "conditional.json").write_text(json.dumps(result, indent=2))
-    _plot_length(summary, out_dir / "length_control.png", s.model)
+    s: ConditionalSettings, run: ExperimentRun, loaded: _Loaded, tests: list[tuple[str, str]]
+) -> dict:
+    """Unit ``eval length``, (b) length control: both searches forced to n tokens; who finds
+    the output with the higher log P(y | x) under the model itself (the thesis's comparison,
+    Figs 7.1-7.2)? The search's own objective (EOS removed and steps renormalised) is kept
+    beside it. Each batch of prompts is saved as it finishes; a prompt's item is its rows."""
+
+    def part(start: int, stop: int) -> list[list[dict]]:
+        model, tok = loaded.model()
+        return _length_batch(s, model, tok, loaded.classifier("length"), tests[start:stop])
+
+    def combine(items: list[list[dict]], seconds: float) -> dict:
+        rows = [row for prompt in items for row in prompt]
+        return {
+            "k": s.k,
+            "forced_eos": s.forced_eos,
+            "length_includes_eos": s.length_includes_eos,
+            "prompts": len(items),
+            "summary": [
+                {"beams": b, "ratio": ratio, **length_wins(rows, b, ratio)}
+                for b in s.beams
+                for ratio in s.ratios
+            ],
+            "rows": rows,
+        }
+
+    return run.unit_over("eval length", len(tests), s.batch_size, part, combine, "length")
 
 
-def _length_batch(s: ConditionalSettings, model, tok, clf, chunk: list) -> list[dict]:
+def _length_batch(s: ConditionalSettings, model, tok, clf, chunk: list) -> list[list[dict]]:
     """One batch of (text, reference) prompts searched together at every ratio and beam
-    size, each row forced to its own length: rows in prompt, ratio, beam order."""
+    size, each row forced to its own length: per prompt, its rows in ratio, beam order."""
     common = dict(forced_eos=s.forced_eos, length_includes_eos=s.length_includes_eos)
     prompts = [encode_prompt(tok, text) for text, _ in chunk]
     ((ids, mask),) = batched(model, tok, prompts, len(prompts))
@@ -568,12 +605,13 @@ def _length_batch(s: ConditionalSettings, model, tok, clf, chunk: list) -> list[
             cond = _conditional_rows(model, ids, mask, clf, s, b, ns, limits, common)
             for j in range(len(chunk)):
                 found[j, ratio, b] = (ns[j], plain[j][0], cond[j][0])
-    done = []
+    done: list[list[dict]] = []
     for j, p in enumerate(prompts):
+        done.append([])
         for ratio in s.ratios:
             for b in s.beams:
                 n, pl, co = found[j, ratio, b]
-                done.append(
+                done[j].append(
                     {
                         "ratio": ratio,
                         "beams": b,
@@ -659,3 +697,27 @@ def _plot_length(summary: list[dict], path: Path, model: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def study_items(folder: Path, study: str) -> tuple[list, Path] | None:
+    """A run's per-prompt items of ``study``, in prompt order, and the file they come from:
+    for ``degenerate`` each prompt's searches, for ``length`` each prompt's rows. Read from the
+    run's finished unit ``eval STUDY`` in results.json, else from the batch log
+    ``STUDY_rows.jsonl`` (one line per finished batch: ``first`` prompt and its ``rows``) of
+    runs made before the study ran as units; None when neither holds them."""
+    results = folder / "results.json"
+    unit = json.loads(results.read_text()).get("units", {}) if results.is_file() else {}
+    if f"eval {study}" in unit:
+        value = unit[f"eval {study}"]
+        rows, path = value["examples" if study == "degenerate" else "rows"], results
+    elif (folder / f"{study}_rows.jsonl").is_file():
+        path = folder / f"{study}_rows.jsonl"
+        lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        batches = {b["first"]: b["rows"] for b in lines}  # a batch written twice: the last
+        rows = [row for first in sorted(batches) for row in batches[first]]
+    else:
+        return None
+    if study == "degenerate":
+        return rows, path
+    per = len({(r["ratio"], r["beams"]) for r in rows})  # rows in prompt, ratio, beam order
+    return [rows[i : i + per] for i in range(0, len(rows), per)], path

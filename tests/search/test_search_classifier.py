@@ -320,37 +320,21 @@ def test_cli_beam_uses_a_trained_classifier_and_bad_counts_are_named(tmp_path, c
     assert "not-degenerate|degenerate" in capsys.readouterr().err
 
 
-def test_length_study_compares_log_p_under_the_model_not_the_search_objective(tmp_path):
+def test_length_study_compares_log_p_under_the_model_not_the_search_objective():
     """The length study's wins are counted on log P(y | x) of the model itself (tokens + EOS, no
     renormalisation), computed here by one forward pass; the search's objective differs."""
     from gencraft.models import load_model
-    from gencraft.studies.search_conditional import ConditionalSettings, _length_study, length_wins
+    from gencraft.studies.search_conditional import ConditionalSettings, _length_batch, length_wins
 
     model, tok = load_model("tiny-llama")
     clf = classifier_for(model, "length", d_clf=24, num_heads=4).eval()
     args = ConditionalSettings(
-        length_prompts=2,
-        test_prompts=2,
-        ratios=(0.8, 1.2),
-        beams=(2,),
-        k=5,
-        forced_eos="free",
-        length_includes_eos=False,
-        model="tiny-llama",
+        ratios=(0.8, 1.2), beams=(2,), k=5, forced_eos="free", length_includes_eos=False
     )
-    result: dict = {}
-    _length_study(
-        args,
-        model,
-        tok,
-        clf,
-        lambda n: [("the cat", "a dog"), ("sun", "moon")][:n],
-        result,
-        tmp_path,
-    )
+    per_prompt = _length_batch(args, model, tok, clf, [("the cat", "a dog"), ("sun", "moon")])
+    assert [len(rows) for rows in per_prompt] == [2, 2]  # each prompt's ratios
     eos = tok.eos_token_id
-    rows = result["length"]["rows"]
-    assert len(rows) == 4
+    rows = [row for prompt in per_prompt for row in prompt]
     from gencraft.search.prompts import encode_prompt
 
     for r, text in zip(rows, ["the cat"] * 2 + ["sun"] * 2, strict=True):
@@ -366,41 +350,6 @@ def test_length_study_compares_log_p_under_the_model_not_the_search_objective(tm
     assert any(abs(r["beam_log_prob"] - r["beam_search_score"]) > 1e-3 for r in rows)
     w = length_wins(rows, 2, 0.8)
     assert w["n"] == 2 and w["conditional_higher"] + w["beam_higher"] + w["tie"] == 1
-
-
-def test_a_stopped_degenerate_study_resumes_at_its_first_missing_batch(tmp_path):
-    """Each finished batch is one line of degenerate_rows.jsonl: a rerun keeps those batches
-    (a marked row stays marked) and computes only the missing one; a batch size that does
-    not line up ignores the old lines."""
-    import json
-    from dataclasses import replace
-
-    from gencraft.models import load_model
-    from gencraft.studies.search_conditional import ConditionalSettings, _degenerate_study
-
-    model, tok = load_model("tiny-llama")
-    clf = classifier_for(model, "degenerate", d_clf=24, num_heads=4).eval()
-    args = ConditionalSettings(beams=(2,), k=5, forced_eos="free", max_new_tokens=4, batch_size=1)
-    tests = [("the cat", "a"), ("sun", "b"), ("moon", "c")]
-    first: dict = {}
-    _degenerate_study(args, model, tok, clf, tests, first, tmp_path)
-    log = tmp_path / "degenerate_rows.jsonl"
-    lines = log.read_text().splitlines()
-    assert [json.loads(x)["first"] for x in lines] == [0, 1, 2]
-    kept = json.loads(lines[0])
-    kept["rows"][0]["beam (on_beam)"]["text"] = "KEPT"
-    log.write_text(json.dumps(kept) + "\n" + lines[1] + "\n")  # the last batch never finished
-    again: dict = {}
-    _degenerate_study(args, model, tok, clf, tests, again, tmp_path)
-    examples = again["degenerate"]["examples"]
-    assert examples[0]["beam (on_beam)"]["text"] == "KEPT"
-    assert examples[1:] == first["degenerate"]["examples"][1:]
-    assert len(log.read_text().splitlines()) == 3  # only the missing batch was added
-    assert again["degenerate"]["rates"] == first["degenerate"]["rates"]
-    other: dict = {}
-    _degenerate_study(replace(args, batch_size=2), model, tok, clf, tests, other, tmp_path)
-    assert other["degenerate"]["examples"][0]["beam (on_beam)"]["text"] != "KEPT"
-    assert len(log.read_text().splitlines()) == 5  # two batches of two rows added
 
 
 def _same_rows(a: list[dict], b: list[dict]) -> bool:
@@ -429,48 +378,6 @@ def test_sampling_in_chunks_draws_what_one_pass_draws():
     # a prompt's samples do not depend on what was sampled before it
     alone = sample_training_data(model, None, prompts[2:], first=2, **kw)
     assert _same_rows(alone, [r for r in whole if int(r["prompt_index"]) == 2])
-
-
-def test_the_study_resumes_sampling_at_its_first_unsampled_chunk(tmp_path, monkeypatch):
-
-    import gencraft.search.train as train
-    import gencraft.studies.search_conditional as ex
-    from gencraft.models import load_model
-
-    model, tok = load_model("tiny-llama")
-    texts = ["the cat", "sun", "moon", "a b c", "x"]
-    args = ex.ConditionalSettings(
-        samples_per_prompt=2, sample_tokens=4, censored=True, sample_batch=2
-    )
-    monkeypatch.setattr(ex, "SAMPLE_CHUNK", 2)
-    whole = ex._sample_resumable(model, tok, texts, args, tmp_path / "a.pt")
-    assert not (tmp_path / "a.pt.partial").exists()
-    real, calls, cut = train.sample_training_data, [], [True]
-
-    def stopped(*a, **kw):  # in the first run, the second chunk never finishes
-        calls.append(kw["first"])
-        if len(calls) == 2 and cut[0]:
-            raise KeyboardInterrupt
-        return real(*a, **kw)
-
-    monkeypatch.setattr(train, "sample_training_data", stopped)
-    with pytest.raises(KeyboardInterrupt):
-        ex._sample_resumable(model, tok, texts, args, tmp_path / "b.pt")
-    assert torch.load(tmp_path / "b.pt.partial")["done"] == 2
-    calls.clear()
-    cut[0] = False
-    again = ex._sample_resumable(model, tok, texts, args, tmp_path / "b.pt")
-    assert calls == [2, 4]  # the first chunk was kept, not drawn again
-    assert _same_rows(again, whole)
-    stored = [{k: v for k, v in r.items() if k != "hidden"} for r in whole]
-    assert _same_rows(torch.load(tmp_path / "b.pt"), stored)  # rows stored without states
-    # a finished file is loaded, its states computed again: no chunk is drawn
-    calls.clear()
-    assert _same_rows(ex._sample_resumable(model, tok, texts, args, tmp_path / "b.pt"), whole)
-    assert calls == []
-    # no classifier left to train: the rows without their states
-    bare = ex._sample_resumable(model, tok, texts, args, tmp_path / "b.pt", hidden=False)
-    assert _same_rows(bare, stored) and calls == []
 
 
 def _drawn(rows: list[dict]) -> list[tuple]:
@@ -588,35 +495,3 @@ def test_a_bad_kept_dtype_stops_before_the_model_loads(tmp_path, monkeypatch):
         reproduce(
             "search-conditional", scale="tiny", output=tmp_path, overrides={"kept_dtype": "x"}
         )
-
-
-def test_reproduce_search_conditional_reports_both_studies_and_resumes(
-    shared_data, tmp_path, monkeypatch
-):
-    """The tiny run samples, trains and keeps both classifiers, runs both studies and states
-    its size; a rerun trains nothing and decodes nothing it has."""
-    import json
-
-    import gencraft.search.train as train
-    from gencraft.studies.runner import reproduce
-
-    kw = dict(scale="tiny", output=tmp_path, overrides={"data_dir": str(shared_data)})
-    report = reproduce("search-conditional", **kw).read_text()
-    assert (
-        "Size: classifiers trained on 8 samples of the model (epochs: 1); degenerate study "
-        in report
-    )
-    assert "on 2 test prompts (beam 2); length study on 2 prompts x 2 ratios x beams 2." in report
-    assert "Degenerate outputs (beam 2, 2 test prompts): beam (on_beam) " in report
-    assert "| beams | length / reference |" in report
-    for a in ("degenerate", "length"):
-        assert (tmp_path / f"clf-{a}" / "kept" / "record.json").is_file()
-    first = json.loads((tmp_path / "conditional.json").read_text())
-    lines = {f: (tmp_path / f).read_text() for f in ("degenerate_rows.jsonl", "length_rows.jsonl")}
-    monkeypatch.setattr(train, "train_classifier", lambda *a, **k: pytest.fail("trained again"))
-    (tmp_path / "results.json").unlink()  # the study's own unit: only its files are kept
-    again = reproduce("search-conditional", **kw).read_text()
-    assert again.split("Machine:")[0] == report.split("Machine:")[0]
-    assert {f: (tmp_path / f).read_text() for f in lines} == lines  # no batch decoded again
-    second = json.loads((tmp_path / "conditional.json").read_text())
-    assert second["degenerate"] == first["degenerate"] and second["length"] == first["length"]
