@@ -182,30 +182,35 @@ def _train_classifiers(s: ConditionalSettings, run: ExperimentRun, loaded: _Load
 
 
 def _train(s: ConditionalSettings, loaded: _Loaded, texts: list[str], attr: str) -> dict:
-    """The ``attr`` classifier trained on the samples (their states computed once for both)
-    and kept in ``clf-ATTR/kept``: its training record (and, for ``degenerate``, the share of
-    degenerate samples)."""
+    """The ``attr`` classifier trained on the samples and kept in ``clf-ATTR/kept``: its
+    training record (and, for ``degenerate``, the share of degenerate samples). The samples'
+    hidden states are computed only to train, once for both classifiers."""
     from gencraft.models.introspect import eos_ids
     from gencraft.search.train import ClassifierTrainConfig, relabel_degenerate, train_classifier
 
     model, tok = loaded.model()
-    if loaded.rows is None:
-        loaded.rows = _with_states(s, model, tok, texts, _sample_rows(s, loaded.folder, texts))
-    rows = loaded.rows
-    if attr == "degenerate":
-        rows = relabel_degenerate(rows, tok, texts, eos_ids(model, None))
+    eos = eos_ids(model, None)
     cfg = ClassifierTrainConfig()
     cfg = replace(cfg, fit=replace(cfg.fit, epochs=s.epochs))
     out = loaded.folder / f"clf-{attr}"
+    samples = _sample_rows(s, loaded.folder, texts)
 
     def train(clf) -> dict:
+        if loaded.rows is None:
+            loaded.rows = _with_states(s, model, tok, texts, samples)
+        rows = loaded.rows
+        if attr == "degenerate":
+            rows = relabel_degenerate(rows, tok, texts, eos)
         record = train_classifier(clf, rows, cfg, out)
         return {k: v for k, v in record.items() if k != "config"}
 
     _, record = kept_classifier(model, attr, train, out / "kept", s.kept_dtype)
     done = {f"{attr}_classifier": record}
     if attr == "degenerate":
-        done["degenerate_training_rate"] = sum(int(r["labels"][0]) for r in rows) / len(rows)
+        labelled = relabel_degenerate(samples, tok, texts, eos)
+        done["degenerate_training_rate"] = sum(int(r["labels"][0]) for r in labelled) / len(
+            labelled
+        )
     return done
 
 

@@ -96,3 +96,39 @@ def test_kv_states_start_from_given_or_empty_states(start):
     assert torch.equal(k[:, :, start:], new[0][0])  # zero shift: the new states as given
     assert torch.equal(k[:, :, :start], states[0][0])
     assert cache.shifts[0][0].requires_grad and cache.get_seq_length() == start + 2
+
+
+@settings(max_examples=25, deadline=None)
+@given(b=st.integers(1, 4), s=st.integers(1, 5), n_layers=st.integers(1, 3))
+def test_a_cache_split_into_rows_and_joined_is_the_cache(b, s, n_layers):
+    """select_row(cache, i) holds row i of every layer's keys and values, as copies; cat_rows of
+    all the rows gives the cache back."""
+    from transformers import DynamicCache
+
+    from gencraft.models.caches import cat_rows, select_row
+
+    layers = _layers(b, s, n_layers)
+    cache = DynamicCache(layers)
+    rows = [select_row(cache, i) for i in range(b)]
+    for i, row in enumerate(rows):
+        assert len(row.layers) == n_layers
+        for ly, whole, (k, v) in zip(row.layers, cache.layers, layers, strict=True):
+            assert torch.equal(ly.keys, k[i : i + 1]) and torch.equal(ly.values, v[i : i + 1])
+            # copies: a row keeps no view of the whole batch's storage
+            assert ly.keys.untyped_storage().data_ptr() != whole.keys.untyped_storage().data_ptr()
+            assert (
+                ly.values.untyped_storage().data_ptr() != whole.values.untyped_storage().data_ptr()
+            )
+    joined = cat_rows(rows)
+    for ly, (k, v) in zip(joined.layers, layers, strict=True):
+        assert torch.equal(ly.keys, k) and torch.equal(ly.values, v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64, torch.int8])
+def test_state_bytes_counts_every_byte_of_keys_and_values(dtype):
+    from gencraft.models.caches import state_bytes
+
+    kv = [(torch.zeros(2, 3, 4, 5, dtype=dtype), torch.zeros(2, 3, 1, 5, dtype=dtype))] * 2
+    size = torch.zeros((), dtype=dtype).element_size()
+    assert state_bytes(kv) == 2 * (120 + 30) * size
+    assert state_bytes([]) == 0

@@ -105,15 +105,16 @@ def _stopping(monkeypatch, name: str, calls: list, at: int | None) -> None:
 def test_a_stopped_run_resumes_at_its_first_unsaved_part(study, shared_data, tmp_path, monkeypatch):
     """Stopped in its second sampling part, then in each study's second batch: every rerun
     computes only what was not saved (one sampling part, one batch of each study), trains each
-    classifier once, and ends with the units and report of the run never stopped."""
+    classifier once on states computed once, and ends with the units and report of the run never stopped."""
     _, whole, *_ = study
     monkeypatch.setattr(ex, "SAMPLE_CHUNK", 2)  # 4 training prompts: two parts
     run = dict(scale="tiny", output=tmp_path, overrides=_over(shared_data))
-    draws, degenerate, length, trained = [], [], [], []
+    draws, degenerate, length, trained, states = [], [], [], [], []
     _stopping(monkeypatch, "_draw", draws, 2)
     _stopping(monkeypatch, "_degenerate_batch", degenerate, 2)
     _stopping(monkeypatch, "_length_batch", length, 2)
     _stopping(monkeypatch, "kept_classifier", trained, None)
+    _stopping(monkeypatch, "_with_states", states, None)
     for _ in range(3):
         with pytest.raises(_Stop):
             reproduce("search-conditional", **run)
@@ -123,6 +124,7 @@ def test_a_stopped_run_resumes_at_its_first_unsaved_part(study, shared_data, tmp
     assert [len(a[4]) for a in degenerate] == [2, 1, 1]
     assert [len(a[4]) for a in length] == [2, 1, 1]
     assert [a[1] for a in trained] == ["degenerate", "length"]
+    assert len(states) == 1  # the samples' states: once, for both classifiers
     got = json.loads((tmp_path / "results.json").read_text())["units"]
     want = json.loads((whole / "results.json").read_text())["units"]
     assert got == want
