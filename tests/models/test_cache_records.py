@@ -132,3 +132,33 @@ def test_state_bytes_counts_every_byte_of_keys_and_values(dtype):
     size = torch.zeros((), dtype=dtype).element_size()
     assert state_bytes(kv) == 2 * (120 + 30) * size
     assert state_bytes([]) == 0
+
+
+def test_the_row_state_wrapper_passes_each_call_on_to_its_model(monkeypatch):
+    """RowStateGeneration's forward is its model's (arguments and keywords passed on); its
+    generate decodes over a fresh row-state cache, over a cache it is given, or without one
+    under ``use_cache=False``, each with the model's own tokens; a wrapper not yet built (as
+    when it is being copied) has no ``base`` instead of recursing."""
+    import gencraft.models.caches as caches
+    from gencraft.models.caches import RowStateGeneration
+
+    base, _ = load_model("tiny-llama")
+    model = RowStateGeneration(base)
+    ids = torch.tensor([[0, 0, 7, 8, 9], [3, 4, 5, 6, 7]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        assert torch.equal(
+            model(ids, attention_mask=mask).logits, base(ids, attention_mask=mask).logits
+        )
+    kw = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    want = base.generate(ids, **kw)
+    built = []
+    real = caches.row_state_cache
+    monkeypatch.setattr(caches, "row_state_cache", lambda m: built.append(m) or real(m))
+    assert torch.equal(model.generate(ids, **kw), want) and built == [base]
+    given = real(base)
+    assert torch.equal(model.generate(ids, past_key_values=given, **kw), want)
+    assert len(built) == 1 and given.get_seq_length() > 0  # the given cache was used
+    assert torch.equal(model.generate(ids, use_cache=False, **kw), want) and len(built) == 1
+    assert torch.equal(model.generate(ids, use_cache=True, **kw), want) and len(built) == 2
+    assert not hasattr(RowStateGeneration.__new__(RowStateGeneration), "base")
