@@ -415,3 +415,63 @@ def test_train_loss_is_the_mean_over_the_batches_since_the_last_validation(tmp_p
     rows = [r["train_loss"] for r in result.history]
     want = [sum(seen[i : i + 2]) / 2 for i in range(0, 6, 2)]  # 6 batches, a row every 2
     assert rows == pytest.approx(want)
+
+
+def test_the_summary_holds_each_field_under_its_name_and_the_whole_runs_wall_time(
+    tmp_path, monkeypatch
+):
+    """write_summary: every field of the result under its documented name, ``extra`` before
+    the history, the wall time of this call since ``started`` plus the earlier invocations',
+    the same dict on disk; a start that is no perf_counter reading is refused word for word,
+    while one equal to the clock's reading is accepted."""
+    import importlib
+
+    from gencraft.training import FitResult
+
+    fit_module = importlib.import_module("gencraft.training.fit")  # the module, not fit
+
+    result = FitResult(
+        steps=7,
+        epochs_done=1.5,
+        train_time=3.25,
+        best=0.5,
+        stopped="max_steps",
+        history=[{"step": 7}],
+        trained_examples=56,
+        earlier_wall=10.0,
+        processes=2,
+        global_batch=8,
+    )
+    monkeypatch.setattr(fit_module, "_now", lambda: 100.0)
+    summary = result.write_summary(tmp_path, 40.0, pairs=3)
+    assert list(summary.items()) == [
+        ("steps", 7),
+        ("epochs_done", 1.5),
+        ("best_valid_loss", 0.5),
+        ("stopped", "max_steps"),
+        ("wall_seconds", 70.0),
+        ("train_seconds", 3.25),
+        ("processes", 2),
+        ("global_batch", 8),
+        ("trained_examples", 56),
+        ("pairs", 3),
+        ("history", [{"step": 7}]),
+    ]
+    assert json.loads((tmp_path / "train_summary.json").read_text()) == summary
+    monkeypatch.setattr(fit_module.time, "perf_counter", lambda: 50.0)
+    assert result.write_summary(tmp_path, 50.0)["wall_seconds"] == 60.0
+    with pytest.raises(GencraftError) as e:
+        result.write_summary(tmp_path, 50.5)
+    assert str(e.value) == "started=50.5 is not a time.perf_counter() reading"
+
+
+def test_the_hooks_defaults_let_the_run_go_on():
+    """A TrainerCallback and a Steps plug-in that override nothing never stop a run."""
+    from gencraft.training import Steps, StepState, TrainerCallback
+    from gencraft.training.fit import Validated
+
+    state = StepState(step=3, total=10, first_step=0, seconds=1.5, checkpointed=True)
+    assert TrainerCallback().on_step_end(state) is False
+    assert TrainerCallback().on_save(3, 10) is None
+    assert Steps().after_validation(Validated(None, None, 0.5, True, {})) is False
+    assert state.seconds_per_step == 0.5
