@@ -475,3 +475,42 @@ def test_the_hooks_defaults_let_the_run_go_on():
     assert TrainerCallback().on_save(3, 10) is None
     assert Steps().after_validation(Validated(None, None, 0.5, True, {})) is False
     assert state.seconds_per_step == 0.5
+
+
+@pytest.mark.parametrize(
+    "was, now, batch_in_epoch, plug_in",
+    [(2, 1, 3, False), (1, 4, 9, False), (3, 2, 5, False), (2, 2, 7, False), (2, 1, 3, True)],
+)
+def test_a_run_resumed_on_other_processes_keeps_its_place_in_the_epoch(
+    was, now, batch_in_epoch, plug_in, capsys
+):
+    """The examples seen this epoch stay seen: the place in the epoch is counted again in this
+    run's batches, with one line on the main process; a Steps plug-in's place does not move.
+    (The two-process run that resumes on one is in tests/cli/test_your_data_and_machines.py.)"""
+    from types import SimpleNamespace
+
+    from gencraft.training.fit import _Loop
+
+    st = SimpleNamespace(processes=was, batch_in_epoch=batch_in_epoch)
+    loop = SimpleNamespace(
+        st=st,
+        acc=SimpleNamespace(num_processes=now, is_main_process=True),
+        steps=object() if plug_in else None,
+        cfg=SimpleNamespace(batch_size=4, grad_accum=3),
+        out="runs/x",
+        global_batch=4 * 3 * now,
+    )
+    _Loop.rescale_to_processes(loop)
+    seen = batch_in_epoch * 4 * was
+    moved = was != now and not plug_in
+    assert st.processes == now
+    assert st.batch_in_epoch == (seen // (4 * now) if moved else batch_in_epoch)
+    err = capsys.readouterr().err
+    want = (
+        f"gencraft: warning: runs/x was trained on {was} process(es) and resumes on {now}: "
+        f"the global batch is now {12 * now} (was {12 * was})\n"
+    )
+    assert err == (want if moved else "")
+    loop.acc.is_main_process, st.processes = False, was
+    _Loop.rescale_to_processes(loop)
+    assert capsys.readouterr().err == ""  # the other processes say nothing
