@@ -172,12 +172,14 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
             "tests/cli/test_trial_findings.py",
         ],
     ),
+    # not the tests that start several processes (14-15 s each, for every mutant they
+    # reach); the suite runs them
     "training/fit": (
         ["gencraft/training/fit.py"],
         [
-            "tests/training/test_training.py",
+            *_tests_but("tests/training/test_training.py", "two_processes"),
             "tests/test_unlisted_behaviours.py",
-            "tests/test_folder_lock.py",
+            *_tests_but("tests/test_folder_lock.py", "campaign_skips", "started_together"),
             "tests/test_unit_progress.py",
         ],
     ),
