@@ -514,3 +514,86 @@ def test_a_run_resumed_on_other_processes_keeps_its_place_in_the_epoch(
     loop.acc.is_main_process, st.processes = False, was
     _Loop.rescale_to_processes(loop)
     assert capsys.readouterr().err == ""  # the other processes say nothing
+
+
+def _clocked(tmp: Path, clock: list[float], evaluate=None, **over):
+    """``_run``'s training on a clock that a training batch moves by 1 s and a validation by
+    100 s (the loop's ``_now`` reads ``clock``)."""
+
+    def loss(model, batch):
+        clock[0] += 1.0
+        return _loss(model, batch)
+
+    def validate(model, loader):
+        clock[0] += 100.0
+        return {"loss": sum(float(_loss(model, b)) for b in loader)}
+
+    torch.manual_seed(0)
+    model = Tiny()
+    cfg = FitConfig(**{"epochs": 1, "batch_size": 4, "grad_accum": 2, "eval_every": 1, **over})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    return fit(
+        model,
+        opt,
+        _data(),
+        loss_fn=loss,
+        config=cfg,
+        output_dir=tmp,
+        valid=_data(8),
+        evaluate_fn=evaluate or validate,
+        progress=False,
+    )
+
+
+def test_the_result_reports_the_run_and_the_time_budget_counts_validation(tmp_path, monkeypatch):
+    """FitResult: the steps, epochs, training seconds (the batches' own), the best validation
+    value, the examples trained on, one process and the global batch. The time budget counts
+    training and validation seconds together; a validation without the metric is refused."""
+    import importlib
+
+    fit_module = importlib.import_module("gencraft.training.fit")
+    clock = [0.0]
+    monkeypatch.setattr(fit_module, "_now", lambda: clock[0])
+    result = _clocked(tmp_path / "a", clock)
+    assert (result.steps, result.epochs_done, result.train_time) == (3, 1.0, 6.0)
+    assert result.best == min(r["valid_loss"] for r in result.history)
+    assert (result.trained_examples, result.processes, result.global_batch) == (24, 1, 8)
+    assert (result.stopped, result.resumed, result.earlier_wall) == ("epochs", False, 0.0)
+    # each step: 2 s of training and 100 s of validation; the budget ends after the third
+    timed = _clocked(tmp_path / "b", clock, epochs=3, max_time=250)
+    assert (timed.stopped, timed.steps) == ("max_time", 3)
+    with pytest.raises(GencraftError) as e:
+        _clocked(tmp_path / "c", clock, evaluate=lambda m, loader: {"acc": 1.0})
+    assert str(e.value) == "validation gave ['acc'], not the metric 'loss'"
+
+
+class _Processes:
+    """An accelerator stand-in: ``n`` processes, whose sum over processes adds ``others``."""
+
+    def __init__(self, n: int, others: list[float]) -> None:
+        self.num_processes, self.device, self.others = n, "cpu", others
+
+    def autocast(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def reduce(self, t: torch.Tensor, reduction: str) -> torch.Tensor:
+        assert reduction == "sum"
+        return t + torch.tensor(self.others, dtype=t.dtype)
+
+
+def test_mean_loss_is_the_mean_over_every_process_batches_of_the_loss_and_its_parts():
+    from gencraft.training import mean_loss
+
+    def loss_fn(model, batch):
+        return torch.tensor(batch * 2.0), {"a": batch, "b": -batch}
+
+    one = mean_loss(loss_fn, _Processes(1, []))(None, [1.0, 2.0, 6.0])
+    assert one == {"a": 3.0, "b": -3.0, "loss": 6.0}
+    # a second process: sums of a 5, b -5, loss 10 over 2 batches; 5 batches in all
+    two = mean_loss(loss_fn, _Processes(2, [5.0, -5.0, 10.0, 2.0]))(None, [1.0, 2.0, 6.0])
+    assert two == {"a": 14.0 / 5, "b": -14.0 / 5, "loss": 28.0 / 5}
+    plain = mean_loss(lambda m, b: torch.tensor(b), _Processes(1, []))(None, [1.0, 4.0])
+    assert plain == {"loss": 2.5}
+    assert mean_loss(loss_fn, _Processes(1, []))(None, []) == {}
