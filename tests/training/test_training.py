@@ -516,12 +516,12 @@ def test_a_run_resumed_on_other_processes_keeps_its_place_in_the_epoch(
     assert capsys.readouterr().err == ""  # the other processes say nothing
 
 
-def _clocked(tmp: Path, clock: list[float], evaluate=None, **over):
-    """``_run``'s training on a clock that a training batch moves by 1 s and a validation by
-    100 s (the loop's ``_now`` reads ``clock``)."""
+def _clocked(tmp: Path, clock: list[float], evaluate=None, tick: float = 1.0, **over):
+    """``_run``'s training on a clock that a training batch moves by ``tick`` s and a
+    validation by 100 s (the loop's ``_now`` reads ``clock``)."""
 
     def loss(model, batch):
-        clock[0] += 1.0
+        clock[0] += tick
         return _loss(model, batch)
 
     def validate(model, loader):
@@ -597,3 +597,44 @@ def test_mean_loss_is_the_mean_over_every_process_batches_of_the_loss_and_its_pa
     plain = mean_loss(lambda m, b: torch.tensor(b), _Processes(1, []))(None, [1.0, 4.0])
     assert plain == {"loss": 2.5}
     assert mean_loss(loss_fn, _Processes(1, []))(None, []) == {}
+
+
+@pytest.mark.parametrize(
+    "mode, values, best",
+    [
+        ("max", [1.0, 3.0, 2.0, 3.0, 5.0, 4.0], [True, True, False, False, True, False]),
+        ("min", [5.0, 3.0, 4.0, 3.0, 1.0, 2.0], [True, True, False, False, True, False]),
+        ("min", [float("nan"), 2.0, 3.0, 1.0, 1.0, 0.5], [True, True, False, True, False, True]),
+    ],
+)
+def test_each_history_row_records_the_step_and_marks_a_strictly_better_value(
+    tmp_path, monkeypatch, mode, values, best
+):
+    """A row: the step, the epoch to four places, the training seconds to three, the processes
+    and global batch, the validation values; ``best`` only where the metric is strictly better
+    in the configured direction (a tie is not; any value beats a NaN best)."""
+    import importlib
+
+    fit_module = importlib.import_module("gencraft.training.fit")
+    clock = [0.0]
+    monkeypatch.setattr(fit_module, "_now", lambda: clock[0])
+    given = iter(values)
+    result = _clocked(
+        tmp_path,
+        clock,
+        evaluate=lambda m, loader: {"loss": next(given)},
+        tick=0.123456,
+        epochs=2,
+        mode=mode,
+    )
+    rows = result.history
+    assert [r["best"] for r in rows] == best
+    first = {k: v for k, v in rows[0].items() if k not in ("train_loss", "valid_loss", "best")}
+    assert first == {
+        "step": 1,
+        "epoch": 0.3333,
+        "train_time": 0.247,
+        "processes": 1,
+        "global_batch": 8,
+    }
+    assert [r["epoch"] for r in rows] == [0.3333, 0.6667, 1.0, 1.3333, 1.6667, 2.0]
