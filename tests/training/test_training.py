@@ -19,6 +19,7 @@ from gencraft.errors import ConfigError, GencraftError
 from gencraft.training import (
     FitConfig,
     Interrupted,
+    Steps,
     fit,
     load_run,
     model_directory,
@@ -516,7 +517,9 @@ def test_a_run_resumed_on_other_processes_keeps_its_place_in_the_epoch(
     assert capsys.readouterr().err == ""  # the other processes say nothing
 
 
-def _clocked(tmp: Path, clock: list[float], evaluate=None, tick: float = 1.0, **over):
+def _clocked(
+    tmp: Path, clock: list[float], evaluate=None, tick: float = 1.0, progress=False, **over
+):
     """``_run``'s training on a clock that a training batch moves by ``tick`` s and a
     validation by 100 s (the loop's ``_now`` reads ``clock``)."""
 
@@ -541,7 +544,7 @@ def _clocked(tmp: Path, clock: list[float], evaluate=None, tick: float = 1.0, **
         output_dir=tmp,
         valid=_data(8),
         evaluate_fn=evaluate or validate,
-        progress=False,
+        progress=progress,
     )
 
 
@@ -638,3 +641,89 @@ def test_each_history_row_records_the_step_and_marks_a_strictly_better_value(
         "global_batch": 8,
     }
     assert [r["epoch"] for r in rows] == [0.3333, 0.6667, 1.0, 1.3333, 1.6667, 2.0]
+
+
+def test_each_validation_is_printed_once_with_floats_to_four_places(tmp_path, capsys):
+    clock = [0.0]
+    quiet = _clocked(tmp_path / "quiet", clock)
+    assert "eval:" not in capsys.readouterr().out
+    shown = _clocked(tmp_path / "shown", clock, progress=True)
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("eval: ")]
+    rounded = [
+        {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in shown.history
+    ]
+    assert lines == [f"eval: {r}" for r in rounded] and len(lines) == len(quiet.history) == 3
+    assert any(len(repr(v)) > 8 for r in shown.history for v in r.values())  # rounding shows
+
+
+class _Plugin(Steps):
+    """A Steps plug-in of ``n`` steps an epoch that records each validation it is told of,
+    extends its row, and asks to stop after the ``stop``-th."""
+
+    global_batch = 3
+
+    def __init__(self, n: int, stop: int) -> None:
+        self.n, self.stop, self.events = n, stop, []
+
+    def __len__(self) -> int:
+        return self.n
+
+    def loss(self, model, index):
+        return (model(torch.full((2, 4), float(index))) ** 2).mean()
+
+    def after_validation(self, event) -> bool:
+        self.events.append(event)
+        event.row["mine"] = len(self.events)
+        return len(self.events) == self.stop
+
+
+def test_a_steps_plug_in_is_told_of_each_validation_and_may_stop_the_run(tmp_path):
+    """after_validation gets the model, the optimizer, the value, whether it is a new best and
+    the history row (which it may extend); True ends the run as ``early_stop``, and the
+    examples trained on are the plug-in's global batch a step."""
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    values = iter([3.0, 2.0, 4.0, 1.0])
+    plugin = _Plugin(4, stop=3)
+    result = fit(
+        model,
+        opt,
+        plugin,
+        config=FitConfig(epochs=2, eval_every=1),
+        output_dir=tmp_path,
+        valid=_data(8),
+        evaluate_fn=lambda m, loader: {"loss": next(values)},
+        progress=False,
+    )
+    assert (result.stopped, result.steps, result.trained_examples) == ("early_stop", 3, 9)
+    events = plugin.events
+    assert [(e.value, e.better) for e in events] == [(3.0, True), (2.0, True), (4.0, False)]
+    assert all(e.model is model for e in events)
+    assert all(getattr(e.optimizer, "optimizer", e.optimizer) is opt for e in events)
+    assert [e.row for e in events] == result.history
+    assert [r["mine"] for r in result.history] == [1, 2, 3]
+
+
+def test_one_process_may_switch_precision_and_a_distributed_one_may_not(monkeypatch):
+    """accelerate keeps one state per process: a second training in one process with another
+    precision starts afresh; under several processes it is refused word for word."""
+    import accelerate.state
+
+    from gencraft.training import make_accelerator
+
+    assert make_accelerator("no").mixed_precision == "no"
+    assert make_accelerator("bf16").mixed_precision == "bf16"
+
+    class TwoProcesses:
+        num_processes = 2
+
+    with monkeypatch.context() as m:
+        m.setattr(accelerate.state, "PartialState", TwoProcesses)
+        with pytest.raises(ConfigError) as e:
+            make_accelerator("no")
+    assert str(e.value) == (
+        "this process already trains with mixed_precision 'bf16'; a distributed run cannot "
+        "switch to 'no'"
+    )
+    assert make_accelerator("no").mixed_precision == "no"
