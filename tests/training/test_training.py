@@ -600,6 +600,7 @@ def test_mean_loss_is_the_mean_over_every_process_batches_of_the_loss_and_its_pa
     plain = mean_loss(lambda m, b: torch.tensor(b), _Processes(1, []))(None, [1.0, 4.0])
     assert plain == {"loss": 2.5}
     assert mean_loss(loss_fn, _Processes(1, []))(None, []) == {}
+    assert mean_loss(loss_fn, _Processes(1, []))(None, [3.0]) == {"a": 3.0, "b": -3.0, "loss": 6.0}
 
 
 @pytest.mark.parametrize(
