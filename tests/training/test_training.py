@@ -728,3 +728,116 @@ def test_one_process_may_switch_precision_and_a_distributed_one_may_not(monkeypa
         "switch to 'no'"
     )
     assert make_accelerator("no").mixed_precision == "no"
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_the_epoch_sampler_is_the_seed_and_epochs_permutation(seed):
+    from gencraft.training.fit import EpochSampler
+
+    assert list(EpochSampler(7, seed, shuffle=False)) == list(range(7))
+    sampler = EpochSampler(7, seed)
+    orders = []
+    for epoch in range(3):
+        if epoch:
+            sampler.set_epoch(epoch)
+        g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+        orders.append(list(sampler))
+        assert orders[-1] == torch.randperm(7, generator=g).tolist()
+        assert list(sampler) == orders[-1] and len(sampler) == 7
+    assert len({tuple(o) for o in orders}) == 3
+
+
+def test_the_examples_counted_are_the_batch_dimension_of_any_batch_shape():
+    from gencraft.training.fit import _batch_size
+
+    t = torch.zeros(5, 3)
+    assert _batch_size(t) == 5
+    assert _batch_size((t, torch.zeros(2))) == 5 and _batch_size([t]) == 5
+    assert _batch_size({"ids": t, "other": torch.zeros(2)}) == 5
+    assert _batch_size([{"ids": torch.zeros(4, 1)}]) == 4
+    assert _batch_size(["a", "b", "c"]) == 3 and _batch_size((1, 2)) == 2
+    assert _batch_size([]) == 1 and _batch_size("text") == 1 and _batch_size(None) == 1
+
+
+def test_fit_refuses_what_it_cannot_train_and_trains_a_single_example(tmp_path):
+    model = Tiny()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    cfg = FitConfig(epochs=1, batch_size=4)
+    with pytest.raises(GencraftError) as e:
+        fit(model, opt, [], loss_fn=_loss, config=cfg, progress=False)
+    assert str(e.value) == "no training examples"
+    with pytest.raises(GencraftError) as e:
+        fit(model, opt, _data(4), config=cfg, progress=False)
+    assert str(e.value) == "fit needs a loss_fn for a dataset (or a Steps plug-in as train)"
+    one = fit(model, opt, _data(1), loss_fn=_loss, config=cfg, progress=False)
+    assert (one.steps, one.trained_examples) == (1, 1)
+
+
+def test_training_reads_the_samplers_order_and_validation_its_batch_size(tmp_path):
+    """Each epoch's batches are EpochSampler's order in ``batch_size`` slices; validation reads
+    ``eval_batch_size`` (else ``batch_size``) slices in order; an epoch of one batch is whole
+    at its validation."""
+    from gencraft.training.fit import EpochSampler
+
+    data = [(torch.full((4,), float(i)), torch.tensor(float(i))) for i in range(10)]
+    seen, sizes = [], []
+
+    def loss(model, batch):
+        seen.append(batch[1].tolist())
+        return _loss(model, batch)
+
+    def evaluate(model, loader):
+        sizes.append([len(b[1]) for b in loader])
+        return {"loss": 1.0}
+
+    torch.manual_seed(0)
+    model = Tiny()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    cfg = FitConfig(epochs=2, batch_size=4, eval_every=3, eval_batch_size=3, seed=5)
+    kw = dict(loss_fn=loss, config=cfg, valid=data[:7], evaluate_fn=evaluate, progress=False)
+    fit(model, opt, data, output_dir=tmp_path / "a", **kw)
+    sampler = EpochSampler(10, 5)
+    want = []
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        order = [float(i) for i in sampler]
+        want += [order[:4], order[4:8], order[8:]]
+    assert seen == want and sizes and all(s == [3, 3, 1] for s in sizes)
+    sizes.clear()
+    cfg = FitConfig(epochs=2, batch_size=4, eval_every=1)
+    single = fit(model, opt, data[:4], output_dir=tmp_path / "b", **{**kw, "config": cfg})
+    assert [r["epoch"] for r in single.history] == [1.0, 2.0] and sizes == [[4, 3]] * 2
+
+
+def test_a_restart_or_no_resume_starts_over_and_a_resume_checks_the_settings(tmp_path):
+    """A restart (or ``resume=False``) trains from step 0 and removes the earlier run's saved
+    models (a best/ its own run would not write); a resume continues and checks the settings."""
+
+    def go(steps: int, task: str = "a", valid=None, **kw):
+        torch.manual_seed(0)
+        model = Tiny()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        cfg = FitConfig(epochs=3, batch_size=4, max_steps=steps)
+        return fit(
+            model,
+            opt,
+            _data(),
+            loss_fn=_loss,
+            config=cfg,
+            output_dir=tmp_path,
+            settings={"task": task},
+            valid=valid,
+            save_fn=lambda m, d: torch.save(m.state_dict(), d / "model.pt"),
+            progress=False,
+            **kw,
+        )
+
+    assert go(3, valid=_data(4)).steps == 3 and (tmp_path / "best").is_dir()
+    again = go(5, restart=True)
+    assert (again.resumed, again.steps) == (False, 5) and not (tmp_path / "best").exists()
+    fresh = go(4, resume=False)
+    assert (fresh.resumed, fresh.steps) == (False, 4)
+    with pytest.raises(GencraftError, match="task"):
+        go(6, task="b")
+    resumed = go(6)
+    assert (resumed.resumed, resumed.steps) == (True, 6)
