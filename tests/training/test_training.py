@@ -811,7 +811,13 @@ def test_training_reads_the_samplers_order_and_validation_its_batch_size(tmp_pat
 
 def test_a_restart_or_no_resume_starts_over_and_a_resume_checks_the_settings(tmp_path):
     """A restart (or ``resume=False``) trains from step 0 and removes the earlier run's saved
-    models (a best/ its own run would not write); a resume continues and checks the settings."""
+    models at once (a restart stopped before its first validation leaves no best/); a resume
+    continues and checks the settings."""
+    from gencraft.training import TrainerCallback
+
+    class StopAtOne(TrainerCallback):
+        def on_step_end(self, state) -> bool:
+            return state.step == 1
 
     def go(steps: int, task: str = "a", valid=None, **kw):
         torch.manual_seed(0)
@@ -833,8 +839,11 @@ def test_a_restart_or_no_resume_starts_over_and_a_resume_checks_the_settings(tmp
         )
 
     assert go(3, valid=_data(4)).steps == 3 and (tmp_path / "best").is_dir()
+    with pytest.raises(Interrupted):
+        go(5, restart=True, callbacks=[StopAtOne()])
+    assert not (tmp_path / "best").exists()
     again = go(5, restart=True)
-    assert (again.resumed, again.steps) == (False, 5) and not (tmp_path / "best").exists()
+    assert (again.resumed, again.steps) == (False, 5)
     fresh = go(4, resume=False)
     assert (fresh.resumed, fresh.steps) == (False, 4)
     with pytest.raises(GencraftError, match="task"):
