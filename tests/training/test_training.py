@@ -850,3 +850,67 @@ def test_a_restart_or_no_resume_starts_over_and_a_resume_checks_the_settings(tmp
         go(6, task="b")
     resumed = go(6)
     assert (resumed.resumed, resumed.steps) == (True, 6)
+
+
+class _Stateful(_Plugin):
+    """A plug-in whose state (the steps it has run) travels in the checkpoint."""
+
+    def __init__(self, n: int, owns: bool) -> None:
+        super().__init__(n, stop=0)
+        self.owns_learning_rate, self.ran = owns, 0
+
+    def loss(self, model, index):
+        self.ran += 1
+        return super().loss(model, index)
+
+    def state_dict(self):
+        return {"ran": self.ran}
+
+    def load_state_dict(self, state):
+        self.ran = state["ran"]
+
+
+@pytest.mark.parametrize("owns", [False, True])
+def test_a_plug_ins_state_resumes_and_its_learning_rate_is_its_own_when_it_says_so(tmp_path, owns):
+    """A Steps plug-in's state_dict is saved in each checkpoint and given back on resume; a
+    plug-in that owns the learning rate keeps it, otherwise fit's schedule (decay to 0 at the
+    end, cosine here) sets it."""
+    from gencraft.training import TrainerCallback
+
+    class StopAt(TrainerCallback):
+        def on_step_end(self, state) -> bool:
+            return state.step == 3
+
+    lrs = {}
+
+    def go(plugin, **kw):
+        torch.manual_seed(0)
+        model = Tiny()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        cfg = FitConfig(epochs=2, decay="cosine", warmup=0)
+
+        def on_step(step, batch):
+            lrs[step] = opt.param_groups[0]["lr"]
+
+        result = fit(
+            model,
+            opt,
+            plugin,
+            config=cfg,
+            output_dir=tmp_path,
+            progress=False,
+            on_step=on_step,
+            **kw,
+        )
+        return result, opt
+
+    with pytest.raises(Interrupted):
+        go(_Stateful(4, owns), callbacks=[StopAt()])
+    resumed = _Stateful(4, owns)
+    result, opt = go(resumed)
+    assert result.resumed and result.steps == 8 and resumed.ran == 8  # 3 restored + 5 run
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 if owns else 0.0, abs=1e-9)
+    import math
+
+    want = {k: 0.1 if owns else 0.05 * (1 + math.cos(math.pi * k / 8)) for k in range(1, 9)}
+    assert lrs == pytest.approx(want, abs=1e-9)
