@@ -819,11 +819,11 @@ def test_a_restart_or_no_resume_starts_over_and_a_resume_checks_the_settings(tmp
         def on_step_end(self, state) -> bool:
             return state.step == 1
 
-    def go(steps: int, task: str = "a", valid=None, **kw):
+    def go(steps: int, task: str = "a", valid=None, save_every=600.0, **kw):
         torch.manual_seed(0)
         model = Tiny()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        cfg = FitConfig(epochs=3, batch_size=4, max_steps=steps)
+        cfg = FitConfig(epochs=3, batch_size=4, max_steps=steps, save_every=save_every)
         return fit(
             model,
             opt,
@@ -844,11 +844,15 @@ def test_a_restart_or_no_resume_starts_over_and_a_resume_checks_the_settings(tmp
     assert not (tmp_path / "best").exists()
     again = go(5, restart=True)
     assert (again.resumed, again.steps) == (False, 5)
+    assert (tmp_path / "best").is_dir()
+    with pytest.raises(Interrupted):
+        go(4, resume=False, callbacks=[StopAtOne()])
+    assert not (tmp_path / "best").exists()
     fresh = go(4, resume=False)
     assert (fresh.resumed, fresh.steps) == (False, 4)
     with pytest.raises(GencraftError, match="task"):
         go(6, task="b")
-    resumed = go(6)
+    resumed = go(6, save_every=30.0)  # how often it saves is no setting of the run
     assert (resumed.resumed, resumed.steps) == (True, 6)
 
 
