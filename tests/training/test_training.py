@@ -518,7 +518,13 @@ def test_a_run_resumed_on_other_processes_keeps_its_place_in_the_epoch(
 
 
 def _clocked(
-    tmp: Path, clock: list[float], evaluate=None, tick: float = 1.0, progress=False, **over
+    tmp: Path,
+    clock: list[float],
+    evaluate=None,
+    tick: float = 1.0,
+    progress=False,
+    callbacks=(),
+    **over,
 ):
     """``_run``'s training on a clock that a training batch moves by ``tick`` s and a
     validation by 100 s (the loop's ``_now`` reads ``clock``)."""
@@ -545,6 +551,7 @@ def _clocked(
         valid=_data(8),
         evaluate_fn=evaluate or validate,
         progress=progress,
+        callbacks=callbacks,
     )
 
 
@@ -918,3 +925,27 @@ def test_a_plug_ins_state_resumes_and_its_learning_rate_is_its_own_when_it_says_
 
     want = {k: 0.1 if owns else 0.05 * (1 + math.cos(math.pi * k / 8)) for k in range(1, 9)}
     assert lrs == pytest.approx(want, abs=1e-9)
+
+
+def test_the_training_bar_counts_steps_from_where_the_run_resumes_to_its_budget(tmp_path, capsys):
+    """One ``train`` bar of steps on the main process: from 0 (or the resumed step) to the
+    budget's total, ending with the running training loss to four places; none without
+    progress."""
+    from gencraft.training import TrainerCallback
+
+    class StopAt(TrainerCallback):
+        def on_step_end(self, state) -> bool:
+            return state.step == 2
+
+    clock = [0.0]
+    _clocked(tmp_path / "quiet", clock, epochs=2)
+    assert "train:" not in capsys.readouterr().err
+    with pytest.raises(Interrupted):
+        _clocked(tmp_path / "run", clock, progress=True, epochs=2, callbacks=[StopAt()])
+    capsys.readouterr()
+    result = _clocked(tmp_path / "run", clock, progress=True, epochs=2)
+    bars = [x for x in capsys.readouterr().err.replace("\r", "\n").splitlines() if "train:" in x]
+    assert bars[0].startswith("train:  33%|") and "| 2/6 [" in bars[0]
+    assert bars[-1].startswith("train: 100%|") and "| 6/6 [" in bars[-1]
+    assert "step/s" in bars[-1]
+    assert bars[-1].endswith(f", loss={result.history[-1]['train_loss']:.4f}]")
