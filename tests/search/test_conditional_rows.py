@@ -105,7 +105,8 @@ def _stopping(monkeypatch, name: str, calls: list, at: int | None) -> None:
 def test_a_stopped_run_resumes_at_its_first_unsaved_part(study, shared_data, tmp_path, monkeypatch):
     """Stopped in its second sampling part, then in each study's second batch: every rerun
     computes only what was not saved (one sampling part, one batch of each study), trains each
-    classifier once on states computed once, and ends with the units and report of the run never stopped."""
+    classifier once on states computed once, and ends with the units and report of the run
+    never stopped."""
     _, whole, *_ = study
     monkeypatch.setattr(ex, "SAMPLE_CHUNK", 2)  # 4 training prompts: two parts
     run = dict(scale="tiny", output=tmp_path, overrides=_over(shared_data))

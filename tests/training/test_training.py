@@ -949,3 +949,19 @@ def test_the_training_bar_counts_steps_from_where_the_run_resumes_to_its_budget(
     assert bars[-1].startswith("train: 100%|") and "| 6/6 [" in bars[-1]
     assert "step/s" in bars[-1]
     assert bars[-1].endswith(f", loss={result.history[-1]['train_loss']:.4f}]")
+
+
+def test_a_finished_run_says_how_to_go_on_and_a_cut_epoch_counts_its_share(tmp_path, capsys):
+    """A run stopped by its step budget mid-epoch has done that share of the epoch; run again,
+    it says in one line that it finished, with the flags that continue it, and reports the
+    same result."""
+    clock = [0.0]
+    cut = _clocked(tmp_path, clock, epochs=2, max_steps=2)
+    assert (cut.stopped, cut.steps, cut.epochs_done) == ("max_steps", 2, pytest.approx(4 / 6))
+    capsys.readouterr()
+    again = _clocked(tmp_path, clock, epochs=2, max_steps=2)
+    out = capsys.readouterr().out
+    assert f"{tmp_path} already finished (max_steps: step 2, " in out
+    assert " s, epoch 0); raise " in out
+    assert "raise --max-steps/--max-time/--epochs to continue, or pass --restart\n" in out
+    assert (again.stopped, again.steps, again.epochs_done) == ("max_steps", 2, 0)
