@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from gencraft.metrics.stats import compare_paired, wilson_interval
-from gencraft.studies.search_conditional import study_items
+from gencraft.studies.search_conditional import prompt_texts, study_items
 
 
 @dataclass(frozen=True)
@@ -541,17 +541,6 @@ def degenerate_kinds(text: str, prompt: str, finished: bool) -> dict[str, bool]:
     return kinds
 
 
-def _conditional_prompts(data_dir: str | None, total: int = 200, words: int = 100) -> list[str]:
-    from gencraft.search.prompts import instruction_texts
-
-    half = total // 2
-    return [
-        t
-        for kind, n in (("e2e", half), ("xsum", total - half))
-        for t in instruction_texts(kind, n, data_dir, max_source_words=words)
-    ]
-
-
 def conditional_degenerate(runs: Path, data_dir: str | None):
     """Conditional minus plain beam search in the share of outputs of the thesis's kinds
     (empty, prompt copy, loop), by prompt; secondary: truncation, and any kind (the earlier
@@ -560,7 +549,7 @@ def conditional_degenerate(runs: Path, data_dir: str | None):
     if read is None:
         return None
     examples, path = read
-    prompts = _conditional_prompts(data_dir)
+    prompts = prompt_texts(data_dir, 200, 100)  # the committed run's test prompts
     kinds: dict[str, list[dict[str, bool]]] = {BEAM: [], COND: []}
     for j, row in enumerate(examples):
         for system in kinds:

@@ -125,7 +125,14 @@ class _Loaded:
         self.s, self.folder = s, folder
         self._model: tuple | None = None
         self._classifiers: dict[str, Any] = {}
+        self._samples: list | None = None  # the samples unit's rows, read once
         self.rows: list | None = None  # the samples with their hidden states, once computed
+
+    def samples(self, texts: list[str]) -> list[dict]:
+        """The samples unit's rows without states (:func:`_sample_rows`), read once."""
+        if self._samples is None:
+            self._samples = _sample_rows(self.s, self.folder, texts)
+        return self._samples
 
     def model(self) -> tuple[Any, Any]:
         if self._model is None:
@@ -142,20 +149,26 @@ class _Loaded:
         return self._classifiers[attr]
 
 
+def prompt_texts(data_dir: str | None, total: int, words: int) -> list[str]:
+    """The study's ``total`` test prompts: half E2E, then XSum documents cut to ``words``."""
+    half = total // 2
+    return [
+        t
+        for kind, n in (("e2e", half), ("xsum", total - half))
+        for t in instruction_texts(kind, n, data_dir, max_source_words=words)
+    ]
+
+
 def _prompts(s: ConditionalSettings, total: int) -> list[tuple[str, str]]:
-    """``total`` test prompts with their references: half E2E, then XSum."""
+    """``total`` test prompts (:func:`prompt_texts`) with their references."""
     from gencraft.search.prompts import instruction_references
 
     half = total // 2
-    return [
-        (t, r)
-        for kind, n in (("e2e", half), ("xsum", total - half))
-        for t, r in zip(
-            instruction_texts(kind, n, s.data_dir, max_source_words=s.max_source_words),
-            instruction_references(kind, n, s.data_dir),
-            strict=True,
-        )
-    ]
+    references = instruction_references("e2e", half, s.data_dir) + instruction_references(
+        "xsum", total - half, s.data_dir
+    )
+    texts = prompt_texts(s.data_dir, total, s.max_source_words)
+    return list(zip(texts, references, strict=True))
 
 
 def _train_texts(s: ConditionalSettings) -> list[str]:
@@ -193,7 +206,7 @@ def _train(s: ConditionalSettings, loaded: _Loaded, texts: list[str], attr: str)
     cfg = ClassifierTrainConfig()
     cfg = replace(cfg, fit=replace(cfg.fit, epochs=s.epochs))
     out = loaded.folder / f"clf-{attr}"
-    samples = _sample_rows(s, loaded.folder, texts)
+    samples = loaded.samples(texts)
 
     def train(clf) -> dict:
         if loaded.rows is None:
@@ -277,7 +290,7 @@ def _sample_unit(s: ConditionalSettings, run: ExperimentRun, loaded: _Loaded, te
 
     def part(start: int, stop: int) -> list[int]:
         if given is not None and given.is_file():
-            rows = [r for r in torch.load(given) if start <= int(r["prompt_index"]) < stop]
+            rows = [r for r in loaded.samples(texts) if start <= int(r["prompt_index"]) < stop]
         else:
             rows = _draw(s, loaded, texts, start, stop)
             (run.directory / "samples").mkdir(exist_ok=True)
@@ -285,7 +298,7 @@ def _sample_unit(s: ConditionalSettings, run: ExperimentRun, loaded: _Loaded, te
         return [sum(int(r["prompt_index"]) == i for r in rows) for i in range(start, stop)]
 
     def combine(items: list[int], seconds: float) -> dict:
-        rows = _sample_rows(s, run.directory, texts)
+        rows = loaded.samples(texts)
         return {
             "samples": len(rows),
             "finished_samples": sum(bool(r["finished"]) for r in rows),
@@ -294,7 +307,7 @@ def _sample_unit(s: ConditionalSettings, run: ExperimentRun, loaded: _Loaded, te
 
     counts = run.unit_over("samples", len(texts), SAMPLE_CHUNK, part, combine, "sampling")
     if given is not None and not given.is_file():
-        torch.save(_sample_rows(s, run.directory, texts), given)
+        torch.save(loaded.samples(texts), given)
     return counts
 
 
