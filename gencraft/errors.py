@@ -24,11 +24,11 @@ class ConfigError(GencraftError, ValueError):
 class Interrupted(GencraftError):
     """Training stopped after saving a checkpoint, by Ctrl-C or by a callback (``why``); its
     first ``step`` of ``total`` steps are saved, and the message says where and how to
-    resume."""
+    resume. ``checkpoint=None``: a run with no output folder, which saved nothing."""
 
     def __init__(
         self,
-        checkpoint: Path,
+        checkpoint: Path | None,
         command: str | None,
         step: int = 0,
         total: int = 0,
@@ -37,5 +37,8 @@ class Interrupted(GencraftError):
         self.checkpoint = checkpoint
         self.command = command
         self.step, self.total, self.why = step, total, why
+        if checkpoint is None:
+            super().__init__(f"{why} at step {step} of {total}; nothing saved (no output folder)")
+            return
         how = f"; resume with: {command}" if command else "; run the same call again to resume"
         super().__init__(f"{why}: saved {checkpoint}{how}")

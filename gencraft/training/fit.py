@@ -617,10 +617,10 @@ class _Loop:
         if self.scheduler is not None:
             self.scheduler.step()
         self.st.step += 1
-        if not math.isfinite(float(loss.detach())):
+        value = float(loss.detach())
+        if not math.isfinite(value):
             raise GencraftError(
-                f"training loss became {float(loss)} at step {self.st.step}; lower the "
-                "learning rate"
+                f"training loss became {value} at step {self.st.step}; lower the learning rate"
             )
         if self.on_step is not None:
             self.on_step(self.st.step, batch)
@@ -747,7 +747,7 @@ class _Loop:
             self.bar.close()
             if interrupted:
                 self.save_checkpoint()
-                directory = self.ckpt.directory if self.ckpt else Path(".")
+                directory = self.ckpt.directory if self.ckpt else None
                 why = STOPPED_BY_CALLBACK if self.late else "interrupted"
                 raise Interrupted(directory, resume_command(), st.step, self.total, why)
         if st.last_eval_step != st.step or not st.history:
