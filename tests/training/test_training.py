@@ -20,6 +20,7 @@ from gencraft.training import (
     FitConfig,
     Interrupted,
     Steps,
+    TrainerCallback,
     fit,
     load_run,
     model_directory,
@@ -517,6 +518,16 @@ def test_a_run_resumed_on_other_processes_keeps_its_place_in_the_epoch(
     assert capsys.readouterr().err == ""  # the other processes say nothing
 
 
+class _StopAt(TrainerCallback):
+    """A callback that stops the run after step ``at``."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def on_step_end(self, state) -> bool:
+        return state.step == self.at
+
+
 def _clocked(
     tmp: Path,
     clock: list[float],
@@ -820,11 +831,6 @@ def test_a_restart_or_no_resume_starts_over_and_a_resume_checks_the_settings(tmp
     """A restart (or ``resume=False``) trains from step 0 and removes the earlier run's saved
     models at once (a restart stopped before its first validation leaves no best/); a resume
     continues and checks the settings."""
-    from gencraft.training import TrainerCallback
-
-    class StopAtOne(TrainerCallback):
-        def on_step_end(self, state) -> bool:
-            return state.step == 1
 
     def go(steps: int, task: str = "a", valid=None, save_every=600.0, **kw):
         torch.manual_seed(0)
@@ -847,13 +853,13 @@ def test_a_restart_or_no_resume_starts_over_and_a_resume_checks_the_settings(tmp
 
     assert go(3, valid=_data(4)).steps == 3 and (tmp_path / "best").is_dir()
     with pytest.raises(Interrupted):
-        go(5, restart=True, callbacks=[StopAtOne()])
+        go(5, restart=True, callbacks=[_StopAt(1)])
     assert not (tmp_path / "best").exists()
     again = go(5, restart=True)
     assert (again.resumed, again.steps) == (False, 5)
     assert (tmp_path / "best").is_dir()
     with pytest.raises(Interrupted):
-        go(4, resume=False, callbacks=[StopAtOne()])
+        go(4, resume=False, callbacks=[_StopAt(1)])
     assert not (tmp_path / "best").exists()
     fresh = go(4, resume=False)
     assert (fresh.resumed, fresh.steps) == (False, 4)
@@ -886,12 +892,6 @@ def test_a_plug_ins_state_resumes_and_its_learning_rate_is_its_own_when_it_says_
     """A Steps plug-in's state_dict is saved in each checkpoint and given back on resume; a
     plug-in that owns the learning rate keeps it, otherwise fit's schedule (decay to 0 at the
     end, cosine here) sets it."""
-    from gencraft.training import TrainerCallback
-
-    class StopAt(TrainerCallback):
-        def on_step_end(self, state) -> bool:
-            return state.step == 3
-
     lrs = {}
 
     def go(plugin, **kw):
@@ -916,7 +916,7 @@ def test_a_plug_ins_state_resumes_and_its_learning_rate_is_its_own_when_it_says_
         return result, opt
 
     with pytest.raises(Interrupted):
-        go(_Stateful(4, owns), callbacks=[StopAt()])
+        go(_Stateful(4, owns), callbacks=[_StopAt(3)])
     resumed = _Stateful(4, owns)
     result, opt = go(resumed)
     assert result.resumed and result.steps == 8 and resumed.ran == 8  # 3 restored + 5 run
@@ -931,17 +931,11 @@ def test_the_training_bar_counts_steps_from_where_the_run_resumes_to_its_budget(
     """One ``train`` bar of steps on the main process: from 0 (or the resumed step) to the
     budget's total, ending with the running training loss to four places; none without
     progress."""
-    from gencraft.training import TrainerCallback
-
-    class StopAt(TrainerCallback):
-        def on_step_end(self, state) -> bool:
-            return state.step == 2
-
     clock = [0.0]
     _clocked(tmp_path / "quiet", clock, epochs=2)
     assert "train:" not in capsys.readouterr().err
     with pytest.raises(Interrupted):
-        _clocked(tmp_path / "run", clock, progress=True, epochs=2, callbacks=[StopAt()])
+        _clocked(tmp_path / "run", clock, progress=True, epochs=2, callbacks=[_StopAt(2)])
     capsys.readouterr()
     result = _clocked(tmp_path / "run", clock, progress=True, epochs=2)
     bars = [x for x in capsys.readouterr().err.replace("\r", "\n").splitlines() if "train:" in x]
@@ -1020,19 +1014,6 @@ def test_fit_shows_its_bar_by_default_and_trains_with_the_accelerator_it_is_give
     fit(model, opt, _data(8), loss_fn=_loss, config=cfg, accelerator=acc)
     assert prepared == [3]
     assert "train: 100%|" in capsys.readouterr().err.replace("\r", "\n")
-
-
-class _StopAt:
-    """A callback that stops the run after step ``at``."""
-
-    def __init__(self, at: int) -> None:
-        self.at = at
-
-    def on_step_end(self, state) -> bool:
-        return state.step == self.at
-
-    def on_save(self, step, total) -> None:
-        pass
 
 
 def test_an_interrupt_names_the_checkpoint_and_the_resume_line_or_says_nothing_was_saved(
