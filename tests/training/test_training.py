@@ -54,12 +54,17 @@ def _loss(model: nn.Module, batch) -> torch.Tensor:
     return ((model(x) - y) ** 2).mean()
 
 
+def _tiny() -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The seeded Tiny model and its AdamW optimizer, as every run here starts."""
+    torch.manual_seed(0)
+    model = Tiny()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
 def _run(
     tmp: Path, *, stop_at: int | None = None, sleep: float = 0.0, **over
 ) -> tuple[nn.Module, object]:
-    torch.manual_seed(0)
-    model = Tiny()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = _tiny()
     cfg = FitConfig(
         **{"epochs": 3, "batch_size": 4, "grad_accum": 2, "warmup": 0.2, "eval_every": 2, **over}
     )
@@ -700,9 +705,7 @@ def test_a_steps_plug_in_is_told_of_each_validation_and_may_stop_the_run(tmp_pat
     """after_validation gets the model, the optimizer, the value, whether it is a new best and
     the history row (which it may extend); True ends the run as ``early_stop``, and the
     examples trained on are the plug-in's global batch a step."""
-    torch.manual_seed(0)
-    model = Tiny()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = _tiny()
     values = iter([3.0, 2.0, 4.0, 1.0])
     plugin = _Plugin(4, stop=3)
     result = fit(
@@ -808,9 +811,7 @@ def test_training_reads_the_samplers_order_and_validation_its_batch_size(tmp_pat
         sizes.append([len(b[1]) for b in loader])
         return {"loss": 1.0}
 
-    torch.manual_seed(0)
-    model = Tiny()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = _tiny()
     cfg = FitConfig(epochs=2, batch_size=4, eval_every=3, eval_batch_size=3, seed=5)
     kw = dict(loss_fn=loss, config=cfg, valid=data[:7], evaluate_fn=evaluate, progress=False)
     fit(model, opt, data, output_dir=tmp_path / "a", **kw)
@@ -1007,9 +1008,7 @@ def test_fit_shows_its_bar_by_default_and_trains_with_the_accelerator_it_is_give
     prepared = []
     own_prepare = acc.prepare
     acc.prepare = lambda *objs: (prepared.append(len(objs)), own_prepare(*objs))[1]
-    torch.manual_seed(0)
-    model = Tiny()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = _tiny()
     cfg = FitConfig(batch_size=4)
     fit(model, opt, _data(8), loss_fn=_loss, config=cfg, accelerator=acc)
     assert prepared == [3]
@@ -1021,9 +1020,7 @@ def test_an_interrupt_names_the_checkpoint_and_the_resume_line_or_says_nothing_w
 ):
     """Stopped with an output folder: the checkpoint folder and this process's command line;
     with none: one line saying that nothing was saved."""
-    torch.manual_seed(0)
-    model = Tiny()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = _tiny()
     cfg = FitConfig(batch_size=4, epochs=2)
     go = dict(loss_fn=_loss, config=cfg, progress=False, callbacks=[_StopAt(2)])
     with pytest.raises(Interrupted) as stop:
@@ -1052,9 +1049,7 @@ def test_a_loss_that_is_not_finite_stops_the_run_and_each_step_reports_its_batch
         out = _loss(model, batch)
         return out * float("nan") if len(seen) == 3 else out
 
-    torch.manual_seed(0)
-    model = Tiny()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = _tiny()
     cfg = FitConfig(batch_size=4, epochs=2)
     with pytest.raises(GencraftError) as e:
         fit(
@@ -1080,9 +1075,7 @@ def test_the_bar_shows_the_mean_loss_and_each_part_from_the_first_step(tmp_path,
         parts.append(float(out) / 7)
         return out, {"mse": parts[-1]}
 
-    torch.manual_seed(0)
-    model = Tiny()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = _tiny()
     cfg = FitConfig(batch_size=4, max_steps=1)
     result = fit(model, opt, _data(8), loss_fn=loss, config=cfg, valid=_data(4))
     bars = [x for x in capsys.readouterr().err.replace("\r", "\n").splitlines() if "train:" in x]
@@ -1134,9 +1127,7 @@ def test_an_epoch_of_one_step_and_a_budget_met_at_an_epoch_s_end(tmp_path, capsy
 def test_a_resume_into_another_model_or_another_method_s_run_is_refused_by_name(tmp_path):
     """Weights the model lacks name the checkpoint file; a run whose settings share none of this
     trainer's own keys is another method's, refused as such, not as changed settings."""
-    torch.manual_seed(0)
-    model = Tiny()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = _tiny()
     cfg = FitConfig(batch_size=4, epochs=2)
     go = dict(loss_fn=_loss, config=cfg, output_dir=tmp_path, progress=False)
     with pytest.raises(Interrupted):
