@@ -686,3 +686,109 @@ def test_with_fewer_continuations_than_beams_every_hypothesis_is_real(
                 logp = torch.log_softmax(model(seq).logits[0].double(), -1)
             want = sum(float(logp[len(p) - 1 + i, t]) for i, t in enumerate(seq[0, len(p) :]))
             assert h.score == pytest.approx(want, abs=1e-4)
+
+
+class FloorMarkedRows(LogitsProcessor):
+    """A processor that floors every score of a hypothesis whose prompt holds id 11 and never
+    lets 11 come next. Near float32's lowest finite value (as some user processors mask), a
+    marked row has candidates, all far below transformers' "impossible" -1e9; at -inf, none."""
+
+    def __init__(self, floor: float) -> None:
+        self.floor = floor
+
+    def __call__(self, input_ids, scores):
+        marked = (input_ids == 11).any(1, keepdim=True)
+        scores = scores.masked_fill(marked, self.floor)
+        return scores.index_fill(1, torch.tensor([11]), float("-inf"))
+
+
+@settings(max_examples=15, **SETTINGS)
+@given(
+    kind=st.sampled_from(["peaked-llama", "gpt2"]),
+    seed=st.integers(0, 2),
+    marked=st.lists(st.integers(3, 10), min_size=1, max_size=4),
+    other=st.lists(st.integers(3, 10), min_size=1, max_size=4),
+    beams=st.integers(1, 4),
+    finished=st.sampled_from(["aside", "on_beam"]),
+    max_new=st.integers(1, 4),
+    floor=st.sampled_from([-math.inf, -3.0e38]),
+)
+@example("peaked-llama", 1, [3], [3], 1, "on_beam", 2, -3.0e38)  # the other row ends first
+def test_a_row_with_only_floored_candidates_beside_a_normal_row_equals_it_alone(
+    kind, seed, marked, other, beams, finished, max_new, floor
+):
+    """Whether a row's candidates are all below -1e9 is decided row by row: the floored row
+    has no hypothesis (a score below -1e9 is no output), batched or alone, its neighbour
+    equals itself alone, and the batch makes the calls of its longer row alone; a row with
+    no candidate at all (-inf) ends at the first step."""
+    model = _model(kind, seed)
+    prompts = [other, [*marked, 11]]
+    ids, mask = _batch(prompts)
+    kw = dict(num_beams=beams, max_new_tokens=max_new, eos_token_id=[2], finished=finished)
+    kw["logits_processor"] = [FloorMarkedRows(floor)]
+    calls = []
+    handle = model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        batch = beam_search_batch(model, ids, mask, **kw)
+        batch_calls, alone_calls = len(calls), []
+        for r, p in enumerate(prompts):
+            calls.clear()
+            alone = beam_search(model, torch.tensor([p]), **kw)
+            alone_calls.append(len(calls))
+            assert bool(alone) == (r == 0)
+            _same(batch[r], alone)
+    finally:
+        handle.remove()
+    assert batch_calls == max(alone_calls)
+    if floor == -math.inf:
+        assert alone_calls[1] == 1
+
+
+class EndAfterOne(LogitsProcessor):
+    """EOS (2) or 3 may come first (after ``start`` ids: the prompt's width, or the decoder's
+    start id), then only EOS: two hypotheses at most, so the other slots are dead."""
+
+    def __init__(self, start: int) -> None:
+        self.start = start
+
+    def __call__(self, input_ids, scores):
+        keep = torch.zeros_like(scores, dtype=torch.bool)
+        keep[:, [2, 3] if input_ids.shape[1] == self.start else [2]] = True
+        return scores.masked_fill(~keep, float("-inf"))
+
+
+@settings(max_examples=15, **SETTINGS)
+@given(
+    kind=st.sampled_from(["peaked-llama", "gpt2", "bart"]),
+    seed=st.integers(0, 2),
+    prompts=prompts_st,
+    beams=st.integers(3, 5),
+    max_new=st.integers(3, 6),
+)
+def test_on_the_beam_a_row_whose_other_slots_are_dead_stops_when_its_hypotheses_end(
+    kind, seed, prompts, beams, max_new
+):
+    """Alg. 1 ends a row when its every slot is complete or dead: two hypotheses, EOS alone
+    and 3 then EOS, take two model calls, batched or alone, whatever the limit."""
+    model = _model(kind, seed)
+    ids, mask = _batch(prompts, left=not model.config.is_encoder_decoder)
+    ed = model.config.is_encoder_decoder
+    kw = dict(num_beams=beams, max_new_tokens=max_new, eos_token_id=[2], finished="on_beam")
+    calls = []
+    handle = model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        procs = [EndAfterOne(1 if ed else ids.shape[1])]
+        batch = beam_search_batch(model, ids, mask, logits_processor=procs, **kw)
+        counts = [len(calls)]
+        for r, p in enumerate(prompts):
+            calls.clear()
+            procs = [EndAfterOne(1 if ed else len(p))]
+            alone = beam_search(model, torch.tensor([p]), logits_processor=procs, **kw)
+            _same(batch[r], alone)
+            counts.append(len(calls))
+    finally:
+        handle.remove()
+    assert counts == [2] * (len(prompts) + 1)
+    for hyps in batch:
+        assert sorted(tuple(h.tokens) for h in hyps) == [(), (3,)]
+        assert all(h.finished and h.eos_token == 2 for h in hyps)
