@@ -31,12 +31,20 @@ def _holm_adjusted(m: Measured) -> list[float]:
     return holm([float(c.result["p"]) for c in (m.primary, *m.secondary)])
 
 
+def _counts(r: Any) -> tuple[int, int | None]:
+    """(independent units, units within each) of a result: a two-level result (``seeds`` > 1)
+    is independent over its seeds, its ``units`` the second level within them."""
+    seeds = int((r.get("seeds") if isinstance(r, dict) else getattr(r, "seeds", 1)) or 1)
+    return (seeds, int(r["units"])) if seeds > 1 else (int(r["units"]), None)
+
+
 def _needed(claim: Claim, r: Any, paper: float | None) -> int | None:
-    """Units for 80% power at the paper's effect, from this run's spread per unit."""
+    """Independent units for 80% power at the paper's effect, from this run's spread per
+    unit."""
     se = float(r.get("se", math.nan))
     if not math.isfinite(se):  # from the interval: a 95% normal half-width is 1.96 se
         se = (float(r["high"]) - float(r["low"])) / (2 * 1.959964)
-    sd = se * math.sqrt(float(r["units"]))
+    sd = se * math.sqrt(_counts(r)[0])
     return units_for_power(sd, paper, alpha=claim.alpha) if paper else None
 
 
@@ -53,6 +61,7 @@ def _empty_row(claim: Claim, word: str, why: str) -> dict[str, Any]:
         "high": None,
         "p": None,
         "units": 0,
+        "within": None,
         "verdict": word,
         "decide": claim.decide,
         "why": why,
@@ -95,7 +104,8 @@ def claim_row(claim: Claim, runs: Path, data_dir: str | None) -> dict[str, Any]:
         p=adj[0],
         p_raw=float(r["p"]),
         p_text=p_text(adj[0], r.get("resamples") or None),
-        units=int(r["units"]),
+        units=_counts(r)[0],
+        within=_counts(r)[1],
         comparison=m.primary.name,
         unit=m.primary.unit,
         paper_effect=paper,
@@ -138,7 +148,8 @@ def _secondary(c: Any, adjusted: float) -> dict[str, Any]:
         "p": adjusted,
         "p_raw": float(r["p"]),
         "p_text": p_text(adjusted, r.get("resamples") or None),
-        "units": int(r["units"]),
+        "units": _counts(r)[0],
+        "within": _counts(r)[1],
     }
 
 

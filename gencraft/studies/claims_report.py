@@ -31,6 +31,14 @@ def _effect(row: dict[str, Any]) -> str:
     return f"{_num(row['effect'])} [{_num(row['low'])}, {_num(row['high'])}]"
 
 
+def _units(row: dict[str, Any], named: bool = False) -> str:
+    """The independent units' count (with their name), and a two-level result's count of
+    second-level units within each."""
+    within = row.get("within")
+    name = f" {row['unit']}s" if named else ""
+    return f"{row['units']}{name}" + (f" ({within:,} within each)" if within else "")
+
+
 def _cells(row: dict[str, Any]) -> list[str]:
     verdict = f"**{row['verdict']}**" + (f" ({row['why']})" if row.get("why") else "")
     return [
@@ -40,7 +48,7 @@ def _cells(row: dict[str, Any]) -> list[str]:
         row["unit"],
         _effect(row),
         row.get("p_text", "–"),
-        str(row["units"] or "–"),
+        _units(row) if row["units"] else "–",
         row["scale"],
         verdict,
         row["decide"] or "–",
@@ -62,13 +70,13 @@ def _detail(row: dict[str, Any]) -> list[str]:
     if row.get("comparison"):
         lines.append(
             f"- Primary: {row['comparison']}, {_effect(row)}, {_p(row['p_text'])} "
-            f"(Holm; unadjusted {row['p_raw']:.3g}), {row['units']} {row['unit']}s."
+            f"(Holm; unadjusted {row['p_raw']:.3g}), {_units(row, True)}."
         )
     for s in row["secondary"]:
         lines.append(
             f"- Secondary: {s['comparison']}, {_num(s['effect'])} "
             f"[{_num(s['low'])}, {_num(s['high'])}], {_p(s['p_text'])} (Holm), "
-            f"{s['units']} {s['unit']}s."
+            f"{_units(s, True)}."
         )
     lines += [f"- {label}: {text}" for label, text in row.get("details", [])]
     lines += [f"- {n}" for n in row["notes"]]
@@ -131,7 +139,8 @@ def page_block(rows: list[dict[str, Any]], page: str) -> str:
     lines = [START, "", "The claims this page measures ([claims.md](claims.md) decides them):", ""]
     for r in mine:
         effect = "" if r["effect"] is None else f": {_effect(r)}, {_p(r['p_text'])} (Holm), "
-        units = "" if not r["units"] else f"{r['units']} independent units ({r['unit']})"
+        within = f"; {r['within']:,} within each" if r.get("within") else ""
+        units = "" if not r["units"] else f"{r['units']} independent units ({r['unit']}{within})"
         lines.append(f"- `{r['id']}`, {r['claim']}{effect}{units}: **{r['verdict']}**.")
     return "\n".join([*lines, "", END])
 

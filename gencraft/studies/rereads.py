@@ -292,7 +292,7 @@ def pointer_ptb(runs: Path, data_dir: str | None):
         Comparison(
             f"gain LSTM − pointer, bucket {b['bucket']} ({b['words']:,} words)",
             b["result"],
-            "sentence within seed",
+            "training seed",
         )
         for b in a["buckets"]
     )

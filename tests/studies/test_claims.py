@@ -120,6 +120,36 @@ def test_holm_can_undo_a_primary_that_is_significant_alone():
     assert row["p"] == pytest.approx(0.06) and row["verdict"] == "undecided"
 
 
+def test_a_two_level_result_counts_its_seeds_as_the_independent_units():
+    """Three seeds × 50 sentences: the row, its secondary, claims.md and the page block count
+    3 independent units (50 within each), and the power estimate is in seeds; a one-level
+    result counts its units."""
+    from gencraft.studies.claims_report import claims_markdown, page_block
+
+    rows = [(s, u, 0.2 + 0.05 * s + 0.01 * (u % 7)) for s in range(3) for u in range(50)]
+    two = compare_paired(
+        [x for *_, x in rows],
+        [0.0] * len(rows),
+        clusters=[u for _, u, _ in rows],
+        seeds=[s for s, _, _ in rows],
+        resamples=200,
+    )
+    one = compare_paired([x for *_, x in rows], [0.0] * len(rows), resamples=200)
+    measured = Measured(Comparison("a − b", two, "seed"), (Comparison("one", one, "row"),))
+    claim = _claim(id="pointer-x", unit="seed")
+    rereads.READERS["pointer-x"] = lambda runs, data: measured
+    try:
+        row = claim_row(claim, RUNS, None)
+    finally:
+        del rereads.READERS["pointer-x"]
+    assert (row["units"], row["within"]) == (3, 50)
+    assert (row["secondary"][0]["units"], row["secondary"][0]["within"]) == (150, None)
+    md = claims_markdown([row])
+    assert "| 3 (50 within each) |" in md and "3 seeds (50 within each)." in md
+    assert "150 rows." in md
+    assert "3 independent units (seed; 50 within each)" in page_block([row], "pointer.md")
+
+
 def test_rows_without_a_run_are_undecided_and_unattempted_claims_say_why():
     row = claim_row(_claim(), RUNS, None)
     assert row["verdict"] == "undecided" and row["effect"] is None and row["units"] == 0
