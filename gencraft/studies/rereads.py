@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from gencraft.metrics.stats import compare_paired, wilson_interval
+from gencraft.metrics.stats import compare_paired, paired_t, wilson_interval
 from gencraft.studies.search_conditional import prompt_texts, study_items
 
 
@@ -313,7 +313,7 @@ def pointer_ptb(runs: Path, data_dir: str | None):
             f"Pre-registered; {len(s['seeds'])} seeds, {a['primary'].units:,} test sentences "
             "as the second level.",
         ),
-        details=tuple(ppl),
+        details=(*ppl, _over_seeds(a["primary"])),
         files=(POINTER_CONFIRM,),
     )
 
@@ -350,7 +350,19 @@ def pointer_rare(runs: Path, data_dir: str | None):
     return Measured(
         Comparison("gain on the rarest decile − on the most frequent", r, "training seed"),
         notes=(f"{r.units:,} test sentences hold words of both deciles.",),
+        details=(_over_seeds(r),),
         files=(POINTER_CONFIRM,),
+    )
+
+
+def _over_seeds(r: Any) -> tuple[str, str]:
+    """A detail line: each seed's difference and the t test over those seed means alone
+    (exploratory; it does not rest on the bootstrap's few distinct seed draws)."""
+    t = paired_t(r.run_means)
+    each = ", ".join(f"{x:+.3f}" for x in r.run_means)
+    return (
+        "each seed's difference, and a t test over the seeds alone (exploratory)",
+        f"{each}; p = {t['p']:.2g} ({t['n'] - 1} degrees of freedom)",
     )
 
 

@@ -150,6 +150,23 @@ def test_a_two_level_result_counts_its_seeds_as_the_independent_units():
     assert "3 independent units (seed; 50 within each)" in page_block([row], "pointer.md")
 
 
+def test_the_pointer_readers_add_each_seed_and_a_t_test_over_the_seeds_alone():
+    from scipy import stats
+
+    rows = [(s, u, 0.1 * s + 0.01 * (u % 5) - 0.2) for s in range(4) for u in range(30)]
+    r = compare_paired(
+        [x for *_, x in rows],
+        [0.0] * len(rows),
+        clusters=[u for _, u, _ in rows],
+        seeds=[s for s, _, _ in rows],
+        resamples=200,
+    )
+    label, text = rereads._over_seeds(r)
+    t = stats.ttest_1samp(r.run_means, 0.0)
+    assert "t test over the seeds" in label and len(r.run_means) == 4
+    assert text == "-0.180, -0.080, +0.020, +0.120; " + f"p = {t.pvalue:.2g} (3 degrees of freedom)"
+
+
 def test_rows_without_a_run_are_undecided_and_unattempted_claims_say_why():
     row = claim_row(_claim(), RUNS, None)
     assert row["verdict"] == "undecided" and row["effect"] is None and row["units"] == 0
