@@ -97,6 +97,7 @@ def claim_row(claim: Claim, runs: Path, data_dir: str | None) -> dict[str, Any]:
         equivalence_p=m.equivalence_p,
     )
     row = _empty_row(claim, word, "")
+    units, within = _counts(r)
     row.update(
         effect=float(r["mean"]),
         low=float(r["low"]),
@@ -104,8 +105,8 @@ def claim_row(claim: Claim, runs: Path, data_dir: str | None) -> dict[str, Any]:
         p=adj[0],
         p_raw=float(r["p"]),
         p_text=p_text(adj[0], r.get("resamples") or None),
-        units=_counts(r)[0],
-        within=_counts(r)[1],
+        units=units,
+        within=within,
         comparison=m.primary.name,
         unit=m.primary.unit,
         paper_effect=paper,
@@ -139,6 +140,7 @@ def _as_dict(r: Any) -> dict[str, Any]:
 
 def _secondary(c: Any, adjusted: float) -> dict[str, Any]:
     r = c.result
+    units, within = _counts(r)
     return {
         "comparison": c.name,
         "unit": c.unit,
@@ -148,8 +150,8 @@ def _secondary(c: Any, adjusted: float) -> dict[str, Any]:
         "p": adjusted,
         "p_raw": float(r["p"]),
         "p_text": p_text(adjusted, r.get("resamples") or None),
-        "units": _counts(r)[0],
-        "within": _counts(r)[1],
+        "units": units,
+        "within": within,
     }
 
 
