@@ -714,6 +714,7 @@ class FloorMarkedRows(LogitsProcessor):
     floor=st.sampled_from([-math.inf, -3.0e38]),
 )
 @example("peaked-llama", 1, [3], [3], 1, "on_beam", 2, -3.0e38)  # the other row ends first
+@example("peaked-llama", 1, [3], [3], 1, "aside", 2, -math.inf)
 def test_a_row_with_only_floored_candidates_beside_a_normal_row_equals_it_alone(
     kind, seed, marked, other, beams, finished, max_new, floor
 ):
