@@ -650,9 +650,14 @@ class AllowFew(LogitsProcessor):
     """Fewer continuations than beams: only ids 3, 4 and EOS (2) may come next."""
 
     def __call__(self, input_ids, scores):
-        keep = torch.zeros_like(scores, dtype=torch.bool)
-        keep[:, [2, 3, 4]] = True
-        return scores.masked_fill(~keep, float("-inf"))
+        return _allow_only(scores, [2, 3, 4])
+
+
+def _allow_only(scores: torch.Tensor, ids: list[int]) -> torch.Tensor:
+    """``scores`` [N, V] with every id but ``ids`` at -inf."""
+    keep = torch.zeros_like(scores, dtype=torch.bool)
+    keep[:, ids] = True
+    return scores.masked_fill(~keep, float("-inf"))
 
 
 @settings(max_examples=40, **SETTINGS)
@@ -753,9 +758,7 @@ class EndAfterOne(LogitsProcessor):
         self.start = start
 
     def __call__(self, input_ids, scores):
-        keep = torch.zeros_like(scores, dtype=torch.bool)
-        keep[:, [2, 3] if input_ids.shape[1] == self.start else [2]] = True
-        return scores.masked_fill(~keep, float("-inf"))
+        return _allow_only(scores, [2, 3] if input_ids.shape[1] == self.start else [2])
 
 
 @settings(max_examples=15, **SETTINGS)

@@ -120,6 +120,17 @@ def test_holm_can_undo_a_primary_that_is_significant_alone():
     assert row["p"] == pytest.approx(0.06) and row["verdict"] == "undecided"
 
 
+def _two_level(rows: list[tuple[int, int, float]]):
+    """compare_paired over (seed, unit, difference) rows, two levels."""
+    return compare_paired(
+        [x for *_, x in rows],
+        [0.0] * len(rows),
+        clusters=[u for _, u, _ in rows],
+        seeds=[s for s, _, _ in rows],
+        resamples=200,
+    )
+
+
 def test_a_two_level_result_counts_its_seeds_as_the_independent_units():
     """Three seeds × 50 sentences: the row, its secondary, claims.md and the page block count
     3 independent units (50 within each), and the power estimate is in seeds; a one-level
@@ -127,13 +138,7 @@ def test_a_two_level_result_counts_its_seeds_as_the_independent_units():
     from gencraft.studies.claims_report import claims_markdown, page_block
 
     rows = [(s, u, 0.2 + 0.05 * s + 0.01 * (u % 7)) for s in range(3) for u in range(50)]
-    two = compare_paired(
-        [x for *_, x in rows],
-        [0.0] * len(rows),
-        clusters=[u for _, u, _ in rows],
-        seeds=[s for s, _, _ in rows],
-        resamples=200,
-    )
+    two = _two_level(rows)
     one = compare_paired([x for *_, x in rows], [0.0] * len(rows), resamples=200)
     measured = Measured(Comparison("a − b", two, "seed"), (Comparison("one", one, "row"),))
     claim = _claim(id="pointer-x", unit="seed")
@@ -153,14 +158,7 @@ def test_a_two_level_result_counts_its_seeds_as_the_independent_units():
 def test_the_pointer_readers_add_each_seed_and_a_t_test_over_the_seeds_alone():
     from scipy import stats
 
-    rows = [(s, u, 0.1 * s + 0.01 * (u % 5) - 0.2) for s in range(4) for u in range(30)]
-    r = compare_paired(
-        [x for *_, x in rows],
-        [0.0] * len(rows),
-        clusters=[u for _, u, _ in rows],
-        seeds=[s for s, _, _ in rows],
-        resamples=200,
-    )
+    r = _two_level([(s, u, 0.1 * s + 0.01 * (u % 5) - 0.2) for s in range(4) for u in range(30)])
     label, text = rereads._over_seeds(r)
     t = stats.ttest_1samp(r.run_means, 0.0)
     assert "t test over the seeds" in label and len(r.run_means) == 4
